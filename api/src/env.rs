@@ -1,0 +1,249 @@
+//! The environment contract between the node agent, which writes these
+//! variables into a container at `Allocate`, and the interposer, which reads
+//! them inside the container. Names and value formats are HAMi-core's, so an
+//! image built for HAMi works unchanged.
+//!
+//! This module has no dependencies: the interposer uses it without pulling in
+//! Kubernetes. Every parser is strict: a malformed value is an error naming the
+//! variable and the rule, never a silent "no limit".
+
+use crate::Error;
+
+/// Default memory limit for every visible device, e.g. `4096m`.
+pub const CUDA_DEVICE_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// Percent of SM time the container may use on each device (0 or 100: no limit).
+pub const CUDA_DEVICE_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// Path of the container's shared accounting region.
+pub const CUDA_DEVICE_MEMORY_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// `default`, `force` or `disable`: when the compute limit applies.
+pub const GPU_CORE_UTILIZATION_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// `true` turns all enforcement off for the container.
+pub const CUDA_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
+/// Interposer log level, 0 (errors only) to 4 (debug).
+pub const LIBCUDA_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// Task priority for the compute limiter: 0 high, 1 low.
+pub const CUDA_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// `true` when device memory is oversubscribed (memory scaling above 1).
+pub const CUDA_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+/// Comma list of the GPU UUIDs visible to the container.
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+
+/// Highest device index that may carry its own memory limit variable.
+pub const MAX_DEVICES: usize = 16;
+
+/// The per-device memory limit variable, `CUDA_DEVICE_MEMORY_LIMIT_<index>`.
+pub fn memory_limit_var(index: usize) -> String {
+    format!("{CUDA_DEVICE_MEMORY_LIMIT}_{index}")
+}
+
+/// Formats a memory limit the way the node agent writes it: `<MiB>m`.
+pub fn format_memory_limit(mib: u64) -> String {
+    format!("{mib}m")
+}
+
+/// Parses a memory limit into bytes.
+///
+/// Accepts decimal digits with an optional unit suffix `k`, `m` or `g`
+/// (either case; KiB, MiB, GiB). Without a suffix the value is bytes. Zero,
+/// signs, fractions, hexadecimal, whitespace and overflow are errors.
+pub fn parse_memory_limit(name: &str, value: &str) -> Result<u64, Error> {
+    let invalid = |rule: &'static str| Error::invalid_env(name, value, rule);
+    let (digits, shift) = match value.as_bytes().last() {
+        Some(b'k' | b'K') => (&value[..value.len() - 1], 10),
+        Some(b'm' | b'M') => (&value[..value.len() - 1], 20),
+        Some(b'g' | b'G') => (&value[..value.len() - 1], 30),
+        _ => (value, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(
+            "must be a whole number with an optional k, m or g suffix, e.g. 4096m",
+        ));
+    }
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| invalid("is too large to represent in bytes"))?;
+    let bytes = number
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| invalid("is too large to represent in bytes"))?;
+    if bytes == 0 {
+        return Err(invalid(
+            "must be greater than zero; unset the variable for no limit",
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Parses `CUDA_DEVICE_SM_LIMIT`: a whole percentage from 0 to 100.
+///
+/// Returns `None` when the value means "no limit" (0 or 100, as in HAMi-core).
+pub fn parse_sm_limit(value: &str) -> Result<Option<u8>, Error> {
+    let percent = parse_small_int(
+        CUDA_DEVICE_SM_LIMIT,
+        value,
+        100,
+        "must be a whole number from 0 to 100",
+    )?;
+    Ok(match percent {
+        0 | 100 => None,
+        p => Some(p),
+    })
+}
+
+/// Parses `LIBCUDA_LOG_LEVEL`: 0 to 4.
+pub fn parse_log_level(value: &str) -> Result<u8, Error> {
+    parse_small_int(
+        LIBCUDA_LOG_LEVEL,
+        value,
+        4,
+        "must be a whole number from 0 (errors) to 4 (debug)",
+    )
+}
+
+/// Parses a boolean switch such as `CUDA_DISABLE_CONTROL`: `true`/`1` or `false`/`0`.
+pub fn parse_switch(name: &str, value: &str) -> Result<bool, Error> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(Error::invalid_env(
+            name,
+            value,
+            "must be true, false, 1 or 0",
+        )),
+    }
+}
+
+/// When the compute limit applies, from `GPU_CORE_UTILIZATION_POLICY`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CoreUtilizationPolicy {
+    /// HAMi's default: the limit applies while the GPU is shared with another container.
+    #[default]
+    Default,
+    /// The limit always applies.
+    Force,
+    /// The limit never applies.
+    Disable,
+}
+
+impl CoreUtilizationPolicy {
+    /// The value as written in the environment.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::Force => "force",
+            Self::Disable => "disable",
+        }
+    }
+
+    /// Parses the environment value (case-insensitive).
+    pub fn parse(value: &str) -> Result<Self, Error> {
+        match value.to_ascii_lowercase().as_str() {
+            "default" => Ok(Self::Default),
+            "force" => Ok(Self::Force),
+            "disable" => Ok(Self::Disable),
+            _ => Err(Error::invalid_env(
+                GPU_CORE_UTILIZATION_POLICY,
+                value,
+                "must be default, force or disable",
+            )),
+        }
+    }
+}
+
+fn parse_small_int(name: &str, value: &str, max: u8, rule: &'static str) -> Result<u8, Error> {
+    if value.is_empty() || value.len() > 3 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::invalid_env(name, value, rule));
+    }
+    match value.parse::<u8>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(Error::invalid_env(name, value, rule)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_limits_parse_with_units() {
+        let cases = [
+            ("1", 1),
+            ("4096", 4096),
+            ("1k", 1024),
+            ("3000m", 3000 << 20),
+            ("3000M", 3000 << 20),
+            ("2g", 2 << 30),
+            ("2G", 2 << 30),
+        ];
+        for (input, bytes) in cases {
+            assert_eq!(parse_memory_limit("V", input).unwrap(), bytes, "{input}");
+        }
+    }
+
+    #[test]
+    fn memory_limits_reject_everything_else() {
+        for input in [
+            "",
+            "m",
+            "0",
+            "0m",
+            "-1m",
+            "1.5g",
+            "0x10",
+            " 10m",
+            "10m ",
+            "10mb",
+            "10t",
+            "99999999999999999999",
+            "17179869184g",
+        ] {
+            let err = parse_memory_limit("CUDA_DEVICE_MEMORY_LIMIT_0", input)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("CUDA_DEVICE_MEMORY_LIMIT_0"), "{input}: {err}");
+        }
+    }
+
+    #[test]
+    fn memory_limit_round_trips_the_agent_format() {
+        for mib in [1, 3000, 81920] {
+            assert_eq!(
+                parse_memory_limit("V", &format_memory_limit(mib)).unwrap(),
+                mib << 20
+            );
+        }
+        assert_eq!(memory_limit_var(3), "CUDA_DEVICE_MEMORY_LIMIT_3");
+    }
+
+    #[test]
+    fn sm_limit_treats_zero_and_hundred_as_unlimited() {
+        assert_eq!(parse_sm_limit("0").unwrap(), None);
+        assert_eq!(parse_sm_limit("100").unwrap(), None);
+        assert_eq!(parse_sm_limit("30").unwrap(), Some(30));
+        for bad in ["101", "-1", "30%", "", "1000", "abc"] {
+            let err = parse_sm_limit(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(CUDA_DEVICE_SM_LIMIT) && err.contains("0 to 100"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn switches_policies_and_log_levels() {
+        assert!(parse_switch(CUDA_DISABLE_CONTROL, "TRUE").unwrap());
+        assert!(!parse_switch(CUDA_DISABLE_CONTROL, "0").unwrap());
+        assert!(parse_switch(CUDA_DISABLE_CONTROL, "yes").is_err());
+        assert_eq!(
+            CoreUtilizationPolicy::parse("Force").unwrap(),
+            CoreUtilizationPolicy::Force
+        );
+        assert!(
+            CoreUtilizationPolicy::parse("sometimes")
+                .unwrap_err()
+                .to_string()
+                .contains(GPU_CORE_UTILIZATION_POLICY)
+        );
+        assert_eq!(parse_log_level("4").unwrap(), 4);
+        assert!(parse_log_level("5").is_err());
+    }
+}

@@ -1,0 +1,28 @@
+//! Tessera's API: what pods, controllers, node agents and the interposer agree on.
+//!
+//! - [`names`] and [`env`]: resource names, annotation keys and the interposer's
+//!   environment contract. They have no dependencies, so the interposer builds
+//!   this crate with `default-features = false` and gets only these.
+//! - [`v1alpha1`]: the custom resources (`GpuNode`, `VgpuAllocation`, `NodeLock`,
+//!   `GpuNodeConfig`) in group `tessera.dev`.
+//! - [`request`]: turns a Pod and the cluster defaults into a typed GPU request,
+//!   with HAMi's rules; shared by the webhook, the scheduler and the node agent.
+//! - [`crds`]: the CustomResourceDefinitions generated from the types.
+
+pub mod env;
+mod error;
+pub mod names;
+
+#[cfg(feature = "kube")]
+pub mod crds;
+#[cfg(feature = "kube")]
+mod quantity;
+#[cfg(feature = "kube")]
+pub mod request;
+#[cfg(feature = "kube")]
+pub mod v1alpha1;
+
+pub use error::{Error, Violation, Violations};
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

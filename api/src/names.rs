@@ -1,0 +1,49 @@
+//! Names Tessera shares with pods, nodes and HAMi: the API group, extended
+//! resource names and annotation keys. They are HAMi's, so manifests written
+//! for HAMi keep working unchanged.
+//!
+//! Resource names are the defaults; clusters may rename them through the
+//! controller's configuration (see `request::ResourceNames`).
+
+/// The API group of every Tessera custom resource.
+pub const GROUP: &str = "tessera.dev";
+
+/// The API version of every Tessera custom resource.
+pub const VERSION: &str = "v1alpha1";
+
+/// The scheduler name the webhook gives GPU pods unless configured otherwise.
+pub const DEFAULT_SCHEDULER_NAME: &str = "tessera-scheduler";
+
+/// Default extended resource names a container puts in `resources.limits`.
+pub mod resources {
+    /// Number of vGPUs; each one is on a different physical GPU.
+    pub const GPU: &str = "nvidia.com/gpu";
+    /// Device memory per vGPU in MiB.
+    pub const GPU_MEMORY: &str = "nvidia.com/gpumem";
+    /// Device memory per vGPU in percent of the device (1-100).
+    pub const GPU_MEMORY_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
+    /// Compute per vGPU in percent of the device's SMs (0-100; 100 is exclusive).
+    pub const GPU_CORES: &str = "nvidia.com/gpucores";
+    /// Task priority for the compute limiter (0 high, 1 low).
+    pub const PRIORITY: &str = "nvidia.com/priority";
+}
+
+/// Pod annotations that steer placement.
+pub mod annotations {
+    /// Comma list; only GPUs whose model contains one of the entries (case-insensitive).
+    pub const USE_GPU_TYPE: &str = "nvidia.com/use-gputype";
+    /// Comma list; GPUs whose model contains one of the entries are excluded.
+    pub const NOUSE_GPU_TYPE: &str = "nvidia.com/nouse-gputype";
+    /// Comma list of GPU UUIDs; only these GPUs may be used.
+    pub const USE_GPU_UUID: &str = "nvidia.com/use-gpuuuid";
+    /// Comma list of GPU UUIDs that must not be used.
+    pub const NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
+    /// `"true"`: all GPUs of a container come from one NUMA node.
+    pub const NUMA_BIND: &str = "nvidia.com/numa-bind";
+    /// `hami-core`, `mig` or `mps`: the sharing mode the GPU must run in.
+    pub const VGPU_MODE: &str = "nvidia.com/vgpu-mode";
+    /// `binpack` or `spread`: how GPUs are chosen within a node.
+    pub const GPU_SCHEDULER_POLICY: &str = "hami.io/gpu-scheduler-policy";
+    /// `binpack` or `spread`: how nodes are ranked.
+    pub const NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
+}

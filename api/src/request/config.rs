@@ -1,0 +1,103 @@
+//! Cluster-wide request defaults (HAMi's device ConfigMap `nvidia:` section).
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::resources;
+use crate::{Error, Result};
+
+/// Cluster-wide defaults that turn a container's resources into a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct RequestConfig {
+    /// The extended resource names pods use.
+    pub resources: ResourceNames,
+    /// MiB per vGPU when a container names no memory; 0 means the whole device.
+    pub default_memory: u64,
+    /// Percent of SMs per vGPU when a container names no cores.
+    pub default_cores: u32,
+    /// vGPUs for a container that names memory or cores but no count.
+    #[serde(rename = "defaultGPUNum")]
+    pub default_gpu_num: u32,
+}
+
+impl Default for RequestConfig {
+    /// HAMi's defaults: whole-device memory, 0 cores, 1 vGPU.
+    fn default() -> Self {
+        Self {
+            resources: ResourceNames::default(),
+            default_memory: 0,
+            default_cores: 0,
+            default_gpu_num: 1,
+        }
+    }
+}
+
+impl RequestConfig {
+    /// Checks the defaults make sense, naming the first setting that does not.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field, rule: &str| {
+            Err(Error::InvalidConfig {
+                field,
+                rule: rule.to_owned(),
+            })
+        };
+        if self.default_gpu_num == 0 || self.default_gpu_num > super::MAX_GPUS_PER_CONTAINER {
+            return invalid("defaultGPUNum", "must be between 1 and 64");
+        }
+        if self.default_cores > 100 {
+            return invalid("defaultCores", "must be between 0 and 100");
+        }
+        if self.default_memory > super::MAX_MEMORY_MIB {
+            return invalid(
+                "defaultMemory",
+                "must be at most 16777216 MiB (0 means the whole device)",
+            );
+        }
+        let names = &self.resources;
+        let all = [
+            &names.count,
+            &names.memory,
+            &names.memory_percentage,
+            &names.cores,
+            &names.priority,
+        ];
+        if all.iter().any(|n| !n.contains('/')) {
+            return invalid(
+                "resources",
+                "every resource name must be a domain-qualified extended resource, e.g. nvidia.com/gpu",
+            );
+        }
+        if all.iter().enumerate().any(|(i, a)| all[..i].contains(a)) {
+            return invalid("resources", "resource names must be distinct");
+        }
+        Ok(())
+    }
+}
+
+/// The extended resource names pods use to ask for GPU slices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct ResourceNames {
+    /// Number of vGPUs (`nvidia.com/gpu`).
+    pub count: String,
+    /// MiB per vGPU (`nvidia.com/gpumem`).
+    pub memory: String,
+    /// Percent of device memory per vGPU (`nvidia.com/gpumem-percentage`).
+    pub memory_percentage: String,
+    /// Percent of SMs per vGPU (`nvidia.com/gpucores`).
+    pub cores: String,
+    /// Compute-limiter priority (`nvidia.com/priority`).
+    pub priority: String,
+}
+
+impl Default for ResourceNames {
+    fn default() -> Self {
+        Self {
+            count: resources::GPU.to_owned(),
+            memory: resources::GPU_MEMORY.to_owned(),
+            memory_percentage: resources::GPU_MEMORY_PERCENTAGE.to_owned(),
+            cores: resources::GPU_CORES.to_owned(),
+            priority: resources::PRIORITY.to_owned(),
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! One container's resources to a [`ContainerRequest`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{api::core::v1::Container, apimachinery::pkg::api::resource::Quantity};
+
+use super::{
+    ContainerKind, ContainerRequest, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB, MemoryRequest,
+    RequestConfig,
+};
+use crate::Violation;
+use crate::quantity::{QuantityError, parse_whole};
+
+/// Parses a container; `Ok(None)` when it asks for no GPU.
+pub(super) fn parse(
+    container: &Container,
+    kind: ContainerKind,
+    config: &RequestConfig,
+) -> Result<Option<ContainerRequest>, Vec<Violation>> {
+    let names = &config.resources;
+    let mut reader = Reader {
+        container,
+        violations: Vec::new(),
+    };
+    let count = reader.read(&names.count, 0, u64::from(MAX_GPUS_PER_CONTAINER));
+    let memory = reader.read(&names.memory, 1, MAX_MEMORY_MIB);
+    let percentage = reader.read(&names.memory_percentage, 1, 100);
+    let cores = reader.read(&names.cores, 0, 100);
+    let priority = reader.read(&names.priority, 0, 1);
+
+    let present = |value: &Field| !matches!(value, Field::Absent);
+    let asks_for_slice = present(&memory) || present(&percentage) || present(&cores);
+    if !asks_for_slice && matches!(count, Field::Absent | Field::Value(0)) {
+        return reader.finish(None);
+    }
+    if present(&memory) && present(&percentage) {
+        reader.violate(
+            &names.memory,
+            format!(
+                "cannot be combined with {}; set one of them",
+                names.memory_percentage
+            ),
+        );
+    }
+    let count = match count {
+        Field::Value(0) => {
+            reader.violate(
+                &names.count,
+                format!(
+                    "is 0 but {}, {} or {} is set; ask for at least 1 GPU or remove them",
+                    names.memory, names.memory_percentage, names.cores
+                ),
+            );
+            0
+        }
+        Field::Value(n) => n,
+        Field::Absent => u64::from(config.default_gpu_num),
+        Field::Invalid => 0,
+    };
+    let memory = match (memory, percentage) {
+        (Field::Value(mib), _) => MemoryRequest::Mib(mib),
+        (_, Field::Value(percent)) => MemoryRequest::Percent(narrow(percent)),
+        _ if config.default_memory == 0 => MemoryRequest::Percent(100),
+        _ => MemoryRequest::Mib(config.default_memory),
+    };
+    let cores = match cores {
+        Field::Value(cores) => narrow(cores),
+        _ if memory.is_whole_device() => 100,
+        _ => config.default_cores,
+    };
+    let priority = match priority {
+        Field::Value(p) => Some(narrow(p)),
+        _ => None,
+    };
+    reader.finish(Some(ContainerRequest {
+        name: container.name.clone(),
+        kind,
+        count: narrow(count),
+        memory,
+        cores,
+        priority,
+    }))
+}
+
+fn lookup<'a>(map: Option<&'a BTreeMap<String, Quantity>>, name: &str) -> Option<&'a Quantity> {
+    map.and_then(|m| m.get(name))
+}
+
+/// Values are bounded by `read` well below `u32::MAX`.
+fn narrow(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+/// One resource as read from a container.
+enum Field {
+    Absent,
+    Invalid,
+    Value(u64),
+}
+
+struct Reader<'a> {
+    container: &'a Container,
+    violations: Vec<Violation>,
+}
+
+impl Reader<'_> {
+    /// Reads a resource from limits (or requests when no limit is set) and
+    /// checks it is a whole number in `min..=max`.
+    fn read(&mut self, name: &str, min: u64, max: u64) -> Field {
+        let resources = self.container.resources.as_ref();
+        let limits = resources.and_then(|r| r.limits.as_ref());
+        let requests = resources.and_then(|r| r.requests.as_ref());
+        let Some(quantity) = lookup(limits, name).or_else(|| lookup(requests, name)) else {
+            return Field::Absent;
+        };
+        let text = quantity.0.as_str();
+        let rule = match parse_whole(text) {
+            Ok(value) if (min..=max).contains(&value) => return Field::Value(value),
+            Ok(value) => format!("must be between {min} and {max}, got {value}"),
+            Err(QuantityError::Negative) => format!("must not be negative, got {text:?}"),
+            Err(QuantityError::Fractional) => format!("must be a whole number, got {text:?}"),
+            Err(QuantityError::Malformed) => format!("is not a valid quantity: {text:?}"),
+            Err(QuantityError::Overflow) => {
+                format!("must be between {min} and {max}, got {text:?}")
+            }
+        };
+        self.violate(name, rule);
+        Field::Invalid
+    }
+
+    /// `value` when every field read so far was valid, else the violations.
+    fn finish<T>(self, value: T) -> Result<T, Vec<Violation>> {
+        if self.violations.is_empty() {
+            Ok(value)
+        } else {
+            Err(self.violations)
+        }
+    }
+
+    fn violate(&mut self, field: &str, rule: String) {
+        self.violations.push(Violation {
+            container: Some(self.container.name.clone()),
+            field: field.to_owned(),
+            rule,
+        });
+    }
+}

@@ -1,0 +1,150 @@
+//! From a Pod and the cluster defaults to a typed GPU request.
+//!
+//! The webhook, the scheduler and the node agent all read pods through
+//! [`parse_pod`], so they agree on what a pod asked for. The rules are HAMi's:
+//!
+//! - A container asks for GPUs with `resources.limits` (requests are read when
+//!   a limit is absent; limits win when both are set).
+//! - `nvidia.com/gpu` is the number of vGPUs, each on a different GPU. When it
+//!   is absent but `gpumem`, `gpumem-percentage` or `gpucores` is present, the
+//!   container gets `defaultGpuNum` vGPUs.
+//! - `nvidia.com/gpumem` (MiB) and `nvidia.com/gpumem-percentage` (1-100) are
+//!   mutually exclusive; with neither, memory is `defaultMemory` MiB, where 0
+//!   means the whole device.
+//! - `nvidia.com/gpucores` is 0-100 percent of the SMs, default `defaultCores`.
+//!   A container that asks for a whole device's memory and says nothing about
+//!   cores gets 100 cores: the device is its alone (HAMi ≥ 2.10 behaviour).
+//! - Quantities must be whole numbers within sane bounds; anything else is an
+//!   error naming the container, the resource and the rule.
+//!
+//! Init containers and sidecars: regular init containers, sidecars (init
+//! containers with `restartPolicy: Always`) and app containers may all ask for
+//! GPUs. They come out in the order the kubelet starts them and calls the
+//! device plugin's `Allocate`: init containers (sidecars among them, in spec
+//! order), then app containers. Every container's slices are accounted for the
+//! whole life of the pod, so a GPU is never promised to two running containers
+//! at once, at the cost of holding an init container's slice after it exits.
+//!
+//! Pods that ask for no GPU give `Ok(None)` and their annotations are not read.
+
+mod annotations;
+mod config;
+mod container;
+
+#[cfg(test)]
+mod tests;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::{Error, Result, Violations};
+
+pub use annotations::PodOptions;
+pub use config::{RequestConfig, ResourceNames};
+
+/// Largest number of vGPUs one container may ask for.
+pub const MAX_GPUS_PER_CONTAINER: u32 = 64;
+/// Largest memory one vGPU may ask for, in MiB (16 TiB).
+pub const MAX_MEMORY_MIB: u64 = 16 << 20;
+
+/// What a pod asks for: its GPU containers and the pod-level options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRequest {
+    /// Containers that ask for at least one vGPU, in kubelet start order.
+    pub containers: Vec<ContainerRequest>,
+    /// Placement options from the pod's annotations.
+    pub options: PodOptions,
+}
+
+/// One container's GPU request, with defaults applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerRequest {
+    /// The container's name.
+    pub name: String,
+    /// Whether it is an init container, a sidecar or an app container.
+    pub kind: ContainerKind,
+    /// Number of vGPUs, each on a different GPU.
+    pub count: u32,
+    /// Device memory per vGPU.
+    pub memory: MemoryRequest,
+    /// Percent of SMs per vGPU; 100 means exclusive.
+    pub cores: u32,
+    /// Compute-limiter priority (0 high, 1 low), when given.
+    pub priority: Option<u32>,
+}
+
+/// Where a container sits in the pod's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ContainerKind {
+    /// A regular init container: runs to completion before app containers start.
+    Init,
+    /// An init container with `restartPolicy: Always`: runs beside app containers.
+    Sidecar,
+    /// An app container.
+    App,
+}
+
+/// Device memory per vGPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryRequest {
+    /// An absolute amount in MiB.
+    Mib(u64),
+    /// A percentage (1-100) of the device's schedulable memory.
+    Percent(u32),
+}
+
+impl MemoryRequest {
+    /// The MiB this request takes from a device offering `capacity_mib`.
+    pub fn resolve(self, capacity_mib: u64) -> u64 {
+        match self {
+            Self::Mib(mib) => mib,
+            Self::Percent(percent) => capacity_mib * u64::from(percent) / 100,
+        }
+    }
+
+    /// Whether this asks for the whole device.
+    pub fn is_whole_device(self) -> bool {
+        self == Self::Percent(100)
+    }
+}
+
+/// Parses a pod's GPU request; `Ok(None)` when it asks for no GPU.
+///
+/// Every broken rule is reported, not just the first, in
+/// [`Error::InvalidPodRequest`].
+pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>> {
+    let mut violations = Vec::new();
+    let mut containers = Vec::new();
+    if let Some(spec) = &pod.spec {
+        let init = spec.init_containers.iter().flatten().map(|c| {
+            let sidecar = c.restart_policy.as_deref() == Some("Always");
+            (
+                c,
+                if sidecar {
+                    ContainerKind::Sidecar
+                } else {
+                    ContainerKind::Init
+                },
+            )
+        });
+        let app = spec.containers.iter().map(|c| (c, ContainerKind::App));
+        for (container, kind) in init.chain(app) {
+            match container::parse(container, kind, config) {
+                Ok(Some(request)) => containers.push(request),
+                Ok(None) => {}
+                Err(mut found) => violations.append(&mut found),
+            }
+        }
+    }
+    if containers.is_empty() && violations.is_empty() {
+        return Ok(None);
+    }
+    let annotations = pod.metadata.annotations.as_ref();
+    let options = annotations::parse(annotations, &mut violations);
+    if !violations.is_empty() {
+        return Err(Error::InvalidPodRequest(Violations(violations)));
+    }
+    Ok(Some(PodRequest {
+        containers,
+        options,
+    }))
+}

@@ -1,0 +1,431 @@
+//! Table-driven tests: one row per HAMi rule.
+
+use k8s_openapi::api::core::v1::Pod;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::v1alpha1::{OperatingMode, SchedulingPolicy};
+
+fn pod(containers: Value, annotations: Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "default", "annotations": annotations},
+        "spec": {"containers": containers},
+    }))
+    .unwrap()
+}
+
+fn one(limits: Value) -> Pod {
+    pod(
+        json!([{"name": "c", "resources": {"limits": limits}}]),
+        json!({}),
+    )
+}
+
+fn req(count: u32, memory: MemoryRequest, cores: u32) -> ContainerRequest {
+    ContainerRequest {
+        name: "c".into(),
+        kind: ContainerKind::App,
+        count,
+        memory,
+        cores,
+        priority: None,
+    }
+}
+
+fn parse(pod: &Pod) -> Result<Option<PodRequest>> {
+    parse_pod(pod, &RequestConfig::default())
+}
+
+fn containers(pod: &Pod) -> Vec<ContainerRequest> {
+    parse(pod).unwrap().expect("a GPU request").containers
+}
+
+#[test]
+fn valid_container_requests() {
+    use MemoryRequest::{Mib, Percent};
+    let cases: Vec<(&str, Value, ContainerRequest)> = vec![
+        (
+            "count alone is a whole exclusive device",
+            json!({"nvidia.com/gpu": "1"}),
+            req(1, Percent(100), 100),
+        ),
+        (
+            "two whole devices",
+            json!({"nvidia.com/gpu": 2}),
+            req(2, Percent(100), 100),
+        ),
+        (
+            "memory in MiB",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+            req(1, Mib(3000), 0),
+        ),
+        (
+            "memory in percent",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
+            req(1, Percent(50), 0),
+        ),
+        (
+            "percent 100 is exclusive",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"}),
+            req(1, Percent(100), 100),
+        ),
+        (
+            "explicit cores win over exclusivity",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}),
+            req(1, Percent(100), 30),
+        ),
+        (
+            "memory and cores",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}),
+            req(1, Mib(3000), 30),
+        ),
+        (
+            "gpumem without gpu means defaultGPUNum",
+            json!({"nvidia.com/gpumem": "1024"}),
+            req(1, Mib(1024), 0),
+        ),
+        (
+            "gpucores without gpu means defaultGPUNum",
+            json!({"nvidia.com/gpucores": "20"}),
+            req(1, Percent(100), 20),
+        ),
+        (
+            "quantity suffixes",
+            json!({"nvidia.com/gpu": "2000m", "nvidia.com/gpumem": "4k"}),
+            req(2, Mib(4000), 0),
+        ),
+        (
+            "zero cores allowed",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10", "nvidia.com/gpucores": "0"}),
+            req(1, Mib(10), 0),
+        ),
+    ];
+    for (name, limits, want) in cases {
+        assert_eq!(containers(&one(limits)), vec![want], "{name}");
+    }
+}
+
+#[test]
+fn invalid_container_requests_name_container_field_and_rule() {
+    let cases: Vec<(&str, Value, &[&str])> = vec![
+        (
+            "gpumem with gpumem-percentage",
+            json!({"nvidia.com/gpumem": "1000", "nvidia.com/gpumem-percentage": "50"}),
+            &[
+                "container \"c\"",
+                "nvidia.com/gpumem",
+                "cannot be combined with nvidia.com/gpumem-percentage",
+            ],
+        ),
+        (
+            "cores above 100",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"}),
+            &[
+                "container \"c\"",
+                "nvidia.com/gpucores",
+                "between 0 and 100, got 150",
+            ],
+        ),
+        (
+            "negative cores",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "-10"}),
+            &["nvidia.com/gpucores", "must not be negative"],
+        ),
+        (
+            "fractional memory",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1.5"}),
+            &["nvidia.com/gpumem", "whole number"],
+        ),
+        (
+            "fractional count",
+            json!({"nvidia.com/gpu": "500m"}),
+            &["nvidia.com/gpu", "whole number"],
+        ),
+        (
+            "garbage quantity",
+            json!({"nvidia.com/gpu": "one"}),
+            &["nvidia.com/gpu", "not a valid quantity"],
+        ),
+        (
+            "absurd memory",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4Gi"}),
+            &["nvidia.com/gpumem", "between 1 and 16777216"],
+        ),
+        (
+            "absurd count",
+            json!({"nvidia.com/gpu": "1000"}),
+            &["nvidia.com/gpu", "between 0 and 64"],
+        ),
+        (
+            "zero memory",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "0"}),
+            &["nvidia.com/gpumem", "between 1 and"],
+        ),
+        (
+            "percentage above 100",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "101"}),
+            &["nvidia.com/gpumem-percentage", "between 1 and 100"],
+        ),
+        (
+            "percentage zero",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "0"}),
+            &["nvidia.com/gpumem-percentage", "between 1 and 100"],
+        ),
+        (
+            "zero gpus with memory",
+            json!({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "1000"}),
+            &["nvidia.com/gpu", "is 0 but"],
+        ),
+        (
+            "priority out of range",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/priority": "5"}),
+            &["nvidia.com/priority", "between 0 and 1"],
+        ),
+    ];
+    for (name, limits, needles) in cases {
+        let err = parse(&one(limits)).expect_err(name).to_string();
+        for needle in needles {
+            assert!(err.contains(needle), "{name}: {err:?} lacks {needle:?}");
+        }
+    }
+}
+
+#[test]
+fn every_violation_is_reported_not_just_the_first() {
+    let pod = pod(
+        json!([
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpucores": "101"}}},
+            {"name": "b", "resources": {"limits": {"nvidia.com/gpumem": "1", "nvidia.com/gpumem-percentage": "1"}}},
+        ]),
+        json!({"nvidia.com/numa-bind": "yes", "hami.io/node-scheduler-policy": "random"}),
+    );
+    let Err(Error::InvalidPodRequest(Violations(found))) = parse(&pod) else {
+        panic!("expected violations");
+    };
+    let fields: Vec<_> = found
+        .iter()
+        .map(|v| (v.container.as_deref(), v.field.as_str()))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            (Some("a"), "nvidia.com/gpucores"),
+            (Some("b"), "nvidia.com/gpumem"),
+            (None, "nvidia.com/numa-bind"),
+            (None, "hami.io/node-scheduler-policy"),
+        ]
+    );
+}
+
+#[test]
+fn limits_win_over_requests_and_requests_fill_in() {
+    let both = pod(
+        json!([{"name": "c", "resources": {
+            "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000"},
+            "requests": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "40"},
+        }}]),
+        json!({}),
+    );
+    assert_eq!(
+        containers(&both),
+        vec![req(1, MemoryRequest::Mib(2000), 40)]
+    );
+}
+
+#[test]
+fn pods_without_gpu_requests_are_none_and_their_annotations_are_ignored() {
+    let plain = pod(
+        json!([{"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}, {"name": "d"}]),
+        json!({"nvidia.com/numa-bind": "not-a-bool"}),
+    );
+    assert_eq!(parse(&plain).unwrap(), None);
+    assert_eq!(parse(&one(json!({"nvidia.com/gpu": "0"}))).unwrap(), None);
+    assert_eq!(parse(&Pod::default()).unwrap(), None);
+}
+
+#[test]
+fn init_containers_and_sidecars_come_first_in_kubelet_order() {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [
+                {"name": "warmup", "resources": {"limits": {"nvidia.com/gpumem": "1000"}}},
+                {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpumem": "500"}}},
+                {"name": "no-gpu"},
+            ],
+            "containers": [
+                {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "2000"}}},
+            ],
+        },
+    }))
+    .unwrap();
+    let got: Vec<_> = containers(&pod)
+        .into_iter()
+        .map(|c| (c.name, c.kind, c.count))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("warmup".to_owned(), ContainerKind::Init, 1),
+            ("proxy".to_owned(), ContainerKind::Sidecar, 1),
+            ("main".to_owned(), ContainerKind::App, 2),
+        ]
+    );
+}
+
+#[test]
+fn cluster_defaults_and_renamed_resources_apply() {
+    let config = RequestConfig {
+        resources: ResourceNames {
+            count: "example.com/vgpu".into(),
+            ..ResourceNames::default()
+        },
+        default_memory: 4096,
+        default_cores: 25,
+        default_gpu_num: 2,
+    };
+    config.validate().unwrap();
+    let only_cores = one(json!({"nvidia.com/gpucores": "10"}));
+    let got = parse_pod(&only_cores, &config).unwrap().unwrap().containers;
+    assert_eq!(got, vec![req(2, MemoryRequest::Mib(4096), 10)]);
+    let renamed = one(json!({"example.com/vgpu": "1"}));
+    let got = parse_pod(&renamed, &config).unwrap().unwrap().containers;
+    assert_eq!(got, vec![req(1, MemoryRequest::Mib(4096), 25)]);
+    // The default name is no longer a GPU request under this config.
+    assert_eq!(
+        parse_pod(&one(json!({"nvidia.com/gpu": "1"})), &config).unwrap(),
+        None
+    );
+}
+
+#[test]
+fn config_validation_names_the_setting() {
+    let cases = [
+        (
+            RequestConfig {
+                default_gpu_num: 0,
+                ..Default::default()
+            },
+            "defaultGPUNum",
+        ),
+        (
+            RequestConfig {
+                default_cores: 101,
+                ..Default::default()
+            },
+            "defaultCores",
+        ),
+        (
+            RequestConfig {
+                default_memory: u64::MAX,
+                ..Default::default()
+            },
+            "defaultMemory",
+        ),
+        (
+            RequestConfig {
+                resources: ResourceNames {
+                    cores: "nvidia.com/gpumem".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            "distinct",
+        ),
+        (
+            RequestConfig {
+                resources: ResourceNames {
+                    count: "gpu".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            "domain-qualified",
+        ),
+    ];
+    for (config, needle) in cases {
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+    let yaml: RequestConfig =
+        serde_json::from_value(json!({"defaultMemory": 1000, "defaultGPUNum": 2})).unwrap();
+    assert_eq!(yaml.default_gpu_num, 2);
+    assert!(
+        serde_json::from_value::<RequestConfig>(json!({"defaultMem": 1})).is_err(),
+        "unknown keys are rejected"
+    );
+}
+
+#[test]
+fn annotations_parse_into_options() {
+    let pod = pod(
+        json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+        json!({
+            "nvidia.com/use-gputype": "A100, H100,",
+            "nvidia.com/nouse-gputype": "T4",
+            "nvidia.com/use-gpuuuid": "GPU-a,GPU-b",
+            "nvidia.com/nouse-gpuuuid": "GPU-c",
+            "nvidia.com/numa-bind": "True",
+            "nvidia.com/vgpu-mode": "mig",
+            "hami.io/gpu-scheduler-policy": "binpack",
+            "hami.io/node-scheduler-policy": "Spread",
+        }),
+    );
+    let options = parse(&pod).unwrap().unwrap().options;
+    assert_eq!(
+        options,
+        PodOptions {
+            use_gpu_types: vec!["A100".into(), "H100".into()],
+            nouse_gpu_types: vec!["T4".into()],
+            use_gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+            nouse_gpu_uuids: vec!["GPU-c".into()],
+            numa_bind: true,
+            vgpu_mode: Some(OperatingMode::Mig),
+            gpu_policy: Some(SchedulingPolicy::Binpack),
+            node_policy: Some(SchedulingPolicy::Spread),
+        }
+    );
+}
+
+#[test]
+fn invalid_annotations_are_violations() {
+    let cases = [
+        ("nvidia.com/numa-bind", "1", "must be \"true\" or \"false\""),
+        (
+            "nvidia.com/vgpu-mode",
+            "turbo",
+            "must be hami-core, mig or mps",
+        ),
+        (
+            "hami.io/gpu-scheduler-policy",
+            "topology-aware",
+            "must be binpack or spread",
+        ),
+    ];
+    for (key, value, rule) in cases {
+        let pod = pod(
+            json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+            json!({key: value}),
+        );
+        let err = parse(&pod).unwrap_err().to_string();
+        assert!(err.contains(&format!("annotation {key}: {rule}")), "{err}");
+    }
+    let both = pod(
+        json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+        json!({"nvidia.com/use-gpuuuid": "GPU-a", "nvidia.com/nouse-gpuuuid": "GPU-a"}),
+    );
+    assert!(
+        parse(&both)
+            .unwrap_err()
+            .to_string()
+            .contains("no GPU could satisfy both")
+    );
+}
+
+#[test]
+fn memory_requests_resolve_against_capacity() {
+    assert_eq!(MemoryRequest::Percent(50).resolve(81920), 40960);
+    assert_eq!(MemoryRequest::Percent(100).resolve(15360), 15360);
+    assert_eq!(MemoryRequest::Mib(3000).resolve(81920), 3000);
+}

@@ -1,0 +1,84 @@
+//! Enumerations shared by several resources.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How a GPU is shared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum OperatingMode {
+    /// Slices enforced by the interposer (HAMi-core semantics).
+    #[default]
+    #[serde(rename = "hami-core")]
+    HamiCore,
+    /// NVIDIA Multi-Instance GPU partitions.
+    #[serde(rename = "mig")]
+    Mig,
+    /// NVIDIA Multi-Process Service.
+    #[serde(rename = "mps")]
+    Mps,
+}
+
+impl OperatingMode {
+    /// The value as written in manifests and annotations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HamiCore => "hami-core",
+            Self::Mig => "mig",
+            Self::Mps => "mps",
+        }
+    }
+}
+
+/// How MIG devices are exposed when a node runs in MIG mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MigStrategy {
+    /// MIG devices are not exposed separately.
+    #[default]
+    None,
+    /// Each MIG profile is exposed as its own resource.
+    Mixed,
+}
+
+/// When the compute limit applies (container env `GPU_CORE_UTILIZATION_POLICY`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CorePolicy {
+    /// The limit applies while the GPU is shared with another container.
+    #[default]
+    Default,
+    /// The limit always applies.
+    Force,
+    /// The limit never applies.
+    Disable,
+}
+
+/// How candidates are ranked: nodes by the node policy, GPUs by the GPU policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingPolicy {
+    /// Prefer the fullest candidate, keeping others free for large requests.
+    Binpack,
+    /// Prefer the emptiest candidate, spreading load.
+    Spread,
+}
+
+impl SchedulingPolicy {
+    /// The value as written in annotations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Binpack => "binpack",
+            Self::Spread => "spread",
+        }
+    }
+}
+
+/// Health of one GPU as reported by the node agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum DeviceHealth {
+    /// The GPU can take work.
+    #[default]
+    Healthy,
+    /// The GPU reported a fatal error (e.g. an XID event) and takes no new work.
+    Unhealthy,
+}

@@ -1,0 +1,210 @@
+//! `GpuNode`: one node's GPUs as its node agent sees them.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{CorePolicy, DeviceHealth, FilterDevices, MigStrategy, OperatingMode};
+
+/// A node's GPU inventory. Cluster-scoped, named after the Node, owned by it.
+///
+/// GpuNode has no desired state: the node agent observes the node and writes
+/// everything into `status`. Liveness of the agent is its coordination Lease,
+/// not this object.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "GpuNode",
+    plural = "gpunodes",
+    shortname = "gpun",
+    category = "tessera",
+    status = "GpuNodeStatus",
+    derive = "Default",
+    derive = "PartialEq",
+    doc = "A node's GPUs as its Tessera node agent sees them: inventory, capacity after scaling, health and the configuration applied.",
+    printcolumn(
+        name = "GPUs",
+        type_ = "integer",
+        json_path = ".status.gpuCount",
+        description = "Number of GPUs on the node"
+    ),
+    printcolumn(
+        name = "Model",
+        type_ = "string",
+        json_path = ".status.models",
+        description = "GPU models on the node"
+    ),
+    printcolumn(
+        name = "Memory",
+        type_ = "integer",
+        json_path = ".status.capacity.memoryMiB",
+        description = "Schedulable device memory in MiB, after scaling"
+    ),
+    printcolumn(
+        name = "Slices",
+        type_ = "integer",
+        json_path = ".status.capacity.slices",
+        description = "vGPU slices the node offers",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether the agent reports the node ready for GPU work"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct GpuNodeSpec {}
+
+/// What the node agent observed on the node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNodeStatus {
+    /// The GPUs the agent exposes, after the configuration's device filter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["uuid"]))]
+    pub devices: Vec<GpuDevice>,
+    /// Number of entries in `devices`.
+    #[serde(default)]
+    pub gpu_count: u32,
+    /// The distinct GPU models on the node, comma-separated, for display.
+    #[serde(default)]
+    pub models: String,
+    /// Schedulable totals over all healthy devices, after scaling.
+    #[serde(default)]
+    pub capacity: CapacitySummary,
+    /// Totals held by live allocations. Written for people reading `kubectl`;
+    /// schedulers never read it back (usage is always the fold of allocations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<CapacitySummary>,
+    /// The effective settings: cluster defaults overridden by matching GpuNodeConfigs.
+    #[serde(default)]
+    pub settings: NodeSettings,
+    /// Names of the GpuNodeConfig objects that contributed to `settings`, lowest precedence first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied_configs: Vec<String>,
+    /// Standard conditions; `Ready` is true when the agent serves the kubelet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// One physical GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuDevice {
+    /// The GPU's UUID as NVML reports it, e.g. `GPU-5c4e0ad5-...`.
+    #[schemars(length(min = 1, max = 128))]
+    pub uuid: String,
+    /// The GPU's index on the node (NVML order).
+    pub index: u32,
+    /// The model name, e.g. `NVIDIA A100-SXM4-80GB`.
+    pub model: String,
+    /// Physical device memory in MiB.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// What the scheduler may hand out on this GPU, after scaling.
+    pub capacity: DeviceCapacity,
+    /// How many vGPU slices may share this GPU at once.
+    pub split_count: u32,
+    /// The NUMA node the GPU is attached to, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// UUIDs of GPUs connected to this one by NVLink.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlink_peers: Vec<String>,
+    /// Whether the GPU can take new work.
+    pub health: DeviceHealth,
+    /// Why the GPU is unhealthy (e.g. the XID error), when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_message: Option<String>,
+    /// How the GPU is shared.
+    pub mode: OperatingMode,
+    /// MIG instances carved from this GPU, when `mode` is `mig`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_instances: Vec<MigInstance>,
+}
+
+/// Schedulable capacity of one GPU.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceCapacity {
+    /// Device memory in MiB: physical memory × memory scaling.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// Compute in percent of the SMs: 100 × core scaling.
+    pub cores: u32,
+}
+
+/// Totals over a node's GPUs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacitySummary {
+    /// Device memory in MiB.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// Compute in percent of one GPU's SMs (a node with 4 GPUs offers 400).
+    pub cores: u32,
+    /// vGPU slices.
+    pub slices: u32,
+}
+
+/// One MIG instance.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstance {
+    /// The MIG profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// The instance's UUID, e.g. `MIG-...`.
+    pub uuid: String,
+    /// The instance's memory in MiB.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+}
+
+/// A node's effective GPU settings: the cluster defaults overridden by every
+/// GpuNodeConfig that selects the node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSettings {
+    /// vGPU slices per GPU.
+    pub device_split_count: u32,
+    /// Factor applied to physical memory; above 1 oversubscribes memory.
+    pub device_memory_scaling: f64,
+    /// Factor applied to compute; above 1 oversubscribes compute.
+    pub device_core_scaling: f64,
+    /// How the node's GPUs are shared.
+    pub operating_mode: OperatingMode,
+    /// How MIG devices are exposed.
+    pub mig_strategy: MigStrategy,
+    /// GPUs the agent leaves out.
+    #[serde(default)]
+    pub filter_devices: FilterDevices,
+    /// Interposer log level (0-4) given to containers.
+    pub lib_cuda_log_level: u8,
+    /// When compute limits apply in containers.
+    pub gpu_core_policy: CorePolicy,
+}
+
+impl Default for NodeSettings {
+    /// HAMi's defaults: 10 slices per GPU, no scaling, hami-core mode.
+    fn default() -> Self {
+        Self {
+            device_split_count: 10,
+            device_memory_scaling: 1.0,
+            device_core_scaling: 1.0,
+            operating_mode: OperatingMode::HamiCore,
+            mig_strategy: MigStrategy::None,
+            filter_devices: FilterDevices::default(),
+            lib_cuda_log_level: 2,
+            gpu_core_policy: CorePolicy::Default,
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! `GpuNodeConfig`: per-node GPU settings, managed by people or GitOps.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{CorePolicy, MigStrategy, OperatingMode};
+
+/// Overrides the cluster's GPU defaults on the nodes it selects. Cluster-scoped.
+///
+/// A config selects nodes by `nodeSelector`, by `nodeNames` globs, or both (a
+/// node must then match both). Every setting is optional; unset settings fall
+/// through to lower-precedence configs and then to the cluster defaults. When
+/// several configs select a node, higher `priority` wins; configs of equal
+/// priority that set the same key on the same node conflict: the one whose name
+/// sorts first wins and the conflict is reported in `status.conflicts`.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "GpuNodeConfig",
+    plural = "gpunodeconfigs",
+    shortname = "gpucfg",
+    category = "tessera",
+    status = "GpuNodeConfigStatus",
+    derive = "Default",
+    derive = "PartialEq",
+    doc = "Per-node GPU settings (HAMi's per-node device-plugin config): slices per GPU, memory and core scaling, operating mode, device filters, for the nodes selected by label selector and/or node-name globs.",
+    printcolumn(
+        name = "Nodes",
+        type_ = "string",
+        json_path = ".spec.nodeNames",
+        description = "Node-name globs the config selects"
+    ),
+    printcolumn(
+        name = "Selector",
+        type_ = "string",
+        json_path = ".spec.nodeSelector",
+        description = "Label selector the config selects"
+    ),
+    printcolumn(
+        name = "Priority",
+        type_ = "integer",
+        json_path = ".spec.priority",
+        description = "Higher wins when configs overlap",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Split",
+        type_ = "integer",
+        json_path = ".spec.deviceSplitCount",
+        description = "vGPU slices per GPU"
+    ),
+    printcolumn(
+        name = "Mem-Scale",
+        type_ = "number",
+        json_path = ".spec.deviceMemoryScaling",
+        description = "Memory scaling factor"
+    ),
+    printcolumn(
+        name = "Core-Scale",
+        type_ = "number",
+        json_path = ".spec.deviceCoreScaling",
+        description = "Core scaling factor"
+    ),
+    printcolumn(
+        name = "Mode",
+        type_ = "string",
+        json_path = ".spec.operatingMode",
+        description = "Operating mode"
+    ),
+    printcolumn(
+        name = "Matched",
+        type_ = "integer",
+        json_path = ".status.matchedNodeCount",
+        description = "Nodes the config currently selects"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.nodeSelector) || (has(self.nodeNames) && size(self.nodeNames) > 0)").message("set nodeSelector, nodeNames or both: a GpuNodeConfig must select nodes (nodeSelector: {} selects every node)"))]
+pub struct GpuNodeConfigSpec {
+    /// Nodes whose labels match this selector. `{}` selects every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// Node names or globs (`*` any run of characters, `?` one character),
+    /// e.g. `inference-pool-*`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("self.all(n, n.matches('^[a-z0-9*?]([a-z0-9.*?-]{0,251}[a-z0-9*?])?$'))").message("nodeNames: each entry must be a node name or a glob of lowercase letters, digits, '-', '.', '*' and '?', e.g. inference-pool-*"))]
+    pub node_names: Vec<String>,
+    /// Precedence among configs that select the same node; higher wins. Default 0.
+    #[serde(default)]
+    pub priority: i32,
+    /// vGPU slices per GPU, 1 to 100 (HAMi default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub device_split_count: Option<u32>,
+    /// Factor applied to each GPU's physical memory; must be greater than 0.
+    /// Above 1 oversubscribes device memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true, "maximum" = 100))]
+    pub device_memory_scaling: Option<f64>,
+    /// Factor applied to each GPU's compute (100 × factor percent); must be
+    /// greater than 0. Above 1 oversubscribes compute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true, "maximum" = 100))]
+    pub device_core_scaling: Option<f64>,
+    /// How the GPUs are shared: `hami-core`, `mig` or `mps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operating_mode: Option<OperatingMode>,
+    /// How MIG devices are exposed: `none` or `mixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_strategy: Option<MigStrategy>,
+    /// GPUs the node agent must not expose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter_devices: Option<FilterDevices>,
+    /// Interposer log level in containers: 0 (errors) to 4 (debug).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 4))]
+    pub lib_cuda_log_level: Option<u8>,
+    /// When compute limits apply in containers: `default`, `force` or `disable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_core_policy: Option<CorePolicy>,
+}
+
+/// GPUs to leave out, by UUID or by index.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FilterDevices {
+    /// GPU UUIDs to leave out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub uuids: Vec<String>,
+    /// GPU indexes to leave out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub indexes: Vec<u32>,
+}
+
+/// What the config currently does.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNodeConfigStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Nodes the config selects, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matched_nodes: Vec<String>,
+    /// Number of entries in `matchedNodes`.
+    #[serde(default)]
+    pub matched_node_count: u32,
+    /// Settings this config and another of equal priority both set on a node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<ConfigConflict>,
+    /// Standard conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Two or more configs of equal priority set the same key on one node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigConflict {
+    /// The node.
+    pub node: String,
+    /// The setting, e.g. `deviceSplitCount`.
+    pub field: String,
+    /// The configs that set it, sorted; the first one wins.
+    pub configs: Vec<String>,
+}

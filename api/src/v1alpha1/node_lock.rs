@@ -1,0 +1,81 @@
+//! `NodeLock`: who the node agent serves next on a node.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The longest a NodeLock may be held, in seconds.
+pub const MAX_LOCK_TTL_SECONDS: u32 = 300;
+
+/// Serializes the window between binding a GPU pod to a node and the kubelet's
+/// `Allocate` call for it. Cluster-scoped, named after the node.
+///
+/// The kubelet's `Allocate` carries no pod identity, so at most one GPU pod per
+/// node may be in that window: the scheduler creates the lock before binding,
+/// and the node agent reads it to find the pod it serves, then deletes it.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "NodeLock",
+    plural = "nodelocks",
+    shortname = "nlock",
+    category = "tessera",
+    derive = "PartialEq",
+    doc = "Marks the one GPU pod a node's agent serves next, between binding and the kubelet's Allocate call. Deleted when served; expires after ttlSeconds.",
+    printcolumn(
+        name = "Holder",
+        type_ = "string",
+        json_path = ".spec.holder.name",
+        description = "The pod holding the lock"
+    ),
+    printcolumn(
+        name = "Holder-Namespace",
+        type_ = "string",
+        json_path = ".spec.holder.namespace",
+        description = "The holder pod's namespace"
+    ),
+    printcolumn(
+        name = "Expires",
+        type_ = "string",
+        json_path = ".spec.expiresAt",
+        description = "When the lock lapses if nobody releases it"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.expiresAt == self.acquiredAt + duration(string(self.ttlSeconds) + 's')").message("expiresAt must equal acquiredAt + ttlSeconds"))]
+pub struct NodeLockSpec {
+    /// The pod the node agent serves next.
+    pub holder: PodReference,
+    /// Name of the holder's VgpuAllocation, in the holder's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub allocation: String,
+    /// When the holder acquired (or last renewed) the lock.
+    pub acquired_at: Time,
+    /// How long the lock lives without being released, from 1 to 300 seconds.
+    #[schemars(range(min = 1, max = 300))]
+    pub ttl_seconds: u32,
+    /// `acquiredAt + ttlSeconds`: after this anyone may take the lock over.
+    pub expires_at: Time,
+}
+
+/// Identifies one incarnation of a pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodReference {
+    /// The pod's namespace.
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    /// The pod's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The pod's UID.
+    #[schemars(length(min = 1, max = 64))]
+    pub uid: String,
+}

@@ -1,0 +1,207 @@
+//! `VgpuAllocation`: the scheduler's decision for one pod.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::SchedulingPolicy;
+
+/// Which GPU slices a pod got. Namespaced, named after the pod, owned by it.
+///
+/// The spec is written once, when the scheduler binds the pod, and never
+/// changes; the node agent and the lifecycle controller advance `status`.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "VgpuAllocation",
+    plural = "vgpuallocations",
+    shortname = "vgpu",
+    category = "tessera",
+    namespaced,
+    status = "VgpuAllocationStatus",
+    derive = "PartialEq",
+    doc = "The GPU slices Tessera's scheduler gave one pod: devices per container with memory and cores. The spec is immutable; status follows the pod from Bound to Allocated to Released.",
+    printcolumn(
+        name = "Pod",
+        type_ = "string",
+        json_path = ".spec.podName",
+        description = "The pod the slices belong to"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".spec.nodeName",
+        description = "The node the pod is bound to"
+    ),
+    printcolumn(
+        name = "Devices",
+        type_ = "string",
+        json_path = ".spec.totals.devices",
+        description = "GPU UUIDs the pod uses"
+    ),
+    printcolumn(
+        name = "Memory",
+        type_ = "integer",
+        json_path = ".spec.totals.memoryMiB",
+        description = "Device memory in MiB over all slices"
+    ),
+    printcolumn(
+        name = "Cores",
+        type_ = "integer",
+        json_path = ".spec.totals.cores",
+        description = "Percent of SMs over all slices"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Bound, Allocated, Released or Failed"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: it records a scheduling decision; delete the pod to release it"))]
+#[x_kube(validation = Rule::new("self.totals.memoryMiB == self.containers.map(c, c.devices.map(d, d.memoryMiB).sum()).sum()").message("totals.memoryMiB must equal the sum of every device slice's memoryMiB"))]
+#[x_kube(validation = Rule::new("self.totals.cores == self.containers.map(c, c.devices.map(d, d.cores).sum()).sum()").message("totals.cores must equal the sum of every device slice's cores"))]
+pub struct VgpuAllocationSpec {
+    /// Name of the pod.
+    #[schemars(length(min = 1, max = 253))]
+    pub pod_name: String,
+    /// UID of the pod; an allocation never serves a later pod of the same name.
+    #[schemars(length(min = 1, max = 64))]
+    pub pod_uid: String,
+    /// The node the pod was bound to.
+    #[schemars(length(min = 1, max = 253))]
+    pub node_name: String,
+    /// The GPU containers in the order the kubelet starts them (init containers
+    /// first); containers without GPU requests are absent.
+    #[schemars(length(min = 1, max = 64))]
+    pub containers: Vec<ContainerAllocation>,
+    /// The GPU policy used to pick devices on the node.
+    pub gpu_policy: SchedulingPolicy,
+    /// The node policy used to rank nodes.
+    pub node_policy: SchedulingPolicy,
+    /// Sums over all slices, for `kubectl get` and quick checks.
+    pub totals: AllocationTotals,
+    /// The W3C trace context of the scheduling decision, so the node agent's
+    /// work joins the same trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<TraceContext>,
+}
+
+/// The slices one container got.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerAllocation {
+    /// The container's name in the pod spec.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// One slice per requested vGPU, each on a different GPU.
+    #[schemars(length(min = 1, max = 16))]
+    #[x_kube(validation = Rule::new("self.all(d, self.exists_one(e, e.uuid == d.uuid))").message("devices: a container gets at most one slice of each GPU"))]
+    pub devices: Vec<DeviceSlice>,
+}
+
+/// A slice of one GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSlice {
+    /// The GPU's UUID.
+    #[schemars(length(min = 1, max = 128))]
+    pub uuid: String,
+    /// The GPU's index on the node.
+    pub index: u32,
+    /// The GPU's model, for display.
+    #[serde(default)]
+    pub model: String,
+    /// Device memory in MiB.
+    #[serde(rename = "memoryMiB")]
+    #[schemars(range(min = 1))]
+    pub memory_mib: u64,
+    /// Percent of the GPU's SMs; 100 means the GPU is the container's alone.
+    #[schemars(range(max = 100))]
+    pub cores: u32,
+}
+
+/// Sums over every slice of an allocation.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationTotals {
+    /// The distinct GPU UUIDs, comma-separated, in first-use order.
+    pub devices: String,
+    /// Device memory in MiB.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// Percent of SMs.
+    pub cores: u32,
+}
+
+impl AllocationTotals {
+    /// Computes the totals of a set of container allocations.
+    pub fn of(containers: &[ContainerAllocation]) -> Self {
+        let mut uuids: Vec<&str> = Vec::new();
+        let mut totals = Self::default();
+        for slice in containers.iter().flat_map(|c| &c.devices) {
+            if !uuids.contains(&slice.uuid.as_str()) {
+                uuids.push(&slice.uuid);
+            }
+            totals.memory_mib += slice.memory_mib;
+            totals.cores += slice.cores;
+        }
+        totals.devices = uuids.join(",");
+        totals
+    }
+}
+
+/// A W3C trace context (https://www.w3.org/TR/trace-context/).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TraceContext {
+    /// The `traceparent` header value.
+    #[schemars(length(max = 55))]
+    pub traceparent: String,
+    /// The `tracestate` header value.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 512))]
+    pub tracestate: String,
+}
+
+/// Where an allocation is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum AllocationPhase {
+    /// The pod is bound to the node; the kubelet has not yet asked for its devices.
+    Bound,
+    /// Every GPU container has been served by the node agent.
+    Allocated,
+    /// The pod finished or was deleted; the slices are free again.
+    Released,
+    /// The node agent could not serve the pod; `message` says why.
+    Failed,
+}
+
+/// What happened to the allocation since the scheduler wrote it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VgpuAllocationStatus {
+    /// Where the allocation is in its life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<AllocationPhase>,
+    /// Containers the node agent has served at `Allocate`, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub served_containers: Vec<String>,
+    /// When the last container was served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_at: Option<Time>,
+    /// When the slices were released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Time>,
+    /// A human-readable explanation of the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
