@@ -51,7 +51,7 @@ pub(crate) fn parse_whole(text: &str) -> Result<u64, QuantityError> {
         exp10 -= 1;
     }
     while exp10 < 0 {
-        if mantissa % 10 != 0 {
+        if !mantissa.is_multiple_of(10) {
             return Err(QuantityError::Fractional);
         }
         mantissa /= 10;

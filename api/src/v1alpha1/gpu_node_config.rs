@@ -91,8 +91,14 @@ pub struct GpuNodeConfigSpec {
     /// Node names or globs (`*` any run of characters, `?` one character),
     /// e.g. `inference-pool-*`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 256))]
-    #[x_kube(validation = Rule::new("self.all(n, n.matches('^[a-z0-9*?]([a-z0-9.*?-]{0,251}[a-z0-9*?])?$'))").message("nodeNames: each entry must be a node name or a glob of lowercase letters, digits, '-', '.', '*' and '?', e.g. inference-pool-*"))]
+    #[schemars(length(max = 64), extend("items" = {
+        "type": "string",
+        "maxLength": 253,
+        "x-kubernetes-validations": [{
+            "rule": "self.matches('^[a-z0-9*?]([a-z0-9.*?-]*[a-z0-9*?])?$')",
+            "message": "must be a node name or a glob of lowercase letters, digits, '-', '.', '*' and '?', e.g. inference-pool-*",
+        }],
+    }))]
     pub node_names: Vec<String>,
     /// Precedence among configs that select the same node; higher wins. Default 0.
     #[serde(default)]

@@ -49,7 +49,7 @@ pub const MAX_LOCK_TTL_SECONDS: u32 = 300;
     )
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.expiresAt == self.acquiredAt + duration(string(self.ttlSeconds) + 's')").message("expiresAt must equal acquiredAt + ttlSeconds"))]
+#[x_kube(validation = Rule::new("(self.expiresAt - self.acquiredAt).getSeconds() == self.ttlSeconds").message("expiresAt must equal acquiredAt + ttlSeconds"))]
 pub struct NodeLockSpec {
     /// The pod the node agent serves next.
     pub holder: PodReference,

@@ -1,0 +1,2 @@
+//! placeholder until the cluster command lands
+fn main() {}

@@ -1,0 +1,395 @@
+//! An isolated etcd + kube-apiserver on free loopback ports.
+
+use std::{
+    fs,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    sync::{
+        Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{
+    Api, Client, Config,
+    api::{Patch, PatchParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::wait::{await_condition, conditions},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Error, kubeconfig,
+    pki::Pki,
+    process::{Lifetime, Process},
+    tools,
+};
+
+/// How long kube-apiserver may take to become ready (2 slow cores, parallel tests).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Attempts at starting, in case a free port was taken between picking and binding.
+const START_ATTEMPTS: u32 = 3;
+/// File in a detached cluster's directory that records its processes.
+pub(crate) const STATE_FILE: &str = "cluster.json";
+
+/// How to start a control plane.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Where state, logs and the kubeconfig go; `None`: a fresh directory
+    /// under the system temp dir, removed on drop.
+    pub dir: Option<PathBuf>,
+    /// Whether the processes outlive this process (`make cluster`).
+    pub lifetime: Lifetime,
+    /// Install Tessera's CRDs and wait until they are Established.
+    pub install_crds: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            lifetime: Lifetime::Tied,
+            install_crds: true,
+        }
+    }
+}
+
+/// A running etcd and kube-apiserver, plus any components started on them.
+///
+/// Dropping it stops every process (newest first) and removes its temporary
+/// directory. Processes are also tied to the test process, so nothing leaks
+/// even when the test process is killed.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub(crate) dir: PathBuf,
+    remove_dir: bool,
+    pub(crate) pki: Pki,
+    server: String,
+    kubeconfig: PathBuf,
+    pub(crate) lifetime: Lifetime,
+    pub(crate) processes: Mutex<Vec<Process>>,
+}
+
+/// What `tessera-cluster down` needs to stop a detached cluster.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct DetachedState {
+    pub(crate) server: String,
+    pub(crate) processes: Vec<(String, u32)>,
+}
+
+impl ControlPlane {
+    /// Starts a control plane in a temporary directory with the CRDs installed.
+    pub async fn start() -> Result<Self, Error> {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Starts a control plane as `options` say.
+    pub async fn start_with(options: Options) -> Result<Self, Error> {
+        let bin = tools::bin_dir()?;
+        let mut attempt = 1;
+        loop {
+            let (dir, remove_dir) = match &options.dir {
+                Some(dir) => (dir.clone(), false),
+                None => (fresh_temp_dir()?, true),
+            };
+            match Self::start_once(&bin, dir, remove_dir, options.lifetime).await {
+                Ok(plane) => {
+                    if options.install_crds {
+                        plane.install_crds().await?;
+                    }
+                    return Ok(plane);
+                }
+                Err(error) if attempt < START_ATTEMPTS => {
+                    tracing::warn!(%error, attempt, "control plane did not start; retrying on new ports");
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn start_once(
+        bin: &Path,
+        dir: PathBuf,
+        remove_dir: bool,
+        lifetime: Lifetime,
+    ) -> Result<Self, Error> {
+        fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
+        let pki = Pki::create(&dir)?;
+        let [etcd_client, etcd_peer, apiserver_port] = free_ports::<3>()?;
+        let server = format!("https://127.0.0.1:{apiserver_port}");
+        let kubeconfig = dir.join("kubeconfig");
+        kubeconfig::write(&kubeconfig, &server, &pki)?;
+        let plane = Self {
+            dir,
+            remove_dir,
+            pki,
+            server,
+            kubeconfig,
+            lifetime,
+            processes: Mutex::new(Vec::new()),
+        };
+
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let etcd_args = vec![
+            "--name=tessera".to_owned(),
+            format!("--data-dir={}", plane.dir.join("etcd").display()),
+            "--unsafe-no-fsync".to_owned(),
+            "--log-level=warn".to_owned(),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=tessera={peer_url}"),
+        ];
+        plane.spawn("etcd", &bin.join("etcd"), &etcd_args)?;
+
+        let pki = &plane.pki;
+        let path = |p: &Path| p.display().to_string();
+        let apiserver_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--secure-port={apiserver_port}"),
+            format!("--tls-cert-file={}", path(&pki.apiserver_cert)),
+            format!("--tls-private-key-file={}", path(&pki.apiserver_key)),
+            format!("--client-ca-file={}", path(&pki.ca_cert)),
+            format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}"),
+            format!("--service-account-key-file={}", path(&pki.sa_pub)),
+            format!("--service-account-signing-key-file={}", path(&pki.sa_key)),
+            "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            format!("--token-auth-file={}", path(&pki.tokens)),
+            "--authorization-mode=RBAC".to_owned(),
+            // No kubelet creates service-account token volumes here and no
+            // node-lifecycle controller lifts the not-ready taint from nodes.
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_owned(),
+            "--endpoint-reconciler-type=none".to_owned(),
+            "--enable-priority-and-fairness=false".to_owned(),
+            "--max-requests-inflight=0".to_owned(),
+            "--max-mutating-requests-inflight=0".to_owned(),
+            "--profiling=false".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        plane.spawn(
+            "kube-apiserver",
+            &bin.join("kube-apiserver"),
+            &apiserver_args,
+        )?;
+        plane.wait_ready("kube-apiserver /readyz", None).await?;
+        Ok(plane)
+    }
+
+    /// The API server's URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory holding state, logs and credentials.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Certificates and tokens, including a serving certificate for
+    /// 127.0.0.1 that Tessera's webhook and extender can use.
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    /// An admin client.
+    pub async fn client(&self) -> Result<Client, Error> {
+        Ok(Client::try_from(self.client_config().await?)?)
+    }
+
+    /// The admin client configuration.
+    pub async fn client_config(&self) -> Result<Config, Error> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+    }
+
+    /// A `kubectl` command (the v1.36 build) pointed at this control plane.
+    pub fn kubectl(&self) -> Result<std::process::Command, Error> {
+        let mut command = std::process::Command::new(tools::binary("kubectl")?);
+        command.arg("--kubeconfig").arg(&self.kubeconfig);
+        Ok(command)
+    }
+
+    /// Applies Tessera's CRDs (server-side apply) and waits until every one is Established.
+    pub async fn install_crds(&self) -> Result<(), Error> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client().await?);
+        let params = PatchParams::apply("tessera-e2e").force();
+        let crds = tessera_api::crds::all();
+        for crd in &crds {
+            let name = crd.metadata.name.as_deref().unwrap_or_default();
+            api.patch(name, &params, &Patch::Apply(crd)).await?;
+        }
+        for crd in &crds {
+            let name = crd.metadata.name.as_deref().unwrap_or_default();
+            let established = await_condition(api.clone(), name, conditions::is_crd_established());
+            tokio::time::timeout(READY_TIMEOUT, established)
+                .await
+                .map_err(|_| Error::Timeout {
+                    what: format!("CRD {name} to become Established"),
+                    seconds: READY_TIMEOUT.as_secs(),
+                })?
+                .map_err(|e| Error::Config(format!("watching CRD {name}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Stops the named component (newest instance) if it runs.
+    pub fn stop_component(&self, name: &str) {
+        let mut processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = processes.iter().rposition(|p| p.name() == name) {
+            processes.remove(i).stop();
+        }
+    }
+
+    /// Pids of every running component, oldest first.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        let processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        processes
+            .iter()
+            .map(|p| (p.name().to_owned(), p.pid()))
+            .collect()
+    }
+
+    /// Leaves a detached control plane running: records its processes in
+    /// `<dir>/cluster.json` for [`crate::stop_detached`] and forgets them.
+    pub fn detach(mut self) -> Result<PathBuf, Error> {
+        let processes = std::mem::take(self.processes.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let state = DetachedState {
+            server: self.server.clone(),
+            processes: processes
+                .into_iter()
+                .map(|p| (p.name().to_owned(), p.release()))
+                .collect(),
+        };
+        let path = self.dir.join(STATE_FILE);
+        let json =
+            serde_json::to_string_pretty(&state).map_err(|e| Error::Config(e.to_string()))?;
+        fs::write(&path, json).map_err(Error::io("write", &path))?;
+        self.remove_dir = false;
+        Ok(self.dir.clone())
+    }
+
+    pub(crate) fn spawn(&self, name: &str, program: &Path, args: &[String]) -> Result<(), Error> {
+        let log = self.dir.join(format!("{name}.log"));
+        let process = Process::spawn(name, program, args, log, self.lifetime)?;
+        self.processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(process);
+        Ok(())
+    }
+
+    /// Polls `GET <url or apiserver>/<path>` until it answers 200, failing
+    /// early with the log of any component that exits meanwhile.
+    pub(crate) async fn wait_ready(
+        &self,
+        what: &str,
+        endpoint: Option<(&str, &str)>,
+    ) -> Result<(), Error> {
+        let mut config = self.client_config().await?;
+        let path = match endpoint {
+            Some((url, path)) => {
+                config.cluster_url = url
+                    .parse()
+                    .map_err(|e| Error::Config(format!("{url}: {e}")))?;
+                path
+            }
+            None => "/readyz",
+        };
+        config.connect_timeout = Some(Duration::from_secs(2));
+        config.read_timeout = Some(Duration::from_secs(5));
+        let client = Client::try_from(config)?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_running()?;
+            let request = http::Request::get(path)
+                .body(Vec::new())
+                .map_err(|e| Error::Config(e.to_string()))?;
+            if let Ok(body) = client.request_text(request).await
+                && body.trim() == "ok"
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: what.to_owned(),
+                    seconds: READY_TIMEOUT.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn check_running(&self) -> Result<(), Error> {
+        let mut processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        processes.iter_mut().try_for_each(Process::check_running)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let processes = self.processes.get_mut().unwrap_or_else(|e| e.into_inner());
+        while let Some(mut process) = processes.pop() {
+            process.stop();
+        }
+        if self.remove_dir {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Picks `N` distinct free loopback ports.
+fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Error::io("bind", "127.0.0.1:0"))?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener
+            .local_addr()
+            .map_err(Error::io("bind", "127.0.0.1:0"))?
+            .port();
+    }
+    Ok(ports)
+}
+
+/// Picks one free loopback port.
+pub(crate) fn free_port() -> Result<u16, Error> {
+    Ok(free_ports::<1>()?[0])
+}
+
+/// A new directory `<tmp>/tessera-e2e/<pid>-<n>`, after removing directories
+/// left by test processes that no longer exist.
+fn fresh_temp_dir() -> Result<PathBuf, Error> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let root = std::env::temp_dir().join("tessera-e2e");
+    if let Ok(entries) = fs::read_dir(&root) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let owner = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if owner.is_some_and(|pid| !crate::process::is_alive(pid)) {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = root.join(format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
+    Ok(dir)
+}
