@@ -371,20 +371,31 @@ pub(crate) fn free_port() -> Result<u16, Error> {
     Ok(free_ports::<1>()?[0])
 }
 
-/// A new directory `<tmp>/tessera-e2e/<pid>-<n>`, after removing directories
-/// left by test processes that no longer exist.
-fn fresh_temp_dir() -> Result<PathBuf, Error> {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let root = std::env::temp_dir().join("tessera-e2e");
-    if let Ok(entries) = fs::read_dir(&root) {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let owner = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
-            if owner.is_some_and(|pid| !crate::process::is_alive(pid)) {
-                let _ = fs::remove_dir_all(entry.path());
-            }
+/// Where temporary control planes live: `<tmp>/tessera-e2e/<pid>-<n>`.
+fn temp_root() -> PathBuf {
+    std::env::temp_dir().join("tessera-e2e")
+}
+
+/// Removes temporary control-plane directories whose test process is gone
+/// (a process killed outright cannot clean up after itself).
+pub fn remove_stale_dirs() {
+    let Ok(entries) = fs::read_dir(temp_root()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let owner = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if owner.is_some_and(|pid| !crate::process::is_alive(pid)) {
+            let _ = fs::remove_dir_all(entry.path());
         }
     }
+}
+
+/// A new temporary directory, after sweeping stale ones.
+fn fresh_temp_dir() -> Result<PathBuf, Error> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    remove_stale_dirs();
+    let root = temp_root();
     let dir = root.join(format!(
         "{}-{}",
         std::process::id(),

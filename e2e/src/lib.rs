@@ -26,7 +26,7 @@ pub mod pki;
 pub mod process;
 pub mod tools;
 
-pub use control_plane::{ControlPlane, Options};
+pub use control_plane::{ControlPlane, Options, remove_stale_dirs};
 pub use error::Error;
 pub use process::Lifetime;
 

@@ -179,19 +179,27 @@ pub fn stop_detached(pid_number: u32, binary: &str) -> bool {
     true
 }
 
-/// Whether a process with this pid exists (zombies count as gone).
+/// Whether a process with this pid still exists and holds resources.
+///
+/// A zombie counts as gone only once its last thread has exited: when a
+/// multi-threaded (Go) process is killed, its leader turns zombie while the
+/// other threads, which still hold its sockets, are torn down.
 pub fn is_alive(pid_number: u32) -> bool {
     Path::new(&format!("/proc/{pid_number}")).exists() && !is_zombie(pid_number)
 }
 
 fn is_zombie(pid_number: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid_number}/stat"))
+    let leader_zombie = fs::read_to_string(format!("/proc/{pid_number}/stat"))
         .ok()
         .and_then(|stat| {
             stat.rsplit_once(") ")
                 .map(|(_, rest)| rest.starts_with('Z'))
         })
-        .unwrap_or(false)
+        .unwrap_or(false);
+    let threads = fs::read_dir(format!("/proc/{pid_number}/task"))
+        .map(Iterator::count)
+        .unwrap_or(0);
+    leader_zombie && threads <= 1
 }
 
 fn pid(number: u32) -> Pid {
