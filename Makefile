@@ -1,0 +1,41 @@
+# Tessera's entry points. `make` lists them.
+SHELL := bash
+.DEFAULT_GOAL := help
+CARGO ?= cargo
+
+.PHONY: help tools build test test-unit fmt lint crds cluster cluster-down clean
+
+help: ## List the targets
+	@echo "Tessera: GPU sharing for Kubernetes. Targets:"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+tools: ## Build etcd and Kubernetes v1.36 binaries into ~/.cache/tessera (once; ~10 min cold)
+	@hack/tools.sh >/dev/null
+
+build: ## Build every crate and binary
+	$(CARGO) build --workspace --all-targets
+
+test: tools ## Run every test, including those against a real kube-apiserver (builds what it needs)
+	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) test --workspace
+
+test-unit: ## Run only the tests that need no control plane
+	$(CARGO) test --workspace --lib --bins --test crds
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+lint: ## Check formatting and run clippy with warnings as errors
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+crds: ## Regenerate crds/*.yaml from the Rust types in api/src/v1alpha1
+	$(CARGO) run -q -p tessera-api --bin tessera-crdgen -- crds
+
+cluster: tools ## Start a local control plane with the CRDs; writes .tessera/kubeconfig
+	@TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-cluster -- up
+
+cluster-down: ## Stop the local control plane and remove .tessera
+	@$(CARGO) run -q -p tessera-e2e --bin tessera-cluster -- down
+
+clean: ## Remove build output (the tool cache in ~/.cache/tessera stays)
+	$(CARGO) clean
