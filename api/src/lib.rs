@@ -7,6 +7,7 @@
 //!   `GpuNodeConfig`) in group `tessera.dev`.
 //! - [`request`]: turns a Pod and the cluster defaults into a typed GPU request,
 //!   with HAMi's rules; shared by the webhook, the scheduler and the node agent.
+//! - [`node_config`]: which GpuNodeConfigs select a node and the settings that result.
 //! - [`crds`]: the CustomResourceDefinitions generated from the types.
 
 pub mod env;
@@ -15,6 +16,8 @@ pub mod names;
 
 #[cfg(feature = "kube")]
 pub mod crds;
+#[cfg(feature = "kube")]
+pub mod node_config;
 #[cfg(feature = "kube")]
 mod quantity;
 #[cfg(feature = "kube")]

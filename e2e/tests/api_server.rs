@@ -534,3 +534,24 @@ async fn node_lock_ttl_is_bounded_and_expiry_consistent() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn allocations_can_be_listed_by_node() {
+    let (_, client) = cluster().await;
+    ensure_namespace(&client, "by-node").await;
+    let api = dynamic::<VgpuAllocation>(&client, Some("by-node"));
+    for (pod, node) in [("p1", "gpu-a"), ("p2", "gpu-b"), ("p3", "gpu-a")] {
+        let body = allocation(pod, node, &[("GPU-ffff", 100, 1)]);
+        api.create(&PostParams::default(), &object::<VgpuAllocation>(body))
+            .await
+            .unwrap();
+    }
+    let typed: Api<VgpuAllocation> = Api::namespaced(client.clone(), "by-node");
+    let on_a = typed
+        .list(&kube::api::ListParams::default().fields("spec.nodeName=gpu-a"))
+        .await
+        .unwrap();
+    let mut names: Vec<_> = on_a.items.iter().map(|a| a.spec.pod_name.clone()).collect();
+    names.sort();
+    assert_eq!(names, ["p1", "p3"]);
+}

@@ -13,8 +13,9 @@ use super::{CorePolicy, MigStrategy, OperatingMode};
 /// node must then match both). Every setting is optional; unset settings fall
 /// through to lower-precedence configs and then to the cluster defaults. When
 /// several configs select a node, higher `priority` wins; configs of equal
-/// priority that set the same key on the same node conflict: the one whose name
-/// sorts first wins and the conflict is reported in `status.conflicts`.
+/// priority that set the same key to different values on the same node
+/// conflict: the one whose name sorts first wins and the conflict is reported
+/// in `status.conflicts`.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "tessera.dev",
@@ -162,7 +163,7 @@ pub struct GpuNodeConfigStatus {
     /// Number of entries in `matchedNodes`.
     #[serde(default)]
     pub matched_node_count: u32,
-    /// Settings this config and another of equal priority both set on a node.
+    /// Settings this config and another of equal priority set to different values on a node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<ConfigConflict>,
     /// Standard conditions.
@@ -171,7 +172,7 @@ pub struct GpuNodeConfigStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// Two or more configs of equal priority set the same key on one node.
+/// Two or more configs of equal priority set one key to different values on one node.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigConflict {

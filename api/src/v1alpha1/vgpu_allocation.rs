@@ -21,6 +21,7 @@ use super::SchedulingPolicy;
     category = "tessera",
     namespaced,
     status = "VgpuAllocationStatus",
+    selectable = ".spec.nodeName",
     derive = "PartialEq",
     doc = "The GPU slices Tessera's scheduler gave one pod: devices per container with memory and cores. The spec is immutable; status follows the pod from Bound to Allocated to Released.",
     printcolumn(
