@@ -1,0 +1,180 @@
+//! Does a pod fit a node, and on which devices.
+
+use tessera_api::{
+    request::{ContainerRequest, PodOptions, PodRequest},
+    v1alpha1::SchedulingPolicy,
+};
+
+use super::{
+    ContainerPlacement, DeviceUsage, EXCLUSIVE_CORES, GpuDevice, NodeGpus, Placement, Rejection,
+    Slice,
+    reason::{Cause, Census},
+    score::device_load,
+};
+
+/// Places every GPU container of `request` on `node`, or says why it cannot.
+///
+/// Containers are placed in order against a working copy of the usage, so a
+/// later container sees the slices of the earlier ones. Candidate devices are
+/// ordered by `policy`: binpack takes the fullest first, spread the emptiest;
+/// ties go to the lower index, so the answer is deterministic.
+pub fn fit(
+    node: &NodeGpus,
+    request: &PodRequest,
+    policy: SchedulingPolicy,
+) -> Result<Placement, Rejection> {
+    let mut usage = node.usage.clone();
+    let mut containers = Vec::with_capacity(request.containers.len());
+    for container in &request.containers {
+        let slices = fit_container(&node.devices, &usage, container, &request.options, policy)?;
+        for slice in &slices {
+            usage[slice.device].add(slice);
+        }
+        containers.push(ContainerPlacement {
+            name: container.name.clone(),
+            slices,
+        });
+    }
+    Ok(Placement { containers })
+}
+
+fn fit_container(
+    devices: &[GpuDevice],
+    usage: &[DeviceUsage],
+    container: &ContainerRequest,
+    options: &PodOptions,
+    policy: SchedulingPolicy,
+) -> Result<Vec<Slice>, Rejection> {
+    let filters = Filters::new(options);
+    let mut census = Census::default();
+    let mut candidates: Vec<(Slice, f64)> = Vec::new();
+    for (i, (device, used)) in devices.iter().zip(usage).enumerate() {
+        let memory_mib = container.memory.resolve(device.memory_mib).max(1);
+        let slice = Slice {
+            device: i,
+            memory_mib,
+            cores: container.cores,
+        };
+        match check(device, used, &slice, &filters, options) {
+            Ok(()) => candidates.push((slice, device_load(device, used))),
+            Err(cause) => census.note(cause, device, used),
+        }
+    }
+    candidates.sort_by(|(a, load_a), (b, load_b)| {
+        let by_load = match policy {
+            SchedulingPolicy::Binpack => load_b.total_cmp(load_a),
+            SchedulingPolicy::Spread => load_a.total_cmp(load_b),
+        };
+        by_load.then(a.device.cmp(&b.device))
+    });
+    let wanted = container.count as usize;
+    let fitting = candidates.len();
+    let chosen: Vec<Slice> = if options.numa_bind {
+        match pick_one_numa_node(devices, &candidates, wanted) {
+            Ok(slices) => slices,
+            Err(best) => return Err(Rejection::numa(container, fitting, best, devices.len())),
+        }
+    } else {
+        candidates
+            .into_iter()
+            .take(wanted)
+            .map(|(s, _)| s)
+            .collect()
+    };
+    if chosen.len() < wanted {
+        return Err(census.into_rejection(container, fitting, devices.len()));
+    }
+    Ok(chosen)
+}
+
+/// The first NUMA node (in candidate order) with `wanted` fitting devices;
+/// otherwise the largest count any NUMA node has.
+fn pick_one_numa_node(
+    devices: &[GpuDevice],
+    candidates: &[(Slice, f64)],
+    wanted: usize,
+) -> Result<Vec<Slice>, usize> {
+    let mut groups: Vec<(Option<u32>, Vec<Slice>)> = Vec::new();
+    for (slice, _) in candidates {
+        let numa = devices[slice.device].numa_node;
+        match groups.iter_mut().find(|(n, _)| *n == numa) {
+            Some((_, group)) => group.push(*slice),
+            None => groups.push((numa, vec![*slice])),
+        }
+    }
+    let best = groups.iter().map(|(_, g)| g.len()).max().unwrap_or(0);
+    groups
+        .into_iter()
+        .find(|(_, g)| g.len() >= wanted)
+        .map(|(_, g)| g.into_iter().take(wanted).collect())
+        .ok_or(best)
+}
+
+/// Type filters lowered once per container.
+struct Filters {
+    use_types: Vec<String>,
+    nouse_types: Vec<String>,
+}
+
+impl Filters {
+    fn new(options: &PodOptions) -> Self {
+        let lower = |v: &[String]| v.iter().map(|t| t.to_lowercase()).collect();
+        Self {
+            use_types: lower(&options.use_gpu_types),
+            nouse_types: lower(&options.nouse_gpu_types),
+        }
+    }
+}
+
+/// Why `slice` cannot go on `device`, checked in the order a person would ask.
+fn check(
+    device: &GpuDevice,
+    used: &DeviceUsage,
+    slice: &Slice,
+    filters: &Filters,
+    options: &PodOptions,
+) -> Result<(), Cause> {
+    if !device.healthy {
+        return Err(Cause::Unhealthy);
+    }
+    if !filters.use_types.is_empty() || !filters.nouse_types.is_empty() {
+        let model = device.model.to_lowercase();
+        if !filters.use_types.is_empty()
+            && !filters.use_types.iter().any(|t| model.contains(t.as_str()))
+        {
+            return Err(Cause::TypeNotWanted);
+        }
+        if filters
+            .nouse_types
+            .iter()
+            .any(|t| model.contains(t.as_str()))
+        {
+            return Err(Cause::TypeExcluded);
+        }
+    }
+    if !options.use_gpu_uuids.is_empty() && !options.use_gpu_uuids.contains(&device.uuid) {
+        return Err(Cause::UuidNotWanted);
+    }
+    if options.nouse_gpu_uuids.contains(&device.uuid) {
+        return Err(Cause::UuidExcluded);
+    }
+    if options.vgpu_mode.is_some_and(|mode| mode != device.mode) {
+        return Err(Cause::ModeMismatch);
+    }
+    if used.exclusive > 0 {
+        return Err(Cause::HeldExclusively);
+    }
+    if slice.cores >= EXCLUSIVE_CORES && used.slices > 0 {
+        return Err(Cause::NotEmptyForExclusive);
+    }
+    if used.slices >= device.split_count {
+        return Err(Cause::NoFreeSlice);
+    }
+    if used.memory_mib + slice.memory_mib > device.memory_mib {
+        return Err(Cause::Memory);
+    }
+    if used.cores + slice.cores > device.cores {
+        return Err(Cause::Cores);
+    }
+    Ok(())
+}

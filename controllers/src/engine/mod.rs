@@ -1,0 +1,74 @@
+//! The allocation engine: does a pod's GPU request fit a node, which devices
+//! does each container get, and how good is the node.
+//!
+//! Pure logic: no Kubernetes, HTTP or async types in its API. The projection
+//! feeds it node views; the extender turns its answers into HTTP replies.
+//!
+//! Rules (HAMi's, made exact):
+//! - A vGPU takes one slice of a device: `memory` MiB (a percentage resolves
+//!   against the device's capacity after scaling) and `cores` percent of SMs.
+//! - A device holds at most `split_count` slices, `memory_mib` MiB and `cores`
+//!   cores in total (invariant I1).
+//! - A slice of 100 cores is exclusive: the device must be empty and stays
+//!   closed to everyone else while the slice lives.
+//! - A container's vGPUs are on distinct devices; with `numa-bind` they share
+//!   one NUMA node. Containers of one pod are placed in order, each seeing the
+//!   slices of the ones before.
+//! - Unhealthy devices, and devices excluded by type, UUID or mode, are skipped.
+
+mod fit;
+mod node;
+mod reason;
+mod score;
+
+#[cfg(test)]
+mod tests;
+
+pub use fit::fit;
+pub use node::{DeviceUsage, GpuDevice, NodeGpus};
+pub use reason::Rejection;
+pub use score::{device_load, node_score};
+
+/// Cores that make a slice exclusive.
+pub const EXCLUSIVE_CORES: u32 = 100;
+
+/// A slice of one device given to a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Slice {
+    /// Position of the device in [`NodeGpus::devices`].
+    pub device: usize,
+    /// Device memory in MiB.
+    pub memory_mib: u64,
+    /// Percent of SMs.
+    pub cores: u32,
+}
+
+impl Slice {
+    /// Whether this slice takes its device exclusively.
+    pub fn is_exclusive(&self) -> bool {
+        self.cores >= EXCLUSIVE_CORES
+    }
+}
+
+/// The slices one container gets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerPlacement {
+    /// The container's name.
+    pub name: String,
+    /// One slice per requested vGPU, on distinct devices.
+    pub slices: Vec<Slice>,
+}
+
+/// Where every GPU container of a pod goes on one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Containers in request order.
+    pub containers: Vec<ContainerPlacement>,
+}
+
+impl Placement {
+    /// Every slice of every container.
+    pub fn slices(&self) -> impl Iterator<Item = &Slice> {
+        self.containers.iter().flat_map(|c| &c.slices)
+    }
+}

@@ -1,0 +1,107 @@
+//! A node's devices and what live allocations hold on them.
+
+use tessera_api::v1alpha1::OperatingMode;
+
+use super::Slice;
+
+/// One GPU as the scheduler sees it: capacity after scaling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuDevice {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// The GPU's index on its node.
+    pub index: u32,
+    /// The model name.
+    pub model: String,
+    /// Schedulable memory in MiB.
+    pub memory_mib: u64,
+    /// Schedulable cores (100 × core scaling).
+    pub cores: u32,
+    /// Slices the device holds at most.
+    pub split_count: u32,
+    /// NUMA node, when known.
+    pub numa_node: Option<u32>,
+    /// Whether the device takes new work.
+    pub healthy: bool,
+    /// How the device is shared.
+    pub mode: OperatingMode,
+}
+
+/// What live allocations hold on one device: the fold of their slices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceUsage {
+    /// Memory held, MiB.
+    pub memory_mib: u64,
+    /// Cores held.
+    pub cores: u32,
+    /// Slices held.
+    pub slices: u32,
+    /// Exclusive slices held (0 or 1 while I1 holds).
+    pub exclusive: u32,
+}
+
+impl DeviceUsage {
+    /// Adds a slice.
+    pub fn add(&mut self, slice: &Slice) {
+        self.memory_mib += slice.memory_mib;
+        self.cores += slice.cores;
+        self.slices += 1;
+        self.exclusive += u32::from(slice.is_exclusive());
+    }
+
+    /// Removes a slice (never below zero).
+    pub fn remove(&mut self, slice: &Slice) {
+        self.memory_mib = self.memory_mib.saturating_sub(slice.memory_mib);
+        self.cores = self.cores.saturating_sub(slice.cores);
+        self.slices = self.slices.saturating_sub(1);
+        self.exclusive = self
+            .exclusive
+            .saturating_sub(u32::from(slice.is_exclusive()));
+    }
+}
+
+/// A node's devices with their usage; `usage[i]` belongs to `devices[i]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeGpus {
+    /// The devices.
+    pub devices: Vec<GpuDevice>,
+    /// Usage per device.
+    pub usage: Vec<DeviceUsage>,
+}
+
+impl NodeGpus {
+    /// A node with nothing allocated.
+    pub fn new(devices: Vec<GpuDevice>) -> Self {
+        let usage = vec![DeviceUsage::default(); devices.len()];
+        Self { devices, usage }
+    }
+
+    /// Adds a slice to its device's usage.
+    pub fn charge(&mut self, slice: &Slice) {
+        if let Some(usage) = self.usage.get_mut(slice.device) {
+            usage.add(slice);
+        }
+    }
+
+    /// Removes a slice from its device's usage.
+    pub fn release(&mut self, slice: &Slice) {
+        if let Some(usage) = self.usage.get_mut(slice.device) {
+            usage.remove(slice);
+        }
+    }
+
+    /// The position of the device with this UUID.
+    pub fn position(&self, uuid: &str) -> Option<usize> {
+        self.devices.iter().position(|d| d.uuid == uuid)
+    }
+
+    /// Whether every device is within its capacity (invariant I1).
+    pub fn within_capacity(&self) -> bool {
+        self.devices.iter().zip(&self.usage).all(|(d, u)| {
+            u.memory_mib <= d.memory_mib
+                && u.cores <= d.cores
+                && u.slices <= d.split_count
+                && (u.exclusive == 0 || u.slices == 1)
+        })
+    }
+}

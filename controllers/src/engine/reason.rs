@@ -1,0 +1,193 @@
+//! Why a pod does not fit a node, in words a person can act on.
+//!
+//! The text ends up in the pod's FailedScheduling event, e.g.
+//! `container "train" needs 1 GPU with 8000 MiB and 30 cores; 0 of 4 GPUs fit:
+//! 3 GPUs without 8000 MiB free (largest free is 6000 MiB on GPU-1c2d…);
+//! 1 GPU excluded by nvidia.com/nouse-gputype`.
+
+use std::fmt::{self, Write};
+
+use tessera_api::{
+    names::annotations,
+    request::{ContainerRequest, MemoryRequest},
+};
+
+use super::{DeviceUsage, EXCLUSIVE_CORES, GpuDevice};
+
+/// Why one device cannot take a slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cause {
+    Unhealthy,
+    TypeNotWanted,
+    TypeExcluded,
+    UuidNotWanted,
+    UuidExcluded,
+    ModeMismatch,
+    HeldExclusively,
+    NotEmptyForExclusive,
+    NoFreeSlice,
+    Memory,
+    Cores,
+}
+
+const CAUSES: usize = 11;
+
+/// Tally of why devices were rejected for one container.
+#[derive(Debug, Default)]
+pub(super) struct Census {
+    counts: [u32; CAUSES],
+    largest_free_memory: Option<(u64, String)>,
+    most_free_cores: Option<(u32, String)>,
+}
+
+impl Census {
+    pub(super) fn note(&mut self, cause: Cause, device: &GpuDevice, used: &DeviceUsage) {
+        self.counts[cause as usize] += 1;
+        match cause {
+            Cause::Memory => {
+                let free = device.memory_mib.saturating_sub(used.memory_mib);
+                if self
+                    .largest_free_memory
+                    .as_ref()
+                    .is_none_or(|(f, _)| free > *f)
+                {
+                    self.largest_free_memory = Some((free, device.uuid.clone()));
+                }
+            }
+            Cause::Cores => {
+                let free = device.cores.saturating_sub(used.cores);
+                if self.most_free_cores.as_ref().is_none_or(|(f, _)| free > *f) {
+                    self.most_free_cores = Some((free, device.uuid.clone()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn into_rejection(
+        self,
+        container: &ContainerRequest,
+        fitting: usize,
+        total: usize,
+    ) -> Rejection {
+        let mut message = needs(container, fitting, total);
+        if total == 0 {
+            message.push_str(": the node has no GPUs");
+            return Rejection { message };
+        }
+        let mut parts = Vec::new();
+        let mut part = |cause: Cause, text: String| {
+            let n = self.counts[cause as usize];
+            if n > 0 {
+                parts.push(format!("{n} GPU{} {text}", if n == 1 { "" } else { "s" }));
+            }
+        };
+        part(Cause::Unhealthy, "unhealthy".into());
+        part(
+            Cause::TypeNotWanted,
+            format!("not of a type in {}", annotations::USE_GPU_TYPE),
+        );
+        part(
+            Cause::TypeExcluded,
+            format!("excluded by {}", annotations::NOUSE_GPU_TYPE),
+        );
+        part(
+            Cause::UuidNotWanted,
+            format!("not listed in {}", annotations::USE_GPU_UUID),
+        );
+        part(
+            Cause::UuidExcluded,
+            format!("excluded by {}", annotations::NOUSE_GPU_UUID),
+        );
+        part(
+            Cause::ModeMismatch,
+            format!("not in the mode {} asks for", annotations::VGPU_MODE),
+        );
+        part(
+            Cause::HeldExclusively,
+            "held exclusively by another container".into(),
+        );
+        part(
+            Cause::NotEmptyForExclusive,
+            format!("in use, but {EXCLUSIVE_CORES} cores needs an empty GPU"),
+        );
+        part(Cause::NoFreeSlice, "with no free slice".into());
+        if let Some((free, uuid)) = &self.largest_free_memory {
+            part(
+                Cause::Memory,
+                format!(
+                    "without {} free (largest free is {free} MiB on {uuid})",
+                    memory(container.memory)
+                ),
+            );
+        }
+        if let Some((free, uuid)) = &self.most_free_cores {
+            part(
+                Cause::Cores,
+                format!(
+                    "without {} cores free (most free is {free} on {uuid})",
+                    container.cores
+                ),
+            );
+        }
+        if !parts.is_empty() {
+            let _ = write!(message, ": {}", parts.join("; "));
+        }
+        Rejection { message }
+    }
+}
+
+/// Why a pod does not fit a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    message: String,
+}
+
+impl Rejection {
+    /// The explanation.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub(super) fn numa(
+        container: &ContainerRequest,
+        fitting: usize,
+        best: usize,
+        total: usize,
+    ) -> Self {
+        let mut message = needs(container, fitting, total);
+        let _ = write!(
+            message,
+            ": {} is set and no NUMA node has {} fitting GPUs (at most {best} on one)",
+            annotations::NUMA_BIND,
+            container.count
+        );
+        Self { message }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
+    let count = container.count;
+    format!(
+        "container {:?} needs {count} GPU{} with {} and {} cores{}; {fitting} of {total} GPUs fit",
+        container.name,
+        if count == 1 { "" } else { "s" },
+        memory(container.memory),
+        container.cores,
+        if count == 1 { "" } else { " each" },
+    )
+}
+
+fn memory(request: MemoryRequest) -> String {
+    match request {
+        MemoryRequest::Mib(mib) => format!("{mib} MiB"),
+        MemoryRequest::Percent(100) => "all memory".to_owned(),
+        MemoryRequest::Percent(p) => format!("{p}% of memory"),
+    }
+}

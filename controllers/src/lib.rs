@@ -1,0 +1,4 @@
+//! Tessera's control plane.
+//!
+//! - [`engine`]: pure placement logic (fit, device choice, scores, reasons).
+pub mod engine;
