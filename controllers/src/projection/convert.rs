@@ -1,0 +1,63 @@
+//! From custom resources to the engine's and the ledger's types.
+
+use kube::ResourceExt;
+use tessera_api::v1alpha1::{AllocationPhase, DeviceHealth, GpuNode, VgpuAllocation};
+
+use super::ledger::{AllocationKey, LiveAllocation, UuidSlice};
+use crate::engine::GpuDevice;
+
+/// The schedulable devices of a GpuNode.
+pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
+    let Some(status) = &node.status else {
+        return Vec::new();
+    };
+    status
+        .devices
+        .iter()
+        .map(|d| GpuDevice {
+            uuid: d.uuid.clone(),
+            index: d.index,
+            model: d.model.clone(),
+            memory_mib: d.capacity.memory_mib,
+            cores: d.capacity.cores,
+            split_count: d.split_count,
+            numa_node: d.numa_node,
+            healthy: d.health == DeviceHealth::Healthy,
+            mode: d.mode,
+        })
+        .collect()
+}
+
+/// The ledger key of an allocation.
+pub fn key(allocation: &VgpuAllocation) -> AllocationKey {
+    AllocationKey {
+        namespace: allocation.namespace().unwrap_or_default(),
+        name: allocation.name_any(),
+    }
+}
+
+/// The allocation's slices while it holds them; `None` once Released or Failed.
+pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
+    let phase = allocation.status.as_ref().and_then(|s| s.phase);
+    if matches!(
+        phase,
+        Some(AllocationPhase::Released | AllocationPhase::Failed)
+    ) {
+        return None;
+    }
+    let spec = &allocation.spec;
+    Some(LiveAllocation {
+        pod_uid: spec.pod_uid.clone(),
+        node: spec.node_name.clone(),
+        slices: spec
+            .containers
+            .iter()
+            .flat_map(|c| &c.devices)
+            .map(|d| UuidSlice {
+                uuid: d.uuid.clone(),
+                memory_mib: d.memory_mib,
+                cores: d.cores,
+            })
+            .collect(),
+    })
+}

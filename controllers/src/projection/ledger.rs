@@ -1,0 +1,297 @@
+//! The scheduler's view of every GPU node: devices from GpuNodes and the
+//! live allocations on them. Pure state, updated event by event.
+//!
+//! Usage is never stored anywhere else: each node's usage is the fold of the
+//! live allocations on it, kept up to date incrementally (add on insert,
+//! subtract on removal) and refolded when a node's devices change.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::engine::{GpuDevice, NodeGpus, Slice};
+
+/// Identifies an allocation (named after its pod).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllocationKey {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+}
+
+/// A live allocation: slices on a node's devices, by UUID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveAllocation {
+    /// The pod's UID; distinguishes incarnations of a pod name.
+    pub pod_uid: String,
+    /// The node the pod is bound to.
+    pub node: String,
+    /// Every slice of every container.
+    pub slices: Vec<UuidSlice>,
+}
+
+/// A slice of the device with this UUID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UuidSlice {
+    /// The device's UUID.
+    pub uuid: String,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+    /// Percent of SMs.
+    pub cores: u32,
+}
+
+/// Every GPU node and every live allocation.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    nodes: HashMap<String, NodeGpus>,
+    allocations: HashMap<AllocationKey, LiveAllocation>,
+    by_node: HashMap<String, BTreeSet<AllocationKey>>,
+}
+
+impl Ledger {
+    /// A node's devices with their usage.
+    pub fn node(&self, name: &str) -> Option<&NodeGpus> {
+        self.nodes.get(name)
+    }
+
+    /// A live allocation.
+    pub fn allocation(&self, key: &AllocationKey) -> Option<&LiveAllocation> {
+        self.allocations.get(key)
+    }
+
+    /// Number of GPU nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Number of live allocations.
+    pub fn allocation_count(&self) -> usize {
+        self.allocations.len()
+    }
+
+    /// The largest schedulable memory of any healthy device, in MiB.
+    pub fn largest_device_mib(&self) -> Option<u64> {
+        self.nodes
+            .values()
+            .flat_map(|n| &n.devices)
+            .filter(|d| d.healthy)
+            .map(|d| d.memory_mib)
+            .max()
+    }
+
+    /// Sets a node's devices; refolds its usage only when they changed.
+    pub fn set_node(&mut self, name: &str, devices: Vec<GpuDevice>) {
+        if self.nodes.get(name).is_some_and(|n| n.devices == devices) {
+            return;
+        }
+        let mut node = NodeGpus::new(devices);
+        for key in self.by_node.get(name).into_iter().flatten() {
+            charge(&mut node, &self.allocations[key], Direction::Add);
+        }
+        self.nodes.insert(name.to_owned(), node);
+    }
+
+    /// Forgets a node's devices (its allocations stay until their pods go).
+    pub fn remove_node(&mut self, name: &str) {
+        self.nodes.remove(name);
+    }
+
+    /// Records a live allocation, replacing an earlier version of it.
+    pub fn insert_allocation(&mut self, key: AllocationKey, allocation: LiveAllocation) {
+        if self.allocations.get(&key) == Some(&allocation) {
+            return;
+        }
+        self.remove_allocation(&key, None);
+        if let Some(node) = self.nodes.get_mut(&allocation.node) {
+            charge(node, &allocation, Direction::Add);
+        }
+        self.by_node
+            .entry(allocation.node.clone())
+            .or_default()
+            .insert(key.clone());
+        self.allocations.insert(key, allocation);
+    }
+
+    /// Removes an allocation; with `pod_uid`, only that incarnation's.
+    /// Returns whether something was removed.
+    pub fn remove_allocation(&mut self, key: &AllocationKey, pod_uid: Option<&str>) -> bool {
+        if pod_uid.is_some_and(|uid| self.allocations.get(key).is_some_and(|a| a.pod_uid != uid)) {
+            return false;
+        }
+        let Some(allocation) = self.allocations.remove(key) else {
+            return false;
+        };
+        if let Some(node) = self.nodes.get_mut(&allocation.node) {
+            charge(node, &allocation, Direction::Remove);
+        }
+        if let Some(keys) = self.by_node.get_mut(&allocation.node) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_node.remove(&allocation.node);
+            }
+        }
+        true
+    }
+
+    /// Replaces every node after a relist.
+    pub fn replace_nodes(&mut self, nodes: impl IntoIterator<Item = (String, Vec<GpuDevice>)>) {
+        let nodes: HashMap<String, Vec<GpuDevice>> = nodes.into_iter().collect();
+        self.nodes.retain(|name, _| nodes.contains_key(name));
+        for (name, devices) in nodes {
+            self.set_node(&name, devices);
+        }
+    }
+
+    /// Replaces every allocation after a relist.
+    pub fn replace_allocations(
+        &mut self,
+        allocations: impl IntoIterator<Item = (AllocationKey, LiveAllocation)>,
+    ) {
+        let allocations: HashMap<AllocationKey, LiveAllocation> = allocations.into_iter().collect();
+        let gone: Vec<AllocationKey> = self
+            .allocations
+            .keys()
+            .filter(|k| !allocations.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.remove_allocation(&key, None);
+        }
+        for (key, allocation) in allocations {
+            self.insert_allocation(key, allocation);
+        }
+    }
+}
+
+enum Direction {
+    Add,
+    Remove,
+}
+
+fn charge(node: &mut NodeGpus, allocation: &LiveAllocation, direction: Direction) {
+    for slice in &allocation.slices {
+        // A slice on a device the node no longer reports holds nothing there.
+        let Some(device) = node.position(&slice.uuid) else {
+            continue;
+        };
+        let slice = Slice {
+            device,
+            memory_mib: slice.memory_mib,
+            cores: slice.cores,
+        };
+        match direction {
+            Direction::Add => node.charge(&slice),
+            Direction::Remove => node.release(&slice),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use tessera_api::v1alpha1::OperatingMode;
+
+    use super::*;
+
+    fn device(uuid: &str) -> GpuDevice {
+        GpuDevice {
+            uuid: uuid.into(),
+            index: 0,
+            model: "A100".into(),
+            memory_mib: 1000,
+            cores: 100,
+            split_count: 10,
+            numa_node: None,
+            healthy: true,
+            mode: OperatingMode::HamiCore,
+        }
+    }
+
+    fn key(name: &str) -> AllocationKey {
+        AllocationKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    fn alloc(uid: &str, node: &str, uuid: &str, mib: u64) -> LiveAllocation {
+        LiveAllocation {
+            pod_uid: uid.into(),
+            node: node.into(),
+            slices: vec![UuidSlice {
+                uuid: uuid.into(),
+                memory_mib: mib,
+                cores: 10,
+            }],
+        }
+    }
+
+    #[test]
+    fn allocations_before_their_node_are_folded_when_it_arrives() {
+        let mut ledger = Ledger::default();
+        ledger.insert_allocation(key("a"), alloc("u1", "n1", "GPU-0", 300));
+        ledger.set_node("n1", vec![device("GPU-0"), device("GPU-1")]);
+        assert_eq!(ledger.node("n1").unwrap().usage[0].memory_mib, 300);
+        // The same event twice changes nothing.
+        ledger.insert_allocation(key("a"), alloc("u1", "n1", "GPU-0", 300));
+        assert_eq!(ledger.node("n1").unwrap().usage[0].memory_mib, 300);
+        // A device reorder refolds by UUID.
+        ledger.set_node("n1", vec![device("GPU-1"), device("GPU-0")]);
+        assert_eq!(ledger.node("n1").unwrap().usage[1].memory_mib, 300);
+        assert_eq!(ledger.node("n1").unwrap().usage[0].memory_mib, 0);
+    }
+
+    #[test]
+    fn a_stale_delete_does_not_remove_a_newer_incarnation() {
+        let mut ledger = Ledger::default();
+        ledger.set_node("n1", vec![device("GPU-0")]);
+        ledger.insert_allocation(key("a"), alloc("new", "n1", "GPU-0", 300));
+        assert!(!ledger.remove_allocation(&key("a"), Some("old")));
+        assert_eq!(ledger.node("n1").unwrap().usage[0].slices, 1);
+        assert!(ledger.remove_allocation(&key("a"), Some("new")));
+        assert_eq!(ledger.node("n1").unwrap().usage[0], Default::default());
+    }
+
+    #[test]
+    fn relists_replace_everything() {
+        let mut ledger = Ledger::default();
+        ledger.set_node("n1", vec![device("GPU-0")]);
+        ledger.set_node("gone", vec![device("GPU-9")]);
+        ledger.insert_allocation(key("a"), alloc("u1", "n1", "GPU-0", 300));
+        ledger.insert_allocation(key("b"), alloc("u2", "n1", "GPU-0", 200));
+        ledger.replace_nodes([("n1".to_owned(), vec![device("GPU-0")])]);
+        ledger.replace_allocations([(key("b"), alloc("u2", "n1", "GPU-0", 200))]);
+        assert!(ledger.node("gone").is_none());
+        assert_eq!(ledger.node("n1").unwrap().usage[0].memory_mib, 200);
+        assert_eq!(ledger.allocation_count(), 1);
+    }
+
+    proptest! {
+        /// Whatever order node and allocation events arrive in, each node's
+        /// usage equals the fold of the live allocations on it.
+        #[test]
+        fn usage_is_always_the_fold_of_live_allocations(
+            events in prop::collection::vec((0u8..4, 0usize..4, 0usize..3, 0usize..3, 1u64..400), 1..80)
+        ) {
+            let mut ledger = Ledger::default();
+            let nodes = ["n0", "n1", "n2"];
+            for (kind, name, node, gpu, mib) in events {
+                let k = key(&format!("p{name}"));
+                match kind {
+                    0 => ledger.insert_allocation(k, alloc(&format!("u{mib}"), nodes[node], &format!("GPU-{gpu}"), mib)),
+                    1 => { ledger.remove_allocation(&k, None); }
+                    2 => ledger.set_node(nodes[node], (0..=gpu).map(|g| device(&format!("GPU-{g}"))).collect()),
+                    _ => ledger.remove_node(nodes[node]),
+                }
+                for name in nodes {
+                    let Some(node) = ledger.node(name) else { continue };
+                    let mut fold = NodeGpus::new(node.devices.clone());
+                    for a in ledger.allocations.values().filter(|a| a.node == name) {
+                        charge(&mut fold, a, Direction::Add);
+                    }
+                    prop_assert_eq!(&fold.usage, &node.usage);
+                }
+            }
+        }
+    }
+}

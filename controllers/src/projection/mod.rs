@@ -1,0 +1,175 @@
+//! The event-sourced projection: GpuNodes and VgpuAllocations, watched and
+//! folded into a [`Ledger`] that Filter reads without touching the API.
+//!
+//! A restart rebuilds everything from list+watch; a relist replaces the
+//! ledger's contents wholesale. Bind writes its decision into the ledger at
+//! once ([`Projection::reserve`]), so the next Filter sees it before the
+//! watch event arrives; the event is then a no-op.
+
+mod convert;
+mod ledger;
+
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, watcher},
+};
+use tessera_api::v1alpha1::{GpuNode, VgpuAllocation};
+use tokio::sync::watch;
+
+pub use convert::{devices, key, live};
+pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice};
+
+/// The shared ledger and whether its first list has completed.
+#[derive(Clone, Debug)]
+pub struct Projection {
+    ledger: Arc<RwLock<Ledger>>,
+    synced: watch::Receiver<bool>,
+}
+
+impl Projection {
+    /// A projection kept current by `spawn`'s tasks, or by hand in tests.
+    pub fn new() -> (Self, Feeder) {
+        let ledger = Arc::new(RwLock::new(Ledger::default()));
+        let (tx, synced) = watch::channel(false);
+        let feeder = Feeder {
+            ledger: ledger.clone(),
+            synced: Arc::new(tx),
+            nodes_synced: Arc::default(),
+            allocations_synced: Arc::default(),
+        };
+        (Self { ledger, synced }, feeder)
+    }
+
+    /// Watches GpuNodes and VgpuAllocations cluster-wide and keeps the ledger current.
+    pub fn spawn(client: Client) -> Self {
+        let (projection, feeder) = Self::new();
+        tokio::spawn(feeder.clone().watch_nodes(Api::all(client.clone())));
+        tokio::spawn(feeder.watch_allocations(Api::all(client)));
+        projection
+    }
+
+    /// Reads the ledger.
+    pub fn read(&self) -> RwLockReadGuard<'_, Ledger> {
+        self.ledger.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the ledger.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
+        self.ledger.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether both watches have completed their first list.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Waits until both watches have completed their first list.
+    pub async fn wait_synced(&self) {
+        let mut synced = self.synced.clone();
+        let _ = synced.wait_for(|s| *s).await;
+    }
+}
+
+/// Applies watch events to the ledger.
+#[derive(Clone, Debug)]
+pub struct Feeder {
+    ledger: Arc<RwLock<Ledger>>,
+    synced: Arc<watch::Sender<bool>>,
+    nodes_synced: Arc<std::sync::atomic::AtomicBool>,
+    allocations_synced: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Feeder {
+    fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
+        self.ledger.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mark_synced(&self, which: &std::sync::atomic::AtomicBool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        which.store(true, SeqCst);
+        if self.nodes_synced.load(SeqCst) && self.allocations_synced.load(SeqCst) {
+            self.synced.send_replace(true);
+        }
+    }
+
+    async fn watch_nodes(self, api: Api<GpuNode>) {
+        let mut relist: Vec<(String, Vec<crate::engine::GpuDevice>)> = Vec::new();
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            match events.try_next().await {
+                Ok(Some(event)) => self.node_event(event, &mut relist),
+                Ok(None) => return,
+                Err(error) => tracing::warn!(%error, "GpuNode watch failed; retrying"),
+            }
+        }
+    }
+
+    /// Applies one GpuNode event.
+    pub fn node_event(
+        &self,
+        event: watcher::Event<GpuNode>,
+        relist: &mut Vec<(String, Vec<crate::engine::GpuDevice>)>,
+    ) {
+        use kube::ResourceExt;
+        match event {
+            watcher::Event::Apply(node) => self.write().set_node(&node.name_any(), devices(&node)),
+            watcher::Event::Delete(node) => self.write().remove_node(&node.name_any()),
+            watcher::Event::Init => relist.clear(),
+            watcher::Event::InitApply(node) => relist.push((node.name_any(), devices(&node))),
+            watcher::Event::InitDone => {
+                self.write().replace_nodes(relist.drain(..));
+                self.mark_synced(&self.nodes_synced);
+            }
+        }
+    }
+
+    async fn watch_allocations(self, api: Api<VgpuAllocation>) {
+        let mut relist = Vec::new();
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            match events.next().await {
+                Some(Ok(event)) => self.allocation_event(event, &mut relist),
+                Some(Err(error)) => tracing::warn!(%error, "VgpuAllocation watch failed; retrying"),
+                None => return,
+            }
+        }
+    }
+
+    /// Applies one VgpuAllocation event.
+    pub fn allocation_event(
+        &self,
+        event: watcher::Event<VgpuAllocation>,
+        relist: &mut Vec<(AllocationKey, LiveAllocation)>,
+    ) {
+        match event {
+            watcher::Event::Apply(allocation) => match live(&allocation) {
+                Some(entry) => self.write().insert_allocation(key(&allocation), entry),
+                None => {
+                    self.write()
+                        .remove_allocation(&key(&allocation), Some(&allocation.spec.pod_uid));
+                }
+            },
+            watcher::Event::Delete(allocation) => {
+                self.write()
+                    .remove_allocation(&key(&allocation), Some(&allocation.spec.pod_uid));
+            }
+            watcher::Event::Init => relist.clear(),
+            watcher::Event::InitApply(allocation) => {
+                if let Some(entry) = live(&allocation) {
+                    relist.push((key(&allocation), entry));
+                }
+            }
+            watcher::Event::InitDone => {
+                self.write().replace_allocations(relist.drain(..));
+                self.mark_synced(&self.allocations_synced);
+            }
+        }
+    }
+}
