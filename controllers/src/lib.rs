@@ -2,5 +2,13 @@
 //!
 //! - [`engine`]: pure placement logic (fit, device choice, scores, reasons).
 //! - [`projection`]: GpuNodes and VgpuAllocations folded into a per-node ledger.
+//! - [`extender`]: the kube-scheduler extender (filter, prioritize, bind).
+//! - [`config`]: cluster-wide settings.
+pub mod app;
+pub mod config;
 pub mod engine;
+mod error;
+pub mod extender;
 pub mod projection;
+
+pub use error::Error;

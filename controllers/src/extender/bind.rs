@@ -1,0 +1,370 @@
+//! Bind: lock the node, re-check against the API server, record the
+//! allocation, bind the pod. Any failure undoes what was done.
+//!
+//! API writes per GPU pod: NodeLock create, VgpuAllocation create, the
+//! binding, the allocation's status (`Bound`): four.
+
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions},
+};
+use serde_json::json;
+use tessera_api::{
+    request::parse_pod,
+    v1alpha1::{
+        AllocationTotals, ContainerAllocation, DeviceSlice, PodReference, TraceContext,
+        VgpuAllocation, VgpuAllocationSpec,
+    },
+};
+
+use super::{filter::NO_GPU_NODE, lock, wire::ExtenderBindingArgs};
+use crate::{
+    Error,
+    config::Config,
+    engine::{self, GpuDevice, NodeGpus, Placement, Slice},
+    projection::{self, AllocationKey, LiveAllocation, Projection, UuidSlice},
+};
+
+/// What a successful Bind did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bound {
+    /// Per container, the UUIDs it got (empty for pods without GPU requests).
+    pub devices: Vec<(String, Vec<String>)>,
+}
+
+/// Binds pods for kube-scheduler.
+#[derive(Clone)]
+pub struct Binder {
+    client: Client,
+    projection: Projection,
+    config: std::sync::Arc<Config>,
+}
+
+impl Binder {
+    /// A binder writing through `client`.
+    pub fn new(client: Client, projection: Projection, config: std::sync::Arc<Config>) -> Self {
+        Self {
+            client,
+            projection,
+            config,
+        }
+    }
+
+    /// Binds the pod to the node, recording its GPU slices first.
+    pub async fn bind(
+        &self,
+        args: &ExtenderBindingArgs,
+        trace: Option<TraceContext>,
+    ) -> Result<Bound, Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &args.pod_namespace);
+        let pod = pods
+            .get(&args.pod_name)
+            .await
+            .map_err(Error::kube("reading the pod to bind"))?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if uid != args.pod_uid {
+            return Err(Error::Stale(format!(
+                "pod {}/{} was replaced (uid {uid}, scheduler asked for {})",
+                args.pod_namespace, args.pod_name, args.pod_uid
+            )));
+        }
+        let Some(request) = parse_pod(&pod, &self.config.request)? else {
+            post_binding(&pods, args).await?;
+            return Ok(Bound::default());
+        };
+
+        // Decide and reserve in memory, so the next Filter already sees it.
+        let key = AllocationKey {
+            namespace: args.pod_namespace.clone(),
+            name: args.pod_name.clone(),
+        };
+        let policy = request
+            .options
+            .gpu_policy
+            .unwrap_or(self.config.gpu_scheduler_policy);
+        let (placement, devices) = {
+            let mut ledger = self.projection.write();
+            ledger.remove_allocation(&key, Some(&uid));
+            let node = ledger.node(&args.node).ok_or_else(|| Error::NoLongerFits {
+                node: args.node.clone(),
+                reason: NO_GPU_NODE.into(),
+            })?;
+            let placement =
+                engine::fit(node, &request, policy).map_err(|r| Error::NoLongerFits {
+                    node: args.node.clone(),
+                    reason: r.to_string(),
+                })?;
+            let devices = node.devices.clone();
+            ledger.insert_allocation(key.clone(), live(&devices, &placement, &uid, &args.node));
+            (placement, devices)
+        };
+
+        let spec = allocation_spec(
+            args,
+            &uid,
+            &devices,
+            &placement,
+            &request.options,
+            policy,
+            &self.config,
+            trace,
+        );
+        match self
+            .commit(args, &pod, &pods, spec, &devices, &placement)
+            .await
+        {
+            Ok(()) => Ok(Bound {
+                devices: placement
+                    .containers
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.name.clone(),
+                            c.slices
+                                .iter()
+                                .map(|s| devices[s.device].uuid.clone())
+                                .collect(),
+                        )
+                    })
+                    .collect(),
+            }),
+            Err(error) => {
+                self.projection.write().remove_allocation(&key, Some(&uid));
+                Err(error)
+            }
+        }
+    }
+
+    async fn commit(
+        &self,
+        args: &ExtenderBindingArgs,
+        pod: &Pod,
+        pods: &Api<Pod>,
+        spec: VgpuAllocationSpec,
+        devices: &[GpuDevice],
+        placement: &Placement,
+    ) -> Result<(), Error> {
+        let holder = PodReference {
+            namespace: args.pod_namespace.clone(),
+            name: args.pod_name.clone(),
+            uid: args.pod_uid.clone(),
+        };
+        let held = lock::acquire(
+            &self.client,
+            &args.node,
+            &holder,
+            &args.pod_name,
+            self.config.node_lock_ttl_seconds,
+            self.config.node_lock_wait(),
+        )
+        .await?;
+        let allocations: Api<VgpuAllocation> =
+            Api::namespaced(self.client.clone(), &args.pod_namespace);
+        let result = async {
+            self.recheck(args, devices, placement).await?;
+            create_allocation(&allocations, pod, spec).await?;
+            if let Err(error) = post_binding(pods, args).await {
+                let _ = allocations
+                    .delete(&args.pod_name, &DeleteParams::default())
+                    .await;
+                return Err(error);
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(error) = result {
+            lock::release(&self.client, &held).await;
+            return Err(error);
+        }
+        // The pod is bound; a failed status write must not undo that.
+        let bound = json!({"status": {"phase": "Bound"}});
+        if let Err(error) = allocations
+            .patch_status(
+                &args.pod_name,
+                &PatchParams::default(),
+                &Patch::Merge(bound),
+            )
+            .await
+        {
+            tracing::warn!(%error, pod = %args.pod_name, "could not mark the allocation Bound");
+        }
+        Ok(())
+    }
+
+    /// Re-checks the placement against the allocations the API server holds
+    /// for the node: the node's lock is held, so this view cannot change
+    /// under us except by releases.
+    async fn recheck(
+        &self,
+        args: &ExtenderBindingArgs,
+        devices: &[GpuDevice],
+        placement: &Placement,
+    ) -> Result<(), Error> {
+        let all: Api<VgpuAllocation> = Api::all(self.client.clone());
+        let on_node = all
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", args.node)))
+            .await
+            .map_err(Error::kube("listing the node's allocations"))?;
+        let mut fold = NodeGpus::new(devices.to_vec());
+        for allocation in &on_node.items {
+            let ours = allocation.namespace().as_deref() == Some(args.pod_namespace.as_str())
+                && allocation.name_any() == args.pod_name;
+            if ours {
+                continue;
+            }
+            for slice in projection::live(allocation)
+                .into_iter()
+                .flat_map(|l| l.slices)
+            {
+                if let Some(device) = fold.position(&slice.uuid) {
+                    fold.charge(&Slice {
+                        device,
+                        memory_mib: slice.memory_mib,
+                        cores: slice.cores,
+                    });
+                }
+            }
+        }
+        for slice in placement.slices() {
+            fold.charge(slice);
+        }
+        if fold.within_capacity() {
+            Ok(())
+        } else {
+            Err(Error::NoLongerFits {
+                node: args.node.clone(),
+                reason: "the API server holds allocations that leave no room for it".into(),
+            })
+        }
+    }
+}
+
+/// Creates the allocation; replaces one left by an earlier pod of the same name.
+async fn create_allocation(
+    api: &Api<VgpuAllocation>,
+    pod: &Pod,
+    spec: VgpuAllocationSpec,
+) -> Result<(), Error> {
+    let name = spec.pod_name.clone();
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: name.clone(),
+        uid: spec.pod_uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    let mut allocation = VgpuAllocation::new(&name, spec);
+    allocation.metadata = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: pod.namespace(),
+        owner_references: Some(vec![owner]),
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &allocation).await {
+        Ok(_) => return Ok(()),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+        Err(e) => return Err(Error::kube("creating the VgpuAllocation")(e)),
+    }
+    let existing = api
+        .get(&name)
+        .await
+        .map_err(Error::kube("reading the existing VgpuAllocation"))?;
+    if existing.spec == allocation.spec {
+        return Ok(()); // our own earlier attempt
+    }
+    if existing.spec.pod_uid == allocation.spec.pod_uid {
+        return Err(Error::Stale(format!(
+            "pod {name} already has an allocation on node {}; retrying",
+            existing.spec.node_name
+        )));
+    }
+    // Left by an earlier pod of the same name that garbage collection has not removed yet.
+    let params = DeleteParams::default().preconditions(Preconditions {
+        uid: existing.meta().uid.clone(),
+        resource_version: None,
+    });
+    let _ = api.delete(&name, &params).await;
+    api.create(&PostParams::default(), &allocation)
+        .await
+        .map(|_| ())
+        .map_err(Error::kube("creating the VgpuAllocation"))
+}
+
+async fn post_binding(pods: &Api<Pod>, args: &ExtenderBindingArgs) -> Result<(), Error> {
+    let binding = json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": args.pod_uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+    });
+    pods.create_subresource::<_, serde_json::Value>(
+        "binding",
+        &args.pod_name,
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .map(|_| ())
+    .map_err(Error::kube("binding the pod"))
+}
+
+fn live(devices: &[GpuDevice], placement: &Placement, uid: &str, node: &str) -> LiveAllocation {
+    LiveAllocation {
+        pod_uid: uid.to_owned(),
+        node: node.to_owned(),
+        slices: placement
+            .slices()
+            .map(|s| UuidSlice {
+                uuid: devices[s.device].uuid.clone(),
+                memory_mib: s.memory_mib,
+                cores: s.cores,
+            })
+            .collect(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn allocation_spec(
+    args: &ExtenderBindingArgs,
+    uid: &str,
+    devices: &[GpuDevice],
+    placement: &Placement,
+    options: &tessera_api::request::PodOptions,
+    gpu_policy: tessera_api::v1alpha1::SchedulingPolicy,
+    config: &Config,
+    trace: Option<TraceContext>,
+) -> VgpuAllocationSpec {
+    let containers: Vec<ContainerAllocation> = placement
+        .containers
+        .iter()
+        .map(|c| ContainerAllocation {
+            name: c.name.clone(),
+            devices: c
+                .slices
+                .iter()
+                .map(|s| {
+                    let d = &devices[s.device];
+                    DeviceSlice {
+                        uuid: d.uuid.clone(),
+                        index: d.index,
+                        model: d.model.clone(),
+                        memory_mib: s.memory_mib,
+                        cores: s.cores,
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    VgpuAllocationSpec {
+        pod_name: args.pod_name.clone(),
+        pod_uid: uid.to_owned(),
+        node_name: args.node.clone(),
+        totals: AllocationTotals::of(&containers),
+        containers,
+        gpu_policy,
+        node_policy: options.node_policy.unwrap_or(config.node_scheduler_policy),
+        trace_context: trace,
+    }
+}

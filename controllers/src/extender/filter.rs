@@ -1,0 +1,125 @@
+//! Filter and Prioritize: answered from the projection, with no side effects.
+
+use tessera_api::request::{PodRequest, parse_pod};
+
+use super::wire::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeItems};
+use crate::{config::Config, engine, projection::Projection};
+
+/// Why a node is not a candidate at all.
+pub const NO_GPU_NODE: &str =
+    "no GPUs registered: Tessera's node agent has not published a GpuNode for this node";
+
+/// Which candidates can take the pod, and why the others cannot.
+///
+/// Cost: O(candidates × devices) against the in-memory ledger; nothing is
+/// rebuilt and nothing is written.
+pub fn filter(
+    projection: &Projection,
+    config: &Config,
+    args: &ExtenderArgs,
+) -> ExtenderFilterResult {
+    let candidates = args.candidate_names();
+    let request = match parse_pod(&args.pod, &config.request) {
+        Ok(Some(request)) => request,
+        Ok(None) => return answer(args, candidates, Default::default(), Default::default()),
+        Err(error) => {
+            return ExtenderFilterResult {
+                error: error.to_string(),
+                ..Default::default()
+            };
+        }
+    };
+    if !projection.is_synced() {
+        return ExtenderFilterResult {
+            error: "Tessera's GPU inventory is still loading; the pod will be retried".into(),
+            ..Default::default()
+        };
+    }
+    let policy = request
+        .options
+        .gpu_policy
+        .unwrap_or(config.gpu_scheduler_policy);
+    let ledger = projection.read();
+    let mut feasible = Vec::new();
+    let mut failed = std::collections::BTreeMap::new();
+    let mut unresolvable = std::collections::BTreeMap::new();
+    for name in candidates {
+        match ledger.node(&name) {
+            None => {
+                unresolvable.insert(name, NO_GPU_NODE.to_owned());
+            }
+            Some(node) => match engine::fit(node, &request, policy) {
+                Ok(_) => feasible.push(name),
+                Err(rejection) => {
+                    failed.insert(name, rejection.to_string());
+                }
+            },
+        }
+    }
+    drop(ledger);
+    answer(args, feasible, failed, unresolvable)
+}
+
+/// Node scores under the pod's (or the default) node policy; 0 for pods
+/// without GPU requests and nodes without GPUs.
+pub fn prioritize(
+    projection: &Projection,
+    config: &Config,
+    args: &ExtenderArgs,
+) -> Vec<HostPriority> {
+    let request: Option<PodRequest> = parse_pod(&args.pod, &config.request).ok().flatten();
+    let ledger = projection.read();
+    args.candidate_names()
+        .into_iter()
+        .map(|host| {
+            let score = match (&request, ledger.node(&host)) {
+                (Some(request), Some(node)) => engine::node_score(
+                    node,
+                    request
+                        .options
+                        .node_policy
+                        .unwrap_or(config.node_scheduler_policy),
+                ),
+                _ => 0,
+            };
+            HostPriority { host, score }
+        })
+        .collect()
+}
+
+/// Answers in the form the scheduler asked in: names, or node objects.
+fn answer(
+    args: &ExtenderArgs,
+    feasible: Vec<String>,
+    failed_nodes: std::collections::BTreeMap<String, String>,
+    failed_and_unresolvable_nodes: std::collections::BTreeMap<String, String>,
+) -> ExtenderFilterResult {
+    let nodes = args
+        .nodes
+        .as_ref()
+        .filter(|_| args.node_names.is_none())
+        .map(|sent| NodeItems {
+            metadata: sent.metadata.clone(),
+            items: sent
+                .items
+                .iter()
+                .filter(|n| {
+                    n["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|name| feasible.iter().any(|f| f == name))
+                })
+                .cloned()
+                .collect(),
+        });
+    ExtenderFilterResult {
+        node_names: if nodes.is_some() {
+            None
+        } else {
+            Some(feasible)
+        },
+        nodes,
+        failed_nodes,
+        failed_and_unresolvable_nodes,
+        error: String::new(),
+    }
+}

@@ -1,0 +1,228 @@
+//! A real control plane + kube-scheduler calling Tessera's extender in-process.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::{Value, json};
+use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
+use tessera_controllers::{app::serve_extender, config::Config, projection::Projection};
+use tessera_e2e::ControlPlane;
+
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub struct Cluster {
+    pub plane: ControlPlane,
+    pub client: Client,
+    pub projection: Projection,
+}
+
+/// kube-scheduler with only the extender scoring (the default score plugins
+/// are off so placements are deterministic), binding through the extender.
+fn scheduler_config(port: u16) -> String {
+    format!(
+        r#"
+profiles:
+- schedulerName: tessera-scheduler
+  plugins:
+    score:
+      disabled: [{{name: "*"}}]
+extenders:
+- urlPrefix: http://127.0.0.1:{port}
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  bindVerb: bind
+  weight: 1
+  enableHTTPS: false
+  nodeCacheCapable: true
+  httpTimeout: 30s
+  managedResources:
+  - {{name: nvidia.com/gpu, ignoredByScheduler: true}}
+  - {{name: nvidia.com/gpumem, ignoredByScheduler: true}}
+  - {{name: nvidia.com/gpumem-percentage, ignoredByScheduler: true}}
+  - {{name: nvidia.com/gpucores, ignoredByScheduler: true}}
+"#
+    )
+}
+
+impl Cluster {
+    pub async fn start(config: Config) -> Self {
+        let plane = ControlPlane::start().await.expect("control plane");
+        let client = plane.client().await.unwrap();
+        let projection = Projection::spawn(client.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(serve_extender(
+            listener,
+            client.clone(),
+            projection.clone(),
+            Arc::new(config),
+        ));
+        plane
+            .start_scheduler(&scheduler_config(port))
+            .await
+            .expect("kube-scheduler");
+        Self {
+            plane,
+            client,
+            projection,
+        }
+    }
+
+    /// A Ready node and its GpuNode with `gpus` devices of `model` and `mib` MiB.
+    pub async fn add_gpu_node(&self, name: &str, model: &str, gpus: u32, mib: u64) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {
+                "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}],
+            },
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let gpu_node = serde_json::from_value(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": name}, "spec": {},
+        }))
+        .unwrap();
+        gpu_nodes
+            .create(&PostParams::default(), &gpu_node)
+            .await
+            .unwrap();
+        let devices: Vec<Value> = (0..gpus)
+            .map(|i| json!({
+                "uuid": format!("GPU-{name}-{i}"), "index": i, "model": model, "memoryMiB": mib,
+                "capacity": {"memoryMiB": mib, "cores": 100}, "splitCount": 10, "numaNode": i / 2,
+                "health": "Healthy", "mode": "hami-core",
+            }))
+            .collect();
+        let status = json!({"status": {"devices": devices, "gpuCount": gpus, "models": model}});
+        gpu_nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while self
+            .projection
+            .read()
+            .node(name)
+            .is_none_or(|n| n.devices.len() != gpus as usize)
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "projection never saw {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn create_pod(&self, name: &str, limits: Value, annotations: Value) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "schedulerName": "tessera-scheduler",
+                "containers": [{"name": "main", "image": "example.invalid/cuda", "resources": {"limits": limits}}],
+            },
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+
+    /// The node the pod is bound to, waiting for it.
+    pub async fn node_of(&self, name: &str) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let pod = pods.get(name).await.unwrap();
+            if let Some(node) = pod.spec.and_then(|s| s.node_name) {
+                return node;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "pod {name} was never bound"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn allocation(&self, name: &str) -> VgpuAllocation {
+        Api::<VgpuAllocation>::namespaced(self.client.clone(), "default")
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    /// The FailedScheduling messages of a pod, waiting for at least one.
+    pub async fn failed_scheduling(&self, name: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let list = events
+                .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+                .await
+                .unwrap();
+            let messages: Vec<String> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+                .filter_map(|e| e.message)
+                .collect();
+            if !messages.is_empty() {
+                return messages;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no FailedScheduling event for {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Stands in for the node agent's Allocate step until the node agent exists:
+/// whenever a NodeLock names a holder whose allocation exists, mark the
+/// allocation Allocated and delete the lock, as the agent will after serving
+/// the kubelet.
+pub fn spawn_allocate_stand_in(client: Client) {
+    tokio::spawn(async move {
+        let locks: Api<NodeLock> = Api::all(client.clone());
+        let mut events = watcher(locks.clone(), watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(lock)) = events.next().await {
+            let allocations: Api<VgpuAllocation> =
+                Api::namespaced(client.clone(), &lock.spec.holder.namespace);
+            // The allocation is created right after the lock; wait for it briefly.
+            for _ in 0..100 {
+                if let Ok(Some(allocation)) = allocations.get_opt(&lock.spec.allocation).await
+                    && allocation.spec.pod_uid == lock.spec.holder.uid
+                {
+                    let allocated = json!({"status": {"phase": "Allocated", "servedContainers": allocation.spec.containers.iter().map(|c| &c.name).collect::<Vec<_>>()}});
+                    let _ = allocations
+                        .patch_status(
+                            &allocation.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Merge(allocated),
+                        )
+                        .await;
+                    let _ = locks
+                        .delete(&lock.name_any(), &DeleteParams::default())
+                        .await;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+}
