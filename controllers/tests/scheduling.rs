@@ -91,3 +91,197 @@ async fn a_pod_that_fits_nowhere_stays_pending_with_our_reason() {
         "{joined}"
     );
 }
+
+/// The GPU UUIDs of a pod's allocation.
+async fn devices_of(cluster: &Cluster, pod: &str) -> String {
+    cluster.allocation(pod).await.spec.totals.devices
+}
+
+#[tokio::test]
+async fn binpack_and_spread_place_differently() {
+    let cluster = Cluster::start(Config::default()).await;
+    spawn_allocate_stand_in(cluster.client.clone());
+    cluster
+        .add_gpu_node("n1", "NVIDIA A100-SXM4-80GB", 2, 81920)
+        .await;
+    cluster
+        .add_gpu_node("n2", "NVIDIA A100-SXM4-80GB", 2, 81920)
+        .await;
+    let tenth = json!({"nvidia.com/gpumem-percentage": "10"});
+
+    cluster
+        .create_pod(
+            "big",
+            json!({"nvidia.com/gpumem-percentage": "50"}),
+            json!({}),
+        )
+        .await;
+    let x = cluster.node_of("big").await;
+    let y = if x == "n1" { "n2" } else { "n1" };
+    assert_eq!(devices_of(&cluster, "big").await, format!("GPU-{x}-0"));
+
+    cluster
+        .create_pod(
+            "spread-node",
+            tenth.clone(),
+            json!({"hami.io/node-scheduler-policy": "spread"}),
+        )
+        .await;
+    assert_eq!(
+        cluster.node_of("spread-node").await,
+        y,
+        "node spread picks the emptier node"
+    );
+
+    cluster
+        .create_pod("default-policies", tenth.clone(), json!({}))
+        .await;
+    assert_eq!(
+        cluster.node_of("default-policies").await,
+        x,
+        "node binpack (default) picks the fuller node"
+    );
+    assert_eq!(
+        devices_of(&cluster, "default-policies").await,
+        format!("GPU-{x}-1"),
+        "GPU spread (default) picks the empty GPU"
+    );
+
+    cluster
+        .create_pod(
+            "binpack-gpu",
+            tenth,
+            json!({"hami.io/gpu-scheduler-policy": "binpack"}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("binpack-gpu").await, x);
+    assert_eq!(
+        devices_of(&cluster, "binpack-gpu").await,
+        format!("GPU-{x}-0"),
+        "GPU binpack picks the fullest GPU"
+    );
+}
+
+#[tokio::test]
+async fn gpu_type_and_uuid_annotations_steer_placement() {
+    let cluster = Cluster::start(Config::default()).await;
+    spawn_allocate_stand_in(cluster.client.clone());
+    cluster
+        .add_gpu_node("a100", "NVIDIA A100-SXM4-80GB", 1, 81920)
+        .await;
+    cluster
+        .add_gpu_node("h100", "NVIDIA H100 80GB HBM3", 1, 81920)
+        .await;
+    let small = json!({"nvidia.com/gpumem": "1000"});
+    let cases = [
+        (
+            "wants-h100",
+            json!({"nvidia.com/use-gputype": "H100"}),
+            "h100",
+        ),
+        (
+            "no-h100",
+            json!({"nvidia.com/nouse-gputype": "h100"}),
+            "a100",
+        ),
+        (
+            "pinned",
+            json!({"nvidia.com/use-gpuuuid": "GPU-h100-0"}),
+            "h100",
+        ),
+        (
+            "not-that-one",
+            json!({"nvidia.com/nouse-gpuuuid": "GPU-h100-0"}),
+            "a100",
+        ),
+    ];
+    for (pod, annotations, _) in &cases {
+        cluster
+            .create_pod(pod, small.clone(), annotations.clone())
+            .await;
+    }
+    for (pod, _, node) in cases {
+        assert_eq!(cluster.node_of(pod).await, node, "{pod}");
+    }
+    cluster
+        .create_pod("wants-t4", small, json!({"nvidia.com/use-gputype": "T4"}))
+        .await;
+    let joined = cluster.failed_scheduling("wants-t4").await.join("\n");
+    assert!(
+        joined.contains("1 GPU not of a type in nvidia.com/use-gputype"),
+        "{joined}"
+    );
+}
+
+#[tokio::test]
+async fn a_burst_of_200_pods_binds_without_overcommit_or_leftover_locks() {
+    use std::collections::HashMap;
+
+    use kube::{Api, api::ListParams};
+    use tessera_api::v1alpha1::{NodeLock, VgpuAllocation};
+
+    let cluster = Cluster::start(Config::default()).await;
+    spawn_allocate_stand_in(cluster.client.clone());
+    for n in 0..20 {
+        cluster
+            .add_gpu_node(&format!("burst-{n:02}"), "NVIDIA A100-SXM4-80GB", 4, 81920)
+            .await;
+    }
+    let started = std::time::Instant::now();
+    for p in 0..200 {
+        let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "25"});
+        cluster
+            .create_pod(&format!("burst-{p:03}"), limits, json!({}))
+            .await;
+    }
+    for p in 0..200 {
+        cluster.node_of(&format!("burst-{p:03}")).await;
+    }
+    eprintln!(
+        "200 GPU pods bound in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // I1, folded from the API server's allocations (not from our ledger).
+    let allocations = Api::<VgpuAllocation>::namespaced(cluster.client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        allocations.items.len(),
+        200,
+        "every bound GPU pod has one allocation"
+    );
+    let mut per_device: HashMap<String, (u64, u32, u32)> = HashMap::new();
+    for allocation in &allocations.items {
+        for slice in allocation.spec.containers.iter().flat_map(|c| &c.devices) {
+            let entry = per_device.entry(slice.uuid.clone()).or_default();
+            entry.0 += slice.memory_mib;
+            entry.1 += slice.cores;
+            entry.2 += 1;
+        }
+    }
+    for (uuid, (memory, cores, slices)) in &per_device {
+        assert!(
+            *memory <= 81920 && *cores <= 100 && *slices <= 10,
+            "I1 broken on {uuid}: {memory} MiB, {cores} cores, {slices} slices"
+        );
+    }
+
+    // No lock is left behind once every pod is served.
+    let locks: Api<NodeLock> = Api::all(cluster.client.clone());
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while !locks
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "NodeLocks left behind"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
