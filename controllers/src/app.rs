@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use crate::{Error, config::Config, extender::Extender, projection::Projection};
+use crate::{Error, config::Config, extender::Extender, projection::Projection, webhook::Webhook};
 
 /// Tessera's control plane: kube-scheduler extender (filter, prioritize, bind).
 #[derive(Parser, Debug, Clone)]
@@ -18,6 +18,15 @@ pub struct Args {
     /// Address the extender listens on (plain HTTP; kube-scheduler runs beside it).
     #[arg(long, env = "TESSERA_EXTENDER_ADDR", default_value = "127.0.0.1:8888")]
     pub extender_addr: SocketAddr,
+    /// Address the mutating webhook listens on (HTTPS).
+    #[arg(long, env = "TESSERA_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+    /// PEM certificate the webhook serves (the API server must trust its CA).
+    #[arg(long, env = "TESSERA_TLS_CERT_FILE")]
+    pub tls_cert_file: PathBuf,
+    /// PEM private key of `--tls-cert-file`.
+    #[arg(long, env = "TESSERA_TLS_KEY_FILE")]
+    pub tls_key_file: PathBuf,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
@@ -40,13 +49,55 @@ pub async fn run(args: Args, client: kube::Client) -> anyhow::Result<()> {
     let Args {
         config: _,
         extender_addr,
+        webhook_addr,
+        tls_cert_file,
+        tls_key_file,
         log: _,
     } = &args;
     let config = Arc::new(args.load_config()?);
     let projection = Projection::spawn(client.clone());
+    let webhook = std::net::TcpListener::bind(webhook_addr)?;
+    tracing::info!(addr = %webhook.local_addr()?, "webhook listening");
+    let webhook = serve_webhook(
+        webhook,
+        tls_cert_file,
+        tls_key_file,
+        config.clone(),
+        projection.clone(),
+    );
     let listener = TcpListener::bind(extender_addr).await?;
     tracing::info!(addr = %listener.local_addr()?, "extender listening");
-    serve_extender(listener, client, projection, config).await
+    tokio::select! {
+        result = serve_extender(listener, client, projection, config) => result,
+        result = webhook => result,
+    }
+}
+
+/// Serves the webhook over HTTPS on `listener` until the task is dropped.
+pub async fn serve_webhook(
+    listener: std::net::TcpListener,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    config: Arc<Config>,
+    projection: Projection,
+) -> anyhow::Result<()> {
+    // kube and axum-server both use rustls with ring; make ring the process default.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+        .await
+        .map_err(|e| {
+            Error::Config(format!(
+                "webhook certificate {} / {}: {e}",
+                cert.display(),
+                key.display()
+            ))
+        })?;
+    listener.set_nonblocking(true)?;
+    let router = Webhook::new(config, projection).router();
+    axum_server::from_tcp_rustls(listener, tls)?
+        .serve(router.into_make_service())
+        .await?;
+    Ok(())
 }
 
 /// Serves the extender on `listener` until the task is dropped.

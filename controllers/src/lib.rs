@@ -3,6 +3,7 @@
 //! - [`engine`]: pure placement logic (fit, device choice, scores, reasons).
 //! - [`projection`]: GpuNodes and VgpuAllocations folded into a per-node ledger.
 //! - [`extender`]: the kube-scheduler extender (filter, prioritize, bind).
+//! - [`webhook`]: the mutating admission webhook for GPU pods.
 //! - [`config`]: cluster-wide settings.
 pub mod app;
 pub mod config;
@@ -10,5 +11,6 @@ pub mod engine;
 mod error;
 pub mod extender;
 pub mod projection;
+pub mod webhook;
 
 pub use error::Error;

@@ -71,23 +71,32 @@ async fn half_gpus_share_one_device_and_a_larger_request_goes_elsewhere() {
 #[tokio::test]
 async fn a_pod_that_fits_nowhere_stays_pending_with_our_reason() {
     let cluster = Cluster::start(Config::default()).await;
+    spawn_allocate_stand_in(cluster.client.clone());
     cluster.add_gpu_node("small-1", "Tesla T4", 2, 15360).await;
     cluster
         .create_pod(
-            "huge",
-            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40000"}),
+            "filler",
+            json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "10000"}),
             json!({}),
         )
         .await;
-    let messages = cluster.failed_scheduling("huge").await;
-    let joined = messages.join("\n");
+    cluster.node_of("filler").await;
+    // Valid (a T4 has 15360 MiB), but only 5360 MiB are left on each GPU.
+    cluster
+        .create_pod(
+            "waiting",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"}),
+            json!({}),
+        )
+        .await;
+    let joined = cluster.failed_scheduling("waiting").await.join("\n");
     assert!(
         joined
-            .contains("container \"main\" needs 1 GPU with 40000 MiB and 0 cores; 0 of 2 GPUs fit"),
+            .contains("container \"main\" needs 1 GPU with 8000 MiB and 0 cores; 0 of 2 GPUs fit"),
         "{joined}"
     );
     assert!(
-        joined.contains("largest free is 15360 MiB on GPU-small-1-"),
+        joined.contains("2 GPUs without 8000 MiB free (largest free is 5360 MiB on GPU-small-1-0)"),
         "{joined}"
     );
 }
@@ -283,5 +292,74 @@ async fn a_burst_of_200_pods_binds_without_overcommit_or_leftover_locks() {
             "NodeLocks left behind"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_webhook_routes_gpu_pods_and_refuses_invalid_requests() {
+    use k8s_openapi::api::core::v1::Pod;
+
+    let cluster = Cluster::start(Config::default()).await;
+    spawn_allocate_stand_in(cluster.client.clone());
+    cluster
+        .add_gpu_node("w1", "NVIDIA A100-SXM4-80GB", 1, 81920)
+        .await;
+    let pod = |name: &str, limits: serde_json::Value| json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]}});
+
+    // A HAMi manifest, unchanged: no schedulerName, only gpumem.
+    let created: Pod = cluster
+        .create_raw_pod(pod("hami-style", json!({"nvidia.com/gpumem": "3000"})))
+        .await
+        .unwrap();
+    let spec = created.spec.unwrap();
+    assert_eq!(spec.scheduler_name.as_deref(), Some("tessera-scheduler"));
+    let limits = spec.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .as_ref()
+        .unwrap();
+    assert_eq!(limits["nvidia.com/gpu"].0, "1", "defaultGPUNum filled in");
+    assert_eq!(cluster.node_of("hami-style").await, "w1");
+
+    let plain: Pod = cluster
+        .create_raw_pod(pod("plain", json!({"cpu": "100m"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.spec.unwrap().scheduler_name.as_deref(),
+        Some("default-scheduler"),
+        "pods without GPUs are untouched"
+    );
+
+    let cases = [
+        (
+            "both-memories",
+            json!({"nvidia.com/gpumem": "1000", "nvidia.com/gpumem-percentage": "10"}),
+            "nvidia.com/gpumem: cannot be combined with nvidia.com/gpumem-percentage",
+        ),
+        (
+            "too-many-cores",
+            json!({"nvidia.com/gpucores": "101"}),
+            "nvidia.com/gpucores: must be between 0 and 100, got 101",
+        ),
+        (
+            "bigger-than-any-gpu",
+            json!({"nvidia.com/gpumem": "100000"}),
+            "100000 MiB is more than any GPU in the cluster offers (largest: 81920 MiB)",
+        ),
+    ];
+    for (name, limits, needle) in cases {
+        let error = cluster
+            .create_raw_pod(pod(name, limits))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("admission webhook \"pods.tessera.dev\" denied the request")
+                && error.contains(needle),
+            "{name}: {error}"
+        );
     }
 }

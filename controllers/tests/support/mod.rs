@@ -13,10 +13,18 @@ use kube::{
 };
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
-use tessera_controllers::{app::serve_extender, config::Config, projection::Projection};
+use tessera_controllers::{
+    app::{serve_extender, serve_webhook},
+    config::Config,
+    projection::Projection,
+};
 use tessera_e2e::ControlPlane;
 
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The webhook's matchCondition: a container or init container names an
+/// `nvidia.com/` resource in limits or requests.
+pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))))";
 
 pub struct Cluster {
     pub plane: ControlPlane,
@@ -57,23 +65,84 @@ impl Cluster {
         let plane = ControlPlane::start().await.expect("control plane");
         let client = plane.client().await.unwrap();
         let projection = Projection::spawn(client.clone());
+        let config = Arc::new(config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(serve_extender(
             listener,
             client.clone(),
             projection.clone(),
-            Arc::new(config),
+            config.clone(),
         ));
         plane
             .start_scheduler(&scheduler_config(port))
             .await
             .expect("kube-scheduler");
-        Self {
+
+        let webhook = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let webhook_port = webhook.local_addr().unwrap().port();
+        let pki = plane.pki().clone();
+        let webhook_projection = projection.clone();
+        tokio::spawn(async move {
+            if let Err(error) = serve_webhook(
+                webhook,
+                &pki.serving_cert,
+                &pki.serving_key,
+                config,
+                webhook_projection,
+            )
+            .await
+            {
+                panic!("webhook stopped: {error:#}");
+            }
+        });
+        let cluster = Self {
             plane,
             client,
             projection,
-        }
+        };
+        cluster.register_webhook(webhook_port).await;
+        cluster
+    }
+
+    /// Registers the webhook the way docs/configuration.md recommends:
+    /// failurePolicy Fail, and matchConditions so only GPU pods are sent.
+    async fn register_webhook(&self, port: u16) {
+        use base64::Engine;
+        let ca = std::fs::read(&self.plane.pki().ca_cert).unwrap();
+        let config = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "tessera"},
+            "webhooks": [{
+                "name": "pods.tessera.dev",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 5,
+                "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate"), "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+                "matchConditions": [{"name": "asks-for-gpu-slices", "expression": GPU_POD_CONDITION}],
+            }],
+        });
+        let api: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+            Api::all(self.client.clone());
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(config).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Creates a pod exactly as given (no schedulerName added).
+    pub async fn create_raw_pod(&self, pod: Value) -> Result<Pod, kube::Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(pod).unwrap(),
+        )
+        .await
     }
 
     /// A Ready node and its GpuNode with `gpus` devices of `model` and `mib` MiB.
