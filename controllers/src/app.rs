@@ -7,7 +7,8 @@ use tokio::net::TcpListener;
 
 use crate::{Error, config::Config, extender::Extender, projection::Projection, webhook::Webhook};
 
-/// Tessera's control plane: kube-scheduler extender (filter, prioritize, bind).
+/// Tessera's control plane: kube-scheduler extender (filter, prioritize, bind),
+/// mutating webhook, and lifecycle controllers.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "tessera-controller", version, about)]
 pub struct Args {
@@ -56,6 +57,7 @@ pub async fn run(args: Args, client: kube::Client) -> anyhow::Result<()> {
     } = &args;
     let config = Arc::new(args.load_config()?);
     let projection = Projection::spawn(client.clone());
+    tokio::spawn(crate::lifecycle::run(client.clone()));
     let webhook = std::net::TcpListener::bind(webhook_addr)?;
     tracing::info!(addr = %webhook.local_addr()?, "webhook listening");
     let webhook = serve_webhook(

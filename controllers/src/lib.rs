@@ -4,12 +4,14 @@
 //! - [`projection`]: GpuNodes and VgpuAllocations folded into a per-node ledger.
 //! - [`extender`]: the kube-scheduler extender (filter, prioritize, bind).
 //! - [`webhook`]: the mutating admission webhook for GPU pods.
+//! - [`lifecycle`]: releases allocations and locks, reports GpuNodeConfig status.
 //! - [`config`]: cluster-wide settings.
 pub mod app;
 pub mod config;
 pub mod engine;
 mod error;
 pub mod extender;
+pub mod lifecycle;
 pub mod projection;
 pub mod webhook;
 

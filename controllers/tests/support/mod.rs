@@ -65,6 +65,7 @@ impl Cluster {
         let plane = ControlPlane::start().await.expect("control plane");
         let client = plane.client().await.unwrap();
         let projection = Projection::spawn(client.clone());
+        tokio::spawn(tessera_controllers::lifecycle::run(client.clone()));
         let config = Arc::new(config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();

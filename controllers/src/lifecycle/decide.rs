@@ -1,0 +1,226 @@
+//! What the lifecycle controllers decide: pure functions of the objects.
+
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation};
+
+/// Why an allocation's slices are free again, if they are.
+pub fn release_reason(allocation: &VgpuAllocation, pod: Option<&Pod>) -> Option<String> {
+    let phase = allocation.status.as_ref().and_then(|s| s.phase);
+    if matches!(
+        phase,
+        Some(AllocationPhase::Released | AllocationPhase::Failed)
+    ) {
+        return None;
+    }
+    let Some(pod) =
+        pod.filter(|p| p.metadata.uid.as_deref() == Some(allocation.spec.pod_uid.as_str()))
+    else {
+        return Some("the pod was deleted".into());
+    };
+    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some(phase @ ("Succeeded" | "Failed")) => Some(format!("the pod finished ({phase})")),
+        _ => None,
+    }
+}
+
+/// What to do with a NodeLock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockAction {
+    /// Delete it, for this reason.
+    Release(String),
+    /// Keep it; look again when it expires.
+    KeepUntil(Timestamp),
+}
+
+/// Whether a lock's holder still waits for its devices on the lock's node.
+pub fn lock_action(
+    lock: &NodeLock,
+    holder: Option<&Pod>,
+    allocation: Option<&VgpuAllocation>,
+    now: Timestamp,
+) -> LockAction {
+    let node = lock.metadata.name.as_deref().unwrap_or_default();
+    let holder_uid = lock.spec.holder.uid.as_str();
+    let Some(pod) = holder.filter(|p| p.metadata.uid.as_deref() == Some(holder_uid)) else {
+        return LockAction::Release("the holder pod was deleted".into());
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return LockAction::Release("the holder pod is being deleted".into());
+    }
+    if let Some(phase @ ("Succeeded" | "Failed")) =
+        pod.status.as_ref().and_then(|s| s.phase.as_deref())
+    {
+        return LockAction::Release(format!("the holder pod finished ({phase})"));
+    }
+    if let Some(other) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| *n != node)
+    {
+        return LockAction::Release(format!("the holder pod is bound to {other}"));
+    }
+    let served = allocation
+        .filter(|a| a.spec.pod_uid == holder_uid)
+        .and_then(|a| a.status.as_ref()?.phase)
+        .is_some_and(|p| p != AllocationPhase::Bound);
+    if served {
+        return LockAction::Release("the holder's allocation was served".into());
+    }
+    if lock.spec.expires_at.0 <= now {
+        return LockAction::Release("the lock expired".into());
+    }
+    LockAction::KeepUntil(lock.spec.expires_at.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn pod(uid: &str, node: Option<&str>, phase: &str) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "d", "uid": uid}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": phase}})).unwrap()
+    }
+
+    fn allocation(uid: &str, phase: Option<&str>) -> VgpuAllocation {
+        let mut value = json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "VgpuAllocation",
+            "metadata": {"name": "p", "namespace": "d"},
+            "spec": {"podName": "p", "podUid": uid, "nodeName": "n1",
+                     "containers": [{"name": "c", "devices": [{"uuid": "GPU-0", "index": 0, "memoryMiB": 1, "cores": 0}]}],
+                     "gpuPolicy": "spread", "nodePolicy": "binpack", "totals": {"devices": "GPU-0", "memoryMiB": 1, "cores": 0}},
+        });
+        if let Some(phase) = phase {
+            value["status"] = json!({"phase": phase});
+        }
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn lock(expires: &str) -> NodeLock {
+        let value: Value = json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "NodeLock", "metadata": {"name": "n1"},
+            "spec": {"holder": {"namespace": "d", "name": "p", "uid": "u1"}, "allocation": "p",
+                     "acquiredAt": "2026-11-22T10:00:00Z", "ttlSeconds": 60, "expiresAt": expires},
+        });
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn allocations_are_released_when_their_pod_is_gone_or_finished() {
+        let a = allocation("u1", Some("Allocated"));
+        assert_eq!(
+            release_reason(&a, None).as_deref(),
+            Some("the pod was deleted")
+        );
+        assert_eq!(
+            release_reason(&a, Some(&pod("u2", Some("n1"), "Running"))).as_deref(),
+            Some("the pod was deleted"),
+            "a new pod of the same name"
+        );
+        assert_eq!(
+            release_reason(&a, Some(&pod("u1", Some("n1"), "Succeeded"))).as_deref(),
+            Some("the pod finished (Succeeded)")
+        );
+        assert_eq!(
+            release_reason(&a, Some(&pod("u1", Some("n1"), "Failed"))).as_deref(),
+            Some("the pod finished (Failed)")
+        );
+        assert_eq!(
+            release_reason(&a, Some(&pod("u1", Some("n1"), "Running"))),
+            None
+        );
+        assert_eq!(
+            release_reason(&allocation("u1", Some("Released")), None),
+            None,
+            "released once"
+        );
+    }
+
+    #[test]
+    fn locks_are_released_as_soon_as_their_holder_no_longer_needs_them() {
+        let now: Timestamp = "2026-11-22T10:00:30Z".parse().unwrap();
+        let live = lock("2026-11-22T10:01:00Z");
+        let waiting = pod("u1", None, "Pending");
+        let keep = LockAction::KeepUntil("2026-11-22T10:01:00Z".parse().unwrap());
+        assert_eq!(
+            lock_action(&live, Some(&waiting), None, now),
+            keep,
+            "bind in progress"
+        );
+        assert_eq!(
+            lock_action(
+                &live,
+                Some(&pod("u1", Some("n1"), "Pending")),
+                Some(&allocation("u1", Some("Bound"))),
+                now
+            ),
+            keep
+        );
+        let release = |a: LockAction| match a {
+            LockAction::Release(reason) => reason,
+            keep => panic!("expected a release, got {keep:?}"),
+        };
+        assert_eq!(
+            release(lock_action(&live, None, None, now)),
+            "the holder pod was deleted"
+        );
+        assert_eq!(
+            release(lock_action(
+                &live,
+                Some(&pod("u9", None, "Pending")),
+                None,
+                now
+            )),
+            "the holder pod was deleted"
+        );
+        assert_eq!(
+            release(lock_action(
+                &live,
+                Some(&pod("u1", Some("n1"), "Failed")),
+                None,
+                now
+            )),
+            "the holder pod finished (Failed)"
+        );
+        assert_eq!(
+            release(lock_action(
+                &live,
+                Some(&pod("u1", Some("n2"), "Pending")),
+                None,
+                now
+            )),
+            "the holder pod is bound to n2"
+        );
+        assert_eq!(
+            release(lock_action(
+                &live,
+                Some(&waiting),
+                Some(&allocation("u1", Some("Allocated"))),
+                now
+            )),
+            "the holder's allocation was served"
+        );
+        assert!(
+            matches!(
+                lock_action(
+                    &live,
+                    Some(&waiting),
+                    Some(&allocation("u0", Some("Allocated"))),
+                    now
+                ),
+                LockAction::KeepUntil(_)
+            ),
+            "another incarnation's allocation"
+        );
+        assert_eq!(
+            release(lock_action(
+                &lock("2026-11-22T10:00:10Z"),
+                Some(&waiting),
+                None,
+                now
+            )),
+            "the lock expired"
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! Lifecycle controllers, event-driven (kube-runtime):
+//!
+//! - allocations: a VgpuAllocation becomes `Released` as soon as its pod is
+//!   deleted or finishes (the owner reference then deletes it with the pod);
+//! - locks: a NodeLock is deleted as soon as its holder is deleted, finished,
+//!   bound elsewhere, or served, and at its expiry otherwise;
+//! - configs: each GpuNodeConfig's status lists the nodes it selects and its
+//!   conflicts with configs of equal priority.
+
+mod decide;
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
+    runtime::{
+        Controller,
+        controller::Action,
+        reflector::{ObjectRef, Store},
+        watcher,
+    },
+};
+use serde_json::json;
+use tessera_api::{
+    node_config::resolve,
+    v1alpha1::{GpuNodeConfig, GpuNodeConfigStatus, NodeLock, NodeSettings, VgpuAllocation},
+};
+
+pub use decide::{LockAction, lock_action, release_reason};
+
+use crate::Error;
+
+/// How long a failed reconcile waits before trying again.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// Runs the three controllers until the process stops.
+pub async fn run(client: Client) {
+    tokio::join!(
+        allocations(client.clone()),
+        locks(client.clone()),
+        configs(client)
+    );
+}
+
+fn retry<K>(_: Arc<K>, error: &Error, _: Arc<Client>) -> Action {
+    tracing::warn!(%error, "reconcile failed; retrying");
+    Action::requeue(RETRY)
+}
+
+async fn allocations(client: Client) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    Controller::new(
+        Api::<VgpuAllocation>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(pods, watcher::Config::default(), |pod| {
+        Some(ObjectRef::<VgpuAllocation>::new(&pod.name_any()).within(&pod.namespace()?))
+    })
+    .run(reconcile_allocation, retry, Arc::new(client))
+    .for_each(|_| async {})
+    .await;
+}
+
+async fn reconcile_allocation(
+    allocation: Arc<VgpuAllocation>,
+    client: Arc<Client>,
+) -> Result<Action, Error> {
+    let namespace = allocation.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced((*client).clone(), &namespace);
+    let pod = pods
+        .get_opt(&allocation.spec.pod_name)
+        .await
+        .map_err(Error::kube("reading the allocation's pod"))?;
+    if let Some(reason) = release_reason(&allocation, pod.as_ref()) {
+        let api: Api<VgpuAllocation> = Api::namespaced((*client).clone(), &namespace);
+        let status = json!({"status": {"phase": "Released", "releasedAt": Timestamp::now().to_string(), "message": reason}});
+        match api
+            .patch_status(
+                &allocation.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(status),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(allocation = %allocation.name_any(), %namespace, %reason, "released")
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(Error::kube("marking the allocation Released")(e)),
+        }
+    }
+    Ok(Action::await_change())
+}
+
+async fn locks(client: Client) {
+    let controller = Controller::new(
+        Api::<NodeLock>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let store: Store<NodeLock> = controller.store();
+    let by_holder = move |pod: Pod| {
+        let uid = pod.metadata.uid.unwrap_or_default();
+        store
+            .state()
+            .into_iter()
+            .filter(|lock| lock.spec.holder.uid == uid)
+            .map(|lock| ObjectRef::from_obj(&*lock))
+            .collect::<Vec<_>>()
+    };
+    controller
+        .watches(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default(),
+            by_holder,
+        )
+        .watches(
+            Api::<VgpuAllocation>::all(client.clone()),
+            watcher::Config::default(),
+            |a| Some(ObjectRef::<NodeLock>::new(&a.spec.node_name)),
+        )
+        .run(reconcile_lock, retry, Arc::new(client))
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn reconcile_lock(lock: Arc<NodeLock>, client: Arc<Client>) -> Result<Action, Error> {
+    let holder = &lock.spec.holder;
+    let pods: Api<Pod> = Api::namespaced((*client).clone(), &holder.namespace);
+    let allocations: Api<VgpuAllocation> = Api::namespaced((*client).clone(), &holder.namespace);
+    let pod = pods
+        .get_opt(&holder.name)
+        .await
+        .map_err(Error::kube("reading the lock holder"))?;
+    let allocation = allocations
+        .get_opt(&lock.spec.allocation)
+        .await
+        .map_err(Error::kube("reading the holder's allocation"))?;
+    match lock_action(&lock, pod.as_ref(), allocation.as_ref(), Timestamp::now()) {
+        LockAction::Release(reason) => {
+            let locks: Api<NodeLock> = Api::all((*client).clone());
+            let only_this = DeleteParams::default().preconditions(Preconditions {
+                uid: lock.metadata.uid.clone(),
+                resource_version: None,
+            });
+            match locks.delete(&lock.name_any(), &only_this).await {
+                Ok(_) => {
+                    tracing::info!(node = %lock.name_any(), holder = %holder.name, %reason, "released NodeLock")
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => return Err(Error::kube("releasing the NodeLock")(e)),
+            }
+            Ok(Action::await_change())
+        }
+        LockAction::KeepUntil(expiry) => {
+            let wait = expiry.duration_since(Timestamp::now()).unsigned_abs();
+            Ok(Action::requeue(wait + Duration::from_millis(100)))
+        }
+    }
+}
+
+async fn configs(client: Client) {
+    let nodes = Api::<Node>::all(client.clone());
+    let controller = Controller::new(
+        Api::<GpuNodeConfig>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let configs = controller.store();
+    let (node_store, writer) = kube::runtime::reflector::store::<Node>();
+    let node_events =
+        kube::runtime::reflector(writer, watcher(nodes.clone(), watcher::Config::default()));
+    tokio::spawn(node_events.for_each(|_| async {}));
+    let all_configs = configs.clone();
+    let context = Arc::new(ConfigContext {
+        client,
+        configs,
+        nodes: node_store,
+    });
+    controller
+        .watches(nodes, watcher::Config::default(), move |_: Node| {
+            all_configs
+                .state()
+                .into_iter()
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
+        })
+        .run(
+            reconcile_config,
+            |_, error, _| {
+                tracing::warn!(%error, "GpuNodeConfig status failed; retrying");
+                Action::requeue(RETRY)
+            },
+            context,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+struct ConfigContext {
+    client: Client,
+    configs: Store<GpuNodeConfig>,
+    nodes: Store<Node>,
+}
+
+async fn reconcile_config(
+    config: Arc<GpuNodeConfig>,
+    ctx: Arc<ConfigContext>,
+) -> Result<Action, Error> {
+    let name = config.name_any();
+    let all: Vec<GpuNodeConfig> = ctx.configs.state().iter().map(|c| (**c).clone()).collect();
+    let mut matched = Vec::new();
+    let mut conflicts = Vec::new();
+    for node in ctx.nodes.state() {
+        let labels = node.labels().clone();
+        let node_name = node.name_any();
+        if !config.selects(&node_name, &labels) {
+            continue;
+        }
+        matched.push(node_name.clone());
+        let resolved = resolve(&node_name, &labels, &NodeSettings::default(), &all);
+        conflicts.extend(
+            resolved
+                .conflicts
+                .into_iter()
+                .filter(|c| c.configs.contains(&name)),
+        );
+    }
+    matched.sort();
+    let status = GpuNodeConfigStatus {
+        observed_generation: config.metadata.generation,
+        matched_node_count: u32::try_from(matched.len()).unwrap_or(u32::MAX),
+        matched_nodes: matched,
+        conflicts,
+        conditions: config
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default(),
+    };
+    if config.status.as_ref() != Some(&status) {
+        let api: Api<GpuNodeConfig> = Api::all(ctx.client.clone());
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .map_err(Error::kube("writing GpuNodeConfig status"))?;
+    }
+    Ok(Action::await_change())
+}

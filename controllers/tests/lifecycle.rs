@@ -1,0 +1,148 @@
+//! Lifecycle against a real control plane (with kube-controller-manager for
+//! garbage collection) and no node agent: allocations and locks are released
+//! within seconds of the pod going away, finishing, or being served.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use support::Cluster;
+use tessera_api::v1alpha1::{AllocationPhase, GpuNodeConfig, NodeLock, VgpuAllocation};
+use tessera_controllers::config::Config;
+
+const SECONDS: Duration = Duration::from_secs(10);
+
+async fn eventually<F: AsyncFn() -> bool>(what: &str, check: F) {
+    let deadline = tokio::time::Instant::now() + SECONDS;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {SECONDS:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn allocations_and_locks_do_not_outlive_their_pods() {
+    let cluster = Cluster::start(Config::default()).await;
+    cluster.plane.start_controller_manager().await.unwrap();
+    cluster
+        .add_gpu_node("life-1", "NVIDIA A100-SXM4-80GB", 1, 81920)
+        .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    let allocations: Api<VgpuAllocation> = Api::namespaced(cluster.client.clone(), "default");
+    let locks: Api<NodeLock> = Api::all(cluster.client.clone());
+    let slice = json!({"nvidia.com/gpumem": "1000"});
+    let lock_holder = async || {
+        locks
+            .get_opt("life-1")
+            .await
+            .unwrap()
+            .map(|l| l.spec.holder.name)
+    };
+
+    // (g) Deleted between bind and Allocate: no agent serves it, so the lock stays until the pod goes.
+    cluster.create_pod("doomed", slice.clone(), json!({})).await;
+    cluster.node_of("doomed").await;
+    assert_eq!(lock_holder().await.as_deref(), Some("doomed"));
+    pods.delete("doomed", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually("the lock of a deleted pod is released", async || {
+        lock_holder().await.is_none()
+    })
+    .await;
+    eventually("the allocation of a deleted pod is deleted", async || {
+        allocations.get_opt("doomed").await.unwrap().is_none()
+    })
+    .await;
+
+    // A served pod: the lock goes as soon as its allocation is Allocated.
+    cluster.create_pod("served", slice.clone(), json!({})).await;
+    cluster.node_of("served").await;
+    let allocated = json!({"status": {"phase": "Allocated", "servedContainers": ["main"]}});
+    allocations
+        .patch_status("served", &PatchParams::default(), &Patch::Merge(allocated))
+        .await
+        .unwrap();
+    eventually("the lock of a served pod is released", async || {
+        lock_holder().await.is_none()
+    })
+    .await;
+
+    // A pod that completes (as a Job's pod does) releases its slices.
+    let succeeded = json!({"status": {"phase": "Succeeded"}});
+    pods.patch_status("served", &PatchParams::default(), &Patch::Merge(succeeded))
+        .await
+        .unwrap();
+    eventually("a finished pod's allocation is Released", async || {
+        let a = allocations.get("served").await.unwrap();
+        a.status.and_then(|s| s.phase) == Some(AllocationPhase::Released)
+    })
+    .await;
+    assert!(
+        cluster.projection.read().node("life-1").unwrap().usage[0].slices == 0,
+        "released slices are free in the projection"
+    );
+}
+
+#[tokio::test]
+async fn gpu_node_config_status_reports_matches_and_conflicts() {
+    let cluster = Cluster::start(Config::default()).await;
+    cluster
+        .add_gpu_node("pool-1", "NVIDIA A100-SXM4-80GB", 1, 81920)
+        .await;
+    cluster
+        .add_gpu_node("pool-2", "NVIDIA A100-SXM4-80GB", 1, 81920)
+        .await;
+    cluster
+        .add_gpu_node("other", "NVIDIA A100-SXM4-80GB", 1, 81920)
+        .await;
+    let configs: Api<GpuNodeConfig> = Api::all(cluster.client.clone());
+    let config = |name: &str, spec: serde_json::Value| -> GpuNodeConfig {
+        serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig", "metadata": {"name": name}, "spec": spec})).unwrap()
+    };
+    configs
+        .create(
+            &PostParams::default(),
+            &config(
+                "pool",
+                json!({"nodeNames": ["pool-*"], "deviceSplitCount": 4}),
+            ),
+        )
+        .await
+        .unwrap();
+    configs
+        .create(
+            &PostParams::default(),
+            &config(
+                "one",
+                json!({"nodeNames": ["pool-2"], "deviceSplitCount": 8}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("status lists matched nodes and the conflict", async || {
+        let pool = configs
+            .get("pool")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        let one = configs.get("one").await.unwrap().status.unwrap_or_default();
+        pool.matched_nodes == ["pool-1", "pool-2"]
+            && one.matched_node_count == 1
+            && pool.conflicts.iter().any(|c| {
+                c.node == "pool-2" && c.field == "deviceSplitCount" && c.configs == ["one", "pool"]
+            })
+            && one.conflicts.len() == 1
+    })
+    .await;
+}
