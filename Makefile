@@ -3,7 +3,7 @@ SHELL := bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help tools build test test-unit fmt lint crds cluster cluster-down clean
+.PHONY: help tools build test test-unit bench fmt lint crds cluster cluster-down clean
 
 help: ## List the targets
 	@echo "Tessera: GPU sharing for Kubernetes. Targets:"
@@ -20,6 +20,9 @@ test: tools ## Run every test, including those against a real kube-apiserver (bu
 
 test-unit: ## Run only the tests that need no control plane
 	$(CARGO) test --workspace --lib --bins --test crds
+
+bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
+	$(CARGO) bench -p tessera-controllers --bench filter
 
 fmt: ## Format the code
 	$(CARGO) fmt --all

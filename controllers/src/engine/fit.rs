@@ -38,6 +38,39 @@ pub fn fit(
     Ok(Placement { containers })
 }
 
+/// Whether `request` fits `node`, with the same answer as [`fit`] but
+/// without building a placement when that can be avoided: for one container
+/// without numa-bind, `fit` succeeds exactly when enough devices pass the
+/// per-device checks, so counting them is enough. Other shapes, and every
+/// rejection (to explain it), go through [`fit`].
+pub fn feasible(
+    node: &NodeGpus,
+    request: &PodRequest,
+    policy: SchedulingPolicy,
+) -> Result<(), Rejection> {
+    if let [container] = request.containers.as_slice()
+        && !request.options.numa_bind
+    {
+        let filters = Filters::new(&request.options);
+        let wanted = container.count as usize;
+        let mut passing = 0;
+        for (i, (device, used)) in node.devices.iter().zip(&node.usage).enumerate() {
+            let slice = Slice {
+                device: i,
+                memory_mib: container.memory.resolve(device.memory_mib).max(1),
+                cores: container.cores,
+            };
+            if check(device, used, &slice, &filters, &request.options).is_ok() {
+                passing += 1;
+                if passing >= wanted {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    fit(node, request, policy).map(|_| ())
+}
+
 fn fit_container(
     devices: &[GpuDevice],
     usage: &[DeviceUsage],

@@ -24,7 +24,7 @@ mod score;
 #[cfg(test)]
 mod tests;
 
-pub use fit::fit;
+pub use fit::{feasible, fit};
 pub use node::{DeviceUsage, GpuDevice, NodeGpus};
 pub use reason::Rejection;
 pub use score::{device_load, node_score};

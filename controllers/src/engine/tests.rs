@@ -440,6 +440,13 @@ proptest! {
                 Op::Release(_) => {}
             }
             prop_assert!(node.within_capacity(), "I1 broken: {:?}", node.usage);
+            // The filter's shortcut must agree with the full fit on every state.
+            for policy in [Binpack, Spread] {
+                let probe = one(1, Percent(30), 20);
+                prop_assert_eq!(feasible(&node, &probe, policy).is_ok(), fit(&node, &probe, policy).is_ok());
+                let two = one(2, Mib(1000), 0);
+                prop_assert_eq!(feasible(&node, &two, policy).is_ok(), fit(&node, &two, policy).is_ok());
+            }
             let mut fold = NodeGpus::new(node.devices.clone());
             for slice in live.iter().flat_map(Placement::slices) {
                 fold.charge(slice);

@@ -21,7 +21,10 @@ pub fn filter(
     let candidates = args.candidate_names();
     let request = match parse_pod(&args.pod, &config.request) {
         Ok(Some(request)) => request,
-        Ok(None) => return answer(args, candidates, Default::default(), Default::default()),
+        Ok(None) => {
+            let all = candidates.into_iter().map(str::to_owned).collect();
+            return answer(args, all, Default::default(), Default::default());
+        }
         Err(error) => {
             return ExtenderFilterResult {
                 error: error.to_string(),
@@ -44,14 +47,14 @@ pub fn filter(
     let mut failed = std::collections::BTreeMap::new();
     let mut unresolvable = std::collections::BTreeMap::new();
     for name in candidates {
-        match ledger.node(&name) {
+        match ledger.node(name) {
             None => {
-                unresolvable.insert(name, NO_GPU_NODE.to_owned());
+                unresolvable.insert(name.to_owned(), NO_GPU_NODE.to_owned());
             }
-            Some(node) => match engine::fit(node, &request, policy) {
-                Ok(_) => feasible.push(name),
+            Some(node) => match engine::feasible(node, &request, policy) {
+                Ok(()) => feasible.push(name.to_owned()),
                 Err(rejection) => {
-                    failed.insert(name, rejection.to_string());
+                    failed.insert(name.to_owned(), rejection.to_string());
                 }
             },
         }
@@ -72,7 +75,7 @@ pub fn prioritize(
     args.candidate_names()
         .into_iter()
         .map(|host| {
-            let score = match (&request, ledger.node(&host)) {
+            let score = match (&request, ledger.node(host)) {
                 (Some(request), Some(node)) => engine::node_score(
                     node,
                     request
@@ -82,7 +85,10 @@ pub fn prioritize(
                 ),
                 _ => 0,
             };
-            HostPriority { host, score }
+            HostPriority {
+                host: host.to_owned(),
+                score,
+            }
         })
         .collect()
 }

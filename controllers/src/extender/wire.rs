@@ -35,13 +35,13 @@ pub struct NodeItems {
 
 impl ExtenderArgs {
     /// The candidate node names, from whichever form was sent.
-    pub fn candidate_names(&self) -> Vec<String> {
+    pub fn candidate_names(&self) -> Vec<&str> {
         if let Some(names) = &self.node_names {
-            return names.clone();
+            return names.iter().map(String::as_str).collect();
         }
         let items = self.nodes.iter().flat_map(|n| &n.items);
         items
-            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+            .filter_map(|n| n["metadata"]["name"].as_str())
             .collect()
     }
 }
