@@ -109,7 +109,8 @@ pub async fn serve_extender(
     projection: Projection,
     config: Arc<Config>,
 ) -> anyhow::Result<()> {
-    let router = Extender::new(client, projection, config).router();
+    let metrics = crate::metrics::Metrics::new(projection.clone());
+    let router = Extender::new(client, projection, config, metrics).router();
     axum::serve(listener, router).await?;
     Ok(())
 }

@@ -42,6 +42,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// A short, stable label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Config(_) => "config",
+            Self::Kube { .. } => "api",
+            Self::LockBusy { .. } => "lock_busy",
+            Self::NoLongerFits { .. } => "no_longer_fits",
+            Self::Stale(_) => "stale",
+            Self::Request(_) => "invalid_request",
+        }
+    }
+
     pub(crate) fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
         let context = context.into();
         move |source| Self::Kube { context, source }

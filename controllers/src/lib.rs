@@ -12,6 +12,7 @@ pub mod engine;
 mod error;
 pub mod extender;
 pub mod lifecycle;
+pub mod metrics;
 pub mod projection;
 pub mod webhook;
 

@@ -57,6 +57,19 @@ async fn half_gpus_share_one_device_and_a_larger_request_goes_elsewhere() {
         (owner[0].kind.as_str(), owner[0].name.as_str()),
         ("Pod", "half-1")
     );
+    let metrics = cluster.metrics().await;
+    for needle in [
+        "tessera_extender_request_duration_seconds_count{verb=\"filter\",outcome=\"ok\"}",
+        "tessera_extender_request_duration_seconds_count{verb=\"bind\",outcome=\"ok\"} 3",
+        "tessera_bind_lock_wait_duration_seconds_count 3",
+        "tessera_gpu_nodes 2",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "metrics lack {needle}:\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("tessera_allocations{phase="), "{metrics}");
     let phase = |a: &tessera_api::v1alpha1::VgpuAllocation| a.status.as_ref().and_then(|s| s.phase);
     assert!(
         matches!(

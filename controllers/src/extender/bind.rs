@@ -39,15 +39,22 @@ pub struct Binder {
     client: Client,
     projection: Projection,
     config: std::sync::Arc<Config>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Binder {
     /// A binder writing through `client`.
-    pub fn new(client: Client, projection: Projection, config: std::sync::Arc<Config>) -> Self {
+    pub fn new(
+        client: Client,
+        projection: Projection,
+        config: std::sync::Arc<Config>,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> Self {
         Self {
             client,
             projection,
             config,
+            metrics,
         }
     }
 
@@ -131,6 +138,10 @@ impl Binder {
             }),
             Err(error) => {
                 self.projection.write().remove_allocation(&key, Some(&uid));
+                let reason = crate::metrics::ReasonLabels {
+                    reason: error.metric_label(),
+                };
+                self.metrics.bind_rollbacks.get_or_create(&reason).inc();
                 Err(error)
             }
         }
@@ -159,6 +170,9 @@ impl Binder {
             self.config.node_lock_wait(),
         )
         .await?;
+        self.metrics
+            .lock_wait_seconds
+            .observe(held.waited.as_secs_f64());
         let allocations: Api<VgpuAllocation> =
             Api::namespaced(self.client.clone(), &args.pod_namespace);
         let result = async {

@@ -31,6 +31,8 @@ const HOLDER_CHECK: Duration = Duration::from_millis(500);
 pub struct HeldLock {
     node: String,
     uid: String,
+    /// How long taking the lock took.
+    pub waited: Duration,
 }
 
 /// A NodeLock naming `holder`, valid for `ttl_seconds` from now.
@@ -75,7 +77,7 @@ pub async fn acquire(
     loop {
         let wanted = lock_object(node, holder, allocation, ttl_seconds);
         match locks.create(&PostParams::default(), &wanted).await {
-            Ok(created) => return Ok(held(node, &created)),
+            Ok(created) => return Ok(held(node, &created, started)),
             Err(kube::Error::Api(status)) if status.is_already_exists() => {}
             Err(e) => return Err(Error::kube(format!("creating NodeLock {node}"))(e)),
         }
@@ -107,7 +109,7 @@ pub async fn acquire(
             {
                 Ok(replaced) => {
                     tracing::info!(node, previous = %current.spec.holder.name, "took over NodeLock");
-                    return Ok(held(node, &replaced));
+                    return Ok(held(node, &replaced, started));
                 }
                 Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
                     continue;
@@ -166,9 +168,10 @@ pub async fn holder_needs_lock(
     }))
 }
 
-fn held(node: &str, lock: &NodeLock) -> HeldLock {
+fn held(node: &str, lock: &NodeLock, started: Instant) -> HeldLock {
     HeldLock {
         node: node.to_owned(),
         uid: lock.metadata.uid.clone().unwrap_or_default(),
+        waited: started.elapsed(),
     }
 }

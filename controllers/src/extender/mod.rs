@@ -1,14 +1,14 @@
 //! The kube-scheduler extender over HTTP: `POST /filter`, `/prioritize`, `/bind`.
 //!
 //! Every verb answers 200 with the extender's JSON; errors travel in the
-//! `Error` field, as kube-scheduler expects.
+//! `Error` field, as kube-scheduler expects. `/metrics` is served beside them.
 
 mod bind;
 mod filter;
 mod lock;
 pub mod wire;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 use axum::{
     Json, Router,
@@ -25,7 +25,11 @@ use wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
 
-use crate::{config::Config, projection::Projection};
+use crate::{
+    config::Config,
+    metrics::{Metrics, VerbLabels},
+    projection::Projection,
+};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -33,22 +37,30 @@ pub struct Extender {
     projection: Projection,
     config: Arc<Config>,
     binder: Binder,
+    metrics: Arc<Metrics>,
 }
 
 impl Extender {
     /// An extender reading `projection` and writing through `client`.
-    pub fn new(client: Client, projection: Projection, config: Arc<Config>) -> Self {
-        let binder = Binder::new(client, projection.clone(), config.clone());
+    pub fn new(
+        client: Client,
+        projection: Projection,
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let binder = Binder::new(client, projection.clone(), config.clone(), metrics.clone());
         Self {
             projection,
             config,
             binder,
+            metrics,
         }
     }
 
-    /// The routes: the three verbs plus `/healthz` and `/readyz` (ready once
-    /// the projection has its first list).
+    /// The three verbs, `/healthz`, `/readyz` (ready once the projection has
+    /// its first list) and `/metrics`.
     pub fn router(self) -> Router {
+        let metrics = self.metrics.clone().router();
         Router::new()
             .route("/filter", post(filter_handler))
             .route("/prioritize", post(prioritize_handler))
@@ -56,6 +68,18 @@ impl Extender {
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
             .with_state(self)
+            .merge(metrics)
+    }
+
+    fn observe(&self, verb: &'static str, ok: bool, started: Instant) {
+        let labels = VerbLabels {
+            verb,
+            outcome: if ok { "ok" } else { "error" },
+        };
+        self.metrics
+            .verb_seconds
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
     }
 }
 
@@ -64,6 +88,7 @@ async fn filter_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderArgs>,
 ) -> Json<ExtenderFilterResult> {
+    let started = Instant::now();
     let result = filter(&extender.projection, &extender.config, &args);
     let feasible = result
         .node_names
@@ -74,6 +99,7 @@ async fn filter_handler(
     if !result.error.is_empty() {
         tracing::info!(error = %result.error, "filter refused the pod");
     }
+    extender.observe("filter", result.error.is_empty(), started);
     Json(result)
 }
 
@@ -82,7 +108,10 @@ async fn prioritize_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderArgs>,
 ) -> Json<Vec<HostPriority>> {
-    Json(prioritize(&extender.projection, &extender.config, &args))
+    let started = Instant::now();
+    let scores = prioritize(&extender.projection, &extender.config, &args);
+    extender.observe("prioritize", true, started);
+    Json(scores)
 }
 
 #[tracing::instrument(name = "bind", skip_all, fields(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node))]
@@ -90,7 +119,10 @@ async fn bind_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderBindingArgs>,
 ) -> Json<ExtenderBindingResult> {
-    match extender.binder.bind(&args, None).await {
+    let started = Instant::now();
+    let result = extender.binder.bind(&args, None).await;
+    extender.observe("bind", result.is_ok(), started);
+    match result {
         Ok(bound) => {
             tracing::info!(devices = ?bound.devices, "bound");
             Json(ExtenderBindingResult::default())

@@ -26,21 +26,34 @@ pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice};
 #[derive(Clone, Debug)]
 pub struct Projection {
     ledger: Arc<RwLock<Ledger>>,
+    phases: Phases,
     synced: watch::Receiver<bool>,
 }
+
+/// The phase of every allocation the watch has seen, for metrics.
+type Phases = Arc<std::sync::Mutex<std::collections::HashMap<AllocationKey, String>>>;
 
 impl Projection {
     /// A projection kept current by `spawn`'s tasks, or by hand in tests.
     pub fn new() -> (Self, Feeder) {
         let ledger = Arc::new(RwLock::new(Ledger::default()));
         let (tx, synced) = watch::channel(false);
+        let phases = Phases::default();
         let feeder = Feeder {
             ledger: ledger.clone(),
+            phases: phases.clone(),
             synced: Arc::new(tx),
             nodes_synced: Arc::default(),
             allocations_synced: Arc::default(),
         };
-        (Self { ledger, synced }, feeder)
+        (
+            Self {
+                ledger,
+                phases,
+                synced,
+            },
+            feeder,
+        )
     }
 
     /// Watches GpuNodes and VgpuAllocations cluster-wide and keeps the ledger current.
@@ -61,6 +74,16 @@ impl Projection {
         self.ledger.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How many allocations are in each phase (`Pending` before any status).
+    pub fn phase_counts(&self) -> std::collections::BTreeMap<String, usize> {
+        let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = std::collections::BTreeMap::new();
+        for phase in phases.values() {
+            *counts.entry(phase.clone()).or_default() += 1;
+        }
+        counts
+    }
+
     /// Whether both watches have completed their first list.
     pub fn is_synced(&self) -> bool {
         *self.synced.borrow()
@@ -77,6 +100,7 @@ impl Projection {
 #[derive(Clone, Debug)]
 pub struct Feeder {
     ledger: Arc<RwLock<Ledger>>,
+    phases: Phases,
     synced: Arc<watch::Sender<bool>>,
     nodes_synced: Arc<std::sync::atomic::AtomicBool>,
     allocations_synced: Arc<std::sync::atomic::AtomicBool>,
@@ -135,6 +159,27 @@ impl Feeder {
         }
     }
 
+    fn record_phase(&self, event: &watcher::Event<VgpuAllocation>) {
+        let phase = |a: &VgpuAllocation| {
+            let phase = a.status.as_ref().and_then(|s| s.phase);
+            phase.map_or_else(|| "Pending".to_owned(), |p| format!("{p:?}"))
+        };
+        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Apply(a) => {
+                phases.insert(key(a), phase(a));
+            }
+            watcher::Event::Delete(a) => {
+                phases.remove(&key(a));
+            }
+            watcher::Event::Init => phases.clear(),
+            watcher::Event::InitApply(a) => {
+                phases.insert(key(a), phase(a));
+            }
+            watcher::Event::InitDone => {}
+        }
+    }
+
     async fn watch_allocations(self, api: Api<VgpuAllocation>) {
         let mut relist = Vec::new();
         let mut events = watcher(api, watcher::Config::default())
@@ -155,6 +200,7 @@ impl Feeder {
         event: watcher::Event<VgpuAllocation>,
         relist: &mut Vec<(AllocationKey, LiveAllocation)>,
     ) {
+        self.record_phase(&event);
         match event {
             watcher::Event::Apply(allocation) => match live(&allocation) {
                 Some(entry) => self.write().insert_allocation(key(&allocation), entry),

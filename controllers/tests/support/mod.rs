@@ -27,6 +27,7 @@ pub const WAIT: Duration = Duration::from_secs(60);
 pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))))";
 
 pub struct Cluster {
+    pub extender_port: u16,
     pub plane: ControlPlane,
     pub client: Client,
     pub projection: Projection,
@@ -98,6 +99,7 @@ impl Cluster {
             }
         });
         let cluster = Self {
+            extender_port: port,
             plane,
             client,
             projection,
@@ -134,6 +136,25 @@ impl Cluster {
         )
         .await
         .unwrap();
+    }
+
+    /// The extender's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.extender_port))
+            .await
+            .unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        assert!(
+            response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
+            "{response}"
+        );
+        response
     }
 
     /// Creates a pod exactly as given (no schedulerName added).
