@@ -14,6 +14,7 @@ pub mod extender;
 pub mod lifecycle;
 pub mod metrics;
 pub mod projection;
+pub mod telemetry;
 pub mod webhook;
 
 pub use error::Error;

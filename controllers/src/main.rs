@@ -1,15 +1,19 @@
 //! `tessera-controller`: see `tessera_controllers::app`.
 
 use clap::Parser;
-use tessera_controllers::app::{Args, run};
-use tracing_subscriber::EnvFilter;
+use tessera_controllers::{
+    app::{Args, run},
+    telemetry,
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&args.log)?)
-        .init();
+    let provider = telemetry::init(&args.log)?;
     let client = kube::Client::try_default().await?;
-    run(args, client).await
+    let result = run(args, client).await;
+    if let Some(provider) = provider {
+        let _ = provider.shutdown();
+    }
+    result
 }

@@ -83,7 +83,7 @@ impl Extender {
     }
 }
 
-#[tracing::instrument(name = "filter", skip_all, fields(pod = %pod_name(&args), candidates = args.candidate_names().len(), feasible))]
+#[tracing::instrument(name = "filter", skip_all, fields(pod = %pod_name(&args), candidates = args.candidate_names().len(), feasible, rejected, top_reason))]
 async fn filter_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderArgs>,
@@ -95,7 +95,20 @@ async fn filter_handler(
         .as_ref()
         .map(Vec::len)
         .or(result.nodes.as_ref().map(|n| n.items.len()));
-    tracing::Span::current().record("feasible", feasible.unwrap_or(0));
+    let span = tracing::Span::current();
+    span.record("feasible", feasible.unwrap_or(0));
+    span.record(
+        "rejected",
+        result.failed_nodes.len() + result.failed_and_unresolvable_nodes.len(),
+    );
+    if let Some(reason) = result
+        .failed_nodes
+        .values()
+        .chain(result.failed_and_unresolvable_nodes.values())
+        .next()
+    {
+        span.record("top_reason", reason.as_str());
+    }
     if !result.error.is_empty() {
         tracing::info!(error = %result.error, "filter refused the pod");
     }
@@ -114,20 +127,25 @@ async fn prioritize_handler(
     Json(scores)
 }
 
-#[tracing::instrument(name = "bind", skip_all, fields(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node))]
+#[tracing::instrument(name = "bind", skip_all, fields(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, devices, error))]
 async fn bind_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderBindingArgs>,
 ) -> Json<ExtenderBindingResult> {
     let started = Instant::now();
-    let result = extender.binder.bind(&args, None).await;
+    let result = extender
+        .binder
+        .bind(&args, crate::telemetry::trace_context())
+        .await;
     extender.observe("bind", result.is_ok(), started);
     match result {
         Ok(bound) => {
+            tracing::Span::current().record("devices", format!("{:?}", bound.devices));
             tracing::info!(devices = ?bound.devices, "bound");
             Json(ExtenderBindingResult::default())
         }
         Err(error) => {
+            tracing::Span::current().record("error", error.to_string());
             tracing::warn!(%error, "bind failed; the pod will be retried");
             Json(ExtenderBindingResult {
                 error: error.to_string(),
