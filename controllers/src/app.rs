@@ -28,6 +28,13 @@ pub struct Args {
     /// PEM private key of `--tls-cert-file`.
     #[arg(long, env = "TESSERA_TLS_KEY_FILE")]
     pub tls_key_file: PathBuf,
+    /// Namespace of the coordination Lease that elects the replica running
+    /// the lifecycle controllers.
+    #[arg(long, env = "TESSERA_LEASE_NAMESPACE", default_value = "kube-system")]
+    pub lease_namespace: String,
+    /// This replica's identity in the election (in a pod: its name).
+    #[arg(long, env = "POD_NAME", default_value = "tessera-controller")]
+    pub identity: String,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
@@ -53,11 +60,26 @@ pub async fn run(args: Args, client: kube::Client) -> anyhow::Result<()> {
         webhook_addr,
         tls_cert_file,
         tls_key_file,
+        lease_namespace,
+        identity,
         log: _,
     } = &args;
     let config = Arc::new(args.load_config()?);
     let projection = Projection::spawn(client.clone());
-    tokio::spawn(crate::lifecycle::run(client.clone()));
+    let election = crate::leader::Election {
+        namespace: lease_namespace.clone(),
+        name: "tessera-controller".into(),
+        identity: identity.clone(),
+        lease_duration: std::time::Duration::from_secs(15),
+    };
+    let lifecycle_client = client.clone();
+    tokio::spawn(async move {
+        election
+            .run(lifecycle_client.clone(), move || {
+                crate::lifecycle::run(lifecycle_client.clone())
+            })
+            .await
+    });
     let webhook = std::net::TcpListener::bind(webhook_addr)?;
     tracing::info!(addr = %webhook.local_addr()?, "webhook listening");
     let webhook = serve_webhook(

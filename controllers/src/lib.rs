@@ -11,6 +11,7 @@ pub mod config;
 pub mod engine;
 mod error;
 pub mod extender;
+pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
 pub mod projection;
