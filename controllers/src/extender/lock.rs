@@ -81,53 +81,56 @@ pub async fn acquire(
             Err(kube::Error::Api(status)) if status.is_already_exists() => {}
             Err(e) => return Err(Error::kube(format!("creating NodeLock {node}"))(e)),
         }
-        let current = match locks
-            .get_opt(node)
-            .await
-            .map_err(Error::kube(format!("reading NodeLock {node}")))?
-        {
-            Some(current) => current,
-            None => continue, // released meanwhile: create again
-        };
-        // A retry of this very pod, or a lock that has lapsed, is ours to take.
-        let ours_or_lapsed =
-            current.spec.holder.uid == holder.uid || current.spec.expires_at.0 <= Timestamp::now();
-        let takeover = if ours_or_lapsed {
-            true
-        } else if last_holder_check.is_none_or(|t| t.elapsed() >= HOLDER_CHECK) {
-            last_holder_check = Some(Instant::now());
-            !holder_needs_lock(client, &current.spec.holder, node).await?
-        } else {
-            false
-        };
-        if takeover {
-            let mut replacement = wanted;
-            replacement.metadata.resource_version = current.metadata.resource_version.clone();
-            match locks
-                .replace(node, &PostParams::default(), &replacement)
+        // Someone holds it: wait with reads only, and write again only when
+        // it is gone (create) or ours to take over (replace).
+        loop {
+            let read = locks
+                .get_opt(node)
                 .await
-            {
-                Ok(replaced) => {
-                    tracing::info!(node, previous = %current.spec.holder.name, "took over NodeLock");
-                    return Ok(held(node, &replaced, started));
+                .map_err(Error::kube(format!("reading NodeLock {node}")))?;
+            let Some(current) = read else { break };
+            // A retry of this very pod, or a lock that has lapsed, is ours to take.
+            let ours_or_lapsed = current.spec.holder.uid == holder.uid
+                || current.spec.expires_at.0 <= Timestamp::now();
+            let takeover = if ours_or_lapsed {
+                true
+            } else if last_holder_check.is_none_or(|t| t.elapsed() >= HOLDER_CHECK) {
+                last_holder_check = Some(Instant::now());
+                !holder_needs_lock(client, &current.spec.holder, node).await?
+            } else {
+                false
+            };
+            if takeover {
+                let mut replacement = lock_object(node, holder, allocation, ttl_seconds);
+                replacement.metadata.resource_version = current.metadata.resource_version.clone();
+                match locks
+                    .replace(node, &PostParams::default(), &replacement)
+                    .await
+                {
+                    Ok(replaced) => {
+                        tracing::info!(node, previous = %current.spec.holder.name, "took over NodeLock");
+                        return Ok(held(node, &replaced, started));
+                    }
+                    Err(kube::Error::Api(status))
+                        if status.is_conflict() || status.is_not_found() =>
+                    {
+                        break;
+                    }
+                    Err(e) => return Err(Error::kube(format!("taking over NodeLock {node}"))(e)),
                 }
-                Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
-                    continue;
-                }
-                Err(e) => return Err(Error::kube(format!("taking over NodeLock {node}"))(e)),
             }
+            if started.elapsed() >= wait {
+                return Err(Error::LockBusy {
+                    node: node.to_owned(),
+                    holder: format!(
+                        "{}/{}",
+                        current.spec.holder.namespace, current.spec.holder.name
+                    ),
+                    waited_ms: started.elapsed().as_millis(),
+                });
+            }
+            tokio::time::sleep(POLL).await;
         }
-        if started.elapsed() >= wait {
-            return Err(Error::LockBusy {
-                node: node.to_owned(),
-                holder: format!(
-                    "{}/{}",
-                    current.spec.holder.namespace, current.spec.holder.name
-                ),
-                waited_ms: started.elapsed().as_millis(),
-            });
-        }
-        tokio::time::sleep(POLL).await;
     }
 }
 

@@ -63,8 +63,20 @@ extenders:
 
 impl Cluster {
     pub async fn start(config: Config) -> Self {
+        Self::start_with(config, async |plane: &ControlPlane| {
+            plane.client().await.unwrap()
+        })
+        .await
+    }
+
+    /// Like `start`, with the extender writing through the client `extender_client` makes.
+    pub async fn start_with(
+        config: Config,
+        extender_client: impl AsyncFnOnce(&ControlPlane) -> Client,
+    ) -> Self {
         let plane = ControlPlane::start().await.expect("control plane");
         let client = plane.client().await.unwrap();
+        let extender = extender_client(&plane).await;
         let projection = Projection::spawn(client.clone());
         tokio::spawn(tessera_controllers::lifecycle::run(client.clone()));
         let config = Arc::new(config);
@@ -72,7 +84,7 @@ impl Cluster {
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(serve_extender(
             listener,
-            client.clone(),
+            extender,
             projection.clone(),
             config.clone(),
         ));
@@ -292,28 +304,38 @@ pub fn spawn_allocate_stand_in(client: Client) {
             .applied_objects()
             .boxed();
         while let Some(Ok(lock)) = events.next().await {
-            let allocations: Api<VgpuAllocation> =
-                Api::namespaced(client.clone(), &lock.spec.holder.namespace);
-            // The allocation is created right after the lock; wait for it briefly.
-            for _ in 0..100 {
-                if let Ok(Some(allocation)) = allocations.get_opt(&lock.spec.allocation).await
-                    && allocation.spec.pod_uid == lock.spec.holder.uid
-                {
-                    let allocated = json!({"status": {"phase": "Allocated", "servedContainers": allocation.spec.containers.iter().map(|c| &c.name).collect::<Vec<_>>()}});
-                    let _ = allocations
-                        .patch_status(
-                            &allocation.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(allocated),
-                        )
-                        .await;
-                    let _ = locks
-                        .delete(&lock.name_any(), &DeleteParams::default())
-                        .await;
-                    break;
+            // Each node's agent works on its own: serve every lock concurrently.
+            let (client, locks) = (client.clone(), locks.clone());
+            tokio::spawn(async move {
+                let allocations: Api<VgpuAllocation> =
+                    Api::namespaced(client.clone(), &lock.spec.holder.namespace);
+                // The allocation is created right after the lock; wait for it briefly.
+                for _ in 0..200 {
+                    if let Ok(Some(allocation)) = allocations.get_opt(&lock.spec.allocation).await
+                        && allocation.spec.pod_uid == lock.spec.holder.uid
+                    {
+                        let served: Vec<&String> =
+                            allocation.spec.containers.iter().map(|c| &c.name).collect();
+                        let allocated =
+                            json!({"status": {"phase": "Allocated", "servedContainers": served}});
+                        let _ = allocations
+                            .patch_status(
+                                &allocation.name_any(),
+                                &PatchParams::default(),
+                                &Patch::Merge(allocated),
+                            )
+                            .await;
+                        let only_this =
+                            DeleteParams::default().preconditions(kube::api::Preconditions {
+                                uid: lock.metadata.uid.clone(),
+                                resource_version: None,
+                            });
+                        let _ = locks.delete(&lock.name_any(), &only_this).await;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            });
         }
     });
 }
