@@ -96,7 +96,7 @@ pub async fn acquire(
                 true
             } else if last_holder_check.is_none_or(|t| t.elapsed() >= HOLDER_CHECK) {
                 last_holder_check = Some(Instant::now());
-                !holder_needs_lock(client, &current.spec.holder, node).await?
+                !holder_needs_lock(client, &current).await?
             } else {
                 false
             };
@@ -146,29 +146,19 @@ pub async fn release(client: &Client, lock: &HeldLock) {
     }
 }
 
-/// Whether the holder pod still waits for its devices on `node`: it exists
-/// with the same UID, is not finished, and is not bound to another node.
-pub async fn holder_needs_lock(
-    client: &Client,
-    holder: &PodReference,
-    node: &str,
-) -> Result<bool, Error> {
+/// Whether the lock's holder still waits for its devices on the lock's node,
+/// decided exactly as the lifecycle controller decides it
+/// ([`crate::lifecycle::lock_action`]): the holder exists with the same UID,
+/// is not finishing, and is not bound to another node.
+pub async fn holder_needs_lock(client: &Client, lock: &NodeLock) -> Result<bool, Error> {
+    let holder = &lock.spec.holder;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &holder.namespace);
     let pod = pods
         .get_opt(&holder.name)
         .await
         .map_err(Error::kube("reading the NodeLock holder"))?;
-    Ok(pod.is_some_and(|pod| {
-        let same = pod.metadata.uid.as_deref() == Some(holder.uid.as_str());
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        let finished = matches!(phase, Some("Succeeded" | "Failed"));
-        let elsewhere = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .is_some_and(|n| n != node);
-        same && !finished && !elsewhere && pod.metadata.deletion_timestamp.is_none()
-    }))
+    let action = crate::lifecycle::lock_action(lock, pod.as_ref(), None, Timestamp::now());
+    Ok(matches!(action, crate::lifecycle::LockAction::KeepUntil(_)))
 }
 
 fn held(node: &str, lock: &NodeLock, started: Instant) -> HeldLock {

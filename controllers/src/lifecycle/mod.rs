@@ -175,20 +175,31 @@ async fn configs(client: Client) {
     let node_events =
         kube::runtime::reflector(writer, watcher(nodes.clone(), watcher::Config::default()));
     tokio::spawn(node_events.for_each(|_| async {}));
-    let all_configs = configs.clone();
-    let context = Arc::new(ConfigContext {
-        client,
-        configs,
-        nodes: node_store,
-    });
-    controller
-        .watches(nodes, watcher::Config::default(), move |_: Node| {
-            all_configs
+    let every_config = |store: Store<GpuNodeConfig>| {
+        move || {
+            store
                 .state()
                 .into_iter()
                 .map(|c| ObjectRef::from_obj(&*c))
                 .collect::<Vec<_>>()
-        })
+        }
+    };
+    let (on_node, on_config) = (every_config(configs.clone()), every_config(configs.clone()));
+    let context = Arc::new(ConfigContext {
+        client: client.clone(),
+        configs,
+        nodes: node_store,
+    });
+    controller
+        // Matches depend on every node, and conflicts on every other config:
+        // any node or config change re-reconciles all configs (writes happen
+        // only where a status changes, so this settles at once).
+        .watches(nodes, watcher::Config::default(), move |_: Node| on_node())
+        .watches(
+            Api::<GpuNodeConfig>::all(client),
+            watcher::Config::default(),
+            move |_| on_config(),
+        )
         .run(
             reconcile_config,
             |_, error, _| {
@@ -211,6 +222,10 @@ async fn reconcile_config(
     config: Arc<GpuNodeConfig>,
     ctx: Arc<ConfigContext>,
 ) -> Result<Action, Error> {
+    // Matching against a half-filled node cache would publish wrong matches.
+    if ctx.nodes.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(RETRY));
+    }
     let name = config.name_any();
     let all: Vec<GpuNodeConfig> = ctx.configs.state().iter().map(|c| (**c).clone()).collect();
     let mut matched = Vec::new();
