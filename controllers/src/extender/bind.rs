@@ -22,7 +22,7 @@ use super::{filter::NO_GPU_NODE, lock, wire::ExtenderBindingArgs};
 use crate::{
     Error,
     config::Config,
-    engine::{self, GpuDevice, NodeGpus, Placement, Slice},
+    engine::{self, GpuDevice, NodeGpus, Placement},
     projection::{self, AllocationKey, LiveAllocation, Projection, UuidSlice},
 };
 
@@ -227,17 +227,8 @@ impl Binder {
             if ours {
                 continue;
             }
-            for slice in projection::live(allocation)
-                .into_iter()
-                .flat_map(|l| l.slices)
-            {
-                if let Some(device) = fold.position(&slice.uuid) {
-                    fold.charge(&Slice {
-                        device,
-                        memory_mib: slice.memory_mib,
-                        cores: slice.cores,
-                    });
-                }
+            if let Some(live) = projection::live(allocation) {
+                projection::charge_allocation(&mut fold, &live);
             }
         }
         for slice in placement.slices() {

@@ -163,6 +163,11 @@ impl Ledger {
     }
 }
 
+/// Adds an allocation's slices to a node's usage, matching devices by UUID.
+pub fn charge_allocation(node: &mut NodeGpus, allocation: &LiveAllocation) {
+    charge(node, allocation, Direction::Add);
+}
+
 enum Direction {
     Add,
     Remove,

@@ -20,7 +20,7 @@ use tessera_api::v1alpha1::{GpuNode, VgpuAllocation};
 use tokio::sync::watch;
 
 pub use convert::{devices, key, live};
-pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice};
+pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 
 /// The shared ledger and whether its first list has completed.
 #[derive(Clone, Debug)]
