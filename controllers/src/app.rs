@@ -48,12 +48,17 @@ impl Args {
         };
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
-        Config::from_yaml(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+        Config::from_yaml(&text).map_err(|e| match e {
+            // Name the file once: "invalid configuration: FILE: KEY: RULE".
+            Error::Config(message) => Error::Config(format!("{}: {message}", path.display())),
+            other => other,
+        })
     }
 }
 
-/// Runs the controller until the process is stopped.
-pub async fn run(args: Args, client: kube::Client) -> anyhow::Result<()> {
+/// Runs the controller with `config` (see [`Args::load_config`]) until the
+/// process is stopped.
+pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Result<()> {
     let Args {
         config: _,
         extender_addr,
@@ -64,7 +69,7 @@ pub async fn run(args: Args, client: kube::Client) -> anyhow::Result<()> {
         identity,
         log: _,
     } = &args;
-    let config = Arc::new(args.load_config()?);
+    let config = Arc::new(config);
     let projection = Projection::spawn(client.clone());
     let election = crate::leader::Election {
         namespace: lease_namespace.clone(),

@@ -9,9 +9,11 @@ use tessera_controllers::{
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Bad flags and settings are reported before anything connects.
+    let config = args.load_config()?;
     let provider = telemetry::init(&args.log)?;
     let client = kube::Client::try_default().await?;
-    let result = run(args, client).await;
+    let result = run(args, config, client).await;
     if let Some(provider) = provider {
         let _ = provider.shutdown();
     }
