@@ -3,9 +3,12 @@
 //! second through the extender, and the API writes the extender makes per
 //! GPU pod (counted on its client).
 //!
-//! `cargo bench -p tessera-controllers --bench throughput` (or `make bench`).
+//! `cargo bench -p tessera-controllers --bench throughput` (or `make bench`);
+//! with `DEBUG_APISERVER=1` it also prints the API server's busiest request
+//! counters, which show where the control plane's CPU goes.
 //! No node agent exists yet, so the test stand-in plays its Allocate step
-//! (allocation Allocated, lock released); its writes are not counted.
+//! once the pod is bound (allocation Allocated, lock released); its writes
+//! are not counted.
 
 #![allow(missing_docs)]
 
@@ -79,6 +82,10 @@ async fn burst(cluster: &Cluster, prefix: &str, limits: Value, annotations: Valu
             )
             .await;
     }
+    eprintln!(
+        "{prefix}: {PODS} created in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
     loop {
         let list = pods.list(&ListParams::default()).await.unwrap();
@@ -163,6 +170,31 @@ async fn main() {
         rate(spread),
         100.0 * rate(spread) / rate(plain)
     );
+    if std::env::var_os("DEBUG_APISERVER").is_some() {
+        let text = cluster
+            .client
+            .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+            .await
+            .unwrap();
+        let mut lines: Vec<(f64, &str)> = text
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+            .filter_map(|l| Some((l.rsplit(' ').next()?.parse().ok()?, l)))
+            .collect();
+        lines.sort_by(|a, b| b.0.total_cmp(&a.0));
+        for (_, l) in lines.iter().take(30) {
+            eprintln!("{l}");
+        }
+    }
+    for line in cluster.metrics().await.lines() {
+        if line.starts_with("tessera_extender_request_duration_seconds_sum")
+            || line.starts_with("tessera_extender_request_duration_seconds_count")
+            || line.starts_with("tessera_bind_lock_wait_duration_seconds_sum")
+            || line.starts_with("tessera_bind_lock_wait_duration_seconds_count")
+        {
+            eprintln!("{line}");
+        }
+    }
     for (label, counts) in [("binpack", binpack_writes), ("spread", spread_writes)] {
         let total: usize = counts.values().sum();
         println!(

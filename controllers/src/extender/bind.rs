@@ -4,6 +4,8 @@
 //! API writes per GPU pod: NodeLock create, VgpuAllocation create, the
 //! binding, the allocation's status (`Bound`): four.
 
+use std::time::Instant;
+
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -38,6 +40,7 @@ pub struct Bound {
 pub struct Binder {
     client: Client,
     projection: Projection,
+    locker: lock::Locker,
     config: std::sync::Arc<Config>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
@@ -50,9 +53,11 @@ impl Binder {
         config: std::sync::Arc<Config>,
         metrics: std::sync::Arc<crate::metrics::Metrics>,
     ) -> Self {
+        let locker = lock::Locker::new(client.clone(), projection.locks());
         Self {
             client,
             projection,
+            locker,
             config,
             metrics,
         }
@@ -161,18 +166,24 @@ impl Binder {
             name: args.pod_name.clone(),
             uid: args.pod_uid.clone(),
         };
-        let held = lock::acquire(
-            &self.client,
-            &args.node,
-            &holder,
-            &args.pod_name,
-            self.config.node_lock_ttl_seconds,
-            self.config.node_lock_wait(),
-        )
-        .await?;
+        // Bounded wait: first for this node's earlier Binds in this process,
+        // then for the pod holding the node's lock.
+        let waiting = Instant::now();
+        let deadline = waiting + self.config.node_lock_wait();
+        let _turn = self.locker.turn(&args.node, deadline).await?;
+        let held = self
+            .locker
+            .acquire(
+                &args.node,
+                &holder,
+                &args.pod_name,
+                self.config.node_lock_ttl_seconds,
+                deadline,
+            )
+            .await?;
         self.metrics
             .lock_wait_seconds
-            .observe(held.waited.as_secs_f64());
+            .observe(waiting.elapsed().as_secs_f64());
         let allocations: Api<VgpuAllocation> =
             Api::namespaced(self.client.clone(), &args.pod_namespace);
         let result = async {
@@ -188,7 +199,7 @@ impl Binder {
         }
         .await;
         if let Err(error) = result {
-            lock::release(&self.client, &held).await;
+            self.locker.release(&held).await;
             return Err(error);
         }
         // The pod is bound; a failed status write must not undo that.

@@ -1,12 +1,18 @@
 //! Taking and releasing a node's NodeLock.
 //!
 //! A lock is taken by creating the NodeLock named after the node. When
-//! another pod holds it, Bind waits (bounded) and takes it over as soon as
-//! the lock has expired or its holder is gone, finished, or bound elsewhere;
-//! a takeover replaces the object with its resourceVersion, so two waiters
-//! can never both win.
+//! another pod holds it, Bind waits (bounded) for the watch to report it
+//! gone, and takes it over as soon as the lock has expired or its holder is
+//! gone, finished, or bound elsewhere; a takeover replaces the object with
+//! its resourceVersion, so two waiters can never both win. Binds for the same
+//! node queue inside the process, so only the first of them writes: one
+//! create per pod instead of one per waiter each time a lock frees.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use k8s_openapi::{
     api::core::v1::Pod,
@@ -14,16 +20,15 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp},
 };
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{DeleteParams, PostParams, Preconditions},
 };
 use tessera_api::v1alpha1::{NodeLock, NodeLockSpec, PodReference};
 
-use crate::Error;
+use crate::{Error, projection::LockTable};
 
-/// How often a waiting Bind looks at the lock again.
-const POLL: Duration = Duration::from_millis(25);
-/// How often a waiting Bind checks whether the holder pod still needs the lock.
+/// How often a waiting Bind confirms the lock with the API server and checks
+/// whether its holder pod still needs it.
 const HOLDER_CHECK: Duration = Duration::from_millis(500);
 
 /// A lock this Bind holds.
@@ -31,8 +36,6 @@ const HOLDER_CHECK: Duration = Duration::from_millis(500);
 pub struct HeldLock {
     node: String,
     uid: String,
-    /// How long taking the lock took.
-    pub waited: Duration,
 }
 
 /// A NodeLock naming `holder`, valid for `ttl_seconds` from now.
@@ -62,44 +65,84 @@ pub fn lock_object(
     }
 }
 
-/// Takes the node's lock for `holder`, waiting up to `wait` for another holder.
-pub async fn acquire(
-    client: &Client,
-    node: &str,
-    holder: &PodReference,
-    allocation: &str,
-    ttl_seconds: u32,
-    wait: Duration,
-) -> Result<HeldLock, Error> {
-    let locks: Api<NodeLock> = Api::all(client.clone());
-    let started = Instant::now();
-    let mut last_holder_check: Option<Instant> = None;
-    loop {
-        let wanted = lock_object(node, holder, allocation, ttl_seconds);
-        match locks.create(&PostParams::default(), &wanted).await {
-            Ok(created) => return Ok(held(node, &created, started)),
-            Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-            Err(e) => return Err(Error::kube(format!("creating NodeLock {node}"))(e)),
+/// Takes NodeLocks for Bind: one Bind per node at a time inside this
+/// process (first come, first served), each waiting for the node's lock to
+/// go away by watching the projection's [`LockTable`] rather than polling,
+/// and writing only when the lock looks free or ours to take over.
+#[derive(Clone)]
+pub struct Locker {
+    client: Client,
+    table: Arc<LockTable>,
+    turns: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+/// This Bind's turn among the Binds for one node in this process.
+pub type Turn = tokio::sync::OwnedMutexGuard<()>;
+
+impl Locker {
+    /// A locker writing through `client` and watching `table`.
+    pub fn new(client: Client, table: Arc<LockTable>) -> Self {
+        Self {
+            client,
+            table,
+            turns: Arc::default(),
         }
-        // Someone holds it: wait with reads only, and write again only when
-        // it is gone (create) or ours to take over (replace).
+    }
+
+    /// Waits until `deadline` for this Bind's turn on `node`.
+    pub async fn turn(&self, node: &str, deadline: Instant) -> Result<Turn, Error> {
+        let started = Instant::now();
+        let queue = {
+            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            turns.entry(node.to_owned()).or_default().clone()
+        };
+        tokio::time::timeout_at(deadline.into(), queue.lock_owned())
+            .await
+            .map_err(|_| self.busy(node, None, started))
+    }
+
+    /// Takes the node's lock for `holder`, waiting until `deadline` while
+    /// another pod holds it.
+    pub async fn acquire(
+        &self,
+        node: &str,
+        holder: &PodReference,
+        allocation: &str,
+        ttl_seconds: u32,
+        deadline: Instant,
+    ) -> Result<HeldLock, Error> {
+        let locks: Api<NodeLock> = Api::all(self.client.clone());
+        let started = Instant::now();
+        let mut changes = self.table.subscribe();
+        let mut last_check = Instant::now();
         loop {
-            let read = locks
-                .get_opt(node)
-                .await
-                .map_err(Error::kube(format!("reading NodeLock {node}")))?;
-            let Some(current) = read else { break };
-            // A retry of this very pod, or a lock that has lapsed, is ours to take.
-            let ours_or_lapsed = current.spec.holder.uid == holder.uid
-                || current.spec.expires_at.0 <= Timestamp::now();
-            let takeover = if ours_or_lapsed {
-                true
-            } else if last_holder_check.is_none_or(|t| t.elapsed() >= HOLDER_CHECK) {
-                last_holder_check = Some(Instant::now());
-                !holder_needs_lock(client, &current).await?
-            } else {
-                false
+            changes.borrow_and_update();
+            let Some(mut current) = self.table.get(node) else {
+                let wanted = lock_object(node, holder, allocation, ttl_seconds);
+                match locks.create(&PostParams::default(), &wanted).await {
+                    Ok(created) => return Ok(self.held(created)),
+                    Err(kube::Error::Api(status)) if status.is_already_exists() => {
+                        self.refresh(&locks, node, None).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(Error::kube(format!("creating NodeLock {node}"))(e)),
+                }
             };
+            // A retry of this very pod, or a lock that has lapsed, is ours to take.
+            let mut takeover = current.spec.holder.uid == holder.uid
+                || current.spec.expires_at.0 <= Timestamp::now();
+            if !takeover && last_check.elapsed() >= HOLDER_CHECK {
+                // Now and then, confirm the lock still exists and still serves someone.
+                last_check = Instant::now();
+                let uid = current.metadata.uid.clone();
+                match self.refresh(&locks, node, uid.as_deref()).await? {
+                    Some(fresh) if fresh.metadata.uid == uid => {
+                        takeover = !holder_needs_lock(&self.client, &fresh).await?;
+                        current = fresh;
+                    }
+                    _ => continue,
+                }
+            }
             if takeover {
                 let mut replacement = lock_object(node, holder, allocation, ttl_seconds);
                 replacement.metadata.resource_version = current.metadata.resource_version.clone();
@@ -109,40 +152,90 @@ pub async fn acquire(
                 {
                     Ok(replaced) => {
                         tracing::info!(node, previous = %current.spec.holder.name, "took over NodeLock");
-                        return Ok(held(node, &replaced, started));
+                        return Ok(self.held(replaced));
                     }
                     Err(kube::Error::Api(status))
                         if status.is_conflict() || status.is_not_found() =>
                     {
-                        break;
+                        self.refresh(&locks, node, current.metadata.uid.as_deref())
+                            .await?;
+                        continue;
                     }
                     Err(e) => return Err(Error::kube(format!("taking over NodeLock {node}"))(e)),
                 }
             }
-            if started.elapsed() >= wait {
-                return Err(Error::LockBusy {
-                    node: node.to_owned(),
-                    holder: format!(
-                        "{}/{}",
-                        current.spec.holder.namespace, current.spec.holder.name
-                    ),
-                    waited_ms: started.elapsed().as_millis(),
-                });
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.busy(node, Some(&current), started));
             }
-            tokio::time::sleep(POLL).await;
+            let until_expiry =
+                Duration::try_from(Timestamp::now().duration_until(current.spec.expires_at.0))
+                    .unwrap_or_default()
+                    .max(Duration::from_millis(1));
+            let nap = (deadline - now)
+                .min(HOLDER_CHECK.saturating_sub(last_check.elapsed()))
+                .min(until_expiry);
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = tokio::time::sleep(nap) => {}
+            }
         }
     }
-}
 
-/// Releases a lock this Bind took (only that incarnation of it).
-pub async fn release(client: &Client, lock: &HeldLock) {
-    let locks: Api<NodeLock> = Api::all(client.clone());
-    let params = DeleteParams::default().preconditions(Preconditions {
-        uid: Some(lock.uid.clone()),
-        resource_version: None,
-    });
-    if let Err(error) = locks.delete(&lock.node, &params).await {
-        tracing::debug!(%error, node = %lock.node, "NodeLock already gone");
+    /// Releases a lock this Bind took (only that incarnation of it).
+    pub async fn release(&self, lock: &HeldLock) {
+        let locks: Api<NodeLock> = Api::all(self.client.clone());
+        let params = DeleteParams::default().preconditions(Preconditions {
+            uid: Some(lock.uid.clone()),
+            resource_version: None,
+        });
+        if let Err(error) = locks.delete(&lock.node, &params).await {
+            tracing::debug!(%error, node = %lock.node, "NodeLock already gone");
+        }
+        self.table.forget(&lock.node, Some(&lock.uid));
+    }
+
+    /// Reads the node's lock from the API server into the table; `gone` is
+    /// the incarnation to forget when there is none.
+    async fn refresh(
+        &self,
+        locks: &Api<NodeLock>,
+        node: &str,
+        gone: Option<&str>,
+    ) -> Result<Option<NodeLock>, Error> {
+        let read = locks
+            .get_opt(node)
+            .await
+            .map_err(Error::kube(format!("reading NodeLock {node}")))?;
+        match &read {
+            Some(lock) => self.table.record(lock.clone()),
+            None => self.table.forget(node, gone),
+        }
+        Ok(read)
+    }
+
+    fn held(&self, lock: NodeLock) -> HeldLock {
+        let held = HeldLock {
+            node: lock.name_any(),
+            uid: lock.metadata.uid.clone().unwrap_or_default(),
+        };
+        self.table.record(lock);
+        held
+    }
+
+    fn busy(&self, node: &str, current: Option<&NodeLock>, started: Instant) -> Error {
+        let holder = current
+            .cloned()
+            .or_else(|| self.table.get(node))
+            .map_or_else(
+                || "another Bind for this node".to_owned(),
+                |l| format!("{}/{}", l.spec.holder.namespace, l.spec.holder.name),
+            );
+        Error::LockBusy {
+            node: node.to_owned(),
+            holder,
+            waited_ms: started.elapsed().as_millis(),
+        }
     }
 }
 
@@ -159,12 +252,4 @@ pub async fn holder_needs_lock(client: &Client, lock: &NodeLock) -> Result<bool,
         .map_err(Error::kube("reading the NodeLock holder"))?;
     let action = crate::lifecycle::lock_action(lock, pod.as_ref(), None, Timestamp::now());
     Ok(matches!(action, crate::lifecycle::LockAction::KeepUntil(_)))
-}
-
-fn held(node: &str, lock: &NodeLock, started: Instant) -> HeldLock {
-    HeldLock {
-        node: node.to_owned(),
-        uid: lock.metadata.uid.clone().unwrap_or_default(),
-        waited: started.elapsed(),
-    }
 }

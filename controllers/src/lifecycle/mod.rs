@@ -11,7 +11,7 @@ mod decide;
 
 use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::{
     api::core::v1::{Node, Pod},
     jiff::Timestamp,
@@ -20,9 +20,9 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, Preconditions},
     runtime::{
-        Controller,
+        Controller, WatchStreamExt,
         controller::Action,
-        reflector::{ObjectRef, Store},
+        reflector::{self, ObjectRef, Store, reflector},
         watcher,
     },
 };
@@ -48,37 +48,89 @@ pub async fn run(client: Client) {
     );
 }
 
-fn retry<K>(_: Arc<K>, error: &Error, _: Arc<Client>) -> Action {
+/// A watch of every `K`, kept in a store that is updated before each event
+/// is passed on, so a reconciler triggered by the event reads it from the cache.
+fn cached<K>(
+    api: Api<K>,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    (store, events)
+}
+
+/// The cached objects a reconciler decides from: no API read per reconcile.
+struct Caches {
+    client: Client,
+    pods: Store<Pod>,
+    allocations: Store<VgpuAllocation>,
+}
+
+impl Caches {
+    /// The pod `namespace/name` from the cache; when the cache has no such
+    /// pod (or another incarnation), the API server confirms before anyone
+    /// acts on "the pod is gone".
+    async fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Option<Pod>, Error> {
+        let cached = self.pods.get(&ObjectRef::new(name).within(namespace));
+        if let Some(pod) = cached.filter(|p| p.metadata.uid.as_deref() == Some(uid)) {
+            return Ok(Some((*pod).clone()));
+        }
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(Error::kube("reading the pod"))
+    }
+}
+
+fn retry_cached<K>(_: Arc<K>, error: &Error, _: Arc<Caches>) -> Action {
     tracing::warn!(%error, "reconcile failed; retrying");
     Action::requeue(RETRY)
 }
 
 async fn allocations(client: Client) {
-    let pods: Api<Pod> = Api::all(client.clone());
-    Controller::new(
-        Api::<VgpuAllocation>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .watches(pods, watcher::Config::default(), |pod| {
-        Some(ObjectRef::<VgpuAllocation>::new(&pod.name_any()).within(&pod.namespace()?))
-    })
-    .run(reconcile_allocation, retry, Arc::new(client))
-    .for_each(|_| async {})
-    .await;
+    let (allocations, allocation_events) = cached(Api::<VgpuAllocation>::all(client.clone()));
+    let (pods, pod_events) = cached(Api::<Pod>::all(client.clone()));
+    let caches = Arc::new(Caches {
+        client,
+        pods,
+        allocations: allocations.clone(),
+    });
+    Controller::for_stream(allocation_events, allocations)
+        .watches_stream(pod_events, |pod| {
+            Some(ObjectRef::<VgpuAllocation>::new(&pod.name_any()).within(&pod.namespace()?))
+        })
+        .run(reconcile_allocation, retry_cached, caches)
+        .for_each(|_| async {})
+        .await;
 }
 
 async fn reconcile_allocation(
     allocation: Arc<VgpuAllocation>,
-    client: Arc<Client>,
+    caches: Arc<Caches>,
 ) -> Result<Action, Error> {
+    if release_reason(&allocation, None).is_none() {
+        return Ok(Action::await_change()); // already Released or Failed
+    }
     let namespace = allocation.namespace().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced((*client).clone(), &namespace);
-    let pod = pods
-        .get_opt(&allocation.spec.pod_name)
-        .await
-        .map_err(Error::kube("reading the allocation's pod"))?;
+    let spec = &allocation.spec;
+    let pod = caches
+        .pod(&namespace, &spec.pod_name, &spec.pod_uid)
+        .await?;
     if let Some(reason) = release_reason(&allocation, pod.as_ref()) {
-        let api: Api<VgpuAllocation> = Api::namespaced((*client).clone(), &namespace);
+        let api: Api<VgpuAllocation> = Api::namespaced(caches.client.clone(), &namespace);
         let status = json!({"status": {"phase": "Released", "releasedAt": Timestamp::now().to_string(), "message": reason}});
         match api
             .patch_status(
@@ -99,51 +151,47 @@ async fn reconcile_allocation(
 }
 
 async fn locks(client: Client) {
-    let controller = Controller::new(
-        Api::<NodeLock>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let store: Store<NodeLock> = controller.store();
-    let by_holder = move |pod: Pod| {
-        let uid = pod.metadata.uid.unwrap_or_default();
-        store
-            .state()
-            .into_iter()
-            .filter(|lock| lock.spec.holder.uid == uid)
-            .map(|lock| ObjectRef::from_obj(&*lock))
-            .collect::<Vec<_>>()
+    let (locks, lock_events) = cached(Api::<NodeLock>::all(client.clone()));
+    let (pods, pod_events) = cached(Api::<Pod>::all(client.clone()));
+    let (allocations, allocation_events) = cached(Api::<VgpuAllocation>::all(client.clone()));
+    let caches = Arc::new(Caches {
+        client,
+        pods,
+        allocations,
+    });
+    let by_holder = {
+        let locks = locks.clone();
+        move |pod: Pod| {
+            let uid = pod.metadata.uid.unwrap_or_default();
+            locks
+                .state()
+                .into_iter()
+                .filter(|lock| lock.spec.holder.uid == uid)
+                .map(|lock| ObjectRef::from_obj(&*lock))
+                .collect::<Vec<_>>()
+        }
     };
-    controller
-        .watches(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default(),
-            by_holder,
-        )
-        .watches(
-            Api::<VgpuAllocation>::all(client.clone()),
-            watcher::Config::default(),
-            |a| Some(ObjectRef::<NodeLock>::new(&a.spec.node_name)),
-        )
-        .run(reconcile_lock, retry, Arc::new(client))
+    Controller::for_stream(lock_events, locks)
+        .watches_stream(pod_events, by_holder)
+        .watches_stream(allocation_events, |a| {
+            Some(ObjectRef::<NodeLock>::new(&a.spec.node_name))
+        })
+        .run(reconcile_lock, retry_cached, caches)
         .for_each(|_| async {})
         .await;
 }
 
-async fn reconcile_lock(lock: Arc<NodeLock>, client: Arc<Client>) -> Result<Action, Error> {
+async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Action, Error> {
     let holder = &lock.spec.holder;
-    let pods: Api<Pod> = Api::namespaced((*client).clone(), &holder.namespace);
-    let allocations: Api<VgpuAllocation> = Api::namespaced((*client).clone(), &holder.namespace);
-    let pod = pods
-        .get_opt(&holder.name)
-        .await
-        .map_err(Error::kube("reading the lock holder"))?;
-    let allocation = allocations
-        .get_opt(&lock.spec.allocation)
-        .await
-        .map_err(Error::kube("reading the holder's allocation"))?;
-    match lock_action(&lock, pod.as_ref(), allocation.as_ref(), Timestamp::now()) {
+    let pod = caches
+        .pod(&holder.namespace, &holder.name, &holder.uid)
+        .await?;
+    let allocation = caches
+        .allocations
+        .get(&ObjectRef::new(&lock.spec.allocation).within(&holder.namespace));
+    match lock_action(&lock, pod.as_ref(), allocation.as_deref(), Timestamp::now()) {
         LockAction::Release(reason) => {
-            let locks: Api<NodeLock> = Api::all((*client).clone());
+            let locks: Api<NodeLock> = Api::all(caches.client.clone());
             let only_this = DeleteParams::default().preconditions(Preconditions {
                 uid: lock.metadata.uid.clone(),
                 resource_version: None,

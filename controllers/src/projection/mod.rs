@@ -1,5 +1,6 @@
 //! The event-sourced projection: GpuNodes and VgpuAllocations, watched and
-//! folded into a [`Ledger`] that Filter reads without touching the API.
+//! folded into a [`Ledger`] that Filter reads without touching the API, and
+//! the NodeLocks ([`LockTable`]) that a waiting Bind watches instead of polling.
 //!
 //! A restart rebuilds everything from list+watch; a relist replaces the
 //! ledger's contents wholesale. Bind writes its decision into the ledger at
@@ -8,6 +9,7 @@
 
 mod convert;
 mod ledger;
+mod locks;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -16,16 +18,18 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
-use tessera_api::v1alpha1::{GpuNode, VgpuAllocation};
+use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
 use tokio::sync::watch;
 
 pub use convert::{devices, key, live};
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
+pub use locks::LockTable;
 
 /// The shared ledger and whether its first list has completed.
 #[derive(Clone, Debug)]
 pub struct Projection {
     ledger: Arc<RwLock<Ledger>>,
+    locks: Arc<LockTable>,
     phases: Phases,
     synced: watch::Receiver<bool>,
 }
@@ -39,8 +43,10 @@ impl Projection {
         let ledger = Arc::new(RwLock::new(Ledger::default()));
         let (tx, synced) = watch::channel(false);
         let phases = Phases::default();
+        let locks = Arc::new(LockTable::default());
         let feeder = Feeder {
             ledger: ledger.clone(),
+            locks: locks.clone(),
             phases: phases.clone(),
             synced: Arc::new(tx),
             nodes_synced: Arc::default(),
@@ -49,6 +55,7 @@ impl Projection {
         (
             Self {
                 ledger,
+                locks,
                 phases,
                 synced,
             },
@@ -56,12 +63,19 @@ impl Projection {
         )
     }
 
-    /// Watches GpuNodes and VgpuAllocations cluster-wide and keeps the ledger current.
+    /// Watches GpuNodes, VgpuAllocations and NodeLocks cluster-wide and
+    /// keeps the ledger and the lock table current.
     pub fn spawn(client: Client) -> Self {
         let (projection, feeder) = Self::new();
         tokio::spawn(feeder.clone().watch_nodes(Api::all(client.clone())));
+        tokio::spawn(feeder.clone().watch_locks(Api::all(client.clone())));
         tokio::spawn(feeder.watch_allocations(Api::all(client)));
         projection
+    }
+
+    /// The NodeLocks as last seen.
+    pub fn locks(&self) -> Arc<LockTable> {
+        self.locks.clone()
     }
 
     /// Reads the ledger.
@@ -100,6 +114,7 @@ impl Projection {
 #[derive(Clone, Debug)]
 pub struct Feeder {
     ledger: Arc<RwLock<Ledger>>,
+    locks: Arc<LockTable>,
     phases: Phases,
     synced: Arc<watch::Sender<bool>>,
     nodes_synced: Arc<std::sync::atomic::AtomicBool>,
@@ -156,6 +171,35 @@ impl Feeder {
                 self.write().replace_nodes(relist.drain(..));
                 self.mark_synced(&self.nodes_synced);
             }
+        }
+    }
+
+    async fn watch_locks(self, api: Api<NodeLock>) {
+        let mut relist = Vec::new();
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            match events.try_next().await {
+                Ok(Some(event)) => self.lock_event(event, &mut relist),
+                Ok(None) => return,
+                Err(error) => tracing::warn!(%error, "NodeLock watch failed; retrying"),
+            }
+        }
+    }
+
+    /// Applies one NodeLock event.
+    pub fn lock_event(&self, event: watcher::Event<NodeLock>, relist: &mut Vec<NodeLock>) {
+        use kube::ResourceExt;
+        match event {
+            watcher::Event::Apply(lock) => self.locks.record(lock),
+            watcher::Event::Delete(lock) => {
+                self.locks
+                    .forget(&lock.name_any(), lock.metadata.uid.as_deref());
+            }
+            watcher::Event::Init => relist.clear(),
+            watcher::Event::InitApply(lock) => relist.push(lock),
+            watcher::Event::InitDone => self.locks.replace(relist.drain(..)),
         }
     }
 

@@ -293,48 +293,91 @@ impl Cluster {
     }
 }
 
-/// Stands in for the node agent's Allocate step until the node agent exists:
-/// whenever a NodeLock names a holder whose allocation exists, mark the
-/// allocation Allocated and delete the lock, as the agent will after serving
-/// the kubelet.
+/// Stands in for the node agent's Allocate step until the node agent exists.
+/// Like a kubelet, it acts only once the pod is bound to the node: then, for
+/// the pod a NodeLock names, it marks the allocation Allocated and deletes the
+/// lock, as the agent will after serving the kubelet. Each node is served on
+/// its own, concurrently with the others.
 pub fn spawn_allocate_stand_in(client: Client) {
+    // Which node each pod (by UID) is bound to, from a watch of all pods.
+    let (bound_tx, bound) = tokio::sync::watch::channel(std::collections::HashMap::new());
+    let pods: Api<Pod> = Api::all(client.clone());
+    tokio::spawn(async move {
+        let mut events = watcher(pods, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(pod)) = events.next().await {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            if let (Some(uid), Some(node)) = (pod.metadata.uid.clone(), node) {
+                bound_tx.send_modify(|bound| {
+                    bound.insert(uid, node);
+                });
+            }
+        }
+    });
+    // The allocations, from a watch as the agent will have them.
+    let (allocation_store, writer) = kube::runtime::reflector::store::<VgpuAllocation>();
+    let all_allocations: Api<VgpuAllocation> = Api::all(client.clone());
+    tokio::spawn(
+        kube::runtime::reflector(writer, watcher(all_allocations, watcher::Config::default()))
+            .for_each(|_| async {}),
+    );
     tokio::spawn(async move {
         let locks: Api<NodeLock> = Api::all(client.clone());
         let mut events = watcher(locks.clone(), watcher::Config::default())
             .applied_objects()
             .boxed();
         while let Some(Ok(lock)) = events.next().await {
-            // Each node's agent works on its own: serve every lock concurrently.
-            let (client, locks) = (client.clone(), locks.clone());
+            let (client, locks, mut bound) = (client.clone(), locks.clone(), bound.clone());
+            let allocation_store = allocation_store.clone();
             tokio::spawn(async move {
+                let node = lock.name_any();
+                let holder = lock.spec.holder.uid.clone();
+                let served = tokio::time::timeout(WAIT, async {
+                    bound
+                        .wait_for(|b| b.get(&holder) == Some(&node))
+                        .await
+                        .is_ok()
+                })
+                .await;
+                if served != Ok(true) {
+                    return; // never bound here: the lifecycle controller releases the lock
+                }
                 let allocations: Api<VgpuAllocation> =
                     Api::namespaced(client.clone(), &lock.spec.holder.namespace);
-                // The allocation is created right after the lock; wait for it briefly.
-                for _ in 0..200 {
-                    if let Ok(Some(allocation)) = allocations.get_opt(&lock.spec.allocation).await
-                        && allocation.spec.pod_uid == lock.spec.holder.uid
+                // Bind creates the allocation before binding the pod.
+                let key = kube::runtime::reflector::ObjectRef::new(&lock.spec.allocation)
+                    .within(&lock.spec.holder.namespace);
+                let mut allocation = allocation_store.get(&key);
+                for _ in 0..1000 {
+                    if allocation
+                        .as_ref()
+                        .is_some_and(|a| a.spec.pod_uid == holder)
                     {
-                        let served: Vec<&String> =
-                            allocation.spec.containers.iter().map(|c| &c.name).collect();
-                        let allocated =
-                            json!({"status": {"phase": "Allocated", "servedContainers": served}});
-                        let _ = allocations
-                            .patch_status(
-                                &allocation.name_any(),
-                                &PatchParams::default(),
-                                &Patch::Merge(allocated),
-                            )
-                            .await;
-                        let only_this =
-                            DeleteParams::default().preconditions(kube::api::Preconditions {
-                                uid: lock.metadata.uid.clone(),
-                                resource_version: None,
-                            });
-                        let _ = locks.delete(&lock.name_any(), &only_this).await;
                         break;
                     }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    allocation = allocation_store.get(&key);
                 }
+                let Some(allocation) = allocation.filter(|a| a.spec.pod_uid == holder) else {
+                    return;
+                };
+                let served: Vec<&String> =
+                    allocation.spec.containers.iter().map(|c| &c.name).collect();
+                let allocated =
+                    json!({"status": {"phase": "Allocated", "servedContainers": served}});
+                let _ = allocations
+                    .patch_status(
+                        &allocation.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(allocated),
+                    )
+                    .await;
+                let only_this = DeleteParams::default().preconditions(kube::api::Preconditions {
+                    uid: lock.metadata.uid.clone(),
+                    resource_version: None,
+                });
+                let _ = locks.delete(&node, &only_this).await;
             });
         }
     });

@@ -1,0 +1,264 @@
+//! Bind's NodeLock handling against a real API server, driving the Binder
+//! directly (the pods' node selector matches no node, so the real
+//! kube-scheduler leaves them Pending): waiters wake when the lock goes away,
+//! Binds for one node queue so each pod creates the lock once, a bounded
+//! wait fails cleanly, and an orphaned lock is taken over.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, PostParams},
+    client::ClientBuilder,
+};
+use serde_json::json;
+use support::{Cluster, spawn_allocate_stand_in};
+use tessera_api::v1alpha1::{NodeLock, PodReference, VgpuAllocation};
+use tessera_controllers::{
+    Error,
+    config::Config,
+    extender::{Binder, lock_object, wire::ExtenderBindingArgs},
+    metrics::Metrics,
+};
+use tessera_e2e::ControlPlane;
+
+const NODE: &str = "lock-1";
+
+/// A client that counts the NodeLock creates it sends.
+async fn counting_client(plane: &ControlPlane, creates: Arc<AtomicUsize>) -> Client {
+    let config = plane.client_config().await.unwrap();
+    let layer =
+        tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
+            if request.method() == http::Method::POST
+                && request.uri().path().ends_with("/nodelocks")
+            {
+                creates.fetch_add(1, Ordering::SeqCst);
+            }
+            request
+        });
+    ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&layer)
+        .build()
+}
+
+struct Setup {
+    cluster: Cluster,
+    binder: Binder,
+    creates: Arc<AtomicUsize>,
+}
+
+async fn setup(wait_millis: u64) -> Setup {
+    let creates = Arc::new(AtomicUsize::new(0));
+    let counted = creates.clone();
+    let config = Config {
+        node_lock_wait_millis: wait_millis,
+        ..Config::default()
+    };
+    let cluster = Cluster::start_with(config.clone(), async move |plane: &ControlPlane| {
+        counting_client(plane, counted).await
+    })
+    .await;
+    cluster
+        .add_gpu_node(NODE, "NVIDIA A100-SXM4-80GB", 2, 81920)
+        .await;
+    let binder = Binder::new(
+        counting_client(&cluster.plane, creates.clone()).await,
+        cluster.projection.clone(),
+        Arc::new(config),
+        Metrics::new(cluster.projection.clone()),
+    );
+    creates.store(0, Ordering::SeqCst);
+    Setup {
+        cluster,
+        binder,
+        creates,
+    }
+}
+
+/// A GPU pod the scheduler cannot place; returns its binding arguments.
+async fn pod(cluster: &Cluster, name: &str) -> ExtenderBindingArgs {
+    let pod = cluster
+        .create_raw_pod(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": "tessera-scheduler",
+                "nodeSelector": {"tessera.dev/test": "bound-by-hand"},
+                "containers": [{"name": "main", "image": "example.invalid/cuda",
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}}],
+            },
+        }))
+        .await
+        .unwrap();
+    ExtenderBindingArgs {
+        pod_name: name.into(),
+        pod_namespace: "default".into(),
+        pod_uid: pod.uid().unwrap(),
+        node: NODE.into(),
+    }
+}
+
+/// Locks the node for `holder` directly, as another Bind would.
+async fn lock_for(cluster: &Cluster, holder: &ExtenderBindingArgs) -> NodeLock {
+    let reference = PodReference {
+        namespace: holder.pod_namespace.clone(),
+        name: holder.pod_name.clone(),
+        uid: holder.pod_uid.clone(),
+    };
+    Api::<NodeLock>::all(cluster.client.clone())
+        .create(
+            &PostParams::default(),
+            &lock_object(NODE, &reference, &holder.pod_name, 60),
+        )
+        .await
+        .unwrap()
+}
+
+async fn allocation_exists(cluster: &Cluster, name: &str) -> bool {
+    Api::<VgpuAllocation>::namespaced(cluster.client.clone(), "default")
+        .get_opt(name)
+        .await
+        .unwrap()
+        .is_some()
+}
+
+#[tokio::test]
+async fn a_waiting_bind_proceeds_when_the_lock_goes_and_creates_it_once() {
+    let Setup {
+        cluster,
+        binder,
+        creates,
+    } = setup(20_000).await;
+    let holder = pod(&cluster, "holder").await;
+    let lock = lock_for(&cluster, &holder).await;
+    let waiter = pod(&cluster, "waiter").await;
+
+    let bind = tokio::spawn({
+        let binder = binder.clone();
+        async move { binder.bind(&waiter, None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!bind.is_finished(), "the holder is alive: the waiter waits");
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        0,
+        "no create while the lock is visibly held"
+    );
+
+    let released = Instant::now();
+    Api::<NodeLock>::all(cluster.client.clone())
+        .delete(NODE, &DeleteParams::default())
+        .await
+        .unwrap();
+    let bound = bind
+        .await
+        .unwrap()
+        .expect("bound once the lock was released");
+    let woke_after = released.elapsed();
+    assert!(
+        woke_after < Duration::from_millis(400),
+        "woken by the watch, not by a poll: {woke_after:?}"
+    );
+    assert_eq!(bound.devices.len(), 1);
+    assert_eq!(creates.load(Ordering::SeqCst), 1, "one create for one pod");
+    let now_held = Api::<NodeLock>::all(cluster.client.clone())
+        .get(NODE)
+        .await
+        .unwrap();
+    assert_eq!(now_held.spec.holder.name, "waiter");
+    assert_ne!(now_held.uid(), lock.uid());
+}
+
+#[tokio::test]
+async fn binds_for_one_node_queue_and_each_creates_the_lock_once() {
+    let Setup {
+        cluster,
+        binder,
+        creates,
+    } = setup(20_000).await;
+    spawn_allocate_stand_in(cluster.client.clone());
+    let mut args = Vec::new();
+    for i in 0..6 {
+        args.push(pod(&cluster, &format!("queued-{i}")).await);
+    }
+    let binds: Vec<_> = args
+        .into_iter()
+        .map(|a| {
+            let binder = binder.clone();
+            tokio::spawn(async move { binder.bind(&a, None).await })
+        })
+        .collect();
+    for bind in binds {
+        bind.await.unwrap().expect("every queued Bind succeeds");
+    }
+    assert_eq!(
+        creates.load(Ordering::SeqCst),
+        6,
+        "waiters never race for the lock"
+    );
+}
+
+#[tokio::test]
+async fn a_bounded_wait_fails_cleanly_and_an_orphaned_lock_is_taken_over() {
+    let Setup {
+        cluster, binder, ..
+    } = setup(1_000).await;
+    let holder = pod(&cluster, "slow-holder").await;
+    lock_for(&cluster, &holder).await;
+
+    let late = pod(&cluster, "late").await;
+    let started = Instant::now();
+    let error = binder.bind(&late, None).await.unwrap_err();
+    assert!(
+        matches!(&error, Error::LockBusy { holder, .. } if holder == "default/slow-holder"),
+        "{error}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(1000));
+    assert!(
+        error
+            .to_string()
+            .contains("locked by pod default/slow-holder"),
+        "{error}"
+    );
+    assert!(
+        !allocation_exists(&cluster, "late").await,
+        "nothing left behind"
+    );
+    assert!(
+        cluster
+            .projection
+            .read()
+            .allocation(&tessera_controllers::projection::AllocationKey {
+                namespace: "default".into(),
+                name: "late".into(),
+            })
+            .is_none(),
+        "the in-memory reservation is undone"
+    );
+
+    // A lock whose holder pod is deleted does not block the node: Bind takes
+    // it over (or the lifecycle controller releases it first).
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client.clone(), "default")
+        .delete("slow-holder", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    binder
+        .bind(&late, None)
+        .await
+        .expect("the orphaned lock does not block the node");
+    assert!(started.elapsed() < Duration::from_millis(1000));
+    let now_held = Api::<NodeLock>::all(cluster.client.clone())
+        .get(NODE)
+        .await
+        .unwrap();
+    assert_eq!(now_held.spec.holder.name, "late");
+}
