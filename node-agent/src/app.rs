@@ -1,0 +1,222 @@
+//! The `tessera-node-agent` process: flags and wiring.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Parser, ValueEnum};
+use tessera_api::v1alpha1::NodeSettings;
+
+use crate::{
+    Error,
+    backend::{self, Backend, FakeBackend, NvmlBackend},
+    inventory,
+    plugin::{self, CONTAINER_LIBRARY, Endpoint, HostPaths, Service},
+    publish,
+    view::NodeView,
+};
+
+/// Where the agent reads the node's GPUs from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// NVML (`libnvidia-ml.so.1`): real GPUs.
+    Nvml,
+    /// A YAML file describing fake GPUs (`--fake-gpus-file`).
+    Fake,
+}
+
+/// Tessera's node agent: publishes the node's GPUs as a GpuNode, serves the
+/// kubelet's device-plugin calls, and hands each container its GPU slice.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "tessera-node-agent", version, about)]
+pub struct Args {
+    /// This node's name (in a DaemonSet: from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Where the GPUs come from.
+    #[arg(long, env = "TESSERA_GPU_BACKEND", value_enum, default_value = "nvml")]
+    pub backend: BackendKind,
+    /// The fake GPUs (YAML), with `--backend fake`; re-read every poll.
+    #[arg(
+        long,
+        env = "TESSERA_FAKE_GPUS_FILE",
+        required_if_eq("backend", "fake")
+    )]
+    pub fake_gpus_file: Option<PathBuf>,
+    /// How often the GPUs (health included) are read, in milliseconds.
+    #[arg(long, env = "TESSERA_GPU_POLL_MILLIS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub gpu_poll_millis: u64,
+    /// Cluster defaults for this node's settings (YAML, NodeSettings keys);
+    /// GpuNodeConfigs override them. See docs/configuration.md.
+    #[arg(long, env = "TESSERA_NODE_DEFAULTS")]
+    pub defaults: Option<PathBuf>,
+    /// The kubelet's device-plugin directory.
+    #[arg(long, env = "TESSERA_DEVICE_PLUGIN_DIR", default_value = tessera_deviceplugin::DEVICE_PLUGIN_PATH)]
+    pub device_plugin_dir: PathBuf,
+    /// The extended resource the plugin registers.
+    #[arg(long, env = "TESSERA_RESOURCE_NAME", default_value = tessera_api::names::resources::GPU)]
+    pub resource_name: String,
+    /// The interposer library on the host, mounted into GPU containers.
+    #[arg(
+        long,
+        env = "TESSERA_INTERPOSER_LIBRARY",
+        default_value = "/usr/local/vgpu/libtessera_vgpu.so"
+    )]
+    pub interposer_library: PathBuf,
+    /// The agent's directory on the host: the preload list and one shared
+    /// region directory per GPU container live here.
+    #[arg(long, env = "TESSERA_STATE_DIR", default_value = "/var/lib/tessera")]
+    pub state_dir: PathBuf,
+    /// Namespace of the agent's liveness Lease (`tessera-agent-<node>`).
+    #[arg(
+        long,
+        env = "TESSERA_LEASE_NAMESPACE",
+        default_value = "kube-node-lease"
+    )]
+    pub lease_namespace: String,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "TESSERA_LOG", default_value = "info")]
+    pub log: String,
+}
+
+impl Args {
+    /// Reads `--defaults`, or HAMi's defaults without it.
+    pub fn load_defaults(&self) -> Result<NodeSettings, Error> {
+        let Some(path) = &self.defaults else {
+            return Ok(NodeSettings::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(Error::io(format!("reading {}", path.display())))?;
+        parse_defaults(&text)
+            .map_err(|message| Error::Config(format!("{}: {message}", path.display())))
+    }
+}
+
+/// Parses node defaults: any subset of the NodeSettings keys over HAMi's defaults.
+pub fn parse_defaults(text: &str) -> Result<NodeSettings, String> {
+    let mut merged = serde_json::to_value(NodeSettings::default()).map_err(|e| e.to_string())?;
+    let given: serde_json::Map<String, serde_json::Value> = match serde_yaml_ng::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => map,
+        Ok(serde_json::Value::Null) => serde_json::Map::new(),
+        Ok(_) => return Err("must be a mapping of settings".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    for (key, value) in given {
+        let Some(slot) = merged.get_mut(&key) else {
+            return Err(format!("{key}: unknown setting"));
+        };
+        *slot = value;
+    }
+    let settings: NodeSettings = serde_json::from_value(merged).map_err(|e| e.to_string())?;
+    if !(1..=100).contains(&settings.device_split_count) {
+        return Err("deviceSplitCount: must be between 1 and 100".into());
+    }
+    for (key, value) in [
+        ("deviceMemoryScaling", settings.device_memory_scaling),
+        ("deviceCoreScaling", settings.device_core_scaling),
+    ] {
+        if !(value > 0.0 && value <= 100.0) {
+            return Err(format!("{key}: must be greater than 0 and at most 100"));
+        }
+    }
+    if settings.lib_cuda_log_level > 4 {
+        return Err("libCudaLogLevel: must be between 0 and 4".into());
+    }
+    Ok(settings)
+}
+
+/// Runs the agent until the process is stopped.
+pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> anyhow::Result<()> {
+    let backend: Box<dyn Backend> = match args.backend {
+        BackendKind::Nvml => Box::new(NvmlBackend::new()?),
+        BackendKind::Fake => Box::new(FakeBackend::new(
+            args.fake_gpus_file.clone().unwrap_or_default(),
+        )),
+    };
+    let physical = backend::watch(backend, Duration::from_millis(args.gpu_poll_millis))?;
+    let view = NodeView::spawn(client.clone(), &args.node_name);
+    let offers = inventory::track(view.clone(), defaults, physical).await;
+
+    std::fs::create_dir_all(&args.state_dir)
+        .map_err(Error::io(format!("creating {}", args.state_dir.display())))?;
+    let preload = args.state_dir.join("ld.so.preload");
+    std::fs::write(&preload, format!("{CONTAINER_LIBRARY}\n"))
+        .map_err(Error::io(format!("writing {}", preload.display())))?;
+    let paths = HostPaths {
+        library: args.interposer_library.clone(),
+        preload,
+        regions: args.state_dir.join("containers"),
+    };
+
+    tokio::spawn(publish::gpu_node(
+        client.clone(),
+        args.node_name.clone(),
+        offers.clone(),
+    ));
+    tokio::spawn(publish::lease(
+        client.clone(),
+        args.lease_namespace.clone(),
+        args.node_name.clone(),
+        format!("tessera-node-agent/{}", args.node_name),
+    ));
+    let endpoint = Endpoint {
+        dir: args.device_plugin_dir.clone(),
+        resource: args.resource_name.clone(),
+    };
+    plugin::run(endpoint, Service::new(view, offers, paths)).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_merge_over_hami_defaults_and_refuse_nonsense() {
+        let settings = parse_defaults("deviceSplitCount: 4\ngpuCorePolicy: force\n").unwrap();
+        assert_eq!(settings.device_split_count, 4);
+        assert_eq!(settings.device_memory_scaling, 1.0);
+        assert_eq!(parse_defaults("").unwrap(), NodeSettings::default());
+        for (yaml, needle) in [
+            (
+                "deviceSplitCount: 0",
+                "deviceSplitCount: must be between 1 and 100",
+            ),
+            (
+                "deviceMemoryScaling: 0",
+                "deviceMemoryScaling: must be greater than 0",
+            ),
+            ("libCudaLogLevel: 9", "libCudaLogLevel"),
+            ("splitCount: 4", "splitCount: unknown setting"),
+            ("gpuCorePolicy: sometimes", "sometimes"),
+            ("- a", "must be a mapping"),
+        ] {
+            let error = parse_defaults(yaml).unwrap_err();
+            assert!(error.contains(needle), "{yaml}: {error}");
+        }
+    }
+
+    #[test]
+    fn flags_come_from_the_environment_and_fake_needs_its_file() {
+        let args = Args::try_parse_from(["agent", "--node-name", "n1", "--backend", "fake"]);
+        let error = args.unwrap_err().to_string();
+        assert!(error.contains("--fake-gpus-file"), "{error}");
+        let args = Args::try_parse_from([
+            "agent",
+            "--node-name",
+            "n1",
+            "--backend",
+            "fake",
+            "--fake-gpus-file",
+            "/tmp/g.yaml",
+        ])
+        .unwrap();
+        assert_eq!(args.resource_name, "nvidia.com/gpu");
+        assert_eq!(
+            args.device_plugin_dir,
+            PathBuf::from("/var/lib/kubelet/device-plugins/")
+        );
+        let error = Args::try_parse_from(["agent", "--node-name", "n1", "--gpu-poll-millis", "1"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--gpu-poll-millis"), "{error}");
+    }
+}

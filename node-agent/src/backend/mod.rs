@@ -1,0 +1,97 @@
+//! Where the agent learns about the node's GPUs: NVML on a real node, or a
+//! file describing fake GPUs for tests and demos. Both produce the same
+//! [`PhysicalGpu`] list; [`watch`] polls a backend and publishes changes.
+
+mod fake;
+mod nvml;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tessera_api::v1alpha1::DeviceHealth;
+use tokio::sync::watch;
+
+pub use fake::FakeBackend;
+pub use nvml::NvmlBackend;
+
+use crate::Error;
+
+/// One physical GPU as the backend reports it, before the node's settings
+/// (split count, scaling, filters) are applied.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PhysicalGpu {
+    /// The GPU's UUID, `GPU-…`.
+    pub uuid: String,
+    /// The GPU's index on the node.
+    pub index: u32,
+    /// The model name, e.g. `NVIDIA A100-SXM4-80GB`.
+    pub model: String,
+    /// Device memory in MiB.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// The NUMA node the GPU is attached to, if known.
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    /// UUIDs of GPUs linked to this one by NVLink.
+    #[serde(default)]
+    pub nvlink_peers: Vec<String>,
+    /// Whether the GPU can take work.
+    #[serde(default = "healthy")]
+    pub health: DeviceHealth,
+    /// Why the GPU is unhealthy (e.g. the XID event seen).
+    #[serde(default)]
+    pub health_message: Option<String>,
+}
+
+fn healthy() -> DeviceHealth {
+    DeviceHealth::Healthy
+}
+
+/// A source of the node's GPUs.
+pub trait Backend: Send + Sync + 'static {
+    /// A short name for logs (`nvml`, `fake`).
+    fn name(&self) -> &'static str;
+    /// The GPUs as they are now, health included.
+    fn devices(&self) -> Result<Vec<PhysicalGpu>, Error>;
+}
+
+/// Reads the backend every `interval` and publishes the list whenever it
+/// changes. A read that fails keeps the last good list (and logs why).
+pub fn watch(
+    backend: Box<dyn Backend>,
+    interval: Duration,
+) -> Result<watch::Receiver<Vec<PhysicalGpu>>, Error> {
+    let first = backend.devices()?;
+    let (tx, rx) = watch::channel(first);
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match backend.devices() {
+                Ok(devices) => {
+                    tx.send_if_modified(|current| {
+                        let changed = *current != devices;
+                        if changed {
+                            tracing::info!(
+                                backend = backend.name(),
+                                gpus = devices.len(),
+                                "GPU inventory changed"
+                            );
+                            *current = devices;
+                        }
+                        changed
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(backend = backend.name(), %error, "reading GPUs failed; keeping the last inventory")
+                }
+            }
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}

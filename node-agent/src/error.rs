@@ -1,0 +1,70 @@
+/// Everything that can go wrong in the node agent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The fake backend's device file could not be read or parsed.
+    #[error("fake GPU file {path}: {message}")]
+    FakeDevices {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A setting is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// NVML failed.
+    #[error("NVML: {0}")]
+    Nvml(String),
+    /// A Kubernetes API call failed.
+    #[error("{context}: {source}")]
+    Kube {
+        /// What was being done.
+        context: String,
+        /// What went wrong.
+        #[source]
+        source: kube::Error,
+    },
+    /// The kubelet's Allocate (or GetPreferredAllocation) cannot be served.
+    #[error(transparent)]
+    Allocate(#[from] crate::plugin::AllocateError),
+    /// A local file or socket operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+    /// gRPC transport to or from the kubelet failed.
+    #[error("{context}: {source}")]
+    Grpc {
+        /// What was being done.
+        context: String,
+        /// What went wrong.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl Error {
+    pub(crate) fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let context = context.into();
+        move |source| Self::Kube { context, source }
+    }
+
+    pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let context = context.into();
+        move |source| Self::Io { context, source }
+    }
+
+    pub(crate) fn grpc<E: std::error::Error + Send + Sync + 'static>(
+        context: impl Into<String>,
+    ) -> impl FnOnce(E) -> Self {
+        let context = context.into();
+        move |source| Self::Grpc {
+            context,
+            source: Box::new(source),
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! Tessera's node agent.
+//!
+//! - [`backend`]: the node's GPUs from NVML or from a file of fake GPUs.
+//! - [`settings`]: the node's settings (GpuNodeConfig) applied to them.
+//! - [`inventory`]: what the node offers, kept current.
+//! - [`publish`]: the node's GpuNode and its liveness Lease.
+//! - [`plugin`]: the kubelet device plugin (ListAndWatch, Allocate, ...).
+//! - [`view`]: node-scoped watches and Allocate's reads.
+pub mod app;
+pub mod backend;
+mod error;
+pub mod inventory;
+pub mod plugin;
+pub mod publish;
+pub mod settings;
+pub mod view;
+
+pub use error::Error;

@@ -1,0 +1,286 @@
+//! What the agent answers to the kubelet's Allocate, decided from the
+//! node's NodeLock and the holder's VgpuAllocation alone. Pure: no I/O.
+//!
+//! The kubelet's Allocate carries device IDs but no pod. The scheduler
+//! extender binds at most one GPU pod per node between its NodeLock and
+//! this call, so the lock names the pod; its allocation names the devices
+//! and limits of each container, and the kubelet asks for the containers in
+//! pod spec order (init containers first), which is the allocation's order.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use tessera_api::{
+    env,
+    v1alpha1::{CorePolicy, NodeLock, NodeSettings, VgpuAllocation},
+};
+
+use super::ids::uuid_of;
+
+/// Where the interposer lives in a container.
+pub const CONTAINER_LIBRARY: &str = "/usr/local/vgpu/libtessera_vgpu.so";
+/// The preload list the agent mounts into containers.
+pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
+/// Where a container's shared accounting region directory is mounted.
+pub const CONTAINER_REGION_DIR: &str = "/var/run/tessera/vgpu";
+/// The region file inside [`CONTAINER_REGION_DIR`].
+pub const REGION_FILE: &str = "region";
+
+/// Host paths the agent hands to containers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPaths {
+    /// The interposer library on the host.
+    pub library: PathBuf,
+    /// The preload list on the host (one line: [`CONTAINER_LIBRARY`]).
+    pub preload: PathBuf,
+    /// The directory under which each container gets its region directory.
+    pub regions: PathBuf,
+}
+
+/// A bind mount for the container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountSpec {
+    /// Path in the container.
+    pub container_path: String,
+    /// Path on the host.
+    pub host_path: PathBuf,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+/// The answer for one container, and what to record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Namespace of the pod served.
+    pub namespace: String,
+    /// The allocation (= pod) name.
+    pub allocation: String,
+    /// The container served.
+    pub container: String,
+    /// Environment for the container.
+    pub envs: BTreeMap<String, String>,
+    /// Mounts for the container.
+    pub mounts: Vec<MountSpec>,
+    /// The container's region directory on the host (the agent creates it).
+    pub region_dir: PathBuf,
+    /// Whether this was the pod's last container waiting for devices.
+    pub last: bool,
+    /// GPU UUIDs the kubelet chose that differ from the allocation's (it
+    /// ignored our preferred allocation); the allocation's devices are used.
+    pub mismatched: Vec<String>,
+}
+
+/// Why Allocate cannot be served. Each message is what the kubelet shows
+/// on the pod (UnexpectedAdmissionError), so it says what to check.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AllocateError {
+    /// No NodeLock: no GPU pod is between binding and Allocate here.
+    #[error(
+        "node {node} has no NodeLock: no GPU pod is waiting for devices here. Pods asking for nvidia.com GPU slices must be scheduled by Tessera's scheduler (schedulerName tessera-scheduler), which locks the node before binding"
+    )]
+    NoLock {
+        /// The node.
+        node: String,
+    },
+    /// The lock names a pod whose allocation is missing or belongs to another pod.
+    #[error("NodeLock {node} names pod {pod} but its VgpuAllocation {detail}")]
+    NoAllocation {
+        /// The node.
+        node: String,
+        /// `namespace/name` of the lock holder.
+        pod: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Every container of the pod has been served already.
+    #[error(
+        "pod {pod}: every GPU container was already served ({served}); the kubelet asked again"
+    )]
+    AlreadyServed {
+        /// `namespace/name`.
+        pod: String,
+        /// The containers served.
+        served: String,
+    },
+    /// The kubelet asks for a different number of devices than the allocation holds.
+    #[error(
+        "pod {pod} container {container}: the kubelet asks for {requested} device(s) but the allocation holds {allocated}"
+    )]
+    CountMismatch {
+        /// `namespace/name`.
+        pod: String,
+        /// The container.
+        container: String,
+        /// Device IDs in the request.
+        requested: usize,
+        /// Devices in the allocation.
+        allocated: usize,
+    },
+}
+
+/// Decides the answer for one container of the lock holder.
+pub fn grant(
+    node: &str,
+    lock: Option<&NodeLock>,
+    allocation: Option<&VgpuAllocation>,
+    requested: &[String],
+    settings: &NodeSettings,
+    paths: &HostPaths,
+) -> Result<Grant, AllocateError> {
+    let lock = lock.ok_or_else(|| AllocateError::NoLock { node: node.into() })?;
+    let holder = &lock.spec.holder;
+    let pod = format!("{}/{}", holder.namespace, holder.name);
+    let no_allocation = |detail: String| AllocateError::NoAllocation {
+        node: node.into(),
+        pod: pod.clone(),
+        detail,
+    };
+    let allocation = allocation
+        .ok_or_else(|| no_allocation(format!("{} does not exist (yet)", lock.spec.allocation)))?;
+    if allocation.spec.pod_uid != holder.uid {
+        return Err(no_allocation(format!(
+            "{} belongs to pod UID {}, not the holder's {}",
+            lock.spec.allocation, allocation.spec.pod_uid, holder.uid
+        )));
+    }
+    if allocation.spec.node_name != node {
+        return Err(no_allocation(format!(
+            "{} is for node {}",
+            lock.spec.allocation, allocation.spec.node_name
+        )));
+    }
+    let served: &[String] = allocation
+        .status
+        .as_ref()
+        .map_or(&[], |s| s.served_containers.as_slice());
+    let mut waiting = allocation
+        .spec
+        .containers
+        .iter()
+        .filter(|c| !c.devices.is_empty() && !served.contains(&c.name));
+    let Some(container) = waiting.next() else {
+        return Err(AllocateError::AlreadyServed {
+            pod,
+            served: served.join(", "),
+        });
+    };
+    let last = waiting.next().is_none();
+    if requested.len() != container.devices.len() {
+        return Err(AllocateError::CountMismatch {
+            pod,
+            container: container.name.clone(),
+            requested: requested.len(),
+            allocated: container.devices.len(),
+        });
+    }
+
+    let mut envs = BTreeMap::new();
+    let uuids: Vec<&str> = container.devices.iter().map(|d| d.uuid.as_str()).collect();
+    envs.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
+    for (i, device) in container.devices.iter().enumerate() {
+        envs.insert(
+            env::memory_limit_var(i),
+            env::format_memory_limit(device.memory_mib),
+        );
+    }
+    let cores = container.devices.iter().map(|d| d.cores).max().unwrap_or(0);
+    envs.insert(env::CUDA_DEVICE_SM_LIMIT.to_owned(), cores.to_string());
+    envs.insert(
+        env::CUDA_DEVICE_MEMORY_SHARED_CACHE.to_owned(),
+        format!("{CONTAINER_REGION_DIR}/{REGION_FILE}"),
+    );
+    let policy = match settings.gpu_core_policy {
+        CorePolicy::Default => "default",
+        CorePolicy::Force => "force",
+        CorePolicy::Disable => "disable",
+    };
+    envs.insert(
+        env::GPU_CORE_UTILIZATION_POLICY.to_owned(),
+        policy.to_owned(),
+    );
+    envs.insert(
+        env::LIBCUDA_LOG_LEVEL.to_owned(),
+        settings.lib_cuda_log_level.to_string(),
+    );
+    if settings.device_memory_scaling > 1.0 {
+        envs.insert(env::CUDA_OVERSUBSCRIBE.to_owned(), "true".to_owned());
+    }
+
+    let region_dir = paths
+        .regions
+        .join(format!("{}_{}", allocation.spec.pod_uid, container.name));
+    let mounts = vec![
+        MountSpec {
+            container_path: CONTAINER_LIBRARY.to_owned(),
+            host_path: paths.library.clone(),
+            read_only: true,
+        },
+        MountSpec {
+            container_path: CONTAINER_PRELOAD.to_owned(),
+            host_path: paths.preload.clone(),
+            read_only: true,
+        },
+        MountSpec {
+            container_path: CONTAINER_REGION_DIR.to_owned(),
+            host_path: region_dir.clone(),
+            read_only: false,
+        },
+    ];
+    let mismatched = requested
+        .iter()
+        .map(|id| uuid_of(id))
+        .filter(|uuid| !uuids.contains(uuid))
+        .map(str::to_owned)
+        .collect();
+    Ok(Grant {
+        namespace: holder.namespace.clone(),
+        allocation: lock.spec.allocation.clone(),
+        container: container.name.clone(),
+        envs,
+        mounts,
+        region_dir,
+        last,
+        mismatched,
+    })
+}
+
+/// The device IDs to prefer for the lock holder's next container: replicas
+/// of the GPUs its allocation names, one per GPU, from those available;
+/// `None` when there is nothing to steer by (the kubelet then chooses).
+pub fn preferred(
+    lock: Option<&NodeLock>,
+    allocation: Option<&VgpuAllocation>,
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+) -> Option<Vec<String>> {
+    let lock = lock?;
+    let allocation = allocation.filter(|a| a.spec.pod_uid == lock.spec.holder.uid)?;
+    let served: &[String] = allocation
+        .status
+        .as_ref()
+        .map_or(&[], |s| s.served_containers.as_slice());
+    let container = allocation
+        .spec
+        .containers
+        .iter()
+        .find(|c| !c.devices.is_empty() && !served.contains(&c.name))?;
+    let mut chosen: Vec<String> = must_include.to_vec();
+    for device in &container.devices {
+        if chosen.len() >= size {
+            break;
+        }
+        if chosen.iter().any(|id| uuid_of(id) == device.uuid) {
+            continue;
+        }
+        if let Some(id) = available
+            .iter()
+            .find(|id| uuid_of(id) == device.uuid && !chosen.contains(id))
+        {
+            chosen.push(id.clone());
+        }
+    }
+    (chosen.len() == size).then_some(chosen)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,284 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use pretty_assertions::assert_eq;
+use tessera_api::v1alpha1::{
+    AllocationTotals, ContainerAllocation, DeviceSlice, PodReference, SchedulingPolicy,
+    VgpuAllocationSpec, VgpuAllocationStatus,
+};
+
+use super::*;
+use crate::plugin::ids::replica_id;
+
+const NODE: &str = "node-1";
+
+fn paths() -> HostPaths {
+    HostPaths {
+        library: "/opt/tessera/libtessera_vgpu.so".into(),
+        preload: "/var/lib/tessera/ld.so.preload".into(),
+        regions: "/var/lib/tessera/containers".into(),
+    }
+}
+
+fn lock(uid: &str) -> NodeLock {
+    crate::plugin::test_lock(
+        NODE,
+        &PodReference {
+            namespace: "ml".into(),
+            name: "train".into(),
+            uid: uid.into(),
+        },
+        "train",
+    )
+}
+
+fn slice(uuid: &str, mib: u64, cores: u32) -> DeviceSlice {
+    DeviceSlice {
+        uuid: uuid.into(),
+        index: 0,
+        model: "NVIDIA A100-SXM4-80GB".into(),
+        memory_mib: mib,
+        cores,
+    }
+}
+
+fn allocation(containers: Vec<(&str, Vec<DeviceSlice>)>, served: &[&str]) -> VgpuAllocation {
+    let containers: Vec<ContainerAllocation> = containers
+        .into_iter()
+        .map(|(name, devices)| ContainerAllocation {
+            name: name.into(),
+            devices,
+        })
+        .collect();
+    let mut allocation = VgpuAllocation::new(
+        "train",
+        VgpuAllocationSpec {
+            pod_name: "train".into(),
+            pod_uid: "uid-1".into(),
+            node_name: NODE.into(),
+            totals: AllocationTotals::of(&containers),
+            containers,
+            gpu_policy: SchedulingPolicy::Spread,
+            node_policy: SchedulingPolicy::Binpack,
+            trace_context: None,
+        },
+    );
+    allocation.metadata = ObjectMeta {
+        name: Some("train".into()),
+        namespace: Some("ml".into()),
+        ..Default::default()
+    };
+    allocation.status = Some(VgpuAllocationStatus {
+        served_containers: served.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    });
+    allocation
+}
+
+fn ids(uuids: &[&str]) -> Vec<String> {
+    uuids.iter().map(|u| replica_id(u, 7)).collect()
+}
+
+#[test]
+fn one_container_gets_its_devices_limits_and_mounts() {
+    let allocation = allocation(vec![("main", vec![slice("GPU-a", 3000, 30)])], &[]);
+    let grant = grant(
+        NODE,
+        Some(&lock("uid-1")),
+        Some(&allocation),
+        &ids(&["GPU-a"]),
+        &NodeSettings::default(),
+        &paths(),
+    )
+    .unwrap();
+    let env = |k: &str| grant.envs.get(k).map(String::as_str);
+    assert_eq!(env("NVIDIA_VISIBLE_DEVICES"), Some("GPU-a"));
+    assert_eq!(env("CUDA_DEVICE_MEMORY_LIMIT_0"), Some("3000m"));
+    assert_eq!(env("CUDA_DEVICE_SM_LIMIT"), Some("30"));
+    assert_eq!(
+        env("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
+        Some("/var/run/tessera/vgpu/region")
+    );
+    assert_eq!(env("GPU_CORE_UTILIZATION_POLICY"), Some("default"));
+    assert_eq!(env("LIBCUDA_LOG_LEVEL"), Some("2"));
+    assert_eq!(env("CUDA_OVERSUBSCRIBE"), None);
+    assert_eq!(grant.container, "main");
+    assert!(grant.last);
+    assert!(grant.mismatched.is_empty());
+    assert_eq!(
+        grant.region_dir,
+        PathBuf::from("/var/lib/tessera/containers/uid-1_main")
+    );
+    let mounts: Vec<(&str, bool)> = grant
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("/usr/local/vgpu/libtessera_vgpu.so", true),
+            ("/etc/ld.so.preload", true),
+            ("/var/run/tessera/vgpu", false)
+        ]
+    );
+}
+
+#[test]
+fn containers_are_served_in_order_and_gpu_less_ones_skipped() {
+    let allocation_with = |served: &[&str]| {
+        allocation(
+            vec![
+                ("init", vec![slice("GPU-a", 1000, 0)]),
+                ("sidecar", vec![]),
+                (
+                    "main",
+                    vec![slice("GPU-a", 2000, 0), slice("GPU-b", 2000, 0)],
+                ),
+            ],
+            served,
+        )
+    };
+    let serve = |served: &[&str], request: &[&str]| {
+        grant(
+            NODE,
+            Some(&lock("uid-1")),
+            Some(&allocation_with(served)),
+            &ids(request),
+            &NodeSettings::default(),
+            &paths(),
+        )
+    };
+    let first = serve(&[], &["GPU-a"]).unwrap();
+    assert_eq!((first.container.as_str(), first.last), ("init", false));
+    let second = serve(&["init"], &["GPU-a", "GPU-b"]).unwrap();
+    assert_eq!((second.container.as_str(), second.last), ("main", true));
+    assert_eq!(second.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+    assert_eq!(second.envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "2000m");
+    assert_eq!(second.envs["CUDA_DEVICE_SM_LIMIT"], "0");
+    let again = serve(&["init", "main"], &["GPU-a"]).unwrap_err();
+    assert_eq!(
+        again.to_string(),
+        "pod ml/train: every GPU container was already served (init, main); the kubelet asked again"
+    );
+}
+
+#[test]
+fn settings_reach_the_environment() {
+    let allocation = allocation(vec![("main", vec![slice("GPU-a", 100, 10)])], &[]);
+    let settings = NodeSettings {
+        gpu_core_policy: CorePolicy::Force,
+        lib_cuda_log_level: 4,
+        device_memory_scaling: 2.0,
+        ..NodeSettings::default()
+    };
+    let grant = grant(
+        NODE,
+        Some(&lock("uid-1")),
+        Some(&allocation),
+        &ids(&["GPU-a"]),
+        &settings,
+        &paths(),
+    )
+    .unwrap();
+    assert_eq!(grant.envs["GPU_CORE_UTILIZATION_POLICY"], "force");
+    assert_eq!(grant.envs["LIBCUDA_LOG_LEVEL"], "4");
+    assert_eq!(grant.envs["CUDA_OVERSUBSCRIBE"], "true");
+}
+
+#[test]
+fn the_allocation_decides_even_when_the_kubelet_picked_other_gpus() {
+    let allocation = allocation(vec![("main", vec![slice("GPU-a", 100, 10)])], &[]);
+    let grant = grant(
+        NODE,
+        Some(&lock("uid-1")),
+        Some(&allocation),
+        &ids(&["GPU-z"]),
+        &NodeSettings::default(),
+        &paths(),
+    )
+    .unwrap();
+    assert_eq!(grant.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
+    assert_eq!(grant.mismatched, ["GPU-z"]);
+}
+
+#[test]
+fn refusals_say_what_is_wrong() {
+    let ok = allocation(vec![("main", vec![slice("GPU-a", 100, 10)])], &[]);
+    let mut other_node = ok.clone();
+    other_node.spec.node_name = "node-2".into();
+    type Case = (Option<NodeLock>, Option<VgpuAllocation>, Vec<String>, &'static str);
+    let cases: Vec<Case> = vec![
+        (
+            None,
+            Some(ok.clone()),
+            ids(&["GPU-a"]),
+            "node node-1 has no NodeLock",
+        ),
+        (
+            Some(lock("uid-1")),
+            None,
+            ids(&["GPU-a"]),
+            "NodeLock node-1 names pod ml/train but its VgpuAllocation train does not exist (yet)",
+        ),
+        (
+            Some(lock("uid-2")),
+            Some(ok.clone()),
+            ids(&["GPU-a"]),
+            "belongs to pod UID uid-1, not the holder's uid-2",
+        ),
+        (
+            Some(lock("uid-1")),
+            Some(other_node),
+            ids(&["GPU-a"]),
+            "train is for node node-2",
+        ),
+        (
+            Some(lock("uid-1")),
+            Some(ok),
+            ids(&["GPU-a", "GPU-b"]),
+            "pod ml/train container main: the kubelet asks for 2 device(s) but the allocation holds 1",
+        ),
+    ];
+    for (lock, allocation, request, needle) in cases {
+        let error = grant(
+            NODE,
+            lock.as_ref(),
+            allocation.as_ref(),
+            &request,
+            &NodeSettings::default(),
+            &paths(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains(needle), "{needle:?} not in {error:?}");
+    }
+}
+
+#[test]
+fn preferred_steers_to_the_allocated_gpus() {
+    let allocation = allocation(
+        vec![(
+            "main",
+            vec![slice("GPU-b", 100, 10), slice("GPU-c", 100, 10)],
+        )],
+        &[],
+    );
+    let available: Vec<String> = ["GPU-a", "GPU-b", "GPU-c"]
+        .iter()
+        .flat_map(|u| (0..3).map(move |r| replica_id(u, r)))
+        .collect();
+    let holder = lock("uid-1");
+    assert_eq!(
+        preferred(Some(&holder), Some(&allocation), &available, &[], 2),
+        Some(vec!["GPU-b::0".to_owned(), "GPU-c::0".to_owned()])
+    );
+    assert_eq!(
+        preferred(Some(&holder), Some(&allocation), &available[..3], &[], 2),
+        None,
+        "GPU-b and GPU-c have no free replica: let the kubelet choose"
+    );
+    assert_eq!(preferred(None, Some(&allocation), &available, &[], 2), None);
+    assert_eq!(
+        preferred(Some(&lock("other")), Some(&allocation), &available, &[], 2),
+        None
+    );
+}

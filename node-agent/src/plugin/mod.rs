@@ -1,0 +1,36 @@
+//! The kubelet device plugin: pure decisions (which pod and container an
+//! Allocate serves, device IDs), the gRPC service and its registration.
+mod allocate;
+mod ids;
+mod server;
+mod service;
+
+pub use allocate::{
+    AllocateError, CONTAINER_LIBRARY, CONTAINER_PRELOAD, CONTAINER_REGION_DIR, Grant, HostPaths,
+    MountSpec, REGION_FILE, grant, preferred,
+};
+pub use ids::{device_list, replica_id, uuid_of};
+pub use server::{Endpoint, run};
+pub use service::{Service, options};
+
+#[cfg(test)]
+pub(crate) fn test_lock(
+    node: &str,
+    holder: &tessera_api::v1alpha1::PodReference,
+    allocation: &str,
+) -> tessera_api::v1alpha1::NodeLock {
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let mut lock = tessera_api::v1alpha1::NodeLock::new(
+        node,
+        tessera_api::v1alpha1::NodeLockSpec {
+            holder: holder.clone(),
+            allocation: allocation.into(),
+            acquired_at: Time(now),
+            ttl_seconds: 60,
+            expires_at: Time(now),
+        },
+    );
+    lock.metadata.uid = Some(format!("lock-{}", holder.uid));
+    lock
+}

@@ -1,0 +1,135 @@
+//! Serving the plugin on its unix socket and registering with the kubelet,
+//! again and again: after a kubelet restart (kubelet.sock re-created, our
+//! socket removed) and whenever the server itself stops.
+
+use std::{
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use tessera_deviceplugin::{
+    KUBELET_SOCKET, VERSION, connect_unix,
+    v1beta1::{
+        RegisterRequest, device_plugin_server::DevicePluginServer,
+        registration_client::RegistrationClient,
+    },
+};
+use tokio_stream::wrappers::UnixListenerStream;
+
+use super::service::{Service, options};
+use crate::Error;
+
+/// How often the agent checks the kubelet's socket and its own.
+const CHECK: Duration = Duration::from_millis(500);
+
+/// Where and as what the plugin registers.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// The kubelet's device-plugin directory (holds kubelet.sock).
+    pub dir: PathBuf,
+    /// The extended resource, e.g. `nvidia.com/gpu`.
+    pub resource: String,
+}
+
+impl Endpoint {
+    /// The plugin's socket file name, derived from the resource name.
+    pub fn socket_name(&self) -> String {
+        format!("tessera-{}.sock", self.resource.replace(['/', '.'], "-"))
+    }
+}
+
+/// Identifies one incarnation of a file (a re-created socket differs).
+fn identity(path: &Path) -> Option<(u64, u64, i64)> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime_nsec()))
+}
+
+/// Serves `service` and keeps it registered with the kubelet until the process stops.
+pub async fn run(endpoint: Endpoint, service: Service) {
+    let kubelet = endpoint.dir.join(KUBELET_SOCKET);
+    let socket = endpoint.dir.join(endpoint.socket_name());
+    loop {
+        if let Err(error) = serve_once(&endpoint, &kubelet, &socket, service.clone()).await {
+            tracing::warn!(%error, "device plugin stopped; starting it again");
+        }
+        tokio::time::sleep(CHECK).await;
+    }
+}
+
+async fn serve_once(
+    endpoint: &Endpoint,
+    kubelet: &Path,
+    socket: &Path,
+    service: Service,
+) -> Result<(), Error> {
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket)
+        .map_err(Error::io(format!("listening on {}", socket.display())))?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+    let result = async {
+        // Register once the kubelet listens; remember which kubelet.sock we used.
+        let registered = loop {
+            let seen = identity(kubelet);
+            match register(endpoint, kubelet).await {
+                Ok(()) => break seen,
+                Err(error) => {
+                    tracing::info!(%error, "kubelet not reachable yet; retrying registration");
+                    tokio::time::sleep(CHECK).await;
+                }
+            }
+            if server.is_finished() {
+                return Err(Error::io("serving the device plugin")(std::io::Error::other(
+                    "the gRPC server exited",
+                )));
+            }
+        };
+        tracing::info!(socket = %socket.display(), resource = %endpoint.resource, "registered with the kubelet");
+        loop {
+            tokio::select! {
+                finished = &mut server => {
+                    return Err(Error::io("serving the device plugin")(std::io::Error::other(
+                        format!("the gRPC server exited: {finished:?}"),
+                    )));
+                }
+                () = tokio::time::sleep(CHECK) => {}
+            }
+            if identity(kubelet) != registered {
+                tracing::info!("kubelet.sock changed (kubelet restarted); registering again");
+                return Ok(());
+            }
+            if identity(socket).is_none() {
+                tracing::info!("our socket was removed; serving and registering again");
+                return Ok(());
+            }
+        }
+    }
+    .await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    result
+}
+
+async fn register(endpoint: &Endpoint, kubelet: &Path) -> Result<(), Error> {
+    let channel = connect_unix(kubelet)
+        .await
+        .map_err(Error::grpc(format!("connecting to {}", kubelet.display())))?;
+    RegistrationClient::new(channel)
+        .register(RegisterRequest {
+            version: VERSION.to_owned(),
+            endpoint: endpoint.socket_name(),
+            resource_name: endpoint.resource.clone(),
+            options: Some(options()),
+        })
+        .await
+        .map_err(Error::grpc("registering with the kubelet"))?;
+    Ok(())
+}

@@ -1,0 +1,261 @@
+//! The DevicePlugin gRPC service the kubelet calls.
+
+use std::{pin::Pin, sync::Arc};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use serde_json::json;
+use tessera_api::v1alpha1::{NodeLock, VgpuAllocation};
+use tessera_deviceplugin::v1beta1::{
+    AllocateRequest, AllocateResponse, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, ListAndWatchResponse, Mount,
+    PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+    PreferredAllocationResponse, device_plugin_server::DevicePlugin,
+};
+use tokio::sync::{Mutex, watch};
+use tonic::{Request, Response, Status};
+
+use super::{Grant, HostPaths, device_list, grant, preferred};
+use crate::{Error, inventory::Offer, view::NodeView};
+
+/// What the service needs.
+#[derive(Clone)]
+pub struct Service {
+    view: NodeView,
+    offers: watch::Receiver<Offer>,
+    paths: HostPaths,
+    /// Allocate calls are served one at a time.
+    serving: Arc<Mutex<()>>,
+}
+
+/// The options the agent registers with.
+pub fn options() -> DevicePluginOptions {
+    DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
+
+impl Service {
+    /// A service for the node `view` watches, offering `offers`.
+    pub fn new(view: NodeView, offers: watch::Receiver<Offer>, paths: HostPaths) -> Self {
+        Self {
+            view,
+            offers,
+            paths,
+            serving: Arc::default(),
+        }
+    }
+
+    /// Serves one container: decide, prepare its region directory, record
+    /// it as served, and release the lock after the pod's last container.
+    async fn serve(&self, requested: &[String]) -> Result<Grant, Error> {
+        let node = self.view.node();
+        let lock = self.view.lock().await?;
+        let allocation = match &lock {
+            Some(lock) => self.view.allocation(lock).await?,
+            None => None,
+        };
+        let settings = self.offers.borrow().resolved.settings.clone();
+        let grant = grant(
+            node,
+            lock.as_ref(),
+            allocation.as_ref(),
+            requested,
+            &settings,
+            &self.paths,
+        )?;
+        // `grant` succeeds only with both; this keeps the types honest.
+        let (Some(lock), Some(allocation)) = (lock, allocation) else {
+            return Err(super::AllocateError::NoLock { node: node.into() }.into());
+        };
+        if !grant.mismatched.is_empty() {
+            tracing::warn!(pod = %grant.allocation, chosen = ?grant.mismatched, "the kubelet chose other GPUs than preferred; the allocation's GPUs are used");
+        }
+        std::fs::create_dir_all(&grant.region_dir).map_err(Error::io(format!(
+            "creating the region directory {}",
+            grant.region_dir.display()
+        )))?;
+        self.record(&allocation, &grant).await?;
+        if grant.last {
+            self.release(&lock).await?;
+        }
+        tracing::info!(
+            namespace = %grant.namespace,
+            pod = %grant.allocation,
+            container = %grant.container,
+            devices = %grant.envs.get(tessera_api::env::NVIDIA_VISIBLE_DEVICES).map_or("", String::as_str),
+            last = grant.last,
+            "served Allocate"
+        );
+        Ok(grant)
+    }
+
+    /// Adds the container to the allocation's served list (and marks it
+    /// Allocated after the last one), guarded by the resourceVersion read.
+    async fn record(&self, allocation: &VgpuAllocation, grant: &Grant) -> Result<(), Error> {
+        let mut served = allocation
+            .status
+            .as_ref()
+            .map(|s| s.served_containers.clone())
+            .unwrap_or_default();
+        served.push(grant.container.clone());
+        let mut status = json!({"servedContainers": served});
+        if grant.last {
+            status["phase"] = json!("Allocated");
+            status["allocatedAt"] = json!(Timestamp::now().to_string());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": allocation.metadata.resource_version},
+            "status": status,
+        });
+        Api::<VgpuAllocation>::namespaced(self.view.client().clone(), &grant.namespace)
+            .patch_status(
+                &grant.allocation,
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "recording container {} as served in VgpuAllocation {}/{}",
+                grant.container, grant.namespace, grant.allocation
+            )))?;
+        Ok(())
+    }
+
+    /// Deletes the node's lock, only the incarnation that was served.
+    async fn release(&self, lock: &NodeLock) -> Result<(), Error> {
+        let params = DeleteParams::default().preconditions(Preconditions {
+            uid: lock.metadata.uid.clone(),
+            resource_version: None,
+        });
+        match Api::<NodeLock>::all(self.view.client().clone())
+            .delete(self.view.node(), &params)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Already released (the lifecycle controller saw the allocation served).
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
+            Err(e) => Err(Error::kube("releasing the NodeLock")(e)),
+        }
+    }
+}
+
+fn status(error: &Error) -> Status {
+    match error {
+        Error::Allocate(_) => Status::failed_precondition(error.to_string()),
+        _ => Status::unavailable(error.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for Service {
+    type ListAndWatchStream =
+        Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(options()))
+    }
+
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let mut last = None;
+        let stream = tokio_stream::wrappers::WatchStream::new(self.offers.clone()).filter_map(
+            move |offer| {
+                let devices = device_list(&offer.devices);
+                // Resend only when what the kubelet sees changes.
+                let changed = last.as_ref() != Some(&devices);
+                last = Some(devices.clone());
+                async move { changed.then_some(Ok(ListAndWatchResponse { devices })) }
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let lock = self.view.lock().await.map_err(|e| status(&e))?;
+        let allocation = match &lock {
+            Some(lock) => self.view.allocation(lock).await.map_err(|e| status(&e))?,
+            None => None,
+        };
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|c| {
+                let size = usize::try_from(c.allocation_size).unwrap_or(0);
+                let device_ids = preferred(
+                    lock.as_ref(),
+                    allocation.as_ref(),
+                    &c.available_device_i_ds,
+                    &c.must_include_device_i_ds,
+                    size,
+                )
+                .unwrap_or_else(|| {
+                    // Nothing to steer by: any available devices will do.
+                    let mut ids = c.must_include_device_i_ds.clone();
+                    ids.extend(
+                        c.available_device_i_ds
+                            .iter()
+                            .filter(|id| !c.must_include_device_i_ds.contains(id))
+                            .take(size.saturating_sub(ids.len()))
+                            .cloned(),
+                    );
+                    ids
+                });
+                ContainerPreferredAllocationResponse {
+                    device_i_ds: device_ids,
+                }
+            })
+            .collect();
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let _one_at_a_time = self.serving.lock().await;
+        let mut container_responses = Vec::new();
+        for container in request.into_inner().container_requests {
+            let grant = self.serve(&container.devices_ids).await.map_err(|error| {
+                tracing::warn!(%error, "Allocate refused");
+                status(&error)
+            })?;
+            container_responses.push(ContainerAllocateResponse {
+                envs: grant.envs.into_iter().collect(),
+                mounts: grant
+                    .mounts
+                    .into_iter()
+                    .map(|m| Mount {
+                        container_path: m.container_path,
+                        host_path: m.host_path.display().to_string(),
+                        read_only: m.read_only,
+                    })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        Ok(Response::new(AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}

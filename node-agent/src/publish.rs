@@ -1,0 +1,172 @@
+//! The node's GpuNode (inventory, capacity, settings applied) and its
+//! liveness Lease. The GpuNode is written only when its content changes;
+//! liveness is the Lease, renewed on its own schedule.
+
+use std::time::Duration;
+
+use k8s_openapi::{
+    api::{coordination::v1::Lease, core::v1::Node},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, Resource,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use tessera_api::v1alpha1::{CapacitySummary, GpuNode, GpuNodeSpec, GpuNodeStatus};
+use tokio::sync::watch;
+
+use crate::{Error, inventory::Offer};
+
+/// The GpuNode status for an offer.
+pub fn status(offer: &Offer) -> GpuNodeStatus {
+    let devices = &offer.devices;
+    let mut models: Vec<&str> = devices.iter().map(|d| d.model.as_str()).collect();
+    models.dedup();
+    models.sort_unstable();
+    models.dedup();
+    GpuNodeStatus {
+        gpu_count: u32::try_from(devices.len()).unwrap_or(u32::MAX),
+        models: models.join(","),
+        capacity: CapacitySummary {
+            memory_mib: devices.iter().map(|d| d.capacity.memory_mib).sum(),
+            cores: devices.iter().map(|d| d.capacity.cores).sum(),
+            slices: devices.iter().map(|d| d.split_count).sum(),
+        },
+        allocated: None,
+        settings: offer.resolved.settings.clone(),
+        applied_configs: offer.resolved.applied.clone(),
+        conditions: Vec::new(),
+        devices: devices.clone(),
+    }
+}
+
+/// Creates the node's GpuNode (owned by the Node, so it goes with it) and
+/// writes its status whenever the offer changes; never rewrites an
+/// unchanged status.
+pub async fn gpu_node(client: Client, node: String, mut offers: watch::Receiver<Offer>) {
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let mut written: Option<GpuNodeStatus> = None;
+    loop {
+        let wanted = status(&offers.borrow_and_update());
+        if written.as_ref() != Some(&wanted) {
+            match write(&client, &api, &node, &wanted).await {
+                Ok(()) => written = Some(wanted),
+                Err(error) => {
+                    tracing::warn!(%error, "publishing the GpuNode failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    continue;
+                }
+            }
+        }
+        if offers.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn write(
+    client: &Client,
+    api: &Api<GpuNode>,
+    node: &str,
+    status: &GpuNodeStatus,
+) -> Result<(), Error> {
+    if api
+        .get_opt(node)
+        .await
+        .map_err(Error::kube("reading the GpuNode"))?
+        .is_none()
+    {
+        let mut object = GpuNode::new(node, GpuNodeSpec {});
+        object.metadata.owner_references = owner(client, node).await?.map(|o| vec![o]);
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => tracing::info!(node, "created GpuNode"),
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => return Err(Error::kube("creating the GpuNode")(e)),
+        }
+    }
+    api.patch_status(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .map_err(Error::kube("writing the GpuNode status"))?;
+    tracing::info!(node, gpus = status.gpu_count, "GpuNode status written");
+    Ok(())
+}
+
+/// An owner reference to the Node, so the GpuNode is deleted with it.
+async fn owner(client: &Client, node: &str) -> Result<Option<OwnerReference>, Error> {
+    let found = Api::<Node>::all(client.clone())
+        .get_opt(node)
+        .await
+        .map_err(Error::kube("reading the Node"))?;
+    Ok(found.and_then(|n| {
+        n.controller_owner_ref(&()).map(|mut o| {
+            o.controller = Some(false);
+            o
+        })
+    }))
+}
+
+/// How long the Lease says the agent is alive without renewing.
+pub const LEASE_SECONDS: i32 = 40;
+
+/// Renews the Lease `tessera-agent-<node>` in `namespace` every
+/// `LEASE_SECONDS / 4`: liveness without status rewrites.
+pub async fn lease(client: Client, namespace: String, node: String, identity: String) {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let name = format!("tessera-agent-{node}");
+    let every = Duration::from_secs(u64::try_from(LEASE_SECONDS / 4).unwrap_or(10));
+    loop {
+        if let Err(error) = renew(&client, &api, &name, &node, &identity).await {
+            tracing::warn!(%error, lease = %name, "renewing the agent Lease failed");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+async fn renew(
+    client: &Client,
+    api: &Api<Lease>,
+    name: &str,
+    node: &str,
+    identity: &str,
+) -> Result<(), Error> {
+    let now = MicroTime(Timestamp::now());
+    let spec = json!({
+        "holderIdentity": identity,
+        "leaseDurationSeconds": LEASE_SECONDS,
+        "renewTime": now,
+    });
+    if api
+        .get_opt(name)
+        .await
+        .map_err(Error::kube("reading the agent Lease"))?
+        .is_some()
+    {
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+        .map_err(Error::kube("renewing the agent Lease"))?;
+        return Ok(());
+    }
+    let owner = owner(client, node).await?;
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": name, "ownerReferences": owner.map(|o| vec![o]).unwrap_or_default()},
+        "spec": spec,
+    }))
+    .map_err(|e| Error::Io {
+        context: "building the agent Lease".into(),
+        source: std::io::Error::other(e),
+    })?;
+    api.create(&PostParams::default(), &lease)
+        .await
+        .map_err(Error::kube("creating the agent Lease"))?;
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! The agent's view of its own node in the cluster, from node-scoped
+//! watches only: its Node (labels), the GpuNodeConfigs, and nothing that
+//! grows with the cluster's pods. Allocate reads the node's NodeLock and the
+//! holder's VgpuAllocation straight from the API server (a cache could still
+//! show the lock of the pod served a moment ago).
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use tessera_api::v1alpha1::{GpuNodeConfig, NodeLock, VgpuAllocation};
+use tokio::sync::watch;
+
+use crate::Error;
+
+/// Watches of the node and the configs, and reads for Allocate.
+#[derive(Clone)]
+pub struct NodeView {
+    client: Client,
+    node: String,
+    nodes: reflector::Store<Node>,
+    configs: reflector::Store<GpuNodeConfig>,
+    changed: watch::Receiver<u64>,
+}
+
+impl NodeView {
+    /// Starts the watches of `node` and of every GpuNodeConfig.
+    pub fn spawn(client: Client, node: &str) -> Self {
+        let (changed_tx, changed) = watch::channel(0u64);
+        let changed_tx = std::sync::Arc::new(changed_tx);
+        let (nodes, writer) = reflector::store();
+        let by_name = watcher::Config::default().fields(&format!("metadata.name={node}"));
+        let bump = {
+            let tx = changed_tx.clone();
+            move || tx.send_modify(|g| *g += 1)
+        };
+        let on_node = bump.clone();
+        tokio::spawn(
+            reflector(writer, watcher(Api::<Node>::all(client.clone()), by_name))
+                .default_backoff()
+                .for_each(move |event| {
+                    if let Err(error) = &event {
+                        tracing::warn!(%error, "Node watch failed; retrying");
+                    }
+                    on_node();
+                    async {}
+                }),
+        );
+        let (configs, writer) = reflector::store();
+        let on_config = bump;
+        tokio::spawn(
+            reflector(
+                writer,
+                watcher(
+                    Api::<GpuNodeConfig>::all(client.clone()),
+                    watcher::Config::default(),
+                ),
+            )
+            .default_backoff()
+            .for_each(move |event| {
+                if let Err(error) = &event {
+                    tracing::warn!(%error, "GpuNodeConfig watch failed; retrying");
+                }
+                on_config();
+                async {}
+            }),
+        );
+        Self {
+            client,
+            node: node.to_owned(),
+            nodes,
+            configs,
+            changed,
+        }
+    }
+
+    /// The node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The API client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Waits until both watches have listed once.
+    pub async fn ready(&self) {
+        let _ = self.nodes.wait_until_ready().await;
+        let _ = self.configs.wait_until_ready().await;
+    }
+
+    /// The Node object, once seen.
+    pub fn node_object(&self) -> Option<Node> {
+        self.nodes.state().first().map(|n| (**n).clone())
+    }
+
+    /// Every GpuNodeConfig.
+    pub fn configs(&self) -> Vec<GpuNodeConfig> {
+        self.configs.state().iter().map(|c| (**c).clone()).collect()
+    }
+
+    /// A receiver that wakes when the node or any config changes.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.clone()
+    }
+
+    /// The node's NodeLock, if any.
+    pub async fn lock(&self) -> Result<Option<NodeLock>, Error> {
+        Api::<NodeLock>::all(self.client.clone())
+            .get_opt(&self.node)
+            .await
+            .map_err(Error::kube(format!("reading NodeLock {}", self.node)))
+    }
+
+    /// The allocation a lock names.
+    pub async fn allocation(&self, lock: &NodeLock) -> Result<Option<VgpuAllocation>, Error> {
+        Api::<VgpuAllocation>::namespaced(self.client.clone(), &lock.spec.holder.namespace)
+            .get_opt(&lock.spec.allocation)
+            .await
+            .map_err(Error::kube(format!(
+                "reading VgpuAllocation {}/{}",
+                lock.spec.holder.namespace, lock.spec.allocation
+            )))
+    }
+}
