@@ -22,6 +22,7 @@ mod components;
 mod control_plane;
 mod error;
 mod kubeconfig;
+pub mod kubelet;
 pub mod pki;
 pub mod process;
 pub mod tools;

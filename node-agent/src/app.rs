@@ -28,6 +28,10 @@ pub enum BackendKind {
 #[derive(Parser, Debug, Clone)]
 #[command(name = "tessera-node-agent", version, about)]
 pub struct Args {
+    /// Kubeconfig to use; without it, the in-cluster service account (or
+    /// the usual KUBECONFIG lookup).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
     /// This node's name (in a DaemonSet: from the downward API).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
@@ -121,6 +125,20 @@ pub fn parse_defaults(text: &str) -> Result<NodeSettings, String> {
         return Err("libCudaLogLevel: must be between 0 and 4".into());
     }
     Ok(settings)
+}
+
+/// A client from `--kubeconfig`, or the default lookup without it.
+pub async fn client(args: &Args) -> anyhow::Result<kube::Client> {
+    let Some(path) = &args.kubeconfig else {
+        return Ok(kube::Client::try_default().await?);
+    };
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// Runs the agent until the process is stopped.

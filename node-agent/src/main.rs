@@ -1,7 +1,7 @@
 //! `tessera-node-agent`: see `tessera_node_agent::app`.
 
 use clap::Parser;
-use tessera_node_agent::app::{Args, run};
+use tessera_node_agent::app::{Args, client, run};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -12,6 +12,6 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&args.log)?)
         .init();
-    let client = kube::Client::try_default().await?;
+    let client = client(&args).await?;
     run(args, defaults, client).await
 }

@@ -205,7 +205,12 @@ fn refusals_say_what_is_wrong() {
     let ok = allocation(vec![("main", vec![slice("GPU-a", 100, 10)])], &[]);
     let mut other_node = ok.clone();
     other_node.spec.node_name = "node-2".into();
-    type Case = (Option<NodeLock>, Option<VgpuAllocation>, Vec<String>, &'static str);
+    type Case = (
+        Option<NodeLock>,
+        Option<VgpuAllocation>,
+        Vec<String>,
+        &'static str,
+    );
     let cases: Vec<Case> = vec![
         (
             None,

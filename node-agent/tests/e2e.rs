@@ -1,0 +1,411 @@
+//! End to end on a real control plane: kube-apiserver, etcd, the real
+//! kube-scheduler calling Tessera's extender, the webhook and lifecycle
+//! controllers, node agents with the fake GPU backend, and kubelet
+//! simulators that speak the real device-plugin protocol to them.
+
+#[path = "../../controllers/tests/support/mod.rs"]
+mod support;
+
+use std::{path::PathBuf, time::Duration};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client, api::PostParams};
+use serde_json::json;
+use support::Cluster;
+use tessera_api::v1alpha1::{AllocationPhase, GpuNode, GpuNodeConfig, NodeLock, VgpuAllocation};
+use tessera_controllers::config::Config;
+use tessera_e2e::kubelet::{KubeletSim, Served};
+use tessera_e2e::process::{Lifetime, Process};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// One simulated GPU node: its Node object, fake GPUs, kubelet and agent.
+struct GpuHost {
+    name: String,
+    dir: tempfile::TempDir,
+    kubelet: KubeletSim,
+    agent: Option<Process>,
+}
+
+impl GpuHost {
+    fn gpus_file(&self) -> PathBuf {
+        self.dir.path().join("gpus.yaml")
+    }
+
+    fn write_gpus(&self, healthy: &[bool]) {
+        let devices: Vec<serde_json::Value> = healthy
+            .iter()
+            .enumerate()
+            .map(|(i, ok)| {
+                json!({
+                    "uuid": format!("GPU-{}-{i}", self.name), "index": i,
+                    "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "numaNode": i / 2,
+                    "health": if *ok { "Healthy" } else { "Unhealthy" },
+                })
+            })
+            .collect();
+        let yaml = serde_yaml_ng::to_string(&json!({ "devices": devices })).unwrap();
+        std::fs::write(self.gpus_file(), yaml).unwrap();
+    }
+
+    async fn start(cluster: &Cluster, name: &str, gpus: usize) -> Self {
+        let nodes: Api<Node> = Api::all(cluster.client.clone());
+        let node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "gpu-pool": "a100"}},
+            "status": {
+                "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated"}],
+            },
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = KubeletSim::start(
+            cluster.client.clone(),
+            name,
+            &dir.path().join("device-plugins"),
+            "nvidia.com/gpu",
+        )
+        .await
+        .unwrap();
+        let mut host = Self {
+            name: name.to_owned(),
+            dir,
+            kubelet,
+            agent: None,
+        };
+        host.write_gpus(&vec![true; gpus]);
+        host.start_agent(cluster.plane.kubeconfig());
+        host
+    }
+
+    /// Runs the agent binary, as the DaemonSet would, against this host's
+    /// kubelet directory and fake GPUs.
+    fn start_agent(&mut self, kubeconfig: &std::path::Path) {
+        let state = self.dir.path().join("state");
+        let args: Vec<String> = [
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--node-name",
+            &self.name,
+            "--backend",
+            "fake",
+            "--fake-gpus-file",
+            &self.gpus_file().display().to_string(),
+            "--gpu-poll-millis",
+            "100",
+            "--device-plugin-dir",
+            &self.kubelet.dir().display().to_string(),
+            "--interposer-library",
+            "/opt/tessera/libtessera_vgpu.so",
+            "--state-dir",
+            &state.display().to_string(),
+            "--lease-namespace",
+            "default",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let agent = Process::spawn(
+            "tessera-node-agent",
+            std::path::Path::new(env!("CARGO_BIN_EXE_tessera-node-agent")),
+            &args,
+            self.dir.path().join("agent.log"),
+            Lifetime::Tied,
+        )
+        .unwrap();
+        self.agent = Some(agent);
+    }
+
+    fn stop_agent(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            agent.stop();
+        }
+    }
+
+    fn agent_log(&self) -> String {
+        tessera_e2e::process::log_tail(&self.dir.path().join("agent.log"), 40)
+    }
+
+    async fn served(&self, pod: &str) -> Vec<Served> {
+        let state = self
+            .kubelet
+            .wait_for(&format!("Allocate for {pod}"), WAIT, |s| {
+                s.served.iter().any(|c| c.pod == pod)
+                    || s.failures
+                        .iter()
+                        .any(|(p, _)| p.ends_with(&format!("/{pod}")))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}; agent log:\n{}", self.agent_log()));
+        assert!(
+            state
+                .failures
+                .iter()
+                .all(|(p, _)| !p.ends_with(&format!("/{pod}"))),
+            "{pod} was refused: {:?}; agent log:\n{}",
+            state.failures,
+            self.agent_log()
+        );
+        state.served.into_iter().filter(|c| c.pod == pod).collect()
+    }
+}
+
+async fn eventually<F: AsyncFn() -> bool>(what: &str, check: F) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {WAIT:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn allocation(client: &Client, pod: &str) -> VgpuAllocation {
+    Api::<VgpuAllocation>::namespaced(client.clone(), "default")
+        .get(pod)
+        .await
+        .unwrap()
+}
+
+async fn wait_published(cluster: &Cluster, host: &GpuHost, gpus: usize) {
+    eventually("the agent's GpuNode reaches the scheduler", async || {
+        cluster
+            .projection
+            .read()
+            .node(&host.name)
+            .is_some_and(|n| n.devices.len() == gpus)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn pods_get_their_slice_through_the_real_device_plugin_protocol() {
+    let cluster = Cluster::start(Config::default()).await;
+    let mut host = GpuHost::start(&cluster, "agent-1", 2).await;
+    wait_published(&cluster, &host, 2).await;
+    host.kubelet
+        .wait_for("registration and 20 replica devices", WAIT, |s| {
+            s.registrations == 1 && s.devices.len() == 20
+        })
+        .await
+        .unwrap();
+    let gpu_node = Api::<GpuNode>::all(cluster.client.clone())
+        .get("agent-1")
+        .await
+        .unwrap();
+    let owner = gpu_node.metadata.owner_references.unwrap_or_default();
+    assert_eq!(owner.first().map(|o| o.kind.as_str()), Some("Node"));
+
+    // One pod: 3000 MiB and 30 % of a GPU.
+    cluster
+        .create_pod(
+            "sliced",
+            json!({"nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}),
+            json!({}),
+        )
+        .await;
+    let served = host.served("sliced").await;
+    let served_at = tokio::time::Instant::now();
+    assert_eq!(served.len(), 1);
+    let allocated = allocation(&cluster.client, "sliced").await;
+    let uuid = &allocated.spec.containers[0].devices[0].uuid;
+    let env = &served[0].envs;
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], *uuid);
+    assert_eq!(env["CUDA_DEVICE_MEMORY_LIMIT_0"], "3000m");
+    assert_eq!(env["CUDA_DEVICE_SM_LIMIT"], "30");
+    assert!(
+        served[0].device_ids[0].starts_with(uuid.as_str()),
+        "GetPreferredAllocation steered the kubelet to {uuid}: {:?}",
+        served[0].device_ids
+    );
+    assert!(
+        served[0]
+            .mounts
+            .iter()
+            .any(|(c, h, ro)| c == "/usr/local/vgpu/libtessera_vgpu.so"
+                && h == "/opt/tessera/libtessera_vgpu.so"
+                && *ro)
+    );
+    let region = served[0]
+        .mounts
+        .iter()
+        .find(|(c, _, _)| c == "/var/run/tessera/vgpu")
+        .unwrap();
+    assert!(
+        PathBuf::from(&region.1).is_dir(),
+        "the region directory exists on the host"
+    );
+    eventually("allocation Allocated and lock gone", async || {
+        let a = allocation(&cluster.client, "sliced").await;
+        let lock = Api::<NodeLock>::all(cluster.client.clone())
+            .get_opt("agent-1")
+            .await
+            .unwrap();
+        a.status.and_then(|s| s.phase) == Some(AllocationPhase::Allocated) && lock.is_none()
+    })
+    .await;
+    assert!(
+        served_at.elapsed() < Duration::from_secs(1),
+        "lock released within a second of Allocate: {:?}",
+        served_at.elapsed()
+    );
+
+    // Two pods bound to the node at once are both served with their own slices.
+    for (name, mib) in [("pair-a", "1111"), ("pair-b", "2222")] {
+        cluster
+            .create_pod(name, json!({"nvidia.com/gpumem": mib}), json!({}))
+            .await;
+    }
+    for (name, mib) in [("pair-a", "1111m"), ("pair-b", "2222m")] {
+        let served = host.served(name).await;
+        let allocated = allocation(&cluster.client, name).await;
+        assert_eq!(served[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"], mib, "{name}");
+        assert_eq!(
+            served[0].envs["NVIDIA_VISIBLE_DEVICES"], allocated.spec.containers[0].devices[0].uuid,
+            "{name}"
+        );
+    }
+
+    // Kubelet restart: every socket goes, the agent registers again.
+    host.kubelet.restart().unwrap();
+    host.kubelet
+        .wait_for("re-registration after a kubelet restart", WAIT, |s| {
+            s.registrations == 2 && s.devices.len() == 20
+        })
+        .await
+        .unwrap();
+    cluster
+        .create_pod(
+            "after-kubelet",
+            json!({"nvidia.com/gpumem": "1000"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(host.served("after-kubelet").await.len(), 1);
+
+    // Agent restart: nothing is lost (the GpuNode and every allocation stay
+    // as they were); the new agent registers again and serves the next pod.
+    host.stop_agent();
+    let before = Api::<GpuNode>::all(cluster.client.clone())
+        .get("agent-1")
+        .await
+        .unwrap();
+    host.start_agent(cluster.plane.kubeconfig());
+    host.kubelet
+        .wait_for("re-registration after an agent restart", WAIT, |s| {
+            s.registrations == 3
+        })
+        .await
+        .unwrap();
+    cluster
+        .create_pod(
+            "after-agent",
+            json!({"nvidia.com/gpumem": "1000"}),
+            json!({}),
+        )
+        .await;
+    let served = host.served("after-agent").await;
+    assert_eq!(served[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1000m");
+    let after = Api::<GpuNode>::all(cluster.client.clone())
+        .get("agent-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        before.status, after.status,
+        "the restarted agent found its GpuNode as it left it"
+    );
+    for pod in ["sliced", "pair-a", "pair-b", "after-kubelet", "after-agent"] {
+        let phase = allocation(&cluster.client, pod)
+            .await
+            .status
+            .and_then(|s| s.phase);
+        assert_eq!(phase, Some(AllocationPhase::Allocated), "{pod}");
+    }
+}
+
+#[tokio::test]
+async fn config_and_health_changes_reach_the_kubelet_without_a_restart() {
+    let cluster = Cluster::start(Config::default()).await;
+    let host = GpuHost::start(&cluster, "agent-2", 2).await;
+    host.kubelet
+        .wait_for("20 replica devices", WAIT, |s| s.devices.len() == 20)
+        .await
+        .unwrap();
+
+    // A GpuNodeConfig selecting the node by label changes the split count.
+    let config: GpuNodeConfig = serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
+        "metadata": {"name": "a100-pool"},
+        "spec": {"nodeSelector": {"matchLabels": {"gpu-pool": "a100"}}, "deviceSplitCount": 4},
+    }))
+    .unwrap();
+    Api::<GpuNodeConfig>::all(cluster.client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    host.kubelet
+        .wait_for("split count 4 in ListAndWatch", WAIT, |s| {
+            s.devices.len() == 8
+        })
+        .await
+        .unwrap();
+    eventually("GpuNode reports the applied config", async || {
+        let node = Api::<GpuNode>::all(cluster.client.clone())
+            .get_opt("agent-2")
+            .await
+            .unwrap();
+        node.and_then(|n| n.status).is_some_and(|s| {
+            s.applied_configs == ["a100-pool"] && s.devices.iter().all(|d| d.split_count == 4)
+        })
+    })
+    .await;
+
+    // A health flip removes a GPU's replicas from use and a recovery restores them.
+    host.write_gpus(&[true, false]);
+    let unhealthy = host
+        .kubelet
+        .wait_for("GPU 1 unhealthy", WAIT, |s| {
+            s.devices
+                .iter()
+                .filter(|(id, h)| id.starts_with("GPU-agent-2-1") && *h == "Unhealthy")
+                .count()
+                == 4
+        })
+        .await
+        .unwrap();
+    assert!(
+        unhealthy
+            .devices
+            .iter()
+            .filter(|(id, _)| id.starts_with("GPU-agent-2-0"))
+            .all(|(_, h)| h == "Healthy")
+    );
+    eventually("the scheduler sees GPU 1 unhealthy", async || {
+        cluster
+            .projection
+            .read()
+            .node("agent-2")
+            .is_some_and(|n| n.devices.iter().filter(|d| d.healthy).count() == 1)
+    })
+    .await;
+    host.write_gpus(&[true, true]);
+    host.kubelet
+        .wait_for("GPU 1 back", WAIT, |s| {
+            s.devices.len() == 8 && s.devices.values().all(|h| h == "Healthy")
+        })
+        .await
+        .unwrap();
+
+    // Removing the config brings back the default split count.
+    Api::<GpuNodeConfig>::all(cluster.client.clone())
+        .delete("a100-pool", &Default::default())
+        .await
+        .unwrap();
+    host.kubelet
+        .wait_for("default split count again", WAIT, |s| s.devices.len() == 20)
+        .await
+        .unwrap();
+}
