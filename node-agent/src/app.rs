@@ -76,6 +76,9 @@ pub struct Args {
         default_value = "kube-node-lease"
     )]
     pub lease_namespace: String,
+    /// Address of the Prometheus `/metrics` endpoint (HAMi's monitor port).
+    #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = "0.0.0.0:9394")]
+    pub metrics_addr: std::net::SocketAddr,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
@@ -174,6 +177,16 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
         args.lease_namespace.clone(),
         args.node_name.clone(),
         format!("tessera-node-agent/{}", args.node_name),
+    ));
+    let metrics = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .map_err(Error::io(format!("listening on {}", args.metrics_addr)))?;
+    tracing::info!(addr = %metrics.local_addr()?, "metrics listening");
+    tokio::spawn(crate::monitor::serve(
+        metrics,
+        view.clone(),
+        offers.clone(),
+        paths.regions.clone(),
     ));
     let endpoint = Endpoint {
         dir: args.device_plugin_dir.clone(),

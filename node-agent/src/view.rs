@@ -1,6 +1,7 @@
 //! The agent's view of its own node in the cluster, from node-scoped
-//! watches only: its Node (labels), the GpuNodeConfigs, and nothing that
-//! grows with the cluster's pods. Allocate reads the node's NodeLock and the
+//! watches only: its Node (labels), the GpuNodeConfigs, the VgpuAllocations
+//! of this node (field selector `spec.nodeName`), and nothing that grows
+//! with the cluster's pods. Allocate reads the node's NodeLock and the
 //! holder's VgpuAllocation straight from the API server (a cache could still
 //! show the lock of the pod served a moment ago).
 
@@ -22,6 +23,7 @@ pub struct NodeView {
     node: String,
     nodes: reflector::Store<Node>,
     configs: reflector::Store<GpuNodeConfig>,
+    allocations: reflector::Store<VgpuAllocation>,
     changed: watch::Receiver<u64>,
 }
 
@@ -67,11 +69,27 @@ impl NodeView {
                 async {}
             }),
         );
+        let (allocations, writer) = reflector::store();
+        let on_node_only = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        tokio::spawn(
+            reflector(
+                writer,
+                watcher(Api::<VgpuAllocation>::all(client.clone()), on_node_only),
+            )
+            .default_backoff()
+            .for_each(|event| {
+                if let Err(error) = &event {
+                    tracing::warn!(%error, "VgpuAllocation watch failed; retrying");
+                }
+                async {}
+            }),
+        );
         Self {
             client,
             node: node.to_owned(),
             nodes,
             configs,
+            allocations,
             changed,
         }
     }
@@ -100,6 +118,15 @@ impl NodeView {
     /// Every GpuNodeConfig.
     pub fn configs(&self) -> Vec<GpuNodeConfig> {
         self.configs.state().iter().map(|c| (**c).clone()).collect()
+    }
+
+    /// The VgpuAllocations on this node, as last seen.
+    pub fn allocations(&self) -> Vec<VgpuAllocation> {
+        self.allocations
+            .state()
+            .iter()
+            .map(|a| (**a).clone())
+            .collect()
     }
 
     /// A receiver that wakes when the node or any config changes.

@@ -25,6 +25,7 @@ struct GpuHost {
     dir: tempfile::TempDir,
     kubelet: KubeletSim,
     agent: Option<Process>,
+    metrics_port: u16,
 }
 
 impl GpuHost {
@@ -74,6 +75,11 @@ impl GpuHost {
             dir,
             kubelet,
             agent: None,
+            metrics_port: std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port(),
         };
         host.write_gpus(&vec![true; gpus]);
         host.start_agent(cluster.plane.kubeconfig());
@@ -103,6 +109,8 @@ impl GpuHost {
             &state.display().to_string(),
             "--lease-namespace",
             "default",
+            "--metrics-addr",
+            &format!("127.0.0.1:{}", self.metrics_port),
         ]
         .iter()
         .map(|s| (*s).to_owned())
@@ -122,6 +130,21 @@ impl GpuHost {
         if let Some(mut agent) = self.agent.take() {
             agent.stop();
         }
+    }
+
+    /// The agent's `/metrics` text.
+    async fn metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
+            .await
+            .unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
     }
 
     fn agent_log(&self) -> String {
@@ -251,6 +274,22 @@ async fn pods_get_their_slice_through_the_real_device_plugin_protocol() {
         served_at.elapsed() < Duration::from_secs(1),
         "lock released within a second of Allocate: {:?}",
         served_at.elapsed()
+    );
+    // The monitor shows the container's limits before its first CUDA call.
+    let metrics = host.metrics().await;
+    let limit = format!(
+        r#"hami_vgpu_memory_limit_bytes{{podnamespace="default",podname="sliced",ctrname="main",vdeviceid="0",deviceuuid="{uuid}"}} {}"#,
+        3000u64 << 20
+    );
+    assert!(
+        metrics.lines().any(|l| l == limit),
+        "{limit} not in\n{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            r#"tessera_gpu_cores_allocated_percent{{node="agent-1",uuid="{uuid}""#
+        )),
+        "{metrics}"
     );
 
     // Two pods bound to the node at once are both served with their own slices.
