@@ -1,0 +1,658 @@
+//! The shared accounting region of Tessera's interposer.
+//!
+//! Every process of a container maps the same file (the path comes from
+//! `CUDA_DEVICE_MEMORY_SHARED_CACHE`). The interposer in each process reserves
+//! device memory in it with a compare-and-swap *before* calling the driver, so
+//! the processes of a container together never exceed the limit; the node
+//! agent's monitor reads it to export per-container usage.
+//!
+//! ```text
+//!  offset  size     what
+//!  0       64       Header: magic "TSRVGPU1", version, sizes (written last: magic)
+//!  64      16 × 64  DeviceRecord per CUDA ordinal: limit, used (the reservation counter), peak
+//!  1088    1024×192 SlotRecord per process: state, pid, start time, used per device
+//! ```
+//!
+//! The layout is documented field by field in `docs/interposer.md`. Slots are
+//! claimed by CAS (`FREE → CLAIMING → LIVE`) and never move; a slot whose
+//! process is gone (its pid is dead, a zombie, or now belongs to a process with
+//! another start time) is reclaimed by CAS (`LIVE → RECLAIMING → FREE`) and its
+//! usage is returned to the device counters.
+//!
+//! This crate has no CUDA in it: the node agent depends on it without the
+//! interposer's cdylib. [`Region::snapshot`] is the safe reader.
+
+#![allow(unsafe_code)] // mmap and the view of the mapping as atomics; each block says why it is sound
+#![deny(
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks,
+    clippy::missing_safety_doc
+)]
+
+mod process;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::mem::{offset_of, size_of};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+pub use process::{process_alive, process_start_time};
+
+/// The first eight bytes of a region, `TSRVGPU1` read as a little-endian `u64`.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRVGPU1");
+/// The layout version this crate reads and writes.
+pub const VERSION: u32 = 1;
+/// Devices (CUDA ordinals) a region accounts for.
+pub const MAX_DEVICES: usize = 16;
+/// Process slots in a region: at most this many processes of one container
+/// can use CUDA at the same time.
+pub const SLOTS: usize = 1024;
+/// Size in bytes of a region file.
+pub const REGION_SIZE: usize = size_of::<Layout>();
+
+/// Slot state: free to claim.
+const FREE: u32 = 0;
+/// Slot state: a process is filling it in.
+const CLAIMING: u32 = 1;
+/// Slot state: owned by a live process.
+const LIVE: u32 = 2;
+/// Slot state: its dead owner's usage is being returned.
+const RECLAIMING: u32 = 3;
+
+/// Everything that can go wrong with a region.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A system call on the region file failed.
+    #[error("shared region {path}: cannot {op}")]
+    Io {
+        /// The region file.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The file does not start with [`MAGIC`].
+    #[error("shared region {path}: not a Tessera region (magic {magic:#018x})")]
+    NotARegion {
+        /// The region file.
+        path: PathBuf,
+        /// The first eight bytes found.
+        magic: u64,
+    },
+    /// The file has a layout version this crate does not know.
+    #[error("shared region {path}: layout version {found}, expected {VERSION}")]
+    Version {
+        /// The region file.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+    /// The file is smaller than a region or its header declares another size.
+    #[error("shared region {path}: {found} bytes, expected {REGION_SIZE}")]
+    Size {
+        /// The region file.
+        path: PathBuf,
+        /// The size found.
+        found: u64,
+    },
+    /// Every process slot is taken by a live process.
+    #[error("shared region: all {SLOTS} process slots are in use by live processes")]
+    SlotsFull,
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The region header (64 bytes at offset 0).
+#[repr(C)]
+struct Header {
+    /// [`MAGIC`], stored last when the region is created (Release).
+    magic: AtomicU64,
+    /// [`VERSION`].
+    version: AtomicU32,
+    /// [`MAX_DEVICES`].
+    device_count: AtomicU32,
+    /// [`REGION_SIZE`].
+    size: AtomicU64,
+    /// [`SLOTS`].
+    slot_count: AtomicU32,
+    /// Size of one [`SlotRecord`].
+    slot_size: AtomicU32,
+    reserved: [AtomicU64; 4],
+}
+
+/// Per-device accounting (64 bytes each).
+#[repr(C)]
+struct DeviceRecord {
+    /// Limit in bytes; 0 means no limit.
+    limit: AtomicU64,
+    /// Bytes reserved by all processes of the container (the CAS counter).
+    used: AtomicU64,
+    /// Highest value `used` ever reached.
+    peak: AtomicU64,
+    reserved: [AtomicU64; 5],
+}
+
+/// One process (192 bytes each).
+#[repr(C)]
+struct SlotRecord {
+    /// `FREE`, `CLAIMING`, `LIVE` or `RECLAIMING`.
+    state: AtomicU32,
+    /// The owner's pid, as the container sees it.
+    pid: AtomicU32,
+    /// The owner's start time (field 22 of `/proc/<pid>/stat`, clock ticks since boot).
+    start_time: AtomicU64,
+    /// The owner's pid on the host, written by the node agent; 0 when unknown.
+    host_pid: AtomicU32,
+    reserved0: AtomicU32,
+    /// Bytes this process holds per device.
+    used: [AtomicU64; MAX_DEVICES],
+    reserved: [AtomicU64; 5],
+}
+
+#[repr(C)]
+struct Layout {
+    header: Header,
+    devices: [DeviceRecord; MAX_DEVICES],
+    slots: [SlotRecord; SLOTS],
+}
+
+const _: () = {
+    assert!(size_of::<Header>() == 64);
+    assert!(size_of::<DeviceRecord>() == 64);
+    assert!(size_of::<SlotRecord>() == 192);
+    assert!(offset_of!(Layout, devices) == 64);
+    assert!(offset_of!(Layout, slots) == 1088);
+    assert!(REGION_SIZE == 1088 + 192 * SLOTS);
+};
+
+/// A process slot claimed with [`Region::claim_slot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotId(usize);
+
+impl SlotId {
+    /// The slot's index in the region.
+    pub fn index(self) -> usize {
+        self.0
+    }
+
+    /// The slot with this index, `None` beyond [`SLOTS`]. Slots are claimed
+    /// with [`Region::claim_slot`]; this only rebuilds an id kept elsewhere.
+    pub fn from_index(index: usize) -> Option<Self> {
+        (index < SLOTS).then_some(Self(index))
+    }
+}
+
+/// A reservation that would have exceeded the device's limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverLimit {
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Bytes the container held when the reservation was refused.
+    pub used: u64,
+    /// The device's limit.
+    pub limit: u64,
+}
+
+/// How [`Region::create_or_open`] found the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// This call created and initialised the region with the given limits.
+    Created,
+    /// The region existed; `limits_differ` is true when its limits are not the
+    /// ones given (the region's limits stay in force).
+    Attached {
+        /// Whether the region holds other limits than the caller's.
+        limits_differ: bool,
+    },
+}
+
+/// What [`Region::reclaim_dead`] returned to the device counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Slots of dead processes that were freed.
+    pub slots: usize,
+    /// Bytes returned, summed over devices.
+    pub bytes: u64,
+}
+
+/// A consistent-enough copy of a region for metrics: each counter is read
+/// atomically, the whole is not one atomic snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Every device the region accounts for, by CUDA ordinal.
+    pub devices: Vec<DeviceUsage>,
+    /// Every live process slot.
+    pub processes: Vec<ProcessUsage>,
+}
+
+/// One device's limit and usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceUsage {
+    /// CUDA ordinal inside the container.
+    pub index: usize,
+    /// Limit in bytes, `None` for no limit.
+    pub limit: Option<u64>,
+    /// Bytes held by all processes of the container.
+    pub used: u64,
+    /// Highest `used` seen since the region was created.
+    pub peak: u64,
+}
+
+/// One process's usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessUsage {
+    /// The slot index.
+    pub slot: usize,
+    /// Pid inside the container.
+    pub pid: u32,
+    /// Start time in clock ticks since boot (guards against pid reuse).
+    pub start_time: u64,
+    /// Pid on the host, when the node agent has filled it in.
+    pub host_pid: Option<u32>,
+    /// Bytes held per device.
+    pub used: [u64; MAX_DEVICES],
+}
+
+/// A mapped region file.
+pub struct Region {
+    map: NonNull<Layout>,
+}
+
+// SAFETY: the mapping is only ever accessed through atomics (`&Layout` holds
+// nothing else), and the pointer stays valid until `Drop` unmaps it.
+unsafe impl Send for Region {}
+// SAFETY: as above; every access through `&Region` is an atomic operation.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Opens the region at `path`, creating and initialising it with `limits`
+    /// (bytes per device, 0 for none) when it does not exist yet.
+    ///
+    /// Creation is serialised with `flock`, so concurrent first users agree on
+    /// one initialisation; the lock is held only here, never on the hot path.
+    pub fn create_or_open(path: &Path, limits: &[u64; MAX_DEVICES]) -> Result<(Self, Opened)> {
+        let io = |op| {
+            move |source| Error::Io {
+                path: path.to_owned(),
+                op,
+                source,
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(path)
+            .map_err(io("open"))?;
+        let _lock = FileLock::exclusive(&file).map_err(io("lock"))?;
+        let len = file.metadata().map_err(io("stat"))?.len();
+        if len == 0 {
+            file.set_len(REGION_SIZE as u64).map_err(io("resize"))?;
+        } else if len < REGION_SIZE as u64 {
+            return Err(Error::Size {
+                path: path.to_owned(),
+                found: len,
+            });
+        }
+        let region = Self::map(&file).map_err(io("mmap"))?;
+        let layout = region.layout();
+        let magic = layout.header.magic.load(Ordering::Acquire);
+        if magic == 0 {
+            let header = &layout.header;
+            header.version.store(VERSION, Ordering::Relaxed);
+            header
+                .device_count
+                .store(MAX_DEVICES as u32, Ordering::Relaxed);
+            header.size.store(REGION_SIZE as u64, Ordering::Relaxed);
+            header.slot_count.store(SLOTS as u32, Ordering::Relaxed);
+            header
+                .slot_size
+                .store(size_of::<SlotRecord>() as u32, Ordering::Relaxed);
+            for (device, &limit) in layout.devices.iter().zip(limits) {
+                device.limit.store(limit, Ordering::Relaxed);
+            }
+            header.magic.store(MAGIC, Ordering::Release);
+            return Ok((region, Opened::Created));
+        }
+        region.validate(path)?;
+        let limits_differ = layout
+            .devices
+            .iter()
+            .zip(limits)
+            .any(|(device, &limit)| device.limit.load(Ordering::Relaxed) != limit);
+        Ok((region, Opened::Attached { limits_differ }))
+    }
+
+    /// Opens an existing, initialised region (the node agent's entry point).
+    pub fn open(path: &Path) -> Result<Self> {
+        let io = |op| {
+            move |source| Error::Io {
+                path: path.to_owned(),
+                op,
+                source,
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io("open"))?;
+        let len = file.metadata().map_err(io("stat"))?.len();
+        if len < REGION_SIZE as u64 {
+            return Err(Error::Size {
+                path: path.to_owned(),
+                found: len,
+            });
+        }
+        let region = Self::map(&file).map_err(io("mmap"))?;
+        region.validate(path)?;
+        Ok(region)
+    }
+
+    fn map(file: &File) -> io::Result<Self> {
+        // SAFETY: a fresh shared mapping of a file descriptor we own, of a
+        // length the file has (checked by the callers); no existing memory is
+        // affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                REGION_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let map = NonNull::new(ptr.cast::<Layout>())
+            .ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(Self { map })
+    }
+
+    fn validate(&self, path: &Path) -> Result<()> {
+        let header = &self.layout().header;
+        let magic = header.magic.load(Ordering::Acquire);
+        if magic != MAGIC {
+            return Err(Error::NotARegion {
+                path: path.to_owned(),
+                magic,
+            });
+        }
+        let version = header.version.load(Ordering::Relaxed);
+        if version != VERSION {
+            return Err(Error::Version {
+                path: path.to_owned(),
+                found: version,
+            });
+        }
+        let size = header.size.load(Ordering::Relaxed);
+        if size != REGION_SIZE as u64
+            || header.slot_count.load(Ordering::Relaxed) != SLOTS as u32
+            || header.device_count.load(Ordering::Relaxed) != MAX_DEVICES as u32
+        {
+            return Err(Error::Size {
+                path: path.to_owned(),
+                found: size,
+            });
+        }
+        Ok(())
+    }
+
+    fn layout(&self) -> &Layout {
+        // SAFETY: `map` points to REGION_SIZE mapped bytes that live as long as
+        // `self`; `Layout` is made only of atomics, for which every bit pattern
+        // (including the zeroes of a fresh file) is valid, and which tolerate
+        // concurrent writes by other processes.
+        unsafe { self.map.as_ref() }
+    }
+
+    /// The limit of device `dev` in bytes, `None` for no limit or an ordinal
+    /// beyond [`MAX_DEVICES`].
+    pub fn limit(&self, dev: usize) -> Option<u64> {
+        let limit = self
+            .layout()
+            .devices
+            .get(dev)?
+            .limit
+            .load(Ordering::Relaxed);
+        (limit != 0).then_some(limit)
+    }
+
+    /// Bytes all processes hold on device `dev` (0 beyond [`MAX_DEVICES`]).
+    pub fn used(&self, dev: usize) -> u64 {
+        self.layout()
+            .devices
+            .get(dev)
+            .map_or(0, |d| d.used.load(Ordering::Acquire))
+    }
+
+    /// Claims a free slot for process `pid` started at `start_time`.
+    ///
+    /// A slot still marked as held by the same pid with another start time
+    /// (pid reuse) is reclaimed first. When every slot is taken, dead
+    /// processes are reclaimed and the claim is retried once.
+    pub fn claim_slot(&self, pid: u32, start_time: u64) -> Result<SlotId> {
+        for (index, slot) in self.layout().slots.iter().enumerate() {
+            if slot.state.load(Ordering::Acquire) == LIVE
+                && slot.pid.load(Ordering::Relaxed) == pid
+                && slot.start_time.load(Ordering::Relaxed) != start_time
+            {
+                self.reclaim_slot(index);
+            }
+        }
+        for attempt in 0..2 {
+            for (index, slot) in self.layout().slots.iter().enumerate() {
+                if slot
+                    .state
+                    .compare_exchange(FREE, CLAIMING, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    slot.pid.store(pid, Ordering::Relaxed);
+                    slot.start_time.store(start_time, Ordering::Relaxed);
+                    slot.host_pid.store(0, Ordering::Relaxed);
+                    for used in &slot.used {
+                        used.store(0, Ordering::Relaxed);
+                    }
+                    slot.state.store(LIVE, Ordering::Release);
+                    return Ok(SlotId(index));
+                }
+            }
+            if attempt == 0 {
+                self.reclaim_dead();
+            }
+        }
+        Err(Error::SlotsFull)
+    }
+
+    /// Reserves `bytes` on device `dev` for `slot`, unless that would take the
+    /// container over the device's limit.
+    ///
+    /// One compare-and-swap on the device counter decides; the slot's own
+    /// counter (attribution and cleanup) follows. Devices beyond
+    /// [`MAX_DEVICES`] are refused with a zero limit.
+    pub fn try_reserve(&self, slot: SlotId, dev: usize, bytes: u64) -> Result<(), OverLimit> {
+        let layout = self.layout();
+        let Some(device) = layout.devices.get(dev) else {
+            return Err(OverLimit {
+                requested: bytes,
+                used: 0,
+                limit: 0,
+            });
+        };
+        let limit = device.limit.load(Ordering::Relaxed);
+        let mut used = device.used.load(Ordering::Relaxed);
+        let new = loop {
+            let new = used
+                .checked_add(bytes)
+                .filter(|&n| limit == 0 || n <= limit);
+            let Some(new) = new else {
+                return Err(OverLimit {
+                    requested: bytes,
+                    used,
+                    limit,
+                });
+            };
+            match device
+                .used
+                .compare_exchange_weak(used, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => break new,
+                Err(current) => used = current,
+            }
+        };
+        layout.slots[slot.0].used[dev].fetch_add(bytes, Ordering::Relaxed);
+        device.peak.fetch_max(new, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Returns `bytes` reserved by `slot` on device `dev`.
+    pub fn release(&self, slot: SlotId, dev: usize, bytes: u64) {
+        let layout = self.layout();
+        let Some(device) = layout.devices.get(dev) else {
+            return;
+        };
+        saturating_sub(&layout.slots[slot.0].used[dev], bytes);
+        saturating_sub(&device.used, bytes);
+    }
+
+    /// Frees the slots of processes that no longer exist and returns their
+    /// usage to the device counters.
+    pub fn reclaim_dead(&self) -> Reclaimed {
+        let mut reclaimed = Reclaimed::default();
+        for (index, slot) in self.layout().slots.iter().enumerate() {
+            if slot.state.load(Ordering::Acquire) != LIVE {
+                continue;
+            }
+            let pid = slot.pid.load(Ordering::Relaxed);
+            let start_time = slot.start_time.load(Ordering::Relaxed);
+            if !process_alive(pid, start_time)
+                && let Some(bytes) = self.reclaim_slot(index)
+            {
+                reclaimed.slots += 1;
+                reclaimed.bytes += bytes;
+            }
+        }
+        reclaimed
+    }
+
+    /// Returns a slot's usage and frees it; `None` when another process won
+    /// the race to reclaim it.
+    fn reclaim_slot(&self, index: usize) -> Option<u64> {
+        let layout = self.layout();
+        let slot = &layout.slots[index];
+        slot.state
+            .compare_exchange(LIVE, RECLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        let mut total = 0u64;
+        for (used, device) in slot.used.iter().zip(&layout.devices) {
+            let bytes = used.swap(0, Ordering::AcqRel);
+            saturating_sub(&device.used, bytes);
+            total = total.saturating_add(bytes);
+        }
+        slot.pid.store(0, Ordering::Relaxed);
+        slot.start_time.store(0, Ordering::Relaxed);
+        slot.host_pid.store(0, Ordering::Relaxed);
+        slot.state.store(FREE, Ordering::Release);
+        Some(total)
+    }
+
+    /// Records the host pid of a slot's process (the node agent knows it).
+    pub fn set_host_pid(&self, slot: SlotId, host_pid: u32) {
+        self.layout().slots[slot.0]
+            .host_pid
+            .store(host_pid, Ordering::Relaxed);
+    }
+
+    /// Copies the device counters and every live slot.
+    pub fn snapshot(&self) -> Snapshot {
+        let layout = self.layout();
+        let devices = layout
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(index, d)| {
+                let limit = d.limit.load(Ordering::Relaxed);
+                DeviceUsage {
+                    index,
+                    limit: (limit != 0).then_some(limit),
+                    used: d.used.load(Ordering::Acquire),
+                    peak: d.peak.load(Ordering::Relaxed),
+                }
+            })
+            .collect();
+        let processes = layout
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.state.load(Ordering::Acquire) == LIVE)
+            .map(|(slot, s)| {
+                let host_pid = s.host_pid.load(Ordering::Relaxed);
+                ProcessUsage {
+                    slot,
+                    pid: s.pid.load(Ordering::Relaxed),
+                    start_time: s.start_time.load(Ordering::Relaxed),
+                    host_pid: (host_pid != 0).then_some(host_pid),
+                    used: std::array::from_fn(|d| s.used[d].load(Ordering::Relaxed)),
+                }
+            })
+            .collect();
+        Snapshot { devices, processes }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: `map` was returned by mmap with REGION_SIZE and no reference
+        // into it outlives `self`.
+        unsafe {
+            libc::munmap(self.map.as_ptr().cast(), REGION_SIZE);
+        }
+    }
+}
+
+fn saturating_sub(counter: &AtomicU64, bytes: u64) {
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(bytes))
+    });
+}
+
+/// An exclusive `flock` released on drop.
+struct FileLock<'a>(&'a File);
+
+impl<'a> FileLock<'a> {
+    fn exclusive(file: &'a File) -> io::Result<Self> {
+        loop {
+            // SAFETY: flock on a descriptor owned by `file`, which outlives the lock.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Self(file));
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        }
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: unlocking the descriptor locked in `exclusive`, still open.
+        unsafe {
+            libc::flock(self.0.as_raw_fd(), libc::LOCK_UN);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,172 @@
+//! The interposer's configuration, read once from the environment with the
+//! strict parsers of `tessera_api::env`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use tessera_api::env::{
+    self, CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE, CUDA_DISABLE_CONTROL,
+    LIBCUDA_LOG_LEVEL,
+};
+use tessera_vgpu_region::MAX_DEVICES;
+
+/// Where the region lives when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset. The
+/// node agent always sets the variable; this default only serves processes
+/// started by hand, which then share one region per machine (per `/tmp`).
+pub const DEFAULT_REGION_PATH: &str = "/tmp/tessera-vgpu.region";
+
+/// Everything that can go wrong while configuring the interposer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A variable of the environment contract has a malformed value.
+    #[error(transparent)]
+    Env(#[from] tessera_api::Error),
+    /// A variable is not valid UTF-8.
+    #[error("{name} is not valid UTF-8")]
+    NotUnicode {
+        /// The variable.
+        name: String,
+    },
+    /// The shared region cannot be used.
+    #[error(transparent)]
+    Region(#[from] tessera_vgpu_region::Error),
+}
+
+/// The interposer's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `CUDA_DISABLE_CONTROL=true`: every hook passes straight through.
+    pub disabled: bool,
+    /// Memory limit per CUDA ordinal in bytes, 0 for none.
+    pub limits: [u64; MAX_DEVICES],
+    /// The shared region file.
+    pub region_path: PathBuf,
+    /// `LIBCUDA_LOG_LEVEL`, 0 to 4.
+    pub log_level: u8,
+}
+
+impl Config {
+    /// Reads the configuration through `var` (the process environment in
+    /// production, a map in tests).
+    ///
+    /// `CUDA_DEVICE_MEMORY_LIMIT_<i>` overrides `CUDA_DEVICE_MEMORY_LIMIT` for
+    /// ordinal `i`. A malformed value of any variable is an error, never "no
+    /// limit"; a malformed log level is the one exception (it falls back to 2
+    /// and the caller warns).
+    pub fn from_vars(
+        var: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<(Self, Option<Error>), Error> {
+        let text = |name: &str| -> Result<Option<String>, Error> {
+            var(name)
+                .map(|v| {
+                    v.into_string().map_err(|_| Error::NotUnicode {
+                        name: name.to_owned(),
+                    })
+                })
+                .transpose()
+        };
+        let disabled = match text(CUDA_DISABLE_CONTROL)? {
+            Some(v) => env::parse_switch(CUDA_DISABLE_CONTROL, &v)?,
+            None => false,
+        };
+        let default_limit = match text(CUDA_DEVICE_MEMORY_LIMIT)? {
+            Some(v) => env::parse_memory_limit(CUDA_DEVICE_MEMORY_LIMIT, &v)?,
+            None => 0,
+        };
+        let mut limits = [default_limit; MAX_DEVICES];
+        for (index, limit) in limits.iter_mut().enumerate() {
+            let name = env::memory_limit_var(index);
+            if let Some(v) = text(&name)? {
+                *limit = env::parse_memory_limit(&name, &v)?;
+            }
+        }
+        let region_path = var(CUDA_DEVICE_MEMORY_SHARED_CACHE)
+            .map_or_else(|| PathBuf::from(DEFAULT_REGION_PATH), PathBuf::from);
+        let (log_level, warning) = match text(LIBCUDA_LOG_LEVEL)?.map(|v| env::parse_log_level(&v))
+        {
+            None => (crate::log::WARN, None),
+            Some(Ok(level)) => (level, None),
+            Some(Err(e)) => (crate::log::WARN, Some(e.into())),
+        };
+        Ok((
+            Self {
+                disabled,
+                limits,
+                region_path,
+                log_level,
+            },
+            warning,
+        ))
+    }
+
+    /// Whether any device has a memory limit.
+    pub fn any_limit(&self) -> bool {
+        self.limits.iter().any(|&l| l != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn read(vars: &[(&str, &str)]) -> Result<(Config, Option<Error>), Error> {
+        let map: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), OsString::from(v)))
+            .collect();
+        Config::from_vars(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn per_device_limits_override_the_default() {
+        let (config, warning) = read(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "3000m"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/r/x.cache"),
+            ("LIBCUDA_LOG_LEVEL", "4"),
+        ])
+        .unwrap();
+        assert!(warning.is_none());
+        assert_eq!(config.limits[0], 4 << 30);
+        assert_eq!(config.limits[1], 3000 << 20);
+        assert_eq!(config.limits[15], 4 << 30);
+        assert_eq!(config.region_path, PathBuf::from("/r/x.cache"));
+        assert_eq!(config.log_level, 4);
+        assert!(!config.disabled && config.any_limit());
+    }
+
+    #[test]
+    fn nothing_set_means_no_limits_and_the_default_region() {
+        let (config, _) = read(&[]).unwrap();
+        assert_eq!(config.limits, [0; MAX_DEVICES]);
+        assert!(!config.any_limit());
+        assert_eq!(config.region_path, PathBuf::from(DEFAULT_REGION_PATH));
+        assert_eq!(config.log_level, 2);
+    }
+
+    #[test]
+    fn malformed_values_are_errors_never_no_limit() {
+        for vars in [
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "1.5g")][..],
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_3", "0"),
+            ][..],
+            &[("CUDA_DISABLE_CONTROL", "maybe")][..],
+        ] {
+            let err = read(vars).unwrap_err().to_string();
+            let name = vars.last().unwrap().0;
+            assert!(err.contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_log_level_only_warns() {
+        let (config, warning) =
+            read(&[("LIBCUDA_LOG_LEVEL", "9"), ("CUDA_DISABLE_CONTROL", "true")]).unwrap();
+        assert_eq!(config.log_level, 2);
+        assert!(config.disabled);
+        assert!(warning.unwrap().to_string().contains("LIBCUDA_LOG_LEVEL"));
+    }
+}

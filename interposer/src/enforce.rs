@@ -1,0 +1,294 @@
+//! The per-process enforcement state: the configuration, the container's
+//! shared region, this process's slot in it, and the allocations it made.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use tessera_vgpu_region::{MAX_DEVICES, Opened, Region, SlotId, process_start_time};
+
+use crate::config::{Config, Error};
+use crate::log::{DEBUG, ERROR, INFO, WARN};
+use crate::sys::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
+
+/// What the hooks do in this process.
+pub enum State {
+    /// `CUDA_DISABLE_CONTROL=true`: pass everything through.
+    Disabled,
+    /// The configuration is invalid: refuse CUDA (the reason was printed).
+    Refused,
+    /// Account and enforce.
+    Enforcing(Box<Enforcer>),
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+
+/// The process's state, set up by the first hooked call.
+pub fn state() -> &'static State {
+    STATE.get_or_init(|| init(|name| std::env::var_os(name)))
+}
+
+fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
+    let config = match Config::from_vars(var) {
+        Ok((config, warning)) => {
+            crate::log::set_level(config.log_level);
+            if let Some(warning) = warning {
+                log!(WARN, "{warning}; using level 2");
+            }
+            config
+        }
+        Err(e) => {
+            log!(ERROR, "invalid configuration, refusing CUDA: {e}");
+            return State::Refused;
+        }
+    };
+    if config.disabled {
+        log!(INFO, "CUDA_DISABLE_CONTROL is set: not enforcing");
+        return State::Disabled;
+    }
+    let region = match Region::create_or_open(&config.region_path, &config.limits) {
+        Ok((region, opened)) => {
+            if opened
+                == (Opened::Attached {
+                    limits_differ: true,
+                })
+            {
+                log!(
+                    WARN,
+                    "{} holds other limits than this process's environment; the region's limits apply",
+                    config.region_path.display()
+                );
+            }
+            Some(region)
+        }
+        Err(e) if config.any_limit() => {
+            log!(
+                ERROR,
+                "memory limits are set but the shared region is unusable, refusing CUDA: {}",
+                Error::from(e)
+            );
+            return State::Refused;
+        }
+        Err(e) => {
+            log!(
+                WARN,
+                "no memory limit is set and the shared region is unusable, not accounting: {}",
+                Error::from(e)
+            );
+            None
+        }
+    };
+    let limits = match &region {
+        Some(region) => std::array::from_fn(|dev| region.limit(dev).unwrap_or(0)),
+        None => config.limits,
+    };
+    log!(DEBUG, "limits per device (bytes, 0 = none): {limits:?}");
+    State::Enforcing(Box::new(Enforcer {
+        any_limit: limits.iter().any(|&l| l != 0),
+        limits,
+        region,
+        owner: AtomicU64::new(0),
+        claim: Mutex::new(()),
+        allocations: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+    }))
+}
+
+/// One tracked allocation.
+#[derive(Clone, Copy, Debug)]
+struct Allocation {
+    dev: usize,
+    bytes: u64,
+    slot: SlotId,
+}
+
+const SHARDS: usize = 16;
+
+/// Accounting and enforcement for one process.
+pub struct Enforcer {
+    limits: [u64; MAX_DEVICES],
+    any_limit: bool,
+    region: Option<Region>,
+    /// `pid << 32 | slot + 1` of the process that claimed the slot; 0 before
+    /// the first claim. A different pid means we are a fork or clone child.
+    owner: AtomicU64,
+    /// Serialises slot claims within the process.
+    claim: Mutex<()>,
+    /// Device pointer → allocation, sharded by address.
+    allocations: [Mutex<HashMap<CUdeviceptr, Allocation>>; SHARDS],
+}
+
+impl Enforcer {
+    /// The limit of CUDA ordinal `dev` in bytes, if any.
+    pub fn limit(&self, dev: CUdevice) -> Option<u64> {
+        let limit = *self.limits.get(usize::try_from(dev).ok()?)?;
+        (limit != 0).then_some(limit)
+    }
+
+    /// Bytes the container holds on `dev`.
+    pub fn used(&self, dev: CUdevice) -> u64 {
+        match (&self.region, usize::try_from(dev)) {
+            (Some(region), Ok(dev)) => region.used(dev),
+            _ => 0,
+        }
+    }
+
+    /// This process's slot, claimed on first use and again after a fork or
+    /// clone (checked by pid on this slow path).
+    fn slot(&self, region: &Region) -> Option<SlotId> {
+        let pid = std::process::id();
+        let owner = self.owner.load(Ordering::Acquire);
+        if owner >> 32 == u64::from(pid) {
+            return slot_of(owner);
+        }
+        let _guard = self.claim.lock().unwrap_or_else(|e| e.into_inner());
+        let owner = self.owner.load(Ordering::Acquire);
+        if owner >> 32 == u64::from(pid) {
+            return slot_of(owner);
+        }
+        if owner != 0 {
+            // A child: the parent's allocations are the parent's.
+            for shard in &self.allocations {
+                shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            }
+        }
+        let start_time = process_start_time(pid).unwrap_or(0);
+        match region.claim_slot(pid, start_time) {
+            Ok(slot) => {
+                log!(DEBUG, "claimed region slot {}", slot.index());
+                self.owner.store(
+                    u64::from(pid) << 32 | (slot.index() as u64 + 1),
+                    Ordering::Release,
+                );
+                Some(slot)
+            }
+            Err(e) => {
+                log!(ERROR, "{e}");
+                None
+            }
+        }
+    }
+
+    /// Reserves `estimate` bytes on `dev`, runs `alloc`, and tracks the
+    /// pointer it returns with the bytes it really took.
+    ///
+    /// `alloc` returns the driver's result and, on success, the pointer and
+    /// its real size; `undo` frees a pointer whose real size no longer fits.
+    /// The reservation happens before the driver is called, so concurrent
+    /// processes never overcommit; it is released when the driver fails.
+    pub(crate) fn charged(
+        &self,
+        dev: CUdevice,
+        estimate: u64,
+        alloc: impl FnOnce() -> Result<(CUdeviceptr, u64), CUresult>,
+        undo: impl FnOnce(CUdeviceptr),
+    ) -> CUresult {
+        let Some(region) = &self.region else {
+            return alloc().err().unwrap_or(CUDA_SUCCESS);
+        };
+        let Ok(index) = usize::try_from(dev) else {
+            return alloc().err().unwrap_or(CUDA_SUCCESS);
+        };
+        if index >= MAX_DEVICES && !self.any_limit {
+            return alloc().err().unwrap_or(CUDA_SUCCESS);
+        }
+        let Some(slot) = self.slot(region) else {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        if let Err(rc) = self.reserve(region, slot, index, estimate) {
+            return rc;
+        }
+        let (ptr, bytes) = match alloc() {
+            Ok(done) => done,
+            Err(rc) => {
+                region.release(slot, index, estimate);
+                return rc;
+            }
+        };
+        if bytes > estimate {
+            if let Err(rc) = self.reserve(region, slot, index, bytes - estimate) {
+                region.release(slot, index, estimate);
+                undo(ptr);
+                return rc;
+            }
+        } else {
+            region.release(slot, index, estimate - bytes);
+        }
+        self.shard(ptr)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                ptr,
+                Allocation {
+                    dev: index,
+                    bytes,
+                    slot,
+                },
+            );
+        CUDA_SUCCESS
+    }
+
+    /// One reservation, retried once after reclaiming dead processes.
+    fn reserve(
+        &self,
+        region: &Region,
+        slot: SlotId,
+        dev: usize,
+        bytes: u64,
+    ) -> Result<(), CUresult> {
+        let Err(over) = region.try_reserve(slot, dev, bytes) else {
+            return Ok(());
+        };
+        let reclaimed = region.reclaim_dead();
+        if reclaimed.slots > 0 {
+            log!(
+                INFO,
+                "reclaimed {} bytes of {} exited processes",
+                reclaimed.bytes,
+                reclaimed.slots
+            );
+            if region.try_reserve(slot, dev, bytes).is_ok() {
+                return Ok(());
+            }
+        }
+        log!(
+            INFO,
+            "device {dev}: out of memory: {} bytes requested, {} of {} in use",
+            over.requested,
+            over.used,
+            over.limit
+        );
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// Frees `ptr` with `free` and returns its bytes to the region when the
+    /// driver succeeded. Untracked pointers are passed through.
+    pub(crate) fn freed(&self, ptr: CUdeviceptr, free: impl FnOnce() -> CUresult) -> CUresult {
+        if let Some(region) = &self.region {
+            // Forgets the parent's allocations in a fork child before looking.
+            self.slot(region);
+        }
+        let shard = self.shard(ptr);
+        let allocation = shard.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr);
+        let rc = free();
+        match (allocation, &self.region) {
+            (Some(a), Some(region)) if rc == CUDA_SUCCESS => region.release(a.slot, a.dev, a.bytes),
+            (Some(a), _) => {
+                shard
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(ptr, a);
+            }
+            (None, _) => {}
+        }
+        rc
+    }
+
+    fn shard(&self, ptr: CUdeviceptr) -> &Mutex<HashMap<CUdeviceptr, Allocation>> {
+        &self.allocations[(ptr >> 9) as usize % SHARDS]
+    }
+}
+
+fn slot_of(owner: u64) -> Option<SlotId> {
+    // The slot index is stored + 1 in the low half; see `Enforcer::owner`.
+    SlotId::from_index(((owner & 0xffff_ffff) as usize).checked_sub(1)?)
+}

@@ -1,0 +1,100 @@
+//! The hooked CUDA driver functions, each declared once.
+//!
+//! Each `hooked` line generates the exported symbol (which runs the body
+//! under a panic guard) and the real function's slot in [`RealFns`]; `called`
+//! lines are driver functions the hooks call but do not intercept.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use crate::sys::{CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+use crate::{memory, proc_address};
+
+driver_api! {
+    hooked {
+        fn cuInit(flags: c_uint) => memory::init;
+        fn cuGetProcAddress(
+            symbol: *const c_char,
+            pfn: *mut *mut c_void,
+            cuda_version: c_int,
+            flags: cuuint64_t,
+        ) => proc_address::get_proc_address;
+        fn cuGetProcAddress_v2(
+            symbol: *const c_char,
+            pfn: *mut *mut c_void,
+            cuda_version: c_int,
+            flags: cuuint64_t,
+            symbol_status: *mut CUdriverProcAddressQueryResult,
+        ) => proc_address::get_proc_address_v2;
+        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) => memory::mem_alloc;
+        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) => memory::mem_alloc_managed;
+        fn cuMemAllocPitch_v2(
+            dptr: *mut CUdeviceptr,
+            pitch: *mut usize,
+            width: usize,
+            height: usize,
+            element_size: c_uint,
+        ) => memory::mem_alloc_pitch;
+        fn cuMemFree_v2(dptr: CUdeviceptr) => memory::mem_free;
+        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::mem_get_info;
+        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::device_total_mem;
+    }
+    called {
+        fn cuCtxGetDevice(*mut CUdevice);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_exactly_never_by_prefix() {
+        assert!(hook_for(b"cuMemAlloc_v2").is_some());
+        assert_eq!(
+            hook_for(b"cuMemAlloc_v2"),
+            Some(exports::cuMemAlloc_v2 as *mut c_void)
+        );
+        for name in [
+            &b"cuMemAlloc"[..],
+            b"cuMemAlloc_v2_ptsz",
+            b"cu",
+            b"cudnnCreate",
+            b"",
+            b"cuMemAlloc_v",
+        ] {
+            assert!(
+                hook_for(name).is_none(),
+                "{}",
+                String::from_utf8_lossy(name)
+            );
+        }
+        for name in HOOKED {
+            assert!(hook_for(name.as_bytes()).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn real_addresses_map_to_the_hook_of_the_same_symbol() {
+        unsafe extern "C" fn fake_alloc(_: *mut CUdeviceptr, _: usize) -> CUresult {
+            0
+        }
+        unsafe extern "C" fn fake_free(_: CUdeviceptr) -> CUresult {
+            0
+        }
+        let fns = RealFns::resolve(|name| match name.to_bytes() {
+            b"cuMemAlloc_v2" => fake_alloc as *mut c_void,
+            b"cuMemFree_v2" => fake_free as *mut c_void,
+            _ => std::ptr::null_mut(),
+        });
+        assert!(fns.cuMemAlloc_v2.is_some() && fns.cuInit.is_none());
+        assert_eq!(
+            fns.hook_for_real(fake_alloc as *mut c_void),
+            Some(exports::cuMemAlloc_v2 as *mut c_void)
+        );
+        assert_eq!(
+            fns.hook_for_real(fake_free as *mut c_void),
+            Some(exports::cuMemFree_v2 as *mut c_void)
+        );
+        assert_eq!(fns.hook_for_real(std::ptr::null_mut()), None);
+    }
+}

@@ -1,0 +1,37 @@
+//! Raw CUDA driver API types and constants: the only place they are written
+//! down. Values are those of `cuda.h` (CUDA 12/13); only what the hooks use.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_int, c_void};
+
+/// `CUresult`: 0 is success, everything else an error code.
+pub type CUresult = c_int;
+/// `CUdevice`: a device ordinal.
+pub type CUdevice = c_int;
+/// `CUdeviceptr`: a device address.
+pub type CUdeviceptr = u64;
+/// `CUcontext`: an opaque context handle.
+pub type CUcontext = *mut c_void;
+/// `cuuint64_t`.
+pub type cuuint64_t = u64;
+/// `CUdriverProcAddressQueryResult` (an enum in C, `int`-sized).
+pub type CUdriverProcAddressQueryResult = c_int;
+
+/// The call succeeded.
+pub const CUDA_SUCCESS: CUresult = 0;
+/// An argument is invalid.
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+/// Allocation failed: the device (or the container's slice of it) is full.
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+/// The driver is not initialised (the interposer also returns it when its
+/// configuration is invalid, so that CUDA is refused rather than unlimited).
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+/// A named symbol was not found.
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+/// Unknown error (the interposer returns it when a hook panics).
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// Alignment the interposer assumes for `cuMemAllocPitch` when it reserves
+/// before the call; the reservation is corrected to the real pitch after it.
+pub const PITCH_ALIGNMENT: u64 = 512;

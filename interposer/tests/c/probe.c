@@ -1,0 +1,301 @@
+/*
+ * A CUDA driver API client for the interposer's LD_PRELOAD tests.
+ *
+ * Built three ways, which differ only in how the driver's functions are found:
+ *   -DLOADER_LINKED    linked against libcuda.so.1 (symbol interposition);
+ *   -DLOADER_DLSYM     dlopen("libcuda.so.1") + dlsym of each versioned name;
+ *   -DLOADER_PROCADDR  dlopen + dlsym("cuGetProcAddress_v2") only, then every
+ *                      function by base name and CUDA version, as cudart does.
+ *
+ * Commands (output is "key=value" lines; exit 1 on an unexpected failure):
+ *   init                            cuInit's result
+ *   alloc <api> <bytes> <max>       allocate until failure or <max> (api: plain, managed),
+ *                                   then free everything
+ *   pitch <width> <height> <max>    the same with cuMemAllocPitch_v2 (element size 4)
+ *   meminfo <dev>                   cuMemGetInfo_v2 and cuDeviceTotalMem_v2
+ *   hold <bytes>                    allocate, print ready=1, wait to be killed
+ *   race <threads> <rounds> <bytes> allocate and free in a loop from several threads
+ *   stats <dev>                     the fake driver's physical usage and peak
+ *   lookup <name> <version>         cuGetProcAddress_v2's result and status
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+
+static struct {
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDeviceTotalMem_v2)(size_t *, CUdevice);
+    CUresult (*cuCtxCreate_v2)(CUcontext *, unsigned, CUdevice);
+    CUresult (*cuCtxSetCurrent)(CUcontext);
+    CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+    CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*cuMemAllocPitch_v2)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+    CUresult (*cuMemFree_v2)(CUdeviceptr);
+    CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+    CUresult (*cuGetProcAddress_v2)(const char *, void **, int, uint64_t, int *);
+    CUresult (*stats)(CUdevice, unsigned long long *, unsigned long long *);
+} cu;
+
+static void die(const char *what, CUresult rc) {
+    printf("FAIL %s rc=%d\n", what, rc);
+    exit(1);
+}
+
+static __attribute__((unused)) void *need(void *p, const char *name) {
+    if (!p) {
+        printf("FAIL resolve %s\n", name);
+        exit(1);
+    }
+    return p;
+}
+
+#if defined(LOADER_LINKED)
+CUresult cuInit(unsigned);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuGetProcAddress_v2(const char *, void **, int, uint64_t, int *);
+CUresult tesseraFakeStats(CUdevice, unsigned long long *, unsigned long long *);
+
+static void load(void) {
+    cu.cuInit = cuInit;
+    cu.cuDeviceGet = cuDeviceGet;
+    cu.cuDeviceTotalMem_v2 = cuDeviceTotalMem_v2;
+    cu.cuCtxCreate_v2 = cuCtxCreate_v2;
+    cu.cuCtxSetCurrent = cuCtxSetCurrent;
+    cu.cuMemAlloc_v2 = cuMemAlloc_v2;
+    cu.cuMemAllocManaged = cuMemAllocManaged;
+    cu.cuMemAllocPitch_v2 = cuMemAllocPitch_v2;
+    cu.cuMemFree_v2 = cuMemFree_v2;
+    cu.cuMemGetInfo_v2 = cuMemGetInfo_v2;
+    cu.cuGetProcAddress_v2 = cuGetProcAddress_v2;
+    cu.stats = tesseraFakeStats;
+}
+#else
+static void *driver;
+
+#define SYM(field, name) cu.field = need(dlsym(driver, name), name)
+
+#if defined(LOADER_DLSYM)
+static void load(void) {
+    driver = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
+    SYM(cuInit, "cuInit");
+    SYM(cuDeviceGet, "cuDeviceGet");
+    SYM(cuDeviceTotalMem_v2, "cuDeviceTotalMem_v2");
+    SYM(cuCtxCreate_v2, "cuCtxCreate_v2");
+    SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
+    SYM(cuMemAlloc_v2, "cuMemAlloc_v2");
+    SYM(cuMemAllocManaged, "cuMemAllocManaged");
+    SYM(cuMemAllocPitch_v2, "cuMemAllocPitch_v2");
+    SYM(cuMemFree_v2, "cuMemFree_v2");
+    SYM(cuMemGetInfo_v2, "cuMemGetInfo_v2");
+    SYM(cuGetProcAddress_v2, "cuGetProcAddress_v2");
+    SYM(stats, "tesseraFakeStats");
+}
+#elif defined(LOADER_PROCADDR)
+#define CUDA_VERSION 12090
+#define GPA(field, name)                                                          \
+    do {                                                                          \
+        void *p = NULL;                                                           \
+        int status = -1;                                                          \
+        CUresult rc = cu.cuGetProcAddress_v2(name, &p, CUDA_VERSION, 0, &status); \
+        if (rc != 0 || status != 0) die("cuGetProcAddress_v2 " name, rc);         \
+        cu.field = need(p, name);                                                 \
+    } while (0)
+
+static void load(void) {
+    driver = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
+    SYM(cuGetProcAddress_v2, "cuGetProcAddress_v2");
+    /* The runtime re-resolves the lookup function itself through it. */
+    GPA(cuGetProcAddress_v2, "cuGetProcAddress");
+    GPA(cuInit, "cuInit");
+    GPA(cuDeviceGet, "cuDeviceGet");
+    GPA(cuDeviceTotalMem_v2, "cuDeviceTotalMem");
+    GPA(cuCtxCreate_v2, "cuCtxCreate");
+    GPA(cuCtxSetCurrent, "cuCtxSetCurrent");
+    GPA(cuMemAlloc_v2, "cuMemAlloc");
+    GPA(cuMemAllocManaged, "cuMemAllocManaged");
+    GPA(cuMemAllocPitch_v2, "cuMemAllocPitch");
+    GPA(cuMemFree_v2, "cuMemFree");
+    GPA(cuMemGetInfo_v2, "cuMemGetInfo");
+    SYM(stats, "tesseraFakeStats");
+}
+#else
+#error "define LOADER_LINKED, LOADER_DLSYM or LOADER_PROCADDR"
+#endif
+#endif
+
+static CUcontext context(int dev) {
+    CUresult rc = cu.cuInit(0);
+    if (rc) die("cuInit", rc);
+    CUdevice d;
+    if ((rc = cu.cuDeviceGet(&d, dev))) die("cuDeviceGet", rc);
+    CUcontext ctx;
+    if ((rc = cu.cuCtxCreate_v2(&ctx, 0, d))) die("cuCtxCreate_v2", rc);
+    return ctx;
+}
+
+static int cmd_alloc(const char *api, size_t bytes, long max) {
+    context(0);
+    CUdeviceptr *ptrs = calloc((size_t)max, sizeof *ptrs);
+    long n = 0;
+    CUresult last = 0;
+    for (; n < max; n++) {
+        if (!strcmp(api, "plain")) last = cu.cuMemAlloc_v2(&ptrs[n], bytes);
+        else if (!strcmp(api, "managed")) last = cu.cuMemAllocManaged(&ptrs[n], bytes, 1);
+        else die("unknown api", -1);
+        if (last) break;
+    }
+    printf("allocated=%ld\nlast_rc=%d\n", n, last);
+    for (long i = 0; i < n; i++) {
+        CUresult rc = cu.cuMemFree_v2(ptrs[i]);
+        if (rc) die("cuMemFree_v2", rc);
+    }
+    return 0;
+}
+
+static int cmd_pitch(size_t width, size_t height, long max) {
+    context(0);
+    CUdeviceptr *ptrs = calloc((size_t)max, sizeof *ptrs);
+    long n = 0;
+    size_t pitch = 0;
+    CUresult last = 0;
+    for (; n < max; n++) {
+        last = cu.cuMemAllocPitch_v2(&ptrs[n], &pitch, width, height, 4);
+        if (last) break;
+    }
+    printf("allocated=%ld\nlast_rc=%d\npitch=%zu\n", n, last, pitch);
+    for (long i = 0; i < n; i++) {
+        CUresult rc = cu.cuMemFree_v2(ptrs[i]);
+        if (rc) die("cuMemFree_v2", rc);
+    }
+    return 0;
+}
+
+static int cmd_meminfo(int dev) {
+    context(dev);
+    size_t free_b = 0, total = 0, devtotal = 0;
+    CUresult rc = cu.cuMemGetInfo_v2(&free_b, &total);
+    if (rc) die("cuMemGetInfo_v2", rc);
+    CUdevice d;
+    cu.cuDeviceGet(&d, dev);
+    if ((rc = cu.cuDeviceTotalMem_v2(&devtotal, d))) die("cuDeviceTotalMem_v2", rc);
+    printf("free=%zu\ntotal=%zu\ndevtotal=%zu\n", free_b, total, devtotal);
+    printf("null_free_rc=%d\n", cu.cuMemGetInfo_v2(NULL, &total));
+    printf("null_total_rc=%d\n", cu.cuMemGetInfo_v2(&free_b, NULL));
+    printf("null_devtotal_rc=%d\n", cu.cuDeviceTotalMem_v2(NULL, d));
+    return 0;
+}
+
+static _Noreturn void cmd_hold(size_t bytes) {
+    context(0);
+    CUdeviceptr p;
+    CUresult rc = cu.cuMemAlloc_v2(&p, bytes);
+    if (rc) die("cuMemAlloc_v2", rc);
+    printf("ready=1\n");
+    fflush(stdout);
+    for (;;) pause();
+}
+
+struct racer {
+    CUcontext ctx;
+    long rounds;
+    size_t bytes;
+    long ok, oom, other;
+};
+
+static pthread_barrier_t start;
+
+static void *race(void *arg) {
+    struct racer *r = arg;
+    cu.cuCtxSetCurrent(r->ctx);
+    pthread_barrier_wait(&start);
+    for (long i = 0; i < r->rounds; i++) {
+        CUdeviceptr p;
+        CUresult rc = cu.cuMemAlloc_v2(&p, r->bytes);
+        if (rc == 0) {
+            r->ok++;
+            if (cu.cuMemFree_v2(p)) r->other++;
+        } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            r->oom++;
+        } else {
+            r->other++;
+        }
+    }
+    return NULL;
+}
+
+static int cmd_race(int threads, long rounds, size_t bytes) {
+    CUcontext ctx = context(0);
+    struct racer *rs = calloc((size_t)threads, sizeof *rs);
+    pthread_t *ts = calloc((size_t)threads, sizeof *ts);
+    pthread_barrier_init(&start, NULL, (unsigned)threads);
+    for (int i = 0; i < threads; i++) {
+        rs[i] = (struct racer){.ctx = ctx, .rounds = rounds, .bytes = bytes};
+        pthread_create(&ts[i], NULL, race, &rs[i]);
+    }
+    long ok = 0, oom = 0, other = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(ts[i], NULL);
+        ok += rs[i].ok;
+        oom += rs[i].oom;
+        other += rs[i].other;
+    }
+    printf("ok=%ld\noom=%ld\nother=%ld\n", ok, oom, other);
+    return 0;
+}
+
+static int cmd_stats(int dev) {
+    CUresult rc = cu.cuInit(0);
+    if (rc) die("cuInit", rc);
+    unsigned long long used = 0, peak = 0;
+    if ((rc = cu.stats(dev, &used, &peak))) die("tesseraFakeStats", rc);
+    printf("used=%llu\npeak=%llu\n", used, peak);
+    return 0;
+}
+
+static int cmd_lookup(const char *name, int version) {
+    void *p = NULL;
+    int status = -1;
+    CUresult rc = cu.cuGetProcAddress_v2(name, &p, version, 0, &status);
+    printf("rc=%d\nstatus=%d\nfound=%d\n", rc, status, p != NULL);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) die("usage", -1);
+    load();
+    const char *c = argv[1];
+    if (!strcmp(c, "init")) {
+        printf("init_rc=%d\n", cu.cuInit(0));
+        return 0;
+    }
+    if (!strcmp(c, "alloc") && argc == 5) return cmd_alloc(argv[2], strtoull(argv[3], NULL, 0), atol(argv[4]));
+    if (!strcmp(c, "pitch") && argc == 5) return cmd_pitch(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), atol(argv[4]));
+    if (!strcmp(c, "meminfo") && argc == 3) return cmd_meminfo(atoi(argv[2]));
+    if (!strcmp(c, "hold") && argc == 3) cmd_hold(strtoull(argv[2], NULL, 0));
+    if (!strcmp(c, "race") && argc == 5) return cmd_race(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0));
+    if (!strcmp(c, "stats") && argc == 3) return cmd_stats(atoi(argv[2]));
+    if (!strcmp(c, "lookup") && argc == 4) return cmd_lookup(argv[2], atoi(argv[3]));
+    die("usage", -1);
+    return 1;
+}

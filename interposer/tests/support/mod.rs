@@ -1,0 +1,234 @@
+//! Builds the C probes against the fake driver and runs them as separate
+//! processes, with or without `LD_PRELOAD=libtessera_vgpu.so`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// How a probe finds the driver's functions (see `tests/c/probe.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loader {
+    /// Linked against libcuda.so.1.
+    Linked,
+    /// dlopen + dlsym of each versioned name.
+    Dlsym,
+    /// dlopen + cuGetProcAddress_v2 for everything, as cudart does.
+    ProcAddr,
+}
+
+impl Loader {
+    pub const ALL: [Loader; 3] = [Loader::Linked, Loader::Dlsym, Loader::ProcAddr];
+
+    fn define(self) -> &'static str {
+        match self {
+            Loader::Linked => "LOADER_LINKED",
+            Loader::Dlsym => "LOADER_DLSYM",
+            Loader::ProcAddr => "LOADER_PROCADDR",
+        }
+    }
+}
+
+/// The built artifacts every test uses.
+pub struct Built {
+    /// `libtessera_vgpu.so`.
+    pub interposer: PathBuf,
+    /// A directory holding `libcuda.so.1` (the fake driver).
+    pub lib_dir: PathBuf,
+    probes: HashMap<&'static str, PathBuf>,
+}
+
+/// Where cargo put this test's dependencies: `<target>/<profile>/deps`.
+fn deps_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().expect("deps directory").to_owned()
+}
+
+/// A cdylib built by this `cargo test` run: next to the test executable
+/// (fresh for this build), else in the profile directory above it.
+fn cdylib(name: &str) -> PathBuf {
+    let deps = deps_dir();
+    [deps.join(name), deps.parent().unwrap().join(name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} not found next to {}; run through cargo test",
+                deps.display()
+            )
+        })
+}
+
+pub fn built() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let interposer = cdylib("libtessera_vgpu.so");
+        let fake = cdylib("libcuda.so");
+        // One fixed directory, each file written under a unique name and
+        // renamed into place, so concurrent test runs never see half a file.
+        let root = deps_dir().parent().unwrap().join("interposer-probes");
+        let lib_dir = root.join("lib");
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        let tmp = |path: &Path| path.with_extension(format!("tmp{}", std::process::id()));
+        let driver = lib_dir.join("libcuda.so.1");
+        std::fs::copy(&fake, tmp(&driver)).unwrap();
+        std::fs::rename(tmp(&driver), &driver).unwrap();
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/probe.c");
+        let mut probes = HashMap::new();
+        for loader in Loader::ALL {
+            let out = root.join(loader.define().to_lowercase());
+            let mut gcc = Command::new("gcc");
+            gcc.args(["-std=c11", "-O1", "-Wall", "-Werror", "-pthread", "-o"])
+                .arg(tmp(&out))
+                .arg(format!("-D{}", loader.define()))
+                .arg(&source);
+            if loader == Loader::Linked {
+                gcc.arg(&driver);
+            }
+            gcc.arg("-ldl");
+            let status = gcc.status().expect("gcc runs");
+            assert!(status.success(), "gcc failed for {loader:?}");
+            std::fs::rename(tmp(&out), &out).unwrap();
+            probes.insert(loader.define(), out);
+        }
+        Built {
+            interposer,
+            lib_dir,
+            probes,
+        }
+    })
+}
+
+/// One test's world: its own fake-device state file and shared region.
+pub struct World {
+    pub dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
+}
+
+impl World {
+    /// A fake GPU of `device_memory` bytes (e.g. "8g").
+    pub fn new(device_memory: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let env = vec![
+            (
+                "FAKE_CUDA_STATE".into(),
+                dir.path().join("fake.state").display().to_string(),
+            ),
+            ("FAKE_CUDA_DEVICE_MEMORY".into(), device_memory.into()),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+                dir.path().join("vgpu.region").display().to_string(),
+            ),
+        ];
+        Self { dir, env }
+    }
+
+    /// Adds an environment variable for every process of this world.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    pub fn region_path(&self) -> PathBuf {
+        self.dir.path().join("vgpu.region")
+    }
+
+    /// A probe command, preloaded or not.
+    pub fn probe(&self, loader: Loader, preload: bool, args: &[&str]) -> Command {
+        let built = built();
+        let mut cmd = Command::new(&built.probes[loader.define()]);
+        cmd.args(args);
+        self.apply(&mut cmd, preload);
+        cmd
+    }
+
+    /// Any command in this world's environment.
+    pub fn apply(&self, cmd: &mut Command, preload: bool) {
+        let built = built();
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy().into_owned();
+            if name.starts_with("CUDA_")
+                || name.starts_with("FAKE_CUDA_")
+                || name.starts_with("LIBCUDA_")
+                || name.starts_with("TESSERA_")
+                || name.starts_with("GPU_CORE")
+                || name == "LD_PRELOAD"
+            {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.env("LD_LIBRARY_PATH", &built.lib_dir);
+        for (name, value) in &self.env {
+            cmd.env(name, value);
+        }
+        if preload {
+            cmd.env("LD_PRELOAD", &built.interposer);
+        }
+    }
+
+    /// Runs a probe to completion and parses its `key=value` output.
+    pub fn run(&self, loader: Loader, preload: bool, args: &[&str]) -> Report {
+        let output = self
+            .probe(loader, preload, args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        Report::new(output, format!("{loader:?} preload={preload} {args:?}"))
+    }
+}
+
+/// A finished probe.
+pub struct Report {
+    pub output: Output,
+    values: HashMap<String, String>,
+    what: String,
+}
+
+impl Report {
+    fn new(output: Output, what: String) -> Self {
+        let values = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect();
+        Self {
+            output,
+            values,
+            what,
+        }
+    }
+
+    /// Asserts the probe exited 0 and returns itself.
+    pub fn ok(self) -> Self {
+        assert!(
+            self.output.status.success(),
+            "{} failed:\n{}",
+            self.what,
+            self.describe()
+        );
+        self
+    }
+
+    /// A numeric output value.
+    pub fn get(&self, key: &str) -> u64 {
+        let value = self
+            .values
+            .get(key)
+            .unwrap_or_else(|| panic!("{}: no {key}:\n{}", self.what, self.describe()));
+        value.parse().unwrap_or_else(|_| panic!("{key}={value}"))
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "status {}\nstdout:\n{}\nstderr:\n{}",
+            self.output.status,
+            String::from_utf8_lossy(&self.output.stdout),
+            self.stderr()
+        )
+    }
+}
+
+pub const MIB: u64 = 1 << 20;
