@@ -93,6 +93,22 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
     }))
 }
 
+/// What an allocation is known by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    /// A device pointer (`cuMemAlloc*`), released by `cuMemFree`.
+    Pointer(CUdeviceptr),
+    /// A physical allocation handle (`cuMemCreate`), released by `cuMemRelease`.
+    Handle(u64),
+}
+
+impl Key {
+    fn shard(self) -> usize {
+        let (Self::Pointer(v) | Self::Handle(v)) = self;
+        (v >> 9) as usize % SHARDS
+    }
+}
+
 /// One tracked allocation.
 #[derive(Clone, Copy, Debug)]
 struct Allocation {
@@ -113,8 +129,8 @@ pub struct Enforcer {
     owner: AtomicU64,
     /// Serialises slot claims within the process.
     claim: Mutex<()>,
-    /// Device pointer → allocation, sharded by address.
-    allocations: [Mutex<HashMap<CUdeviceptr, Allocation>>; SHARDS],
+    /// Pointer or handle → allocation, sharded.
+    allocations: [Mutex<HashMap<Key, Allocation>>; SHARDS],
 }
 
 impl Enforcer {
@@ -169,18 +185,18 @@ impl Enforcer {
     }
 
     /// Reserves `estimate` bytes on `dev`, runs `alloc`, and tracks the
-    /// pointer it returns with the bytes it really took.
+    /// pointer or handle it returns with the bytes it really took.
     ///
-    /// `alloc` returns the driver's result and, on success, the pointer and
-    /// its real size; `undo` frees a pointer whose real size no longer fits.
+    /// `alloc` returns the driver's result and, on success, the key and the
+    /// real size; `undo` frees an allocation whose real size no longer fits.
     /// The reservation happens before the driver is called, so concurrent
     /// processes never overcommit; it is released when the driver fails.
     pub(crate) fn charged(
         &self,
         dev: CUdevice,
         estimate: u64,
-        alloc: impl FnOnce() -> Result<(CUdeviceptr, u64), CUresult>,
-        undo: impl FnOnce(CUdeviceptr),
+        alloc: impl FnOnce() -> Result<(Key, u64), CUresult>,
+        undo: impl FnOnce(Key),
     ) -> CUresult {
         let Some(region) = &self.region else {
             return alloc().err().unwrap_or(CUDA_SUCCESS);
@@ -197,7 +213,7 @@ impl Enforcer {
         if let Err(rc) = self.reserve(region, slot, index, estimate) {
             return rc;
         }
-        let (ptr, bytes) = match alloc() {
+        let (key, bytes) = match alloc() {
             Ok(done) => done,
             Err(rc) => {
                 region.release(slot, index, estimate);
@@ -207,17 +223,17 @@ impl Enforcer {
         if bytes > estimate {
             if let Err(rc) = self.reserve(region, slot, index, bytes - estimate) {
                 region.release(slot, index, estimate);
-                undo(ptr);
+                undo(key);
                 return rc;
             }
         } else {
             region.release(slot, index, estimate - bytes);
         }
-        self.shard(ptr)
+        self.allocations[key.shard()]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(
-                ptr,
+                key,
                 Allocation {
                     dev: index,
                     bytes,
@@ -260,15 +276,15 @@ impl Enforcer {
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
 
-    /// Frees `ptr` with `free` and returns its bytes to the region when the
-    /// driver succeeded. Untracked pointers are passed through.
-    pub(crate) fn freed(&self, ptr: CUdeviceptr, free: impl FnOnce() -> CUresult) -> CUresult {
+    /// Frees `key` with `free` and returns its bytes to the region when the
+    /// driver succeeded. Untracked pointers and handles are passed through.
+    pub(crate) fn freed(&self, key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
         if let Some(region) = &self.region {
             // Forgets the parent's allocations in a fork child before looking.
             self.slot(region);
         }
-        let shard = self.shard(ptr);
-        let allocation = shard.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr);
+        let shard = &self.allocations[key.shard()];
+        let allocation = shard.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         let rc = free();
         match (allocation, &self.region) {
             (Some(a), Some(region)) if rc == CUDA_SUCCESS => region.release(a.slot, a.dev, a.bytes),
@@ -276,15 +292,11 @@ impl Enforcer {
                 shard
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(ptr, a);
+                    .insert(key, a);
             }
             (None, _) => {}
         }
         rc
-    }
-
-    fn shard(&self, ptr: CUdeviceptr) -> &Mutex<HashMap<CUdeviceptr, Allocation>> {
-        &self.allocations[(ptr >> 9) as usize % SHARDS]
     }
 }
 

@@ -6,7 +6,10 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use crate::sys::{CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+use crate::sys::{
+    CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUmemAllocationProp,
+    CUmemGenericAllocationHandle, CUresult, cuuint64_t,
+};
 use crate::{memory, proc_address};
 
 driver_api! {
@@ -35,6 +38,13 @@ driver_api! {
             element_size: c_uint,
         ) => memory::mem_alloc_pitch;
         fn cuMemFree_v2(dptr: CUdeviceptr) => memory::mem_free;
+        fn cuMemCreate(
+            handle: *mut CUmemGenericAllocationHandle,
+            size: usize,
+            prop: *const CUmemAllocationProp,
+            flags: u64,
+        ) => memory::mem_create;
+        fn cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::mem_release;
         fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::mem_get_info;
         fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::device_total_mem;
     }

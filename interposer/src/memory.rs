@@ -3,9 +3,10 @@
 
 use std::ffi::c_uint;
 
-use crate::enforce::{State, state};
+use crate::enforce::{Key, State, state};
 use crate::sys::{
-    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult, PITCH_ALIGNMENT,
+    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr,
+    CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult, PITCH_ALIGNMENT,
 };
 
 /// `cuInit`: sets the process up (so a bad configuration fails here, loudly)
@@ -50,12 +51,10 @@ pub(crate) unsafe fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUres
         bytesize as u64,
         || match real!(cuMemAlloc_v2(dptr, bytesize)) {
             // SAFETY: the driver succeeded, so `dptr` is valid and written.
-            CUDA_SUCCESS => Ok((unsafe { *dptr }, bytesize as u64)),
+            CUDA_SUCCESS => Ok((Key::Pointer(unsafe { *dptr }), bytesize as u64)),
             rc => Err(rc),
         },
-        |ptr| {
-            real!(cuMemFree_v2(ptr));
-        },
+        free_pointer,
     )
 }
 
@@ -83,12 +82,10 @@ pub(crate) unsafe fn mem_alloc_managed(
         bytesize as u64,
         || match real!(cuMemAllocManaged(dptr, bytesize, flags)) {
             // SAFETY: the driver succeeded, so `dptr` is valid and written.
-            CUDA_SUCCESS => Ok((unsafe { *dptr }, bytesize as u64)),
+            CUDA_SUCCESS => Ok((Key::Pointer(unsafe { *dptr }), bytesize as u64)),
             rc => Err(rc),
         },
-        |ptr| {
-            real!(cuMemFree_v2(ptr));
-        },
+        free_pointer,
     )
 }
 
@@ -126,13 +123,23 @@ pub(crate) unsafe fn mem_alloc_pitch(
         estimate,
         || match real!(cuMemAllocPitch_v2(dptr, pitch, width, height, element_size)) {
             // SAFETY: the driver succeeded, so `dptr` and `pitch` are valid and written.
-            CUDA_SUCCESS => Ok(unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) }),
+            CUDA_SUCCESS => Ok(unsafe {
+                (
+                    Key::Pointer(*dptr),
+                    (*pitch as u64).saturating_mul(height as u64),
+                )
+            }),
             rc => Err(rc),
         },
-        |ptr| {
-            real!(cuMemFree_v2(ptr));
-        },
+        free_pointer,
     )
+}
+
+/// Undoes an allocation whose real size no longer fits the limit.
+fn free_pointer(key: Key) {
+    if let Key::Pointer(ptr) = key {
+        real!(cuMemFree_v2(ptr));
+    }
 }
 
 /// `cuMemFree_v2`: frees, then returns the allocation's bytes.
@@ -144,7 +151,9 @@ pub(crate) unsafe fn mem_free(dptr: CUdeviceptr) -> CUresult {
     match state() {
         State::Disabled => real!(cuMemFree_v2(dptr)),
         State::Refused => CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer.freed(dptr, || real!(cuMemFree_v2(dptr))),
+        State::Enforcing(enforcer) => {
+            enforcer.freed(Key::Pointer(dptr), || real!(cuMemFree_v2(dptr)))
+        }
     }
 }
 
@@ -206,4 +215,63 @@ pub(crate) unsafe fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUres
         unsafe { *bytes = usize::try_from(limit).unwrap_or(usize::MAX) };
     }
     rc
+}
+
+/// `cuMemCreate` (virtual memory management): a physical allocation on a
+/// device is charged `size` to the device named in `prop->location`, not to
+/// the current context's (a worker thread may have none). Host locations are
+/// not device memory and pass through.
+///
+/// # Safety
+///
+/// `handle` and `prop` as for `cuMemCreate`.
+pub(crate) unsafe fn mem_create(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    let enforcer = match state() {
+        State::Disabled => return real!(cuMemCreate(handle, size, prop, flags)),
+        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
+        State::Enforcing(enforcer) => enforcer,
+    };
+    // SAFETY: `prop` is NULL or points to a CUmemAllocationProp (caller's contract).
+    let location = unsafe { prop.as_ref() }.map(|p| p.location);
+    let dev = match location {
+        Some(location) if location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => location.id,
+        _ => return real!(cuMemCreate(handle, size, prop, flags)),
+    };
+    enforcer.charged(
+        dev,
+        size as u64,
+        || match real!(cuMemCreate(handle, size, prop, flags)) {
+            // SAFETY: the driver succeeded, so `handle` is valid and written.
+            CUDA_SUCCESS => Ok((Key::Handle(unsafe { *handle }), size as u64)),
+            rc => Err(rc),
+        },
+        |key| {
+            if let Key::Handle(handle) = key {
+                real!(cuMemRelease(handle));
+            }
+        },
+    )
+}
+
+/// `cuMemRelease`: releases the handle, then returns what it was charged.
+///
+/// The charge follows the handle, as in HAMi-core; the driver keeps the
+/// memory until the last mapping of it is unmapped as well.
+///
+/// # Safety
+///
+/// None beyond `cuMemRelease`'s.
+pub(crate) unsafe fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
+    match state() {
+        State::Disabled => real!(cuMemRelease(handle)),
+        State::Refused => CUDA_ERROR_NOT_INITIALIZED,
+        State::Enforcing(enforcer) => {
+            enforcer.freed(Key::Handle(handle), || real!(cuMemRelease(handle)))
+        }
+    }
 }

@@ -35,3 +35,36 @@ pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 /// Alignment the interposer assumes for `cuMemAllocPitch` when it reserves
 /// before the call; the reservation is corrected to the real pitch after it.
 pub const PITCH_ALIGNMENT: u64 = 512;
+
+/// `CUmemGenericAllocationHandle`: a physical allocation (VMM).
+pub type CUmemGenericAllocationHandle = u64;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`: the location is a device ordinal.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    /// `CUmemLocationType`.
+    pub type_: c_int,
+    /// The device ordinal when `type_` is `CU_MEM_LOCATION_TYPE_DEVICE`.
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp` (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemAllocationProp {
+    /// `CUmemAllocationType`.
+    pub type_: c_int,
+    /// `CUmemAllocationHandleType`.
+    pub requested_handle_types: c_int,
+    /// Where the memory lives.
+    pub location: CUmemLocation,
+    /// Windows only.
+    pub win32_handle_meta_data: *mut c_void,
+    /// `allocFlags`: compression type, RDMA capable, usage, reserved.
+    pub alloc_flags: [u8; 8],
+}
+
+const _: () = assert!(size_of::<CUmemAllocationProp>() == 32);

@@ -86,6 +86,39 @@ fn pitch_allocations_are_charged_with_the_driver_s_pitch() {
 }
 
 #[test]
+fn vmm_allocations_are_charged_to_the_device_they_name() {
+    let world = World::new("8g")
+        .env("FAKE_CUDA_DEVICE_COUNT", "2")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "64m")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_1", "8m");
+    let chunk = (2 * MIB).to_string();
+    for loader in Loader::ALL {
+        // No current context anywhere: the device comes from the properties.
+        let first = world.run(loader, true, &["vmm", "0", &chunk, "100"]).ok();
+        assert_eq!(first.get("granularity"), 2 * MIB);
+        assert_eq!(
+            (first.get("allocated"), first.get("last_rc")),
+            (32, OOM),
+            "{loader:?}"
+        );
+        let second = world.run(loader, true, &["vmm", "1", &chunk, "100"]).ok();
+        assert_eq!(
+            (second.get("allocated"), second.get("last_rc")),
+            (4, OOM),
+            "{loader:?}"
+        );
+        let free = world.run(loader, false, &["vmm", "1", &chunk, "100"]).ok();
+        assert_eq!(
+            (free.get("allocated"), free.get("last_rc")),
+            (100, 0),
+            "{loader:?}"
+        );
+    }
+    let region = Region::open(&world.region_path()).unwrap();
+    assert_eq!((region.used(0), region.used(1)), (0, 0));
+}
+
+#[test]
 fn mem_info_reports_the_container_s_slice() {
     let world = World::new("8g")
         .env("FAKE_CUDA_DEVICE_COUNT", "2")
@@ -200,8 +233,12 @@ fn non_cuda_programs_behave_exactly_as_without_the_preload() {
 
 #[test]
 fn racing_processes_never_overcommit() {
-    // 3 MiB chunks under a 10 MiB limit: at most three fit at once.
+    // 3 MiB chunks under a 10 MiB limit: at most three fit at once. Each
+    // success is held for 20 µs so that the 8 threads really contend, and
+    // the processes start together on a start file.
     let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "10m");
+    let start = world.dir.path().join("go");
+    let world = world.env("PROBE_START", &start.display().to_string());
     let chunk = (3 * MIB).to_string();
     let loaders = [
         Loader::Linked,
@@ -213,13 +250,14 @@ fn racing_processes_never_overcommit() {
         .iter()
         .map(|&loader| {
             world
-                .probe(loader, true, &["race", "2", "1000", &chunk])
+                .probe(loader, true, &["race", "2", "1000", &chunk, "20"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
+    std::fs::write(&start, b"").unwrap();
     let (mut ok, mut oom) = (0, 0);
     for child in children {
         let output = child.wait_with_output().unwrap();

@@ -12,9 +12,13 @@
  *   alloc <api> <bytes> <max>       allocate until failure or <max> (api: plain, managed),
  *                                   then free everything
  *   pitch <width> <height> <max>    the same with cuMemAllocPitch_v2 (element size 4)
+ *   vmm <dev> <bytes> <max>         the same with cuMemCreate on device <dev>, from a
+ *                                   thread without a current context
  *   meminfo <dev>                   cuMemGetInfo_v2 and cuDeviceTotalMem_v2
  *   hold <bytes>                    allocate, print ready=1, wait to be killed
- *   race <threads> <rounds> <bytes> allocate and free in a loop from several threads
+ *   race <threads> <rounds> <bytes> <hold_us>
+ *                                   allocate, hold, free in a loop from several threads;
+ *                                   starts when the file $PROBE_START exists, if set
  *   stats <dev>                     the fake driver's physical usage and peak
  *   lookup <name> <version>         cuGetProcAddress_v2's result and status
  */
@@ -31,6 +35,17 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+    int type; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int requestedHandleTypes;
+    struct {
+        int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+        int id;
+    } location;
+    void *win32HandleMetaData;
+    unsigned char allocFlags[8];
+} CUmemAllocationProp;
 
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 
@@ -45,6 +60,9 @@ static struct {
     CUresult (*cuMemAllocPitch_v2)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
     CUresult (*cuMemFree_v2)(CUdeviceptr);
     CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+    CUresult (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+    CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
     CUresult (*cuGetProcAddress_v2)(const char *, void **, int, uint64_t, int *);
     CUresult (*stats)(CUdevice, unsigned long long *, unsigned long long *);
 } cu;
@@ -73,6 +91,9 @@ CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, int);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuGetProcAddress_v2(const char *, void **, int, uint64_t, int *);
 CUresult tesseraFakeStats(CUdevice, unsigned long long *, unsigned long long *);
 
@@ -87,6 +108,9 @@ static void load(void) {
     cu.cuMemAllocPitch_v2 = cuMemAllocPitch_v2;
     cu.cuMemFree_v2 = cuMemFree_v2;
     cu.cuMemGetInfo_v2 = cuMemGetInfo_v2;
+    cu.cuMemGetAllocationGranularity = cuMemGetAllocationGranularity;
+    cu.cuMemCreate = cuMemCreate;
+    cu.cuMemRelease = cuMemRelease;
     cu.cuGetProcAddress_v2 = cuGetProcAddress_v2;
     cu.stats = tesseraFakeStats;
 }
@@ -108,6 +132,9 @@ static void load(void) {
     SYM(cuMemAllocPitch_v2, "cuMemAllocPitch_v2");
     SYM(cuMemFree_v2, "cuMemFree_v2");
     SYM(cuMemGetInfo_v2, "cuMemGetInfo_v2");
+    SYM(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
+    SYM(cuMemCreate, "cuMemCreate");
+    SYM(cuMemRelease, "cuMemRelease");
     SYM(cuGetProcAddress_v2, "cuGetProcAddress_v2");
     SYM(stats, "tesseraFakeStats");
 }
@@ -137,6 +164,9 @@ static void load(void) {
     GPA(cuMemAllocPitch_v2, "cuMemAllocPitch");
     GPA(cuMemFree_v2, "cuMemFree");
     GPA(cuMemGetInfo_v2, "cuMemGetInfo");
+    GPA(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
+    GPA(cuMemCreate, "cuMemCreate");
+    GPA(cuMemRelease, "cuMemRelease");
     SYM(stats, "tesseraFakeStats");
 }
 #else
@@ -191,6 +221,26 @@ static int cmd_pitch(size_t width, size_t height, long max) {
     return 0;
 }
 
+static int cmd_vmm(int dev, size_t bytes, long max) {
+    CUresult rc = cu.cuInit(0);
+    if (rc) die("cuInit", rc);
+    CUmemAllocationProp prop = {.type = 1, .location = {.type = 1, .id = dev}};
+    size_t granularity = 0;
+    if ((rc = cu.cuMemGetAllocationGranularity(&granularity, &prop, 0))) die("cuMemGetAllocationGranularity", rc);
+    CUmemGenericAllocationHandle *handles = calloc((size_t)max, sizeof *handles);
+    long n = 0;
+    CUresult last = 0;
+    for (; n < max; n++) {
+        last = cu.cuMemCreate(&handles[n], bytes, &prop, 0);
+        if (last) break;
+    }
+    printf("granularity=%zu\nallocated=%ld\nlast_rc=%d\n", granularity, n, last);
+    for (long i = 0; i < n; i++) {
+        if ((rc = cu.cuMemRelease(handles[i]))) die("cuMemRelease", rc);
+    }
+    return 0;
+}
+
 static int cmd_meminfo(int dev) {
     context(dev);
     size_t free_b = 0, total = 0, devtotal = 0;
@@ -220,6 +270,7 @@ struct racer {
     CUcontext ctx;
     long rounds;
     size_t bytes;
+    useconds_t hold;
     long ok, oom, other;
 };
 
@@ -234,6 +285,7 @@ static void *race(void *arg) {
         CUresult rc = cu.cuMemAlloc_v2(&p, r->bytes);
         if (rc == 0) {
             r->ok++;
+            if (r->hold) usleep(r->hold);
             if (cu.cuMemFree_v2(p)) r->other++;
         } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
             r->oom++;
@@ -244,13 +296,15 @@ static void *race(void *arg) {
     return NULL;
 }
 
-static int cmd_race(int threads, long rounds, size_t bytes) {
+static int cmd_race(int threads, long rounds, size_t bytes, useconds_t hold) {
     CUcontext ctx = context(0);
+    const char *start_file = getenv("PROBE_START");
+    while (start_file && access(start_file, F_OK) != 0) usleep(1000);
     struct racer *rs = calloc((size_t)threads, sizeof *rs);
     pthread_t *ts = calloc((size_t)threads, sizeof *ts);
     pthread_barrier_init(&start, NULL, (unsigned)threads);
     for (int i = 0; i < threads; i++) {
-        rs[i] = (struct racer){.ctx = ctx, .rounds = rounds, .bytes = bytes};
+        rs[i] = (struct racer){.ctx = ctx, .rounds = rounds, .bytes = bytes, .hold = hold};
         pthread_create(&ts[i], NULL, race, &rs[i]);
     }
     long ok = 0, oom = 0, other = 0;
@@ -291,9 +345,11 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(c, "alloc") && argc == 5) return cmd_alloc(argv[2], strtoull(argv[3], NULL, 0), atol(argv[4]));
     if (!strcmp(c, "pitch") && argc == 5) return cmd_pitch(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), atol(argv[4]));
+    if (!strcmp(c, "vmm") && argc == 5) return cmd_vmm(atoi(argv[2]), strtoull(argv[3], NULL, 0), atol(argv[4]));
     if (!strcmp(c, "meminfo") && argc == 3) return cmd_meminfo(atoi(argv[2]));
     if (!strcmp(c, "hold") && argc == 3) cmd_hold(strtoull(argv[2], NULL, 0));
-    if (!strcmp(c, "race") && argc == 5) return cmd_race(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0));
+    if (!strcmp(c, "race") && argc == 6)
+        return cmd_race(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0), (useconds_t)atoi(argv[5]));
     if (!strcmp(c, "stats") && argc == 3) return cmd_stats(atoi(argv[2]));
     if (!strcmp(c, "lookup") && argc == 4) return cmd_lookup(argv[2], atoi(argv[3]));
     die("usage", -1);
