@@ -332,6 +332,23 @@ fn a_killed_process_s_memory_is_reclaimed() {
 }
 
 #[test]
+fn a_forked_child_is_accounted_as_its_own_process() {
+    let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "64m");
+    let report = world
+        .run(
+            Loader::Linked,
+            true,
+            &["fork", &(16 * MIB).to_string(), &(8 * MIB).to_string()],
+        )
+        .ok();
+    assert_eq!(report.get("child_exit"), 0);
+    // The child's 8 MiB were charged to its own slot, so they came back when
+    // it exited; charged to the parent's, they would stay until the parent
+    // exits and the parent would get only 40 more.
+    assert_eq!(report.get("allocated"), 48);
+}
+
+#[test]
 fn lookups_keep_the_driver_s_answers() {
     let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "64m");
     for loader in [Loader::Dlsym, Loader::ProcAddr, Loader::Linked] {

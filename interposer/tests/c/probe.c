@@ -19,6 +19,10 @@
  *   race <threads> <rounds> <bytes> <hold_us>
  *                                   allocate, hold, free in a loop from several threads;
  *                                   starts when the file $PROBE_START exists, if set
+ *   fork <parent_bytes> <child_bytes>
+ *                                   hold parent_bytes, fork a child that allocates
+ *                                   child_bytes and exits without freeing, then allocate
+ *                                   1 MiB chunks until failure
  *   stats <dev>                     the fake driver's physical usage and peak
  *   lookup <name> <version>         cuGetProcAddress_v2's result and status
  */
@@ -29,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -318,6 +323,27 @@ static int cmd_race(int threads, long rounds, size_t bytes, useconds_t hold) {
     return 0;
 }
 
+static int cmd_fork(size_t parent_bytes, size_t child_bytes) {
+    context(0);
+    CUdeviceptr held;
+    CUresult rc = cu.cuMemAlloc_v2(&held, parent_bytes);
+    if (rc) die("cuMemAlloc_v2 parent", rc);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        CUdeviceptr p;
+        _exit(cu.cuMemAlloc_v2(&p, child_bytes) == 0 ? 0 : 3);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("child_exit=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    long n = 0;
+    CUdeviceptr p;
+    while (n < 100000 && cu.cuMemAlloc_v2(&p, 1 << 20) == 0) n++;
+    printf("allocated=%ld\n", n);
+    return 0;
+}
+
 static int cmd_stats(int dev) {
     CUresult rc = cu.cuInit(0);
     if (rc) die("cuInit", rc);
@@ -350,6 +376,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "hold") && argc == 3) cmd_hold(strtoull(argv[2], NULL, 0));
     if (!strcmp(c, "race") && argc == 6)
         return cmd_race(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0), (useconds_t)atoi(argv[5]));
+    if (!strcmp(c, "fork") && argc == 4) return cmd_fork(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     if (!strcmp(c, "stats") && argc == 3) return cmd_stats(atoi(argv[2]));
     if (!strcmp(c, "lookup") && argc == 4) return cmd_lookup(argv[2], atoi(argv[3]));
     die("usage", -1);
