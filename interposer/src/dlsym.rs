@@ -9,9 +9,9 @@
 //! without us. Lookups are substituted only when:
 //!
 //! - the name is one we hook, compared exactly (never by prefix);
-//! - the handle is the real driver's own `dlopen` handle (`RTLD_DEFAULT`
+//! - the handle is the real driver's (or NVML's) own `dlopen` handle (`RTLD_DEFAULT`
 //!   already finds our export first, and `RTLD_NEXT` must keep its meaning);
-//! - the caller is not the driver itself (a driver that looks itself up must
+//! - the caller is not that library itself (a driver that looks itself up must
 //!   get its own functions, or it would recurse into us);
 //! - `CUDA_DISABLE_CONTROL` is not set.
 //!
@@ -20,7 +20,7 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
-use crate::driver::{DlsymFn, driver_unless_loading, real_dlsym};
+use crate::driver::{DlsymFn, driver_unless_loading, nvml_unless_loading, real_dlsym};
 use crate::enforce::{State, state};
 
 /// What the trampoline does: return `found` if non-NULL, else jump to `real`.
@@ -51,11 +51,18 @@ fn hook(handle: *mut c_void, symbol: *const c_char, caller: *const c_void) -> Op
     }
     // SAFETY: dlsym's contract: `symbol` is a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) };
-    let hook = crate::hooks::hook_for(name.to_bytes())?;
-    let driver = driver_unless_loading()?;
-    if driver.handle != handle as usize || driver.contains(caller) {
-        return None;
-    }
+    let name = name.to_bytes();
+    let ours = |library_handle: usize, library_contains: &dyn Fn(*const c_void) -> bool| {
+        library_handle == handle as usize && !library_contains(caller)
+    };
+    let hook = if let Some(hook) = crate::hooks::hook_for(name) {
+        let driver = driver_unless_loading()?;
+        ours(driver.handle, &|a| driver.contains(a)).then_some(hook)?
+    } else {
+        let hook = crate::nvml::hook_for(name)?;
+        let nvml = nvml_unless_loading()?;
+        ours(nvml.handle, &|a| nvml.contains(a)).then_some(hook)?
+    };
     match state() {
         State::Disabled => None,
         State::Refused | State::Enforcing(_) => Some(hook),

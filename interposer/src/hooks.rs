@@ -13,6 +13,7 @@ use crate::sys::{
 use crate::{memory, proc_address};
 
 driver_api! {
+    returns CUresult;
     hooked {
         fn cuInit(flags: c_uint) => memory::init;
         fn cuGetProcAddress(
@@ -91,7 +92,7 @@ mod tests {
         unsafe extern "C" fn fake_free(_: CUdeviceptr) -> CUresult {
             0
         }
-        let fns = RealFns::resolve(|name| match name.to_bytes() {
+        let fns = <RealFns as crate::driver::Table>::resolve(|name| match name.to_bytes() {
             b"cuMemAlloc_v2" => fake_alloc as *mut c_void,
             b"cuMemFree_v2" => fake_free as *mut c_void,
             _ => std::ptr::null_mut(),

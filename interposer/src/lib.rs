@@ -9,8 +9,9 @@
 //!            cuGetProcAddress(_v2) ── real lookup, then our export for the same address
 //! ```
 //!
-//! - [`hooks`] declares every hooked driver function once; the [`driver_api`]
-//!   macro generates the exported symbols and the table of real functions.
+//! - [`hooks`] (CUDA driver) and [`nvml`] declare every hooked function once;
+//!   the `driver_api!` macro generates the exported symbols and the table of
+//!   real functions.
 //! - Nothing happens at load time: no constructor, thread or file. The first
 //!   hooked call reads the environment ([`config`]) and maps the region
 //!   ([`enforce`]); a process that never calls CUDA never pays for either.
@@ -43,6 +44,7 @@ mod dlsym;
 pub mod enforce;
 pub mod hooks;
 mod memory;
+pub mod nvml;
 mod proc_address;
 pub mod sys;
 

@@ -1,5 +1,6 @@
-//! Raw CUDA driver API types and constants: the only place they are written
-//! down. Values are those of `cuda.h` (CUDA 12/13); only what the hooks use.
+//! Raw CUDA driver and NVML types and constants: the only place they are
+//! written down. Values are those of `cuda.h` (CUDA 12/13) and `nvml.h`; only
+//! what the hooks use.
 
 #![allow(non_camel_case_types)]
 
@@ -68,3 +69,43 @@ pub struct CUmemAllocationProp {
 }
 
 const _: () = assert!(size_of::<CUmemAllocationProp>() == 32);
+
+/// `nvmlReturn_t`: 0 is success.
+pub type nvmlReturn_t = c_int;
+/// `nvmlDevice_t`: an opaque device handle.
+pub type nvmlDevice_t = *mut c_void;
+/// NVML succeeded.
+pub const NVML_SUCCESS: nvmlReturn_t = 0;
+/// NVML was not initialised (the interposer also returns it when its
+/// configuration is invalid).
+pub const NVML_ERROR_UNINITIALIZED: nvmlReturn_t = 1;
+/// The NVML library lacks a function.
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
+
+/// `nvmlMemory_t` (bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvmlMemory_t {
+    /// Installed memory.
+    pub total: u64,
+    /// Unallocated memory.
+    pub free: u64,
+    /// Allocated memory.
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t` (bytes); `version` is `nvmlMemory_v2`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvmlMemory_v2_t {
+    /// Struct version.
+    pub version: u32,
+    /// Installed memory.
+    pub total: u64,
+    /// Memory reserved by the system.
+    pub reserved: u64,
+    /// Unallocated memory.
+    pub free: u64,
+    /// Allocated memory (excluding `reserved`).
+    pub used: u64,
+}

@@ -159,6 +159,49 @@ fn mem_info_reports_the_container_s_slice() {
 }
 
 #[test]
+fn nvml_reports_the_container_s_slice() {
+    let world = World::new("8g")
+        .env("FAKE_CUDA_DEVICE_COUNT", "2")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "64m");
+    let mut holder = Holder::start(&world, 16 * MIB);
+    for loader in Loader::ALL {
+        let info = world.run(loader, true, &["nvml", "0"]).ok();
+        assert_eq!(
+            (info.get("total"), info.get("used"), info.get("free")),
+            (64 * MIB, 16 * MIB, 48 * MIB),
+            "{loader:?}"
+        );
+        assert_eq!(
+            (
+                info.get("v2_total"),
+                info.get("v2_used"),
+                info.get("v2_free"),
+                info.get("v2_reserved")
+            ),
+            (64 * MIB, 16 * MIB, 48 * MIB, 0),
+            "{loader:?}"
+        );
+        // NVML's own answers for a bad version and a NULL pointer.
+        assert_eq!((info.get("bad_version_rc"), info.get("null_rc")), (25, 2));
+        // Device 1 has no limit: the physical values pass through.
+        let other = world.run(loader, true, &["nvml", "1"]).ok();
+        assert_eq!(
+            (other.get("total"), other.get("used")),
+            (8 << 30, 0),
+            "{loader:?}"
+        );
+        // Without the preload NVML shows the whole GPU.
+        let raw = world.run(loader, false, &["nvml", "0"]).ok();
+        assert_eq!(
+            (raw.get("total"), raw.get("used")),
+            (8 << 30, 16 * MIB),
+            "{loader:?}"
+        );
+    }
+    holder.kill();
+}
+
+#[test]
 fn a_malformed_limit_refuses_cuda_loudly() {
     for (name, value) in [
         ("CUDA_DEVICE_MEMORY_LIMIT", "1.5g"),

@@ -24,6 +24,8 @@
  *                                   child_bytes and exits without freeing, then allocate
  *                                   1 MiB chunks until failure
  *   stats <dev>                     the fake driver's physical usage and peak
+ *   nvml <index>                    NVML memory info (v1 and v2), without touching CUDA;
+ *                                   NVML is linked, or dlopen'ed by the dlsym loaders
  *   lookup <name> <version>         cuGetProcAddress_v2's result and status
  */
 #define _GNU_SOURCE
@@ -53,6 +55,24 @@ typedef struct {
 } CUmemAllocationProp;
 
 #define CUDA_ERROR_OUT_OF_MEMORY 2
+
+typedef int nvmlReturn_t;
+typedef void *nvmlDevice_t;
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+#define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
+
+static struct {
+    nvmlReturn_t (*nvmlInit_v2)(void);
+    nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2)(unsigned, nvmlDevice_t *);
+    nvmlReturn_t (*nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);
+    nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
+} nvml;
 
 static struct {
     CUresult (*cuInit)(unsigned);
@@ -101,6 +121,17 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocati
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuGetProcAddress_v2(const char *, void **, int, uint64_t, int *);
 CUresult tesseraFakeStats(CUdevice, unsigned long long *, unsigned long long *);
+nvmlReturn_t nvmlInit_v2(void);
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
+
+static void load_nvml(void) {
+    nvml.nvmlInit_v2 = nvmlInit_v2;
+    nvml.nvmlDeviceGetHandleByIndex_v2 = nvmlDeviceGetHandleByIndex_v2;
+    nvml.nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
+    nvml.nvmlDeviceGetMemoryInfo_v2 = nvmlDeviceGetMemoryInfo_v2;
+}
 
 static void load(void) {
     cu.cuInit = cuInit;
@@ -123,6 +154,14 @@ static void load(void) {
 static void *driver;
 
 #define SYM(field, name) cu.field = need(dlsym(driver, name), name)
+
+static void load_nvml(void) {
+    void *lib = need(dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL), "libnvidia-ml.so.1");
+    nvml.nvmlInit_v2 = need(dlsym(lib, "nvmlInit_v2"), "nvmlInit_v2");
+    nvml.nvmlDeviceGetHandleByIndex_v2 = need(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"), "nvmlDeviceGetHandleByIndex_v2");
+    nvml.nvmlDeviceGetMemoryInfo = need(dlsym(lib, "nvmlDeviceGetMemoryInfo"), "nvmlDeviceGetMemoryInfo");
+    nvml.nvmlDeviceGetMemoryInfo_v2 = need(dlsym(lib, "nvmlDeviceGetMemoryInfo_v2"), "nvmlDeviceGetMemoryInfo_v2");
+}
 
 #if defined(LOADER_DLSYM)
 static void load(void) {
@@ -344,6 +383,24 @@ static int cmd_fork(size_t parent_bytes, size_t child_bytes) {
     return 0;
 }
 
+static int cmd_nvml(unsigned index) {
+    load_nvml();
+    nvmlReturn_t rc = nvml.nvmlInit_v2();
+    if (rc) die("nvmlInit_v2", rc);
+    nvmlDevice_t device;
+    if ((rc = nvml.nvmlDeviceGetHandleByIndex_v2(index, &device))) die("nvmlDeviceGetHandleByIndex_v2", rc);
+    nvmlMemory_t v1;
+    if ((rc = nvml.nvmlDeviceGetMemoryInfo(device, &v1))) die("nvmlDeviceGetMemoryInfo", rc);
+    printf("total=%llu\nfree=%llu\nused=%llu\n", v1.total, v1.free, v1.used);
+    nvmlMemory_v2_t v2 = {.version = nvmlMemory_v2};
+    if ((rc = nvml.nvmlDeviceGetMemoryInfo_v2(device, &v2))) die("nvmlDeviceGetMemoryInfo_v2", rc);
+    printf("v2_total=%llu\nv2_free=%llu\nv2_used=%llu\nv2_reserved=%llu\n", v2.total, v2.free, v2.used, v2.reserved);
+    nvmlMemory_v2_t old = {.version = 1};
+    printf("bad_version_rc=%d\n", nvml.nvmlDeviceGetMemoryInfo_v2(device, &old));
+    printf("null_rc=%d\n", nvml.nvmlDeviceGetMemoryInfo(device, NULL));
+    return 0;
+}
+
 static int cmd_stats(int dev) {
     CUresult rc = cu.cuInit(0);
     if (rc) die("cuInit", rc);
@@ -377,6 +434,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "race") && argc == 6)
         return cmd_race(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0), (useconds_t)atoi(argv[5]));
     if (!strcmp(c, "fork") && argc == 4) return cmd_fork(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+    if (!strcmp(c, "nvml") && argc == 3) return cmd_nvml((unsigned)atoi(argv[2]));
     if (!strcmp(c, "stats") && argc == 3) return cmd_stats(atoi(argv[2]));
     if (!strcmp(c, "lookup") && argc == 4) return cmd_lookup(argv[2], atoi(argv[3]));
     die("usage", -1);

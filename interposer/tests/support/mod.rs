@@ -33,7 +33,7 @@ impl Loader {
 pub struct Built {
     /// `libtessera_vgpu.so`.
     pub interposer: PathBuf,
-    /// A directory holding `libcuda.so.1` (the fake driver).
+    /// A directory holding `libcuda.so.1` and `libnvidia-ml.so.1` (the fakes).
     pub lib_dir: PathBuf,
     probes: HashMap<&'static str, PathBuf>,
 }
@@ -64,6 +64,7 @@ pub fn built() -> &'static Built {
     BUILT.get_or_init(|| {
         let interposer = cdylib("libtessera_vgpu.so");
         let fake = cdylib("libcuda.so");
+        let fake_nvml = cdylib("libnvidia_ml.so");
         // One fixed directory, each file written under a unique name and
         // renamed into place, so concurrent test runs never see half a file.
         let root = deps_dir().parent().unwrap().join("interposer-probes");
@@ -73,6 +74,9 @@ pub fn built() -> &'static Built {
         let driver = lib_dir.join("libcuda.so.1");
         std::fs::copy(&fake, tmp(&driver)).unwrap();
         std::fs::rename(tmp(&driver), &driver).unwrap();
+        let nvml = lib_dir.join("libnvidia-ml.so.1");
+        std::fs::copy(&fake_nvml, tmp(&nvml)).unwrap();
+        std::fs::rename(tmp(&nvml), &nvml).unwrap();
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/probe.c");
         let mut probes = HashMap::new();
         for loader in Loader::ALL {
@@ -83,7 +87,7 @@ pub fn built() -> &'static Built {
                 .arg(format!("-D{}", loader.define()))
                 .arg(&source);
             if loader == Loader::Linked {
-                gcc.arg(&driver);
+                gcc.arg(&driver).arg(&nvml);
             }
             gcc.arg("-ldl");
             let status = gcc.status().expect("gcc runs");
