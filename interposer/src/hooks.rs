@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::sys::{
     CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUresult, cuuint64_t,
+    CUmemGenericAllocationHandle, CUresult, CUstream, cuuint64_t,
 };
 use crate::{memory, proc_address};
 
@@ -39,6 +39,10 @@ driver_api! {
             element_size: c_uint,
         ) => memory::mem_alloc_pitch;
         fn cuMemFree_v2(dptr: CUdeviceptr) => memory::mem_free;
+        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::mem_alloc_async;
+        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::mem_alloc_async_ptsz;
+        fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
+        fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async_ptsz;
         fn cuMemCreate(
             handle: *mut CUmemGenericAllocationHandle,
             size: usize,

@@ -6,7 +6,7 @@ use std::ffi::c_uint;
 use crate::enforce::{Key, State, state};
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult, PITCH_ALIGNMENT,
+    CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult, CUstream, PITCH_ALIGNMENT,
 };
 
 /// `cuInit`: sets the process up (so a bad configuration fails here, loudly)
@@ -31,14 +31,19 @@ fn current_device() -> Result<CUdevice, CUresult> {
     }
 }
 
-/// `cuMemAlloc_v2`, charged `bytesize`.
+/// Charges `bytes` to the current context's device around `call`, a driver
+/// allocation that writes the new pointer to `dptr`.
 ///
 /// # Safety
 ///
-/// `dptr` as for `cuMemAlloc_v2`.
-pub(crate) unsafe fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+/// `dptr` is what `call` writes through (the caller's argument).
+unsafe fn charge_pointer(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let enforcer = match state() {
-        State::Disabled => return real!(cuMemAlloc_v2(dptr, bytesize)),
+        State::Disabled => return call(),
         State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
         State::Enforcing(enforcer) => enforcer,
     };
@@ -48,14 +53,34 @@ pub(crate) unsafe fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUres
     };
     enforcer.charged(
         dev,
-        bytesize as u64,
-        || match real!(cuMemAlloc_v2(dptr, bytesize)) {
+        bytes as u64,
+        || match call() {
             // SAFETY: the driver succeeded, so `dptr` is valid and written.
-            CUDA_SUCCESS => Ok((Key::Pointer(unsafe { *dptr }), bytesize as u64)),
+            CUDA_SUCCESS => Ok((Key::Pointer(unsafe { *dptr }), bytes as u64)),
             rc => Err(rc),
         },
         free_pointer,
     )
+}
+
+/// Frees a pointer with `call` and returns its charge.
+fn release_pointer(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
+    match state() {
+        State::Disabled => call(),
+        State::Refused => CUDA_ERROR_NOT_INITIALIZED,
+        State::Enforcing(enforcer) => enforcer.freed(Key::Pointer(dptr), call),
+    }
+}
+
+/// `cuMemAlloc_v2`, charged `bytesize`.
+///
+/// # Safety
+///
+/// `dptr` as for `cuMemAlloc_v2`.
+pub(crate) unsafe fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    let call = || real!(cuMemAlloc_v2(dptr, bytesize));
+    // SAFETY: `dptr` is the caller's, which `call` writes.
+    unsafe { charge_pointer(dptr, bytesize, call) }
 }
 
 /// `cuMemAllocManaged`, charged to the current device in full.
@@ -68,25 +93,61 @@ pub(crate) unsafe fn mem_alloc_managed(
     bytesize: usize,
     flags: c_uint,
 ) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return real!(cuMemAllocManaged(dptr, bytesize, flags)),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
-    let dev = match current_device() {
-        Ok(dev) => dev,
-        Err(rc) => return rc,
-    };
-    enforcer.charged(
-        dev,
-        bytesize as u64,
-        || match real!(cuMemAllocManaged(dptr, bytesize, flags)) {
-            // SAFETY: the driver succeeded, so `dptr` is valid and written.
-            CUDA_SUCCESS => Ok((Key::Pointer(unsafe { *dptr }), bytesize as u64)),
-            rc => Err(rc),
-        },
-        free_pointer,
-    )
+    let call = || real!(cuMemAllocManaged(dptr, bytesize, flags));
+    // SAFETY: `dptr` is the caller's, which `call` writes.
+    unsafe { charge_pointer(dptr, bytesize, call) }
+}
+
+/// `cuMemAllocAsync`, charged `bytesize` when it is enqueued.
+///
+/// The charge is released when `cuMemFreeAsync` is enqueued; memory a pool
+/// keeps after that (its release threshold) is not charged yet.
+///
+/// # Safety
+///
+/// `dptr` as for `cuMemAllocAsync`.
+pub(crate) unsafe fn mem_alloc_async(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
+    let call = || real!(cuMemAllocAsync(dptr, bytesize, stream));
+    // SAFETY: `dptr` is the caller's, which `call` writes.
+    unsafe { charge_pointer(dptr, bytesize, call) }
+}
+
+/// `cuMemAllocAsync_ptsz` (per-thread default stream): as `cuMemAllocAsync`,
+/// calling the driver's own `_ptsz` function.
+///
+/// # Safety
+///
+/// `dptr` as for `cuMemAllocAsync`.
+pub(crate) unsafe fn mem_alloc_async_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
+    let call = || real!(cuMemAllocAsync_ptsz(dptr, bytesize, stream));
+    // SAFETY: `dptr` is the caller's, which `call` writes.
+    unsafe { charge_pointer(dptr, bytesize, call) }
+}
+
+/// `cuMemFreeAsync`: enqueues the free, then returns the charge.
+///
+/// # Safety
+///
+/// None beyond `cuMemFreeAsync`'s.
+pub(crate) unsafe fn mem_free_async(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    release_pointer(dptr, || real!(cuMemFreeAsync(dptr, stream)))
+}
+
+/// `cuMemFreeAsync_ptsz`.
+///
+/// # Safety
+///
+/// None beyond `cuMemFreeAsync`'s.
+pub(crate) unsafe fn mem_free_async_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    release_pointer(dptr, || real!(cuMemFreeAsync_ptsz(dptr, stream)))
 }
 
 /// `cuMemAllocPitch_v2`, charged `pitch × height` as the driver chose the
@@ -148,13 +209,7 @@ fn free_pointer(key: Key) {
 ///
 /// None beyond `cuMemFree_v2`'s.
 pub(crate) unsafe fn mem_free(dptr: CUdeviceptr) -> CUresult {
-    match state() {
-        State::Disabled => real!(cuMemFree_v2(dptr)),
-        State::Refused => CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => {
-            enforcer.freed(Key::Pointer(dptr), || real!(cuMemFree_v2(dptr)))
-        }
-    }
+    release_pointer(dptr, || real!(cuMemFree_v2(dptr)))
 }
 
 /// `cuMemGetInfo_v2`: with a limit on the current device, `total` is the

@@ -14,6 +14,8 @@ pub type CUdevice = c_int;
 pub type CUdeviceptr = u64;
 /// `CUcontext`: an opaque context handle.
 pub type CUcontext = *mut c_void;
+/// `CUstream`: an opaque stream handle (NULL: the default stream).
+pub type CUstream = *mut c_void;
 /// `cuuint64_t`.
 pub type cuuint64_t = u64;
 /// `CUdriverProcAddressQueryResult` (an enum in C, `int`-sized).

@@ -69,6 +69,29 @@ fn allocation_stops_exactly_at_the_limit_on_every_lookup_path() {
 }
 
 #[test]
+fn async_allocations_are_charged_and_keep_their_stream_semantics() {
+    for loader in Loader::ALL {
+        for per_thread in [0u64, 1] {
+            let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "64m");
+            let args = ["async", &MIB.to_string(), "100", &per_thread.to_string()];
+            let report = world.run(loader, true, &args).ok();
+            let what = format!("{loader:?} per_thread={per_thread}");
+            assert_eq!(
+                (report.get("allocated"), report.get("last_rc")),
+                (64, OOM),
+                "{what}"
+            );
+            // The driver's _ptsz functions ran for every call, and only when
+            // asked for: 64 allocations and 64 frees (the refused allocation
+            // never reached the driver).
+            assert_eq!(report.get("per_thread_calls"), per_thread * 128, "{what}");
+            let region = Region::open(&world.region_path()).unwrap();
+            assert_eq!(region.used(0), 0, "{what}");
+        }
+    }
+}
+
+#[test]
 fn pitch_allocations_are_charged_with_the_driver_s_pitch() {
     for loader in Loader::ALL {
         let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "64m");

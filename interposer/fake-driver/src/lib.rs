@@ -3,8 +3,10 @@
 //!
 //! It implements the driver API the interposer and its tests call (devices,
 //! contexts, device memory, VMM physical allocations (`cuMemCreate`,
-//! `cuMemRelease`, `cuMemGetAllocationGranularity`), `cuGetProcAddress(_v2)`
-//! with versioned names)
+//! `cuMemRelease`, `cuMemGetAllocationGranularity`), stream-ordered
+//! allocation (`cuMemAllocAsync`, `cuMemFreeAsync` and their `_ptsz`
+//! variants, immediate since the fake has no streams), `cuGetProcAddress(_v2)`
+//! with versioned names and per-thread-stream flags)
 //! with the real driver's argument checks and error codes. Device memory is
 //! bookkeeping only: pointers are unique addresses, never dereferenceable.
 //!
@@ -59,6 +61,8 @@ const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
+/// `cuGetProcAddress` flag: resolve to the per-thread-default-stream (`_ptsz`) variant.
+const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 const CU_GET_PROC_ADDRESS_SUCCESS: c_int = 0;
 const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
 const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: c_int = 2;
@@ -81,6 +85,8 @@ static ALLOCATIONS: Mutex<Option<HashMap<CUdeviceptr, (usize, u64)>>> = Mutex::n
 /// Live physical allocations (VMM) of this process: handle → (device, bytes).
 static HANDLES: Mutex<Option<HashMap<u64, (usize, u64)>>> = Mutex::new(None);
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+/// Calls of `_ptsz` variants in this process (see `tesseraFakePerThreadCalls`).
+static PER_THREAD_CALLS: AtomicU64 = AtomicU64::new(0);
 static PHYSICAL: OnceLock<Result<Physical, String>> = OnceLock::new();
 
 thread_local! {
@@ -443,6 +449,18 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     })
 }
 
+fn free(dptr: CUdeviceptr) -> Result<(), CUresult> {
+    initialized()?;
+    let (dev, bytes) = ALLOCATIONS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()
+        .and_then(|map| map.remove(&dptr))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    physical()?.release(dev, bytes);
+    Ok(())
+}
+
 /// `cuMemFree_v2`.
 ///
 /// # Safety
@@ -450,17 +468,69 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 /// Safe with any value: unknown addresses are refused.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    guard(|| {
-        initialized()?;
-        let (dev, bytes) = ALLOCATIONS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-            .and_then(|map| map.remove(&dptr))
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        physical()?.release(dev, bytes);
-        Ok(())
-    })
+    guard(|| free(dptr))
+}
+
+/// `cuMemAllocAsync` on the legacy default stream or `stream`. The fake has
+/// no streams: the allocation is immediate, from the current context's device.
+///
+/// # Safety
+///
+/// `dptr` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    _stream: *mut c_void,
+) -> CUresult {
+    guard(|| allocate(dptr, bytesize as u64))
+}
+
+/// `cuMemAllocAsync_ptsz`: the per-thread-default-stream variant; counted.
+///
+/// # Safety
+///
+/// `dptr` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    _stream: *mut c_void,
+) -> CUresult {
+    PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
+    guard(|| allocate(dptr, bytesize as u64))
+}
+
+/// `cuMemFreeAsync`.
+///
+/// # Safety
+///
+/// Safe with any value: unknown addresses are refused.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+    guard(|| free(dptr))
+}
+
+/// `cuMemFreeAsync_ptsz`; counted.
+///
+/// # Safety
+///
+/// Safe with any value: unknown addresses are refused.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+    PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
+    guard(|| free(dptr))
+}
+
+/// Not a CUDA function: how many times this process called a `_ptsz`
+/// variant, so tests can check per-thread-stream semantics survive hooking.
+///
+/// # Safety
+///
+/// Safe to call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tesseraFakePerThreadCalls() -> u64 {
+    PER_THREAD_CALLS.load(Ordering::Relaxed)
 }
 
 /// `cuMemGetInfo_v2`: the current device's physical free and total bytes,
@@ -650,8 +720,19 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuMemGetAllocationGranularity" => vec![v!(10020, cuMemGetAllocationGranularity)],
         b"cuMemCreate" => vec![v!(10020, cuMemCreate)],
         b"cuMemRelease" => vec![v!(10020, cuMemRelease)],
+        b"cuMemAllocAsync" => vec![v!(11020, cuMemAllocAsync)],
+        b"cuMemFreeAsync" => vec![v!(11020, cuMemFreeAsync)],
         b"cuGetProcAddress" => vec![v!(11030, cuGetProcAddress), v!(12000, cuGetProcAddress_v2)],
         _ => Vec::new(),
+    }
+}
+
+/// The `_ptsz` variant of a base name, for `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+fn per_thread(name: &[u8]) -> Option<*mut c_void> {
+    match name {
+        b"cuMemAllocAsync" => Some(cuMemAllocAsync_ptsz as *mut c_void),
+        b"cuMemFreeAsync" => Some(cuMemFreeAsync_ptsz as *mut c_void),
+        _ => None,
     }
 }
 
@@ -664,6 +745,7 @@ unsafe fn lookup(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
+    flags: u64,
 ) -> (CUresult, c_int) {
     if symbol.is_null() || pfn.is_null() {
         return (
@@ -676,7 +758,16 @@ unsafe fn lookup(
     let versions = versions(name);
     let chosen = versions.iter().rev().find(|v| v.since <= cuda_version);
     let (rc, status, address) = match chosen {
-        Some(v) => (CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS, v.address),
+        Some(v) => {
+            let per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0)
+                .then(|| per_thread(name))
+                .flatten();
+            (
+                CUDA_SUCCESS,
+                CU_GET_PROC_ADDRESS_SUCCESS,
+                per_thread.unwrap_or(v.address),
+            )
+        }
         None if versions.is_empty() => (
             CUDA_ERROR_NOT_FOUND,
             CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
@@ -704,13 +795,15 @@ pub unsafe extern "C" fn cuGetProcAddress(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
-    _flags: u64,
+    flags: u64,
 ) -> CUresult {
     // SAFETY: the caller's arguments, as documented.
-    guard(|| match unsafe { lookup(symbol, pfn, cuda_version) } {
-        (CUDA_SUCCESS, _) => Ok(()),
-        (rc, _) => Err(rc),
-    })
+    guard(
+        || match unsafe { lookup(symbol, pfn, cuda_version, flags) } {
+            (CUDA_SUCCESS, _) => Ok(()),
+            (rc, _) => Err(rc),
+        },
+    )
 }
 
 /// `cuGetProcAddress_v2` (CUDA 12+): as `cuGetProcAddress`, and reports why
@@ -724,12 +817,12 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
-    _flags: u64,
+    flags: u64,
     symbol_status: *mut c_int,
 ) -> CUresult {
     guard(|| {
         // SAFETY: the caller's arguments, as documented.
-        let (rc, status) = unsafe { lookup(symbol, pfn, cuda_version) };
+        let (rc, status) = unsafe { lookup(symbol, pfn, cuda_version, flags) };
         if !symbol_status.is_null() {
             // SAFETY: non-NULL, valid for writes per the caller.
             unsafe { symbol_status.write(status) };

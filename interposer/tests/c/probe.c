@@ -23,6 +23,10 @@
  *                                   hold parent_bytes, fork a child that allocates
  *                                   child_bytes and exits without freeing, then allocate
  *                                   1 MiB chunks until failure
+ *   async <bytes> <max> <per_thread>
+ *                                   the same with cuMemAllocAsync/cuMemFreeAsync, or their
+ *                                   _ptsz variants when per_thread is 1 (cuGetProcAddress
+ *                                   loaders ask with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
  *   stats <dev>                     the fake driver's physical usage and peak
  *   nvml <index>                    NVML memory info (v1 and v2), without touching CUDA;
  *                                   NVML is linked, or dlopen'ed by the dlsym loaders
@@ -90,6 +94,9 @@ static struct {
     CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
     CUresult (*cuGetProcAddress_v2)(const char *, void **, int, uint64_t, int *);
     CUresult (*stats)(CUdevice, unsigned long long *, unsigned long long *);
+    unsigned long long (*per_thread_calls)(void);
+    CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, void *);
+    CUresult (*cuMemFreeAsync)(CUdeviceptr, void *);
 } cu;
 
 static void die(const char *what, CUresult rc) {
@@ -121,6 +128,17 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocati
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuGetProcAddress_v2(const char *, void **, int, uint64_t, int *);
 CUresult tesseraFakeStats(CUdevice, unsigned long long *, unsigned long long *);
+unsigned long long tesseraFakePerThreadCalls(void);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, void *);
+CUresult cuMemFreeAsync(CUdeviceptr, void *);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr, void *);
+
+static void load_async(int per_thread) {
+    cu.cuMemAllocAsync = per_thread ? cuMemAllocAsync_ptsz : cuMemAllocAsync;
+    cu.cuMemFreeAsync = per_thread ? cuMemFreeAsync_ptsz : cuMemFreeAsync;
+}
+
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
@@ -149,6 +167,7 @@ static void load(void) {
     cu.cuMemRelease = cuMemRelease;
     cu.cuGetProcAddress_v2 = cuGetProcAddress_v2;
     cu.stats = tesseraFakeStats;
+    cu.per_thread_calls = tesseraFakePerThreadCalls;
 }
 #else
 static void *driver;
@@ -181,6 +200,12 @@ static void load(void) {
     SYM(cuMemRelease, "cuMemRelease");
     SYM(cuGetProcAddress_v2, "cuGetProcAddress_v2");
     SYM(stats, "tesseraFakeStats");
+    SYM(per_thread_calls, "tesseraFakePerThreadCalls");
+}
+
+static void load_async(int per_thread) {
+    SYM(cuMemAllocAsync, per_thread ? "cuMemAllocAsync_ptsz" : "cuMemAllocAsync");
+    SYM(cuMemFreeAsync, per_thread ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync");
 }
 #elif defined(LOADER_PROCADDR)
 #define CUDA_VERSION 12090
@@ -212,6 +237,19 @@ static void load(void) {
     GPA(cuMemCreate, "cuMemCreate");
     GPA(cuMemRelease, "cuMemRelease");
     SYM(stats, "tesseraFakeStats");
+    SYM(per_thread_calls, "tesseraFakePerThreadCalls");
+}
+
+static void load_async(int per_thread) {
+    uint64_t flags = per_thread ? 2 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */ : 0;
+    void *p = NULL;
+    int status = -1;
+    CUresult rc = cu.cuGetProcAddress_v2("cuMemAllocAsync", &p, CUDA_VERSION, flags, &status);
+    if (rc || status) die("cuGetProcAddress_v2 cuMemAllocAsync", rc);
+    cu.cuMemAllocAsync = need(p, "cuMemAllocAsync");
+    rc = cu.cuGetProcAddress_v2("cuMemFreeAsync", &p, CUDA_VERSION, flags, &status);
+    if (rc || status) die("cuGetProcAddress_v2 cuMemFreeAsync", rc);
+    cu.cuMemFreeAsync = need(p, "cuMemFreeAsync");
 }
 #else
 #error "define LOADER_LINKED, LOADER_DLSYM or LOADER_PROCADDR"
@@ -244,6 +282,25 @@ static int cmd_alloc(const char *api, size_t bytes, long max) {
         CUresult rc = cu.cuMemFree_v2(ptrs[i]);
         if (rc) die("cuMemFree_v2", rc);
     }
+    return 0;
+}
+
+static int cmd_async(size_t bytes, long max, int per_thread) {
+    context(0);
+    load_async(per_thread);
+    CUdeviceptr *ptrs = calloc((size_t)max, sizeof *ptrs);
+    long n = 0;
+    CUresult last = 0;
+    for (; n < max; n++) {
+        last = cu.cuMemAllocAsync(&ptrs[n], bytes, NULL);
+        if (last) break;
+    }
+    printf("allocated=%ld\nlast_rc=%d\n", n, last);
+    for (long i = 0; i < n; i++) {
+        CUresult rc = cu.cuMemFreeAsync(ptrs[i], NULL);
+        if (rc) die("cuMemFreeAsync", rc);
+    }
+    printf("per_thread_calls=%llu\n", cu.per_thread_calls());
     return 0;
 }
 
@@ -427,6 +484,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(c, "alloc") && argc == 5) return cmd_alloc(argv[2], strtoull(argv[3], NULL, 0), atol(argv[4]));
+    if (!strcmp(c, "async") && argc == 5) return cmd_async(strtoull(argv[2], NULL, 0), atol(argv[3]), atoi(argv[4]));
     if (!strcmp(c, "pitch") && argc == 5) return cmd_pitch(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), atol(argv[4]));
     if (!strcmp(c, "vmm") && argc == 5) return cmd_vmm(atoi(argv[2]), strtoull(argv[3], NULL, 0), atol(argv[4]));
     if (!strcmp(c, "meminfo") && argc == 3) return cmd_meminfo(atoi(argv[2]));
