@@ -35,7 +35,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::mem::{offset_of, size_of};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -297,6 +297,11 @@ impl Region {
         let len = file.metadata().map_err(io("stat"))?.len();
         if len == 0 {
             file.set_len(REGION_SIZE as u64).map_err(io("resize"))?;
+            // Every process of the container must be able to map it, whatever
+            // its user and umask (HAMi-core crashed on a region another user
+            // had created).
+            file.set_permissions(std::fs::Permissions::from_mode(0o666))
+                .map_err(io("chmod"))?;
         } else if len < REGION_SIZE as u64 {
             return Err(Error::Size {
                 path: path.to_owned(),
@@ -528,6 +533,10 @@ impl Region {
 
     /// Frees the slots of processes that no longer exist and returns their
     /// usage to the device counters.
+    ///
+    /// Slots hold pids as the container sees them: call this (and
+    /// [`Region::claim_slot`]) only from inside the container's pid
+    /// namespace. A reader outside it uses [`Region::snapshot`].
     pub fn reclaim_dead(&self) -> Reclaimed {
         let mut reclaimed = Reclaimed::default();
         for (index, slot) in self.layout().slots.iter().enumerate() {

@@ -1,4 +1,5 @@
 use super::*;
+use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -34,7 +35,9 @@ fn create_then_attach_sees_one_counter() {
             limits_differ: true
         }
     );
-    assert_eq!(std::fs::metadata(&path).unwrap().len(), REGION_SIZE as u64);
+    let metadata = std::fs::metadata(&path).unwrap();
+    assert_eq!(metadata.len(), REGION_SIZE as u64);
+    assert_eq!(metadata.permissions().mode() & 0o777, 0o666);
 
     let (pid, start) = me();
     let slot = a.claim_slot(pid, start).unwrap();
