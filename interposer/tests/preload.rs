@@ -250,6 +250,52 @@ fn a_malformed_limit_refuses_cuda_loudly() {
 }
 
 #[test]
+fn log_level_gates_what_reaches_stderr() {
+    let args = ["alloc", "plain", &(8 * MIB).to_string(), "2"];
+    let quiet = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "8m");
+    let report = quiet.run(Loader::Linked, true, &args).ok();
+    assert_eq!(report.get("allocated"), 1);
+    assert_eq!(
+        report.stderr(),
+        "",
+        "level 2 prints nothing for a refused allocation"
+    );
+
+    let info = World::new("8g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "8m")
+        .env("LIBCUDA_LOG_LEVEL", "3");
+    let stderr = info.run(Loader::Linked, true, &args).ok().stderr();
+    assert!(
+        stderr.contains(
+            "device 0: out of memory: 8388608 bytes requested, 8388608 of 8388608 in use"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("DEBUG"), "{stderr}");
+
+    let debug = World::new("8g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "8m")
+        .env("LIBCUDA_LOG_LEVEL", "4");
+    let stderr = debug.run(Loader::Linked, true, &args).ok().stderr();
+    assert!(stderr.contains("DEBUG: claimed region slot"), "{stderr}");
+
+    let bad = World::new("8g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "8m")
+        .env("LIBCUDA_LOG_LEVEL", "loud");
+    let report = bad.run(Loader::Linked, true, &args).ok();
+    assert!(
+        report.stderr().contains("LIBCUDA_LOG_LEVEL=\"loud\""),
+        "{}",
+        report.stderr()
+    );
+    assert_eq!(
+        report.get("allocated"),
+        1,
+        "a bad log level does not stop enforcement"
+    );
+}
+
+#[test]
 fn disable_control_passes_everything_through() {
     let world = World::new("8g")
         .env("CUDA_DEVICE_MEMORY_LIMIT", "64m")

@@ -1,7 +1,8 @@
 /*
  * A CUDA driver API client for the interposer's LD_PRELOAD tests.
  *
- * Built three ways, which differ only in how the driver's functions are found:
+ * Built three ways, which differ only in how the driver's functions are found
+ * (the two dlopen variants also run against a real driver, e.g. on a GPU machine):
  *   -DLOADER_LINKED    linked against libcuda.so.1 (symbol interposition);
  *   -DLOADER_DLSYM     dlopen("libcuda.so.1") + dlsym of each versioned name;
  *   -DLOADER_PROCADDR  dlopen + dlsym("cuGetProcAddress_v2") only, then every
@@ -199,8 +200,9 @@ static void load(void) {
     SYM(cuMemCreate, "cuMemCreate");
     SYM(cuMemRelease, "cuMemRelease");
     SYM(cuGetProcAddress_v2, "cuGetProcAddress_v2");
-    SYM(stats, "tesseraFakeStats");
-    SYM(per_thread_calls, "tesseraFakePerThreadCalls");
+    /* Only the fake driver has these; the dlopen loaders also run on a real one. */
+    cu.stats = dlsym(driver, "tesseraFakeStats");
+    cu.per_thread_calls = dlsym(driver, "tesseraFakePerThreadCalls");
 }
 
 static void load_async(int per_thread) {
@@ -236,8 +238,9 @@ static void load(void) {
     GPA(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
     GPA(cuMemCreate, "cuMemCreate");
     GPA(cuMemRelease, "cuMemRelease");
-    SYM(stats, "tesseraFakeStats");
-    SYM(per_thread_calls, "tesseraFakePerThreadCalls");
+    /* Only the fake driver has these; the dlopen loaders also run on a real one. */
+    cu.stats = dlsym(driver, "tesseraFakeStats");
+    cu.per_thread_calls = dlsym(driver, "tesseraFakePerThreadCalls");
 }
 
 static void load_async(int per_thread) {
@@ -300,7 +303,7 @@ static int cmd_async(size_t bytes, long max, int per_thread) {
         CUresult rc = cu.cuMemFreeAsync(ptrs[i], NULL);
         if (rc) die("cuMemFreeAsync", rc);
     }
-    printf("per_thread_calls=%llu\n", cu.per_thread_calls());
+    if (cu.per_thread_calls) printf("per_thread_calls=%llu\n", cu.per_thread_calls());
     return 0;
 }
 
@@ -462,6 +465,7 @@ static int cmd_stats(int dev) {
     CUresult rc = cu.cuInit(0);
     if (rc) die("cuInit", rc);
     unsigned long long used = 0, peak = 0;
+    if (!cu.stats) die("tesseraFakeStats (not the fake driver)", -1);
     if ((rc = cu.stats(dev, &used, &peak))) die("tesseraFakeStats", rc);
     printf("used=%llu\npeak=%llu\n", used, peak);
     return 0;
