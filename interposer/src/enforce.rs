@@ -2,7 +2,8 @@
 //! shared region, this process's slot in it, and the allocations it made.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use tessera_vgpu_region::{MAX_DEVICES, Opened, Region, SlotId, process_start_time};
@@ -88,13 +89,14 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
         limits,
         region,
         owner: AtomicU64::new(0),
+        owner_pid: AtomicU32::new(0),
         claim: Mutex::new(()),
-        allocations: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        allocations: std::array::from_fn(|_| Mutex::new(Allocations::default())),
     }))
 }
 
 /// What an allocation is known by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Key {
     /// A device pointer (`cuMemAlloc*`), released by `cuMemFree`.
     Pointer(CUdeviceptr),
@@ -103,10 +105,53 @@ pub(crate) enum Key {
 }
 
 impl Key {
-    fn shard(self) -> usize {
+    fn value(self) -> u64 {
         let (Self::Pointer(v) | Self::Handle(v)) = self;
-        (v >> 9) as usize % SHARDS
+        v
     }
+
+    fn shard(self) -> usize {
+        (self.value() >> 9) as usize % SHARDS
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // A pointer and a handle with the same value only collide; `Eq` tells them apart.
+        state.write_u64(self.value());
+    }
+}
+
+/// A multiplicative hash for addresses and handles: the default SipHash
+/// costs more than the rest of an allocation's bookkeeping together.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0 ^ value ^ (value >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Allocations = HashMap<Key, Allocation, BuildHasherDefault<AddressHasher>>;
+
+/// Incremented in the child of every `fork` (a `pthread_atfork` handler), so
+/// the allocation path notices a fork with one load instead of a `getpid`
+/// system call.
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn forked_child() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// One tracked allocation.
@@ -124,13 +169,17 @@ pub struct Enforcer {
     limits: [u64; MAX_DEVICES],
     any_limit: bool,
     region: Option<Region>,
-    /// `pid << 32 | slot + 1` of the process that claimed the slot; 0 before
-    /// the first claim. A different pid means we are a fork or clone child.
+    /// `forks << 32 | slot + 1` when the slot was claimed (`forks` = [`FORKS`]
+    /// then); 0 before the first claim. Another fork count means we are a
+    /// fork child.
     owner: AtomicU64,
+    /// The pid that claimed the slot, checked on slow paths (a raw `clone`
+    /// child runs no fork handler).
+    owner_pid: AtomicU32,
     /// Serialises slot claims within the process.
     claim: Mutex<()>,
     /// Pointer or handle → allocation, sharded.
-    allocations: [Mutex<HashMap<Key, Allocation>>; SHARDS],
+    allocations: [Mutex<Allocations>; SHARDS],
 }
 
 impl Enforcer {
@@ -148,20 +197,38 @@ impl Enforcer {
         }
     }
 
-    /// This process's slot, claimed on first use and again after a fork or
-    /// clone (checked by pid on this slow path).
+    /// This process's slot, claimed on first use and again in a fork child
+    /// (one load of the fork count on this path) or, from the slow paths, in a
+    /// `clone` child (`check_pid`).
     fn slot(&self, region: &Region) -> Option<SlotId> {
-        let pid = std::process::id();
         let owner = self.owner.load(Ordering::Acquire);
-        if owner >> 32 == u64::from(pid) {
+        if owner != 0 && owner >> 32 == u64::from(FORKS.load(Ordering::Relaxed)) {
             return slot_of(owner);
         }
+        self.claim_slot(region, false)
+    }
+
+    /// Claims a slot unless this process already owns one; `check_pid`
+    /// also compares the pid (a system call), for slow paths.
+    fn claim_slot(&self, region: &Region, check_pid: bool) -> Option<SlotId> {
         let _guard = self.claim.lock().unwrap_or_else(|e| e.into_inner());
+        let pid = std::process::id();
+        let forks = FORKS.load(Ordering::Relaxed);
         let owner = self.owner.load(Ordering::Acquire);
-        if owner >> 32 == u64::from(pid) {
+        let same_pid = self.owner_pid.load(Ordering::Relaxed) == pid;
+        if owner != 0 && owner >> 32 == u64::from(forks) && (!check_pid || same_pid) {
             return slot_of(owner);
         }
-        if owner != 0 {
+        if owner == 0 {
+            // SAFETY: registers a handler that only increments an atomic.
+            let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+            if rc != 0 {
+                log!(
+                    ERROR,
+                    "pthread_atfork failed ({rc}); fork children are noticed on slow paths only"
+                );
+            }
+        } else if !same_pid {
             // A child: the parent's allocations are the parent's.
             for shard in &self.allocations {
                 shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -171,8 +238,9 @@ impl Enforcer {
         match region.claim_slot(pid, start_time) {
             Ok(slot) => {
                 log!(DEBUG, "claimed region slot {}", slot.index());
+                self.owner_pid.store(pid, Ordering::Relaxed);
                 self.owner.store(
-                    u64::from(pid) << 32 | (slot.index() as u64 + 1),
+                    u64::from(forks) << 32 | (slot.index() as u64 + 1),
                     Ordering::Release,
                 );
                 Some(slot)
@@ -207,11 +275,21 @@ impl Enforcer {
         if index >= MAX_DEVICES && !self.any_limit {
             return alloc().err().unwrap_or(CUDA_SUCCESS);
         }
-        let Some(slot) = self.slot(region) else {
+        let Some(mut slot) = self.slot(region) else {
             return CUDA_ERROR_OUT_OF_MEMORY;
         };
         if let Err(rc) = self.reserve(region, slot, index, estimate) {
-            return rc;
+            // Slow path: a raw `clone` child still uses its parent's slot
+            // until a pid check like this one.
+            match self.claim_slot(region, true) {
+                Some(own) if own != slot => {
+                    slot = own;
+                    if let Err(rc) = self.reserve(region, slot, index, estimate) {
+                        return rc;
+                    }
+                }
+                _ => return rc,
+            }
         }
         let (key, bytes) = match alloc() {
             Ok(done) => done,

@@ -28,6 +28,8 @@
  *                                   the same with cuMemAllocAsync/cuMemFreeAsync, or their
  *                                   _ptsz variants when per_thread is 1 (cuGetProcAddress
  *                                   loaders ask with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+ *   bench <threads> <rounds> <bytes>
+ *                                   time cuMemAlloc_v2 + cuMemFree_v2 pairs: p50/p99/mean ns
  *   stats <dev>                     the fake driver's physical usage and peak
  *   nvml <index>                    NVML memory info (v1 and v2), without touching CUDA;
  *                                   NVML is linked, or dlopen'ed by the dlsym loaders
@@ -41,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -461,6 +464,58 @@ static int cmd_nvml(unsigned index) {
     return 0;
 }
 
+struct bencher {
+    CUcontext ctx;
+    long rounds;
+    size_t bytes;
+    unsigned long long *ns;
+};
+
+static unsigned long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
+static void *bench(void *arg) {
+    struct bencher *b = arg;
+    cu.cuCtxSetCurrent(b->ctx);
+    pthread_barrier_wait(&start);
+    for (long i = 0; i < b->rounds; i++) {
+        CUdeviceptr p;
+        unsigned long long t0 = now_ns();
+        CUresult rc = cu.cuMemAlloc_v2(&p, b->bytes);
+        if (rc == 0) rc = cu.cuMemFree_v2(p);
+        b->ns[i] = now_ns() - t0;
+        if (rc) die("bench alloc/free", rc);
+    }
+    return NULL;
+}
+
+static int by_value(const void *a, const void *b) {
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmd_bench(int threads, long rounds, size_t bytes) {
+    CUcontext ctx = context(0);
+    struct bencher *bs = calloc((size_t)threads, sizeof *bs);
+    pthread_t *ts = calloc((size_t)threads, sizeof *ts);
+    unsigned long long *all = calloc((size_t)(threads * rounds), sizeof *all);
+    pthread_barrier_init(&start, NULL, (unsigned)threads);
+    for (int i = 0; i < threads; i++) {
+        bs[i] = (struct bencher){.ctx = ctx, .rounds = rounds, .bytes = bytes, .ns = all + i * rounds};
+        pthread_create(&ts[i], NULL, bench, &bs[i]);
+    }
+    for (int i = 0; i < threads; i++) pthread_join(ts[i], NULL);
+    size_t n = (size_t)(threads * rounds);
+    unsigned long long sum = 0;
+    for (size_t i = 0; i < n; i++) sum += all[i];
+    qsort(all, n, sizeof *all, by_value);
+    printf("p50=%llu\np99=%llu\nmean=%llu\n", all[n / 2], all[n * 99 / 100], sum / n);
+    return 0;
+}
+
 static int cmd_stats(int dev) {
     CUresult rc = cu.cuInit(0);
     if (rc) die("cuInit", rc);
@@ -497,6 +552,7 @@ int main(int argc, char **argv) {
         return cmd_race(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0), (useconds_t)atoi(argv[5]));
     if (!strcmp(c, "fork") && argc == 4) return cmd_fork(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     if (!strcmp(c, "nvml") && argc == 3) return cmd_nvml((unsigned)atoi(argv[2]));
+    if (!strcmp(c, "bench") && argc == 5) return cmd_bench(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0));
     if (!strcmp(c, "stats") && argc == 3) return cmd_stats(atoi(argv[2]));
     if (!strcmp(c, "lookup") && argc == 4) return cmd_lookup(argv[2], atoi(argv[3]));
     die("usage", -1);
