@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use tessera_vgpu_region::{MAX_DEVICES, Opened, Region, SlotId, process_start_time};
 
@@ -219,7 +219,8 @@ impl Enforcer {
         if owner != 0 && owner >> 32 == u64::from(forks) && (!check_pid || same_pid) {
             return slot_of(owner);
         }
-        if owner == 0 {
+        static ATFORK: Once = Once::new();
+        ATFORK.call_once(|| {
             // SAFETY: registers a handler that only increments an atomic.
             let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
             if rc != 0 {
@@ -228,7 +229,8 @@ impl Enforcer {
                     "pthread_atfork failed ({rc}); fork children are noticed on slow paths only"
                 );
             }
-        } else if !same_pid {
+        });
+        if owner != 0 && !same_pid {
             // A child: the parent's allocations are the parent's.
             for shard in &self.allocations {
                 shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
