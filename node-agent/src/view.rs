@@ -142,8 +142,24 @@ impl NodeView {
             .map_err(Error::kube(format!("reading NodeLock {}", self.node)))
     }
 
-    /// The allocation a lock names.
+    /// The allocation a lock names: from the node-scoped watch when it has
+    /// the holder's (the spec never changes), else from the API server.
     pub async fn allocation(&self, lock: &NodeLock) -> Result<Option<VgpuAllocation>, Error> {
+        let key =
+            reflector::ObjectRef::new(&lock.spec.allocation).within(&lock.spec.holder.namespace);
+        if let Some(cached) = self.allocations.get(&key)
+            && cached.spec.pod_uid == lock.spec.holder.uid
+        {
+            return Ok(Some((*cached).clone()));
+        }
+        self.allocation_from_api(lock).await
+    }
+
+    /// The allocation a lock names, read from the API server.
+    pub async fn allocation_from_api(
+        &self,
+        lock: &NodeLock,
+    ) -> Result<Option<VgpuAllocation>, Error> {
         Api::<VgpuAllocation>::namespaced(self.client.clone(), &lock.spec.holder.namespace)
             .get_opt(&lock.spec.allocation)
             .await

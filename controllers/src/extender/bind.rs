@@ -188,23 +188,31 @@ impl Binder {
             Api::namespaced(self.client.clone(), &args.pod_namespace);
         let result = async {
             self.recheck(args, devices, placement).await?;
-            create_allocation(&allocations, pod, spec).await?;
+            let version = create_allocation(&allocations, pod, spec).await?;
             if let Err(error) = post_binding(pods, args).await {
                 let _ = allocations
                     .delete(&args.pod_name, &DeleteParams::default())
                     .await;
                 return Err(error);
             }
-            Ok(())
+            Ok(version)
         }
         .await;
-        if let Err(error) = result {
-            self.locker.release(&held).await;
-            return Err(error);
-        }
-        // The pod is bound; a failed status write must not undo that.
-        let bound = json!({"status": {"phase": "Bound"}});
-        if let Err(error) = allocations
+        let version = match result {
+            Ok(version) => version,
+            Err(error) => {
+                self.locker.release(&held).await;
+                return Err(error);
+            }
+        };
+        // The pod is bound; a failed status write must not undo that. The
+        // write is conditional on the version created: if the node agent
+        // already served the pod, `Allocated` must not turn back into `Bound`.
+        let bound = json!({
+            "metadata": {"resourceVersion": version},
+            "status": {"phase": "Bound"},
+        });
+        match allocations
             .patch_status(
                 &args.pod_name,
                 &PatchParams::default(),
@@ -212,7 +220,13 @@ impl Binder {
             )
             .await
         {
-            tracing::warn!(%error, pod = %args.pod_name, "could not mark the allocation Bound");
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.is_conflict() => {
+                tracing::debug!(pod = %args.pod_name, "allocation already served; not marking it Bound");
+            }
+            Err(error) => {
+                tracing::warn!(%error, pod = %args.pod_name, "could not mark the allocation Bound");
+            }
         }
         Ok(())
     }
@@ -256,12 +270,13 @@ impl Binder {
     }
 }
 
-/// Creates the allocation; replaces one left by an earlier pod of the same name.
+/// Creates the allocation (replacing one left by an earlier pod of the same
+/// name) and returns the resourceVersion it was created with.
 async fn create_allocation(
     api: &Api<VgpuAllocation>,
     pod: &Pod,
     spec: VgpuAllocationSpec,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let name = spec.pod_name.clone();
     let owner = OwnerReference {
         api_version: "v1".into(),
@@ -279,7 +294,7 @@ async fn create_allocation(
         ..Default::default()
     };
     match api.create(&PostParams::default(), &allocation).await {
-        Ok(_) => return Ok(()),
+        Ok(created) => return Ok(created.metadata.resource_version),
         Err(kube::Error::Api(status)) if status.is_already_exists() => {}
         Err(e) => return Err(Error::kube("creating the VgpuAllocation")(e)),
     }
@@ -288,7 +303,7 @@ async fn create_allocation(
         .await
         .map_err(Error::kube("reading the existing VgpuAllocation"))?;
     if existing.spec == allocation.spec {
-        return Ok(()); // our own earlier attempt
+        return Ok(existing.metadata.resource_version); // our own earlier attempt
     }
     if existing.spec.pod_uid == allocation.spec.pod_uid {
         return Err(Error::Stale(format!(
@@ -304,7 +319,7 @@ async fn create_allocation(
     let _ = api.delete(&name, &params).await;
     api.create(&PostParams::default(), &allocation)
         .await
-        .map(|_| ())
+        .map(|created| created.metadata.resource_version)
         .map_err(Error::kube("creating the VgpuAllocation"))
 }
 

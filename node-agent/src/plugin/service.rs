@@ -1,6 +1,6 @@
 //! The DevicePlugin gRPC service the kubelet calls.
 
-use std::{pin::Pin, sync::Arc};
+use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::jiff::Timestamp;
@@ -27,6 +27,9 @@ pub struct Service {
     paths: HostPaths,
     /// Allocate calls are served one at a time.
     serving: Arc<Mutex<()>>,
+    /// Containers this agent recorded as served, by pod UID: the allocation
+    /// may come from a watch that has not yet seen the write.
+    recorded: Arc<std::sync::Mutex<HashMap<String, Vec<String>>>>,
 }
 
 /// The options the agent registers with.
@@ -45,18 +48,22 @@ impl Service {
             offers,
             paths,
             serving: Arc::default(),
+            recorded: Arc::default(),
         }
     }
 
-    /// Serves one container: decide, prepare its region directory, record
-    /// it as served, and release the lock after the pod's last container.
-    async fn serve(&self, requested: &[String]) -> Result<Grant, Error> {
+    /// Decides one container's answer and prepares its region directory.
+    /// What to write back is returned as a [`Followup`].
+    async fn serve(&self, requested: &[String]) -> Result<(Grant, Followup), Error> {
         let node = self.view.node();
         let lock = self.view.lock().await?;
-        let allocation = match &lock {
+        let mut allocation = match &lock {
             Some(lock) => self.view.allocation(lock).await?,
             None => None,
         };
+        if let Some(allocation) = &mut allocation {
+            self.overlay(allocation);
+        }
         let settings = self.offers.borrow().resolved.settings.clone();
         let grant = grant(
             node,
@@ -77,10 +84,6 @@ impl Service {
             "creating the region directory {}",
             grant.region_dir.display()
         )))?;
-        self.record(&allocation, &grant).await?;
-        if grant.last {
-            self.release(&lock).await?;
-        }
         tracing::info!(
             namespace = %grant.namespace,
             pod = %grant.allocation,
@@ -89,12 +92,87 @@ impl Service {
             last = grant.last,
             "served Allocate"
         );
-        Ok(grant)
+        let followup = Followup {
+            allocation,
+            lock,
+            grant: grant.clone(),
+        };
+        Ok((grant, followup))
+    }
+
+    /// Adds the containers this agent recorded to the allocation's served list.
+    fn overlay(&self, allocation: &mut VgpuAllocation) {
+        let recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(ours) = recorded.get(&allocation.spec.pod_uid) else {
+            return;
+        };
+        let status = allocation.status.get_or_insert_with(Default::default);
+        for container in ours {
+            if !status.served_containers.contains(container) {
+                status.served_containers.push(container.clone());
+            }
+        }
+    }
+
+    /// Records the container as served and, after the pod's last one,
+    /// releases the lock; retried, because until it is done the node stays
+    /// locked.
+    async fn finish(&self, followup: &Followup) {
+        let mut allocation = followup.allocation.clone();
+        for attempt in 0..5u32 {
+            if attempt > 0 {
+                // Read it again: the conflict may be a newer version than ours.
+                match self.view.allocation_from_api(&followup.lock).await {
+                    Ok(Some(fresh)) => allocation = fresh,
+                    Ok(None) => {
+                        tracing::info!(pod = %followup.grant.allocation, "allocation gone before it was recorded (pod deleted)");
+                        let _ = self.release(&followup.lock).await;
+                        return;
+                    }
+                    Err(error) => tracing::warn!(%error, "re-reading the allocation failed"),
+                }
+            }
+            let result = async {
+                self.record(&allocation, &followup.grant).await?;
+                if followup.grant.last {
+                    self.release(&followup.lock).await?;
+                }
+                Ok::<_, Error>(())
+            }
+            .await;
+            match result {
+                Ok(()) => {
+                    let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+                    if followup.grant.last {
+                        // Fully served: the watch's Allocated phase says it from now on.
+                        recorded.remove(&followup.allocation.spec.pod_uid);
+                    } else {
+                        recorded
+                            .entry(followup.allocation.spec.pod_uid.clone())
+                            .or_default()
+                            .push(followup.grant.container.clone());
+                    }
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, attempt, "recording an Allocate failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+            }
+        }
+        tracing::error!(pod = %followup.grant.allocation, "could not record an Allocate; the lifecycle controller releases the lock at its expiry");
     }
 
     /// Adds the container to the allocation's served list (and marks it
     /// Allocated after the last one), guarded by the resourceVersion read.
     async fn record(&self, allocation: &VgpuAllocation, grant: &Grant) -> Result<(), Error> {
+        if allocation
+            .status
+            .as_ref()
+            .is_some_and(|s| s.served_containers.contains(&grant.container))
+        {
+            return Ok(()); // an earlier attempt got through
+        }
         let mut served = allocation
             .status
             .as_ref()
@@ -226,26 +304,31 @@ impl DevicePlugin for Service {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
-        let _one_at_a_time = self.serving.lock().await;
+        // One Allocate at a time, and the next one only after the previous
+        // one's writes: it may be the same pod's next container.
+        let turn = self.serving.clone().lock_owned().await;
+        let requests = request.into_inner().container_requests;
+        let count = requests.len();
         let mut container_responses = Vec::new();
-        for container in request.into_inner().container_requests {
-            let grant = self.serve(&container.devices_ids).await.map_err(|error| {
+        for (i, container) in requests.into_iter().enumerate() {
+            let (grant, followup) = self.serve(&container.devices_ids).await.map_err(|error| {
                 tracing::warn!(%error, "Allocate refused");
                 status(&error)
             })?;
-            container_responses.push(ContainerAllocateResponse {
-                envs: grant.envs.into_iter().collect(),
-                mounts: grant
-                    .mounts
-                    .into_iter()
-                    .map(|m| Mount {
-                        container_path: m.container_path,
-                        host_path: m.host_path.display().to_string(),
-                        read_only: m.read_only,
-                    })
-                    .collect(),
-                ..Default::default()
-            });
+            if i + 1 < count {
+                self.finish(&followup).await;
+            } else {
+                // The kubelet gets its answer now; the writes follow at once,
+                // holding this turn so the next Allocate sees them.
+                let service = self.clone();
+                tokio::spawn(async move {
+                    let _turn = turn;
+                    service.finish(&followup).await;
+                });
+                container_responses.push(response(grant));
+                break;
+            }
+            container_responses.push(response(grant));
         }
         Ok(Response::new(AllocateResponse {
             container_responses,
@@ -257,5 +340,28 @@ impl DevicePlugin for Service {
         _: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
         Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+/// What an Allocate still has to write once the kubelet has its answer.
+struct Followup {
+    allocation: VgpuAllocation,
+    lock: NodeLock,
+    grant: Grant,
+}
+
+fn response(grant: Grant) -> ContainerAllocateResponse {
+    ContainerAllocateResponse {
+        envs: grant.envs.into_iter().collect(),
+        mounts: grant
+            .mounts
+            .into_iter()
+            .map(|m| Mount {
+                container_path: m.container_path,
+                host_path: m.host_path.display().to_string(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        ..Default::default()
     }
 }

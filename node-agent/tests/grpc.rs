@@ -1,0 +1,138 @@
+//! The device-plugin gRPC contract over a real unix socket, with the
+//! kubelet simulator as the registration peer and a real API server behind
+//! the agent: options, registration, ListAndWatch, GetPreferredAllocation,
+//! Allocate's refusal without a NodeLock, PreStartContainer.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tessera_deviceplugin::{
+    connect_unix,
+    v1beta1::{
+        AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
+        PreStartContainerRequest, PreferredAllocationRequest,
+        device_plugin_client::DevicePluginClient,
+    },
+};
+use tessera_e2e::kubelet::KubeletSim;
+use tessera_node_agent::{
+    backend::{self, FakeBackend},
+    inventory,
+    plugin::{self, Endpoint, HostPaths, Service},
+    view::NodeView,
+};
+
+#[tokio::test]
+async fn the_plugin_speaks_the_kubelets_protocol() {
+    let plane = tessera_e2e::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = dir.path().join("gpus.yaml");
+    std::fs::write(
+        &gpus,
+        serde_yaml_ng::to_string(&json!({"devices": [
+            {"uuid": "GPU-grpc-0", "index": 0, "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "numaNode": 0},
+            {"uuid": "GPU-grpc-1", "index": 1, "model": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920, "numaNode": 1},
+        ]}))
+        .unwrap(),
+    )
+    .unwrap();
+    let plugins = dir.path().join("device-plugins");
+    let kubelet = KubeletSim::start(client.clone(), "grpc-node", &plugins, "nvidia.com/gpu")
+        .await
+        .unwrap();
+
+    let physical = backend::watch(
+        Box::new(FakeBackend::new(&gpus)),
+        Duration::from_millis(100),
+    )
+    .unwrap();
+    let view = NodeView::spawn(client, "grpc-node");
+    let offers = inventory::track(view.clone(), Default::default(), physical).await;
+    let paths = HostPaths {
+        library: "/opt/lib.so".into(),
+        preload: dir.path().join("ld.so.preload"),
+        regions: dir.path().join("containers"),
+    };
+    let endpoint = Endpoint {
+        dir: plugins.clone(),
+        resource: "nvidia.com/gpu".into(),
+    };
+    let socket = plugins.join(endpoint.socket_name());
+    tokio::spawn(plugin::run(endpoint, Service::new(view, offers, paths)));
+
+    // Registration: right version, resource and socket name, with options.
+    let state = kubelet
+        .wait_for("registration", Duration::from_secs(30), |s| {
+            s.plugin.is_some()
+        })
+        .await
+        .unwrap();
+    let (registered, options) = state.plugin.unwrap();
+    assert_eq!(registered, "tessera-nvidia-com-gpu.sock");
+    assert!(options.get_preferred_allocation_available);
+    assert!(!options.pre_start_required);
+
+    let mut plugin = DevicePluginClient::new(connect_unix(&socket).await.unwrap());
+    let options = plugin
+        .get_device_plugin_options(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(options.get_preferred_allocation_available);
+
+    // ListAndWatch: 10 replicas per GPU, healthy, with their NUMA node.
+    let mut stream = plugin.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.devices.len(), 20);
+    let replica = first
+        .devices
+        .iter()
+        .find(|d| d.id == "GPU-grpc-1::3")
+        .unwrap();
+    assert_eq!(replica.health, "Healthy");
+    assert_eq!(replica.topology.as_ref().unwrap().nodes[0].id, 1);
+
+    // Without a pending pod the preference is any valid choice of the right size.
+    let available: Vec<String> = first.devices.iter().map(|d| d.id.clone()).collect();
+    let preferred = plugin
+        .get_preferred_allocation(PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: available.clone(),
+                must_include_device_i_ds: vec!["GPU-grpc-1::9".into()],
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids = &preferred.container_responses[0].device_i_ds;
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[0], "GPU-grpc-1::9", "must-include devices come first");
+    assert!(ids.iter().all(|id| available.contains(id)));
+
+    // Allocate with no NodeLock: refused with a message the kubelet shows.
+    let refused = plugin
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec!["GPU-grpc-0::0".into()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused
+            .message()
+            .contains("node grpc-node has no NodeLock: no GPU pod is waiting for devices here"),
+        "{}",
+        refused.message()
+    );
+
+    plugin
+        .pre_start_container(PreStartContainerRequest {
+            devices_ids: vec!["GPU-grpc-0::0".into()],
+        })
+        .await
+        .unwrap();
+}
