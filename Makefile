@@ -24,6 +24,8 @@ test-unit: ## Run only the tests that need no control plane
 bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 	$(CARGO) bench -p tessera-controllers --bench filter
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-controllers --bench throughput
+	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-node-agent --bench allocate
+	$(CARGO) bench -p tessera-interposer --bench alloc
 
 fmt: ## Format the code
 	$(CARGO) fmt --all
