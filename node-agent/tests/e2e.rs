@@ -8,7 +8,6 @@ mod support;
 
 use std::{path::PathBuf, time::Duration};
 
-use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client, api::PostParams};
 use serde_json::json;
 use support::Cluster;
@@ -50,17 +49,7 @@ impl GpuHost {
     }
 
     async fn start(cluster: &Cluster, name: &str, gpus: usize) -> Self {
-        let nodes: Api<Node> = Api::all(cluster.client.clone());
-        let node = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "gpu-pool": "a100"}},
-            "status": {
-                "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated"}],
-            },
-        }))
-        .unwrap();
-        nodes.create(&PostParams::default(), &node).await.unwrap();
+        cluster.add_node(name, json!({"gpu-pool": "a100"})).await;
         let dir = tempfile::tempdir().unwrap();
         let kubelet = KubeletSim::start(
             cluster.client.clone(),
@@ -134,17 +123,7 @@ impl GpuHost {
 
     /// The agent's `/metrics` text.
     async fn metrics(&self) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
-            .await
-            .unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .await
-            .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        response
+        support::scrape(self.metrics_port).await
     }
 
     fn agent_log(&self) -> String {

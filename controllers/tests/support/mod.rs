@@ -152,21 +152,7 @@ impl Cluster {
 
     /// The extender's `/metrics` text.
     pub async fn metrics(&self) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.extender_port))
-            .await
-            .unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .await
-            .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        assert!(
-            response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
-            "{response}"
-        );
-        response
+        scrape(self.extender_port).await
     }
 
     /// Creates a pod exactly as given (no schedulerName added).
@@ -179,11 +165,15 @@ impl Cluster {
         .await
     }
 
-    /// A Ready node and its GpuNode with `gpus` devices of `model` and `mib` MiB.
-    pub async fn add_gpu_node(&self, name: &str, model: &str, gpus: u32, mib: u64) {
+    /// A Ready node with the hostname label and `labels`.
+    pub async fn add_node(&self, name: &str, labels: Value) {
+        let mut all_labels = json!({"kubernetes.io/hostname": name});
+        if let (Some(all), Some(extra)) = (all_labels.as_object_mut(), labels.as_object()) {
+            all.extend(extra.clone());
+        }
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "metadata": {"name": name, "labels": all_labels},
             "status": {
                 "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
                 "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
@@ -192,6 +182,11 @@ impl Cluster {
         }))
         .unwrap();
         nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+
+    /// A Ready node and its GpuNode with `gpus` devices of `model` and `mib` MiB.
+    pub async fn add_gpu_node(&self, name: &str, model: &str, gpus: u32, mib: u64) {
+        self.add_node(name, json!({})).await;
         let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
         let gpu_node = serde_json::from_value(json!({
             "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
@@ -291,6 +286,25 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// A component's `/metrics` text on a loopback port, asserting a 200.
+pub async fn scrape(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(
+        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
+        "{response}"
+    );
+    response
 }
 
 /// Stands in for the node agent's Allocate step until the node agent exists.
