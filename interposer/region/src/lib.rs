@@ -9,7 +9,8 @@
 //! ```text
 //!  offset  size     what
 //!  0       64       Header: magic "TSRVGPU1", version, sizes (written last: magic)
-//!  64      16 × 64  DeviceRecord per CUDA ordinal: limit, used (the reservation counter), peak
+//!  64      16 × 64  DeviceRecord per CUDA ordinal: limit, used (the reservation counter), peak,
+//!                   compute limit, sharing, compute budget (tokens) and its refill time, busy time
 //!  1088    1024×192 SlotRecord per process: state, pid, start time, used per device
 //! ```
 //!
@@ -38,7 +39,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub use process::{process_alive, process_start_time};
 
@@ -46,6 +47,10 @@ pub use process::{process_alive, process_start_time};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRVGPU1");
 /// The layout version this crate reads and writes.
 pub const VERSION: u32 = 1;
+/// The minor layout version: 1 added the compute fields of each device record
+/// in space that was reserved (zero) in minor version 0, so either reader
+/// reads the other's regions.
+pub const MINOR_VERSION: u32 = 1;
 /// Devices (CUDA ordinals) a region accounts for.
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in a region: at most this many processes of one container
@@ -124,7 +129,11 @@ struct Header {
     slot_count: AtomicU32,
     /// Size of one [`SlotRecord`].
     slot_size: AtomicU32,
-    reserved: [AtomicU64; 4],
+    /// [`MINOR_VERSION`]: 0 for a region written before the compute fields
+    /// existed (they read as zero: no compute limit), 1 since.
+    minor_version: AtomicU32,
+    reserved0: AtomicU32,
+    reserved: [AtomicU64; 3],
 }
 
 /// Per-device accounting (64 bytes each).
@@ -136,7 +145,21 @@ struct DeviceRecord {
     used: AtomicU64,
     /// Highest value `used` ever reached.
     peak: AtomicU64,
-    reserved: [AtomicU64; 5],
+    /// Compute limit in percent of the device's time; 0 means no limit.
+    sm_limit: AtomicU32,
+    /// Whether another container uses the device ([`Sharing`]), written by
+    /// the node agent; 0 (unknown) until it does.
+    sharing: AtomicU32,
+    /// The container's compute budget in nanoseconds of GPU time (negative:
+    /// in debt). Refilled at `sm_limit` % of wall time, charged by launches.
+    tokens: AtomicI64,
+    /// `CLOCK_MONOTONIC` nanoseconds up to which `tokens` has been refilled.
+    refilled_at: AtomicU64,
+    /// GPU time the container's limited launches were measured to take, ns.
+    busy_ns: AtomicU64,
+    /// Time launches of the container waited for budget, ns (summed over
+    /// threads).
+    throttled_ns: AtomicU64,
 }
 
 /// One process (192 bytes each).
@@ -165,12 +188,59 @@ struct Layout {
 
 const _: () = {
     assert!(size_of::<Header>() == 64);
+    assert!(offset_of!(Header, minor_version) == 32);
+    assert!(offset_of!(DeviceRecord, sm_limit) == 24);
+    assert!(offset_of!(DeviceRecord, sharing) == 28);
+    assert!(offset_of!(DeviceRecord, tokens) == 32);
+    assert!(offset_of!(DeviceRecord, refilled_at) == 40);
+    assert!(offset_of!(DeviceRecord, busy_ns) == 48);
+    assert!(offset_of!(DeviceRecord, throttled_ns) == 56);
     assert!(size_of::<DeviceRecord>() == 64);
     assert!(size_of::<SlotRecord>() == 192);
     assert!(offset_of!(Layout, devices) == 64);
     assert!(offset_of!(Layout, slots) == 1088);
     assert!(REGION_SIZE == 1088 + 192 * SLOTS);
 };
+
+/// The limits a region is created with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory limit per device in bytes, 0 for none.
+    pub memory: [u64; MAX_DEVICES],
+    /// Compute limit per device in percent (1 to 99), 0 for none.
+    pub sm_percent: [u8; MAX_DEVICES],
+}
+
+/// Whether a device is shared with other containers, as the node agent
+/// knows it from its allocations. `GPU_CORE_UTILIZATION_POLICY=default`
+/// limits compute unless the device is [`Sharing::Exclusive`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// Nobody said (0): the agent has not written it; the limit applies.
+    Unknown,
+    /// Only this container uses the device (1).
+    Exclusive,
+    /// Other containers use it too (2).
+    Shared,
+}
+
+impl Sharing {
+    fn from_raw(raw: u32) -> Self {
+        match raw {
+            1 => Self::Exclusive,
+            2 => Self::Shared,
+            _ => Self::Unknown,
+        }
+    }
+
+    fn raw(self) -> u32 {
+        match self {
+            Self::Unknown => 0,
+            Self::Exclusive => 1,
+            Self::Shared => 2,
+        }
+    }
+}
 
 /// A process slot claimed with [`Region::claim_slot`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -243,6 +313,14 @@ pub struct DeviceUsage {
     pub used: u64,
     /// Highest `used` seen since the region was created.
     pub peak: u64,
+    /// Compute limit in percent, `None` for no limit.
+    pub sm_limit: Option<u8>,
+    /// Whether the node agent marked the device shared.
+    pub sharing: Sharing,
+    /// GPU time the container's limited launches took, in nanoseconds.
+    pub busy_ns: u64,
+    /// Time the container's launches waited for compute budget, ns.
+    pub throttled_ns: u64,
 }
 
 /// One process's usage.
@@ -277,7 +355,20 @@ impl Region {
     ///
     /// Creation is serialised with `flock`, so concurrent first users agree on
     /// one initialisation; the lock is held only here, never on the hot path.
+    /// No device gets a compute limit; see [`Region::create_or_open_with`].
     pub fn create_or_open(path: &Path, limits: &[u64; MAX_DEVICES]) -> Result<(Self, Opened)> {
+        Self::create_or_open_with(
+            path,
+            &Limits {
+                memory: *limits,
+                sm_percent: [0; MAX_DEVICES],
+            },
+        )
+    }
+
+    /// As [`Region::create_or_open`], with memory and compute limits.
+    /// `limits_differ` compares both.
+    pub fn create_or_open_with(path: &Path, limits: &Limits) -> Result<(Self, Opened)> {
         let io = |op| {
             move |source| Error::Io {
                 path: path.to_owned(),
@@ -322,8 +413,14 @@ impl Region {
             header
                 .slot_size
                 .store(size_of::<SlotRecord>() as u32, Ordering::Relaxed);
-            for (device, &limit) in layout.devices.iter().zip(limits) {
+            header.minor_version.store(MINOR_VERSION, Ordering::Relaxed);
+            for (device, (&limit, &sm)) in layout
+                .devices
+                .iter()
+                .zip(limits.memory.iter().zip(&limits.sm_percent))
+            {
                 device.limit.store(limit, Ordering::Relaxed);
+                device.sm_limit.store(u32::from(sm), Ordering::Relaxed);
             }
             header.magic.store(MAGIC, Ordering::Release);
             return Ok((region, Opened::Created));
@@ -332,8 +429,11 @@ impl Region {
         let limits_differ = layout
             .devices
             .iter()
-            .zip(limits)
-            .any(|(device, &limit)| device.limit.load(Ordering::Relaxed) != limit);
+            .zip(limits.memory.iter().zip(&limits.sm_percent))
+            .any(|(device, (&limit, &sm))| {
+                device.limit.load(Ordering::Relaxed) != limit
+                    || device.sm_limit.load(Ordering::Relaxed) != u32::from(sm)
+            });
         Ok((region, Opened::Attached { limits_differ }))
     }
 
@@ -576,6 +676,94 @@ impl Region {
         Some(total)
     }
 
+    /// The compute limit of device `dev` in percent, `None` for none.
+    pub fn sm_limit(&self, dev: usize) -> Option<u8> {
+        let raw = self
+            .layout()
+            .devices
+            .get(dev)?
+            .sm_limit
+            .load(Ordering::Relaxed);
+        u8::try_from(raw).ok().filter(|&p| p != 0 && p < 100)
+    }
+
+    /// Whether device `dev` is shared with other containers (one relaxed load).
+    pub fn sharing(&self, dev: usize) -> Sharing {
+        self.layout()
+            .devices
+            .get(dev)
+            .map_or(Sharing::Unknown, |d| {
+                Sharing::from_raw(d.sharing.load(Ordering::Relaxed))
+            })
+    }
+
+    /// Marks device `dev` shared or exclusive (the node agent, from its
+    /// allocations on the GPU).
+    pub fn set_sharing(&self, dev: usize, sharing: Sharing) {
+        if let Some(d) = self.layout().devices.get(dev) {
+            d.sharing.store(sharing.raw(), Ordering::Relaxed);
+        }
+    }
+
+    /// Credits device `dev`'s compute budget with `percent` % of the wall
+    /// time since the last refill (`now` in `CLOCK_MONOTONIC` nanoseconds),
+    /// capped at `cap` ns, and returns the budget.
+    ///
+    /// One process wins each interval (a CAS on `refilled_at`), so the
+    /// processes of a container never credit the same time twice.
+    pub fn refill(&self, dev: usize, now: u64, percent: u8, cap: i64) -> i64 {
+        let Some(d) = self.layout().devices.get(dev) else {
+            return 0;
+        };
+        let last = d.refilled_at.load(Ordering::Acquire);
+        if last == 0 {
+            // The first launch of the container: start with an empty budget.
+            let _ = d
+                .refilled_at
+                .compare_exchange(0, now, Ordering::AcqRel, Ordering::Relaxed);
+        } else if now > last
+            && d.refilled_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            let credit = i64::try_from((now - last) * u64::from(percent) / 100).unwrap_or(cap);
+            let _ = d
+                .tokens
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| {
+                    Some(t.saturating_add(credit).min(cap))
+                });
+        }
+        d.tokens.load(Ordering::Acquire)
+    }
+
+    /// Takes `ns` of GPU time from device `dev`'s budget (a negative `ns`
+    /// gives back what an estimate over-charged).
+    pub fn charge(&self, dev: usize, ns: i64) {
+        if let Some(d) = self.layout().devices.get(dev) {
+            d.tokens.fetch_sub(ns, Ordering::AcqRel);
+        }
+    }
+
+    /// Device `dev`'s compute budget in nanoseconds.
+    pub fn tokens(&self, dev: usize) -> i64 {
+        self.layout()
+            .devices
+            .get(dev)
+            .map_or(0, |d| d.tokens.load(Ordering::Acquire))
+    }
+
+    /// Adds measured GPU time and time spent waiting for budget (metrics).
+    pub fn record_compute(&self, dev: usize, busy_ns: u64, throttled_ns: u64) {
+        if let Some(d) = self.layout().devices.get(dev) {
+            if busy_ns != 0 {
+                d.busy_ns.fetch_add(busy_ns, Ordering::Relaxed);
+            }
+            if throttled_ns != 0 {
+                d.throttled_ns.fetch_add(throttled_ns, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Records the host pid of a slot's process (the node agent knows it).
     pub fn set_host_pid(&self, slot: SlotId, host_pid: u32) {
         self.layout().slots[slot.0]
@@ -592,11 +780,16 @@ impl Region {
             .enumerate()
             .map(|(index, d)| {
                 let limit = d.limit.load(Ordering::Relaxed);
+                let sm = d.sm_limit.load(Ordering::Relaxed);
                 DeviceUsage {
                     index,
                     limit: (limit != 0).then_some(limit),
                     used: d.used.load(Ordering::Acquire),
                     peak: d.peak.load(Ordering::Relaxed),
+                    sm_limit: u8::try_from(sm).ok().filter(|&p| p != 0 && p < 100),
+                    sharing: Sharing::from_raw(d.sharing.load(Ordering::Relaxed)),
+                    busy_ns: d.busy_ns.load(Ordering::Relaxed),
+                    throttled_ns: d.throttled_ns.load(Ordering::Relaxed),
                 }
             })
             .collect();

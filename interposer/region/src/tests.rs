@@ -78,7 +78,11 @@ fn reservations_stop_exactly_at_the_limit() {
             index: 0,
             limit: Some(10 * MIB),
             used: 6 * MIB,
-            peak: 10 * MIB
+            peak: 10 * MIB,
+            sm_limit: None,
+            sharing: Sharing::Unknown,
+            busy_ns: 0,
+            throttled_ns: 0,
         }
     );
     assert_eq!(snap.processes.len(), 1);
@@ -202,4 +206,74 @@ fn liveness_checks_pid_and_start_time() {
     assert!(!process_alive(pid, start + 1));
     assert!(!process_alive(0, 0));
     assert!(!process_alive(u32::MAX, 0));
+}
+
+#[test]
+fn compute_limits_are_stored_and_compared() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let mut sm_percent = [0; MAX_DEVICES];
+    sm_percent[1] = 30;
+    let with = Limits {
+        memory: limits(10 * MIB),
+        sm_percent,
+    };
+    let (region, _) = Region::create_or_open_with(&path, &with).unwrap();
+    assert_eq!((region.sm_limit(0), region.sm_limit(1)), (None, Some(30)));
+    let (_, opened) = Region::create_or_open_with(&path, &with).unwrap();
+    assert_eq!(
+        opened,
+        Opened::Attached {
+            limits_differ: false
+        }
+    );
+    // Same memory limits, no compute limit: they differ.
+    let (_, opened) = Region::create_or_open(&path, &limits(10 * MIB)).unwrap();
+    assert_eq!(
+        opened,
+        Opened::Attached {
+            limits_differ: true
+        }
+    );
+    assert_eq!(region.sharing(1), Sharing::Unknown);
+    region.set_sharing(1, Sharing::Exclusive);
+    assert_eq!(region.sharing(1), Sharing::Exclusive);
+    let snap = region.snapshot();
+    assert_eq!(snap.devices[1].sm_limit, Some(30));
+    assert_eq!(snap.devices[1].sharing, Sharing::Exclusive);
+}
+
+#[test]
+fn the_budget_refills_at_the_limit_and_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (region, _) = Region::create_or_open(&dir.path().join("r"), &limits(0)).unwrap();
+    let s = 1_000_000_000u64;
+    // The first refill starts the clock with an empty budget.
+    assert_eq!(region.refill(0, 10 * s, 25, 50_000_000), 0);
+    // 4 ms of wall time at 25 % is 1 ms of GPU time.
+    assert_eq!(
+        region.refill(0, 10 * s + 4_000_000, 25, 50_000_000),
+        1_000_000
+    );
+    region.charge(0, 3_000_000);
+    assert_eq!(region.tokens(0), -2_000_000);
+    // A correction gives back what an estimate over-charged.
+    region.charge(0, -500_000);
+    assert_eq!(region.tokens(0), -1_500_000);
+    // The same instant is credited once; time going backwards credits nothing.
+    assert_eq!(
+        region.refill(0, 10 * s + 4_000_000, 25, 50_000_000),
+        -1_500_000
+    );
+    assert_eq!(region.refill(0, 10 * s, 25, 50_000_000), -1_500_000);
+    // A long idle period saves up at most the cap.
+    assert_eq!(region.refill(0, 20 * s, 25, 50_000_000), 50_000_000);
+    region.record_compute(0, 7, 9);
+    let snap = region.snapshot();
+    assert_eq!(
+        (snap.devices[0].busy_ns, snap.devices[0].throttled_ns),
+        (7, 9)
+    );
+    // Other devices are untouched.
+    assert_eq!(region.tokens(1), 0);
 }
