@@ -5,8 +5,9 @@
 //! contexts, device memory, VMM physical allocations (`cuMemCreate`,
 //! `cuMemRelease`, `cuMemGetAllocationGranularity`), stream-ordered
 //! allocation (`cuMemAllocAsync`, `cuMemFreeAsync` and their `_ptsz`
-//! variants, immediate since the fake has no streams), `cuGetProcAddress(_v2)`
-//! with versioned names and per-thread-stream flags)
+//! variants, immediate), `cuGetProcAddress(_v2)` with versioned names and
+//! per-thread-stream flags, and execution on a simulated GPU timeline
+//! (`exec.rs`: streams, events, kernel and graph launches, stream capture))
 //! with the real driver's argument checks and error codes. Device memory is
 //! bookkeeping only: pointers are unique addresses, never dereferenceable.
 //!
@@ -19,6 +20,7 @@
 //! | `FAKE_CUDA_DEVICE_COUNT` | number of devices, 1 to 16 | 1 |
 //! | `FAKE_CUDA_DEVICE_MEMORY` | bytes per device (`k`, `m`, `g` suffixes) | `80g` |
 //! | `FAKE_CUDA_DRIVER_VERSION` | what `cuDriverGetVersion` reports | 12090 |
+//! | `FAKE_CUDA_NS_PER_BLOCK` | how long each block of a launched grid occupies the device, ns | 1000 |
 //!
 //! The device count and memory are fixed by the first process that creates
 //! the state file. Memory of a process that dies without freeing stays used
@@ -36,6 +38,7 @@
     clippy::missing_safety_doc
 )]
 
+mod exec;
 mod state;
 
 use std::cell::Cell;
@@ -45,6 +48,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use exec::*;
 use state::Physical;
 
 type CUresult = c_int;
@@ -86,7 +90,7 @@ static ALLOCATIONS: Mutex<Option<HashMap<CUdeviceptr, (usize, u64)>>> = Mutex::n
 static HANDLES: Mutex<Option<HashMap<u64, (usize, u64)>>> = Mutex::new(None);
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 /// Calls of `_ptsz` variants in this process (see `tesseraFakePerThreadCalls`).
-static PER_THREAD_CALLS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static PER_THREAD_CALLS: AtomicU64 = AtomicU64::new(0);
 static PHYSICAL: OnceLock<Result<Physical, String>> = OnceLock::new();
 
 thread_local! {
@@ -723,6 +727,26 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuMemAllocAsync" => vec![v!(11020, cuMemAllocAsync)],
         b"cuMemFreeAsync" => vec![v!(11020, cuMemFreeAsync)],
         b"cuGetProcAddress" => vec![v!(11030, cuGetProcAddress), v!(12000, cuGetProcAddress_v2)],
+        b"cuLaunchKernel" => vec![v!(4000, cuLaunchKernel)],
+        b"cuLaunchKernelEx" => vec![v!(11080, cuLaunchKernelEx)],
+        b"cuLaunchCooperativeKernel" => vec![v!(9000, cuLaunchCooperativeKernel)],
+        b"cuGraphLaunch" => vec![v!(10000, cuGraphLaunch)],
+        b"cuStreamCreate" => vec![v!(2000, cuStreamCreate)],
+        b"cuStreamDestroy" => vec![v!(4000, cuStreamDestroy_v2)],
+        b"cuStreamSynchronize" => vec![v!(2000, cuStreamSynchronize)],
+        b"cuStreamBeginCapture" => vec![v!(10010, cuStreamBeginCapture_v2)],
+        b"cuStreamEndCapture" => vec![v!(10000, cuStreamEndCapture)],
+        b"cuStreamIsCapturing" => vec![v!(10000, cuStreamIsCapturing)],
+        b"cuGraphInstantiateWithFlags" => vec![v!(11040, cuGraphInstantiateWithFlags)],
+        b"cuGraphDestroy" => vec![v!(10000, cuGraphDestroy)],
+        b"cuGraphExecDestroy" => vec![v!(10000, cuGraphExecDestroy)],
+        b"cuCtxSynchronize" => vec![v!(2000, cuCtxSynchronize)],
+        b"cuEventCreate" => vec![v!(2000, cuEventCreate)],
+        b"cuEventDestroy" => vec![v!(4000, cuEventDestroy_v2)],
+        b"cuEventRecord" => vec![v!(2000, cuEventRecord)],
+        b"cuEventQuery" => vec![v!(2000, cuEventQuery)],
+        b"cuEventSynchronize" => vec![v!(2000, cuEventSynchronize)],
+        b"cuEventElapsedTime" => vec![v!(2000, cuEventElapsedTime)],
         _ => Vec::new(),
     }
 }
@@ -732,6 +756,13 @@ fn per_thread(name: &[u8]) -> Option<*mut c_void> {
     match name {
         b"cuMemAllocAsync" => Some(cuMemAllocAsync_ptsz as *mut c_void),
         b"cuMemFreeAsync" => Some(cuMemFreeAsync_ptsz as *mut c_void),
+        b"cuLaunchKernel" => Some(cuLaunchKernel_ptsz as *mut c_void),
+        b"cuLaunchKernelEx" => Some(cuLaunchKernelEx_ptsz as *mut c_void),
+        b"cuLaunchCooperativeKernel" => Some(cuLaunchCooperativeKernel_ptsz as *mut c_void),
+        b"cuGraphLaunch" => Some(cuGraphLaunch_ptsz as *mut c_void),
+        b"cuStreamSynchronize" => Some(cuStreamSynchronize_ptsz as *mut c_void),
+        b"cuStreamIsCapturing" => Some(cuStreamIsCapturing_ptsz as *mut c_void),
+        b"cuEventRecord" => Some(cuEventRecord_ptsz as *mut c_void),
         _ => None,
     }
 }

@@ -1,8 +1,16 @@
 //! The fake devices' physical memory, in a file every process maps.
 //!
-//! Layout (native endianness): `magic: u64` ("FAKECUDA", written last),
+//! Layout (native endianness): `magic: u64` ("FAKECUD2", written last),
 //! `device_count: u32`, 4 bytes padding, then 16 devices of
-//! `{ total, used, peak, reserved }` as `u64`s.
+//! `{ total, used, peak, reserved, lock, free_at, enqueued_ns, launches }`
+//! as `u64`s.
+//!
+//! The timeline: a device runs one piece of work at a time, in the order it
+//! was enqueued by any process. Work enqueued at `now` starts at
+//! `max(now, free_at)` and ends `duration` later, so the device is busy
+//! without a gap from `now` to `free_at`, and the busy time up to `now` is
+//! `enqueued_ns - (free_at - now)`: exact, and independent of how fast the
+//! host runs.
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
@@ -10,7 +18,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-const MAGIC: u64 = u64::from_le_bytes(*b"FAKECUDA");
+const MAGIC: u64 = u64::from_le_bytes(*b"FAKECUD2");
 const MAX_DEVICES: usize = 16;
 
 #[repr(C)]
@@ -19,6 +27,16 @@ struct Device {
     used: AtomicU64,
     peak: AtomicU64,
     reserved: AtomicU64,
+    /// A spin lock (0 free, 1 held) over the timeline fields below.
+    lock: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns at which the last enqueued work ends.
+    free_at: AtomicU64,
+    /// Total duration of all work ever enqueued, ns.
+    enqueued_ns: AtomicU64,
+    /// Launches ever enqueued.
+    launches: AtomicU64,
+    /// When the first launch was enqueued, ns.
+    first_launch: AtomicU64,
 }
 
 #[repr(C)]
@@ -158,6 +176,55 @@ impl Physical {
         }
     }
 
+    fn locked<T>(&self, dev: usize, body: impl FnOnce(&Device) -> T) -> T {
+        let device = &self.layout().devices[dev];
+        while device
+            .lock
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        let result = body(device);
+        device.lock.store(0, Ordering::Release);
+        result
+    }
+
+    /// Enqueues `duration` ns of work on device `dev` at `now`; returns when
+    /// it ends.
+    pub(crate) fn enqueue(&self, dev: usize, now: u64, duration: u64) -> u64 {
+        self.locked(dev, |d| {
+            let _ = d
+                .first_launch
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+            let start = now.max(d.free_at.load(Ordering::Relaxed));
+            let end = start + duration;
+            d.free_at.store(end, Ordering::Relaxed);
+            d.enqueued_ns.fetch_add(duration, Ordering::Relaxed);
+            d.launches.fetch_add(1, Ordering::Relaxed);
+            end
+        })
+    }
+
+    /// Nanoseconds device `dev` has been busy up to `now`, and its launches.
+    pub(crate) fn busy(&self, dev: usize, now: u64) -> (u64, u64) {
+        self.locked(dev, |d| {
+            let ahead = d.free_at.load(Ordering::Relaxed).saturating_sub(now);
+            (
+                d.enqueued_ns.load(Ordering::Relaxed).saturating_sub(ahead),
+                d.launches.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// When the first launch on device `dev` was enqueued (0: none yet).
+    #[allow(dead_code)] // read by the fake NVML, which shares this file
+    pub(crate) fn first_launch(&self, dev: usize) -> u64 {
+        self.layout().devices[dev]
+            .first_launch
+            .load(Ordering::Relaxed)
+    }
+
     pub(crate) fn release(&self, dev: usize, bytes: u64) {
         let _ = self.layout().devices[dev].used.fetch_update(
             Ordering::AcqRel,
@@ -179,4 +246,15 @@ fn parse_bytes(value: &str) -> Option<u64> {
         .ok()?
         .checked_mul(1 << shift)
         .filter(|&n| n > 0)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process of the machine.
+pub(crate) fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -7,8 +7,9 @@
 //! through the fake driver shows as used here, as on a real GPU. Implemented:
 //! `nvmlInit_v2`, `nvmlShutdown`, `nvmlDeviceGetCount_v2`,
 //! `nvmlDeviceGetHandleByIndex_v2`, `nvmlDeviceGetIndex`,
-//! `nvmlDeviceGetMemoryInfo` and `nvmlDeviceGetMemoryInfo_v2`, with NVML's
-//! argument checks and return codes.
+//! `nvmlDeviceGetMemoryInfo`, `nvmlDeviceGetMemoryInfo_v2` and
+//! `nvmlDeviceGetUtilizationRates` (from the fake driver's simulated
+//! timeline), with NVML's argument checks and return codes.
 
 #![allow(unsafe_code)] // a C ABI library; every block carries a SAFETY comment
 #![allow(non_snake_case, non_camel_case_types)] // exports carry NVML's names
@@ -24,8 +25,8 @@ mod state;
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use state::Physical;
 
@@ -237,6 +238,51 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             reserved: 0,
             free: total - used,
             used,
+        };
+        Ok(())
+    })
+}
+
+/// `nvmlUtilization_t`, percent.
+#[repr(C)]
+pub struct nvmlUtilization_t {
+    gpu: c_uint,
+    memory: c_uint,
+}
+
+/// This process's previous utilisation sample per device: (time, busy ns).
+static SAMPLES: Mutex<[Option<(u64, u64)>; 16]> = Mutex::new([None; 16]);
+
+/// `nvmlDeviceGetUtilizationRates`: `gpu` is the percentage of time the
+/// simulated device was busy (any process's work) over the sample period,
+/// which is the time since this process's previous call for the device (the
+/// first call reports the time since the device's first launch). `memory`
+/// is always 0.
+///
+/// # Safety
+///
+/// `utilization` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let dev = index(device)?;
+        // SAFETY: NULL-checked; valid for writes per the caller.
+        let out = unsafe { utilization.as_mut() }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        let now = state::now_ns();
+        let (busy, _) = physical()?.busy(dev, now);
+        let mut samples = SAMPLES.lock().unwrap_or_else(|e| e.into_inner());
+        let (since, busy_before) = samples[dev].unwrap_or((physical()?.first_launch(dev), 0));
+        samples[dev] = Some((now, busy));
+        let period = now.saturating_sub(since);
+        let percent = ((busy - busy_before.min(busy)) * 100 + period / 2)
+            .checked_div(period)
+            .unwrap_or(0);
+        *out = nvmlUtilization_t {
+            gpu: percent.min(100) as c_uint,
+            memory: 0,
         };
         Ok(())
     })
