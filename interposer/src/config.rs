@@ -5,8 +5,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use tessera_api::env::{
-    self, CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE, CUDA_DISABLE_CONTROL,
-    LIBCUDA_LOG_LEVEL,
+    self, CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE, CUDA_DEVICE_SM_LIMIT,
+    CUDA_DISABLE_CONTROL, CoreUtilizationPolicy, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL,
 };
 use tessera_vgpu_region::MAX_DEVICES;
 
@@ -39,6 +39,11 @@ pub struct Config {
     pub disabled: bool,
     /// Memory limit per CUDA ordinal in bytes, 0 for none.
     pub limits: [u64; MAX_DEVICES],
+    /// `CUDA_DEVICE_SM_LIMIT`: percent of each device's time, `None` for no
+    /// limit (unset, 0 or 100).
+    pub sm_limit: Option<u8>,
+    /// `GPU_CORE_UTILIZATION_POLICY`: when the compute limit applies.
+    pub core_policy: CoreUtilizationPolicy,
     /// The shared region file.
     pub region_path: PathBuf,
     /// `LIBCUDA_LOG_LEVEL`, 0 to 4.
@@ -80,6 +85,14 @@ impl Config {
                 *limit = env::parse_memory_limit(&name, &v)?;
             }
         }
+        let sm_limit = match text(CUDA_DEVICE_SM_LIMIT)? {
+            Some(v) => env::parse_sm_limit(&v)?,
+            None => None,
+        };
+        let core_policy = match text(GPU_CORE_UTILIZATION_POLICY)? {
+            Some(v) => CoreUtilizationPolicy::parse(&v)?,
+            None => CoreUtilizationPolicy::Default,
+        };
         let region_path = var(CUDA_DEVICE_MEMORY_SHARED_CACHE)
             .map_or_else(|| PathBuf::from(DEFAULT_REGION_PATH), PathBuf::from);
         let (log_level, warning) = match text(LIBCUDA_LOG_LEVEL)?.map(|v| env::parse_log_level(&v))
@@ -92,6 +105,8 @@ impl Config {
             Self {
                 disabled,
                 limits,
+                sm_limit,
+                core_policy,
                 region_path,
                 log_level,
             },
@@ -102,6 +117,15 @@ impl Config {
     /// Whether any device has a memory limit.
     pub fn any_limit(&self) -> bool {
         self.limits.iter().any(|&l| l != 0)
+    }
+
+    /// The limits to create the shared region with: the compute limit
+    /// applies to every device.
+    pub fn region_limits(&self) -> tessera_vgpu_region::Limits {
+        tessera_vgpu_region::Limits {
+            memory: self.limits,
+            sm_percent: [self.sm_limit.unwrap_or(0); MAX_DEVICES],
+        }
     }
 }
 
@@ -157,6 +181,31 @@ mod tests {
         ] {
             let err = read(vars).unwrap_err().to_string();
             let name = vars.last().unwrap().0;
+            assert!(err.contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn compute_limit_and_policy() {
+        let (config, _) = read(&[
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("GPU_CORE_UTILIZATION_POLICY", "FORCE"),
+        ])
+        .unwrap();
+        assert_eq!(config.sm_limit, Some(30));
+        assert_eq!(config.core_policy, CoreUtilizationPolicy::Force);
+        assert_eq!(config.region_limits().sm_percent, [30; MAX_DEVICES]);
+        for no_limit in ["0", "100"] {
+            let (config, _) = read(&[("CUDA_DEVICE_SM_LIMIT", no_limit)]).unwrap();
+            assert_eq!(config.sm_limit, None);
+            assert_eq!(config.core_policy, CoreUtilizationPolicy::Default);
+        }
+        for (name, value) in [
+            ("CUDA_DEVICE_SM_LIMIT", "101"),
+            ("CUDA_DEVICE_SM_LIMIT", "30%"),
+            ("GPU_CORE_UTILIZATION_POLICY", "sometimes"),
+        ] {
+            let err = read(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name), "{err}");
         }
     }

@@ -8,6 +8,7 @@ use std::sync::{Mutex, Once, OnceLock};
 
 use tessera_vgpu_region::{MAX_DEVICES, Opened, Region, SlotId, process_start_time};
 
+use crate::compute::Limiter;
 use crate::config::{Config, Error};
 use crate::log::{DEBUG, ERROR, INFO, WARN};
 use crate::sys::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
@@ -26,7 +27,11 @@ static STATE: OnceLock<State> = OnceLock::new();
 
 /// The process's state, set up by the first hooked call.
 pub fn state() -> &'static State {
-    STATE.get_or_init(|| init(|name| std::env::var_os(name)))
+    STATE.get_or_init(|| {
+        let state = init(|name| std::env::var_os(name));
+        crate::compute::set_mode(&state);
+        state
+    })
 }
 
 fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
@@ -47,7 +52,7 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
         log!(INFO, "CUDA_DISABLE_CONTROL is set: not enforcing");
         return State::Disabled;
     }
-    let region = match Region::create_or_open(&config.region_path, &config.limits) {
+    let region = match Region::create_or_open_with(&config.region_path, &config.region_limits()) {
         Ok((region, opened)) => {
             if opened
                 == (Opened::Attached {
@@ -62,10 +67,10 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
             }
             Some(region)
         }
-        Err(e) if config.any_limit() => {
+        Err(e) if config.any_limit() || config.sm_limit.is_some() => {
             log!(
                 ERROR,
-                "memory limits are set but the shared region is unusable, refusing CUDA: {}",
+                "limits are set but the shared region is unusable, refusing CUDA: {}",
                 Error::from(e)
             );
             return State::Refused;
@@ -84,7 +89,21 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
         None => config.limits,
     };
     log!(DEBUG, "limits per device (bytes, 0 = none): {limits:?}");
+    let compute = region.as_ref().and_then(|region| {
+        let percent: [u8; MAX_DEVICES] =
+            std::array::from_fn(|dev| region.sm_limit(dev).unwrap_or(0));
+        Limiter::new(percent, config.core_policy)
+    });
+    if let Some(limiter) = &compute {
+        log!(
+            DEBUG,
+            "compute limits per device (percent, 0 = none): {:?}, policy {}",
+            limiter.percent(),
+            config.core_policy.as_str()
+        );
+    }
     State::Enforcing(Box::new(Enforcer {
+        compute,
         any_limit: limits.iter().any(|&l| l != 0),
         limits,
         region,
@@ -166,6 +185,9 @@ const SHARDS: usize = 16;
 
 /// Accounting and enforcement for one process.
 pub struct Enforcer {
+    /// The compute limiter, when a device has a compute limit that the
+    /// policy does not disable.
+    compute: Option<Limiter>,
     limits: [u64; MAX_DEVICES],
     any_limit: bool,
     region: Option<Region>,
@@ -183,6 +205,11 @@ pub struct Enforcer {
 }
 
 impl Enforcer {
+    /// The compute limiter and the region it budgets in, if any.
+    pub(crate) fn limiter(&self) -> Option<(&Limiter, &Region)> {
+        Some((self.compute.as_ref()?, self.region.as_ref()?))
+    }
+
     /// The limit of CUDA ordinal `dev` in bytes, if any.
     pub fn limit(&self, dev: CUdevice) -> Option<u64> {
         let limit = *self.limits.get(usize::try_from(dev).ok()?)?;

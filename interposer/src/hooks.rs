@@ -7,10 +7,11 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::sys::{
-    CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUresult, CUstream, cuuint64_t,
+    CUcontext, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUfunction,
+    CUgraphExec, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult,
+    CUstream, cuuint64_t,
 };
-use crate::{memory, proc_address};
+use crate::{compute, memory, proc_address};
 
 driver_api! {
     returns CUresult;
@@ -52,9 +53,81 @@ driver_api! {
         fn cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::mem_release;
         fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::mem_get_info;
         fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::device_total_mem;
+        fn cuLaunchKernel(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) => compute::launch_kernel;
+        fn cuLaunchKernel_ptsz(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) => compute::launch_kernel_ptsz;
+        fn cuLaunchKernelEx(
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) => compute::launch_kernel_ex;
+        fn cuLaunchKernelEx_ptsz(
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) => compute::launch_kernel_ex_ptsz;
+        fn cuLaunchCooperativeKernel(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+        ) => compute::launch_cooperative_kernel;
+        fn cuLaunchCooperativeKernel_ptsz(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+        ) => compute::launch_cooperative_kernel_ptsz;
+        fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => compute::graph_launch;
+        fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => compute::graph_launch_ptsz;
     }
     called {
         fn cuCtxGetDevice(*mut CUdevice);
+        fn cuCtxGetCurrent(*mut CUcontext);
+        fn cuEventCreate(*mut CUevent, c_uint);
+        fn cuEventRecord(CUevent, CUstream);
+        fn cuEventRecord_ptsz(CUevent, CUstream);
+        fn cuEventQuery(CUevent);
+        fn cuEventElapsedTime(*mut f32, CUevent, CUevent);
+        fn cuStreamIsCapturing(CUstream, *mut c_int);
+        fn cuStreamIsCapturing_ptsz(CUstream, *mut c_int);
     }
 }
 

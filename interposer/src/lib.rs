@@ -35,6 +35,7 @@ mod log;
 #[macro_use]
 mod driver;
 
+mod compute;
 pub mod config;
 // The trampoline is written for x86_64; on other targets `dlsym` is not
 // intercepted. Unit tests do not export it (they would intercept their own).

@@ -23,7 +23,7 @@ pub(crate) unsafe fn init(flags: c_uint) -> CUresult {
 }
 
 /// The device of the calling thread's current context.
-fn current_device() -> Result<CUdevice, CUresult> {
+pub(crate) fn current_device() -> Result<CUdevice, CUresult> {
     let mut dev: CUdevice = 0;
     match real!(cuCtxGetDevice(&mut dev)) {
         CUDA_SUCCESS => Ok(dev),

@@ -16,6 +16,37 @@ pub type CUdeviceptr = u64;
 pub type CUcontext = *mut c_void;
 /// `CUstream`: an opaque stream handle (NULL: the default stream).
 pub type CUstream = *mut c_void;
+/// `CUfunction`: an opaque kernel handle.
+pub type CUfunction = *mut c_void;
+/// `CUevent`: an opaque event handle.
+pub type CUevent = *mut c_void;
+/// `CUgraphExec`: an opaque executable graph handle.
+pub type CUgraphExec = *mut c_void;
+/// `CU_EVENT_DEFAULT`: a timed event.
+pub const CU_EVENT_DEFAULT: std::ffi::c_uint = 0;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`: the stream is not being captured.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+
+/// `CUlaunchConfig` (`cuLaunchKernelEx`), as far as the interposer reads it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUlaunchConfig {
+    /// `gridDimX`, `gridDimY`, `gridDimZ`.
+    pub grid_dim: [std::ffi::c_uint; 3],
+    /// `blockDimX`, `blockDimY`, `blockDimZ`.
+    pub block_dim: [std::ffi::c_uint; 3],
+    /// `sharedMemBytes`.
+    pub shared_mem_bytes: std::ffi::c_uint,
+    /// `hStream`: where the kernel is launched.
+    pub stream: CUstream,
+    /// `attrs`.
+    pub attrs: *mut c_void,
+    /// `numAttrs`.
+    pub num_attrs: std::ffi::c_uint,
+}
+
+const _: () = assert!(std::mem::offset_of!(CUlaunchConfig, stream) == 32);
+
 /// `cuuint64_t`.
 pub type cuuint64_t = u64;
 /// `CUdriverProcAddressQueryResult` (an enum in C, `int`-sized).
@@ -30,6 +61,8 @@ pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 /// The driver is not initialised (the interposer also returns it when its
 /// configuration is invalid, so that CUDA is refused rather than unlimited).
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+/// An asynchronous operation has not completed yet (`cuEventQuery`).
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 /// A named symbol was not found.
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 /// Unknown error (the interposer returns it when a hook panics).

@@ -34,6 +34,15 @@
  *   nvml <index>                    NVML memory info (v1 and v2), without touching CUDA;
  *                                   NVML is linked, or dlopen'ed by the dlsym loaders
  *   lookup <name> <version>         cuGetProcAddress_v2's result and status
+ *   launch <path> <seconds> <blocks>
+ *                                   launch <blocks>-block grids for <seconds> through one path
+ *                                   (kernel, ex, coop, graph, each also with _ptsz), synchronising
+ *                                   the stream every 8 launches; print the NVML utilisation of
+ *                                   each 1 s window (window_<i>=<percent>) and the launch count.
+ *                                   The plain paths use the legacy default stream, the _ptsz ones
+ *                                   the per-thread default stream, graphs a created stream
+ *                                   (a graph captures 4 launches of blocks/4 each)
+ *   launchbench <threads> <rounds>  time cuLaunchKernel of one block: p50/p99/mean ns
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -64,6 +73,21 @@ typedef struct {
 
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void *hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
+
+typedef CUresult (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                              void **, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, void *, void **, void **);
+typedef CUresult (*coop_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                            void **);
+typedef CUresult (*graph_fn)(void *, void *);
+typedef CUresult (*sync_fn)(void *);
+
 typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
 typedef struct {
@@ -80,6 +104,7 @@ static struct {
     nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2)(unsigned, nvmlDevice_t *);
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
+    nvmlReturn_t (*nvmlDeviceGetUtilizationRates)(nvmlDevice_t, unsigned *);
 } nvml;
 
 static struct {
@@ -101,6 +126,16 @@ static struct {
     unsigned long long (*per_thread_calls)(void);
     CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, void *);
     CUresult (*cuMemFreeAsync)(CUdeviceptr, void *);
+    /* Execution; index 1 is the _ptsz variant. */
+    launch_fn launch[2];
+    launch_ex_fn launch_ex[2];
+    coop_fn coop[2];
+    graph_fn graph_launch[2];
+    sync_fn stream_sync[2];
+    CUresult (*cuStreamCreate)(void **, unsigned);
+    CUresult (*cuStreamBeginCapture_v2)(void *, int);
+    CUresult (*cuStreamEndCapture)(void *, void **);
+    CUresult (*cuGraphInstantiateWithFlags)(void **, void *, unsigned long long);
 } cu;
 
 static void die(const char *what, CUresult rc) {
@@ -143,12 +178,50 @@ static void load_async(int per_thread) {
     cu.cuMemFreeAsync = per_thread ? cuMemFreeAsync_ptsz : cuMemFreeAsync;
 }
 
+CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
+                        void **);
+CUresult cuLaunchKernel_ptsz(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                             void **, void **);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *, void *, void **, void **);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, void *, void **, void **);
+CUresult cuLaunchCooperativeKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   void *, void **);
+CUresult cuLaunchCooperativeKernel_ptsz(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                        unsigned, void *, void **);
+CUresult cuGraphLaunch(void *, void *);
+CUresult cuGraphLaunch_ptsz(void *, void *);
+CUresult cuStreamSynchronize(void *);
+CUresult cuStreamSynchronize_ptsz(void *);
+CUresult cuStreamCreate(void **, unsigned);
+CUresult cuStreamBeginCapture_v2(void *, int);
+CUresult cuStreamEndCapture(void *, void **);
+CUresult cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
+
+static void load_exec(void) {
+    cu.launch[0] = cuLaunchKernel;
+    cu.launch[1] = cuLaunchKernel_ptsz;
+    cu.launch_ex[0] = cuLaunchKernelEx;
+    cu.launch_ex[1] = cuLaunchKernelEx_ptsz;
+    cu.coop[0] = cuLaunchCooperativeKernel;
+    cu.coop[1] = cuLaunchCooperativeKernel_ptsz;
+    cu.graph_launch[0] = cuGraphLaunch;
+    cu.graph_launch[1] = cuGraphLaunch_ptsz;
+    cu.stream_sync[0] = cuStreamSynchronize;
+    cu.stream_sync[1] = cuStreamSynchronize_ptsz;
+    cu.cuStreamCreate = cuStreamCreate;
+    cu.cuStreamBeginCapture_v2 = cuStreamBeginCapture_v2;
+    cu.cuStreamEndCapture = cuStreamEndCapture;
+    cu.cuGraphInstantiateWithFlags = cuGraphInstantiateWithFlags;
+}
+
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, unsigned *);
 
 static void load_nvml(void) {
+    nvml.nvmlDeviceGetUtilizationRates = nvmlDeviceGetUtilizationRates;
     nvml.nvmlInit_v2 = nvmlInit_v2;
     nvml.nvmlDeviceGetHandleByIndex_v2 = nvmlDeviceGetHandleByIndex_v2;
     nvml.nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
@@ -184,6 +257,7 @@ static void load_nvml(void) {
     nvml.nvmlDeviceGetHandleByIndex_v2 = need(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"), "nvmlDeviceGetHandleByIndex_v2");
     nvml.nvmlDeviceGetMemoryInfo = need(dlsym(lib, "nvmlDeviceGetMemoryInfo"), "nvmlDeviceGetMemoryInfo");
     nvml.nvmlDeviceGetMemoryInfo_v2 = need(dlsym(lib, "nvmlDeviceGetMemoryInfo_v2"), "nvmlDeviceGetMemoryInfo_v2");
+    nvml.nvmlDeviceGetUtilizationRates = need(dlsym(lib, "nvmlDeviceGetUtilizationRates"), "nvmlDeviceGetUtilizationRates");
 }
 
 #if defined(LOADER_DLSYM)
@@ -211,6 +285,23 @@ static void load(void) {
 static void load_async(int per_thread) {
     SYM(cuMemAllocAsync, per_thread ? "cuMemAllocAsync_ptsz" : "cuMemAllocAsync");
     SYM(cuMemFreeAsync, per_thread ? "cuMemFreeAsync_ptsz" : "cuMemFreeAsync");
+}
+
+static void load_exec(void) {
+    SYM(launch[0], "cuLaunchKernel");
+    SYM(launch[1], "cuLaunchKernel_ptsz");
+    SYM(launch_ex[0], "cuLaunchKernelEx");
+    SYM(launch_ex[1], "cuLaunchKernelEx_ptsz");
+    SYM(coop[0], "cuLaunchCooperativeKernel");
+    SYM(coop[1], "cuLaunchCooperativeKernel_ptsz");
+    SYM(graph_launch[0], "cuGraphLaunch");
+    SYM(graph_launch[1], "cuGraphLaunch_ptsz");
+    SYM(stream_sync[0], "cuStreamSynchronize");
+    SYM(stream_sync[1], "cuStreamSynchronize_ptsz");
+    SYM(cuStreamCreate, "cuStreamCreate");
+    SYM(cuStreamBeginCapture_v2, "cuStreamBeginCapture_v2");
+    SYM(cuStreamEndCapture, "cuStreamEndCapture");
+    SYM(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
 }
 #elif defined(LOADER_PROCADDR)
 #define CUDA_VERSION 12090
@@ -256,6 +347,30 @@ static void load_async(int per_thread) {
     rc = cu.cuGetProcAddress_v2("cuMemFreeAsync", &p, CUDA_VERSION, flags, &status);
     if (rc || status) die("cuGetProcAddress_v2 cuMemFreeAsync", rc);
     cu.cuMemFreeAsync = need(p, "cuMemFreeAsync");
+}
+
+/* Index 1: asked for with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. */
+#define GPA2(field, name)                                                                  \
+    do {                                                                                   \
+        for (int pt = 0; pt < 2; pt++) {                                                   \
+            void *p = NULL;                                                                \
+            int status = -1;                                                               \
+            CUresult rc = cu.cuGetProcAddress_v2(name, &p, CUDA_VERSION, pt ? 2 : 0, &status); \
+            if (rc != 0 || status != 0) die("cuGetProcAddress_v2 " name, rc);             \
+            cu.field[pt] = need(p, name);                                                  \
+        }                                                                                  \
+    } while (0)
+
+static void load_exec(void) {
+    GPA2(launch, "cuLaunchKernel");
+    GPA2(launch_ex, "cuLaunchKernelEx");
+    GPA2(coop, "cuLaunchCooperativeKernel");
+    GPA2(graph_launch, "cuGraphLaunch");
+    GPA2(stream_sync, "cuStreamSynchronize");
+    GPA(cuStreamCreate, "cuStreamCreate");
+    GPA(cuStreamBeginCapture_v2, "cuStreamBeginCapture");
+    GPA(cuStreamEndCapture, "cuStreamEndCapture");
+    GPA(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
 }
 #else
 #error "define LOADER_LINKED, LOADER_DLSYM or LOADER_PROCADDR"
@@ -534,6 +649,107 @@ static int cmd_lookup(const char *name, int version) {
     return 0;
 }
 
+/* A kernel handle: the fake driver only checks that it is not NULL. */
+static char kernel_image;
+#define KERNEL ((void *)&kernel_image)
+
+static CUresult launch_once(const char *path, int pt, unsigned blocks, void *stream, void *graph_exec) {
+    if (!strncmp(path, "kernel", 6)) return cu.launch[pt](KERNEL, blocks, 1, 1, 128, 1, 1, 0, stream, NULL, NULL);
+    if (!strncmp(path, "coop", 4)) return cu.coop[pt](KERNEL, blocks, 1, 1, 128, 1, 1, 0, stream, NULL);
+    if (!strncmp(path, "ex", 2)) {
+        CUlaunchConfig config = {.gridDimX = blocks, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128, .blockDimY = 1,
+                                 .blockDimZ = 1, .hStream = stream};
+        return cu.launch_ex[pt](&config, KERNEL, NULL, NULL);
+    }
+    if (!strncmp(path, "graph", 5)) return cu.graph_launch[pt](graph_exec, stream);
+    die("unknown path", -1);
+    return -1;
+}
+
+static int cmd_launch(const char *path, double seconds, unsigned blocks) {
+    context(0);
+    load_exec();
+    load_nvml();
+    nvmlReturn_t nrc = nvml.nvmlInit_v2();
+    if (nrc) die("nvmlInit_v2", nrc);
+    nvmlDevice_t device;
+    if ((nrc = nvml.nvmlDeviceGetHandleByIndex_v2(0, &device))) die("nvmlDeviceGetHandleByIndex_v2", nrc);
+    unsigned util[2];
+    /* Starts this process's utilisation sample period. */
+    if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
+
+    int pt = strstr(path, "_ptsz") != NULL;
+    void *stream = NULL, *graph_exec = NULL;
+    CUresult rc;
+    if (!strncmp(path, "graph", 5)) {
+        if ((rc = cu.cuStreamCreate(&stream, 0))) die("cuStreamCreate", rc);
+        if ((rc = cu.cuStreamBeginCapture_v2(stream, 0))) die("cuStreamBeginCapture_v2", rc);
+        for (int i = 0; i < 4; i++)
+            if ((rc = cu.launch[pt](KERNEL, blocks / 4, 1, 1, 128, 1, 1, 0, stream, NULL, NULL))) die("capture", rc);
+        void *graph = NULL;
+        if ((rc = cu.cuStreamEndCapture(stream, &graph))) die("cuStreamEndCapture", rc);
+        if ((rc = cu.cuGraphInstantiateWithFlags(&graph_exec, graph, 0))) die("cuGraphInstantiateWithFlags", rc);
+    }
+    unsigned long long start = now_ns(), window_start = start, end = start + (unsigned long long)(seconds * 1e9);
+    long launches = 0;
+    int windows = 0;
+    for (;;) {
+        if ((rc = launch_once(path, pt, blocks, stream, graph_exec))) die("launch", rc);
+        launches++;
+        if (launches % 8 == 0 && (rc = cu.stream_sync[pt](stream))) die("cuStreamSynchronize", rc);
+        unsigned long long t = now_ns();
+        if (t - window_start >= 1000000000ull) {
+            if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
+            printf("window_%d=%u\n", windows++, util[0]);
+            window_start = t;
+        }
+        if (t >= end) break;
+    }
+    if ((rc = cu.stream_sync[pt](stream))) die("cuStreamSynchronize", rc);
+    printf("windows=%d\nlaunches=%ld\n", windows, launches);
+    if (cu.per_thread_calls) printf("per_thread_calls=%llu\n", cu.per_thread_calls());
+    return 0;
+}
+
+struct launcher {
+    CUcontext ctx;
+    long rounds;
+    unsigned long long *ns;
+};
+
+static void *launch_bench(void *arg) {
+    struct launcher *b = arg;
+    cu.cuCtxSetCurrent(b->ctx);
+    pthread_barrier_wait(&start);
+    for (long i = 0; i < b->rounds; i++) {
+        unsigned long long t0 = now_ns();
+        CUresult rc = cu.launch[0](KERNEL, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        b->ns[i] = now_ns() - t0;
+        if (rc) die("bench launch", rc);
+    }
+    return NULL;
+}
+
+static int cmd_launchbench(int threads, long rounds) {
+    CUcontext ctx = context(0);
+    load_exec();
+    struct launcher *bs = calloc((size_t)threads, sizeof *bs);
+    pthread_t *ts = calloc((size_t)threads, sizeof *ts);
+    unsigned long long *all = calloc((size_t)(threads * rounds), sizeof *all);
+    pthread_barrier_init(&start, NULL, (unsigned)threads);
+    for (int i = 0; i < threads; i++) {
+        bs[i] = (struct launcher){.ctx = ctx, .rounds = rounds, .ns = all + i * rounds};
+        pthread_create(&ts[i], NULL, launch_bench, &bs[i]);
+    }
+    for (int i = 0; i < threads; i++) pthread_join(ts[i], NULL);
+    size_t n = (size_t)(threads * rounds);
+    unsigned long long sum = 0;
+    for (size_t i = 0; i < n; i++) sum += all[i];
+    qsort(all, n, sizeof *all, by_value);
+    printf("p50=%llu\np99=%llu\nmean=%llu\n", all[n / 2], all[n * 99 / 100], sum / n);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) die("usage", -1);
     load();
@@ -555,6 +771,8 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "bench") && argc == 5) return cmd_bench(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0));
     if (!strcmp(c, "stats") && argc == 3) return cmd_stats(atoi(argv[2]));
     if (!strcmp(c, "lookup") && argc == 4) return cmd_lookup(argv[2], atoi(argv[3]));
+    if (!strcmp(c, "launch") && argc == 5) return cmd_launch(argv[2], atof(argv[3]), (unsigned)atoi(argv[4]));
+    if (!strcmp(c, "launchbench") && argc == 4) return cmd_launchbench(atoi(argv[2]), atol(argv[3]));
     die("usage", -1);
     return 1;
 }

@@ -1,0 +1,498 @@
+//! Compute limits: `CUDA_DEVICE_SM_LIMIT` on every launch path.
+//!
+//! The container has one budget per device in the shared region: a token
+//! bucket counted in nanoseconds of GPU time. It is refilled at `limit` % of
+//! wall time (whichever process launches next credits the time since the
+//! last refill, once) and capped at [`CAP_NS`]. A launch waits while the
+//! budget is negative, then is charged an estimate of its duration; the
+//! launch is bracketed by two events on its stream, and once they have
+//! completed the estimate is replaced by the measured time between them. The
+//! limit is therefore a share of measured GPU time: nothing depends on the
+//! SM count, the grid size or how many processes launch (HAMi-core's bucket
+//! counted blocks and was tuned with the SM count squared).
+//!
+//! Estimates are per kernel (or graph) handle, falling back to the device's
+//! running average; until the first launch on a device has been measured,
+//! launches wait for the one in flight, so a burst cannot run ahead of the
+//! budget. Work being captured into a graph is not charged: the graph is
+//! charged when it is launched.
+//!
+//! Cost: with no compute limit (unset, 0, 100, `CUDA_DISABLE_CONTROL`, or
+//! policy `disable`) a launch loads one process-wide atomic ([`MODE`]) and
+//! calls the driver. With a limit each launch also reads the current
+//! context, asks whether the stream is capturing, records two events and
+//! polls earlier launches' events.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tessera_api::env::CoreUtilizationPolicy;
+use tessera_vgpu_region::{MAX_DEVICES, Region, Sharing};
+
+use crate::enforce::{State, state};
+use crate::log::{INFO, WARN};
+use crate::memory::current_device;
+use crate::sys::{
+    CU_EVENT_DEFAULT, CU_STREAM_CAPTURE_STATUS_NONE, CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUevent, CUfunction, CUgraphExec,
+    CUlaunchConfig, CUresult, CUstream,
+};
+
+/// The most GPU time a container can save up while it launches nothing: what
+/// it may then run at full speed before the limit bites again.
+pub const CAP_NS: i64 = 50_000_000;
+/// Shortest and longest sleep while waiting for budget: the budget is checked
+/// again after each (other processes may have refilled or measured).
+const MIN_WAIT_NS: u64 = 50_000;
+const MAX_WAIT_NS: u64 = 20_000_000;
+/// How long to wait between polls for the first measurement on a device.
+const BOOTSTRAP_POLL_NS: u64 = 200_000;
+
+/// Not configured yet: the first launch sets the process up.
+const UNKNOWN: u8 = 0;
+/// No compute limit in this process: launches go straight to the driver.
+const OFF: u8 = 1;
+/// A limiter exists (some device has a limit the policy applies).
+const ON: u8 = 2;
+
+/// What launches do, in one process-wide byte: the fast path's one load.
+static MODE: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+/// Records what launches must do once the process state is known.
+pub(crate) fn set_mode(state: &State) {
+    let mode = match state {
+        State::Enforcing(enforcer) if enforcer.limiter().is_some() => ON,
+        // A refused process answers from the slow path.
+        State::Refused => ON,
+        State::Disabled | State::Enforcing(_) => OFF,
+    };
+    MODE.store(mode, Ordering::Relaxed);
+}
+
+/// Runs a launch (`call`) on `stream`, throttled when a compute limit applies.
+#[inline(always)]
+fn launch(
+    stream: CUstream,
+    handle: *mut c_void,
+    per_thread: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if MODE.load(Ordering::Relaxed) == OFF {
+        return call();
+    }
+    limited(stream, handle, per_thread, call)
+}
+
+#[cold]
+fn limited(
+    stream: CUstream,
+    handle: *mut c_void,
+    per_thread: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    match state() {
+        State::Refused => CUDA_ERROR_NOT_INITIALIZED,
+        State::Disabled => call(),
+        State::Enforcing(enforcer) => match enforcer.limiter() {
+            Some((limiter, region)) => limiter.launch(region, stream, handle, per_thread, call),
+            None => call(),
+        },
+    }
+}
+
+/// A launch whose events have not been read yet.
+struct Pending {
+    dev: usize,
+    /// The kernel or graph handle (its estimate's key).
+    handle: usize,
+    ctx: usize,
+    start: usize,
+    end: usize,
+    /// What it was charged when it was launched, ns.
+    charged: u64,
+}
+
+/// Per-process state of the compute limiter.
+pub struct Limiter {
+    percent: [u8; MAX_DEVICES],
+    policy: CoreUtilizationPolicy,
+    inner: Mutex<Inner>,
+    /// Running average of measured launch durations per device, ns (0:
+    /// nothing measured yet).
+    average: [AtomicU64; MAX_DEVICES],
+}
+
+#[derive(Default)]
+struct Inner {
+    pending: Vec<Pending>,
+    /// Estimated duration per kernel or graph handle, ns.
+    estimates: HashMap<usize, u64>,
+    /// Completed event pairs, per context, ready to be recorded again.
+    free_events: HashMap<usize, Vec<(usize, usize)>>,
+    /// Whether creating events already failed once (logged once).
+    events_failed: bool,
+}
+
+impl Limiter {
+    /// A limiter for these per-device limits (percent, 0 = none), unless no
+    /// device has one or the policy disables them.
+    pub(crate) fn new(percent: [u8; MAX_DEVICES], policy: CoreUtilizationPolicy) -> Option<Self> {
+        if policy == CoreUtilizationPolicy::Disable || percent.iter().all(|&p| p == 0) {
+            return None;
+        }
+        Some(Self {
+            percent,
+            policy,
+            inner: Mutex::new(Inner::default()),
+            average: std::array::from_fn(|_| AtomicU64::new(0)),
+        })
+    }
+
+    /// The per-device limits, percent.
+    pub(crate) fn percent(&self) -> [u8; MAX_DEVICES] {
+        self.percent
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn launch(
+        &self,
+        region: &Region,
+        stream: CUstream,
+        handle: *mut c_void,
+        per_thread: bool,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let Ok(dev) = current_device().map(usize::try_from) else {
+            return call();
+        };
+        let Ok(dev) = dev else {
+            return call();
+        };
+        let Some(percent) = self.percent.get(dev).copied().filter(|&p| p != 0) else {
+            return call();
+        };
+        if self.policy == CoreUtilizationPolicy::Default
+            && region.sharing(dev) == Sharing::Exclusive
+        {
+            return call();
+        }
+        let mut capture = CU_STREAM_CAPTURE_STATUS_NONE;
+        let rc = if per_thread {
+            real!(cuStreamIsCapturing_ptsz(stream, &mut capture))
+        } else {
+            real!(cuStreamIsCapturing(stream, &mut capture))
+        };
+        if rc == CUDA_SUCCESS && capture != CU_STREAM_CAPTURE_STATUS_NONE {
+            // Recorded into a graph, not run: charged when the graph runs.
+            return call();
+        }
+        self.admit(region, dev, percent);
+
+        let estimate = self.estimate(dev, handle as usize);
+        let ctx = current_context();
+        let events = ctx.and_then(|ctx| self.events(ctx));
+        let record = |event: usize| {
+            let event = event as CUevent;
+            if per_thread {
+                real!(cuEventRecord_ptsz(event, stream))
+            } else {
+                real!(cuEventRecord(event, stream))
+            }
+        };
+        region.charge(dev, estimate as i64);
+        let started = events.is_some_and(|(start, _)| record(start) == CUDA_SUCCESS);
+        let rc = call();
+        if rc != CUDA_SUCCESS {
+            region.charge(dev, -(estimate as i64));
+        }
+        match (events, ctx) {
+            (Some((start, end)), Some(ctx))
+                if rc == CUDA_SUCCESS && started && record(end) == CUDA_SUCCESS =>
+            {
+                self.inner().pending.push(Pending {
+                    dev,
+                    handle: handle as usize,
+                    ctx,
+                    start,
+                    end,
+                    charged: estimate,
+                });
+            }
+            (Some(pair), Some(ctx)) => self.recycle(ctx, pair),
+            _ => {}
+        }
+        rc
+    }
+
+    /// Waits until device `dev`'s budget is not negative (and, before the
+    /// first measurement, until launches in flight have been measured).
+    fn admit(&self, region: &Region, dev: usize, percent: u8) {
+        let mut waited = 0u64;
+        loop {
+            self.settle(region);
+            let unmeasured = self.average[dev].load(Ordering::Relaxed) == 0
+                && self.inner().pending.iter().any(|p| p.dev == dev);
+            let tokens = region.refill(dev, now_ns(), percent, CAP_NS);
+            let wait = if tokens < 0 {
+                (tokens.unsigned_abs() * 100 / u64::from(percent)).clamp(MIN_WAIT_NS, MAX_WAIT_NS)
+            } else if unmeasured {
+                BOOTSTRAP_POLL_NS
+            } else {
+                break;
+            };
+            let before = now_ns();
+            std::thread::sleep(Duration::from_nanos(wait));
+            waited += now_ns() - before;
+        }
+        region.record_compute(dev, 0, waited);
+    }
+
+    /// Reads the events of completed launches: each is charged its measured
+    /// time instead of its estimate, and its handle's estimate is updated.
+    fn settle(&self, region: &Region) {
+        let mut inner = self.inner();
+        if inner.pending.is_empty() {
+            return;
+        }
+        let mut done = Vec::new();
+        inner
+            .pending
+            .retain(|p| match real!(cuEventQuery(p.end as CUevent)) {
+                CUDA_ERROR_NOT_READY => true,
+                CUDA_SUCCESS => {
+                    let mut ms = 0f32;
+                    let rc = real!(cuEventElapsedTime(
+                        &mut ms,
+                        p.start as CUevent,
+                        p.end as CUevent
+                    ));
+                    let measured =
+                        (rc == CUDA_SUCCESS).then(|| (f64::from(ms.max(0.0)) * 1e6) as u64);
+                    done.push((p.dev, p.handle, p.ctx, p.start, p.end, p.charged, measured));
+                    false
+                }
+                // The events are unusable (e.g. their context is gone): the
+                // estimate stands.
+                _ => false,
+            });
+        for (dev, handle, ctx, start, end, charged, measured) in done {
+            if let Some(ns) = measured {
+                region.charge(dev, ns as i64 - charged as i64);
+                region.record_compute(dev, ns, 0);
+                let ns = ns.max(1);
+                let average = &self.average[dev];
+                let old = average.load(Ordering::Relaxed);
+                average.store(
+                    if old == 0 { ns } else { (old * 7 + ns) / 8 },
+                    Ordering::Relaxed,
+                );
+                inner
+                    .estimates
+                    .entry(handle)
+                    .and_modify(|e| *e = (*e * 3 + ns) / 4)
+                    .or_insert(ns);
+            }
+            inner.free_events.entry(ctx).or_default().push((start, end));
+        }
+    }
+
+    /// The estimated duration of a launch of `handle` on `dev`, ns.
+    fn estimate(&self, dev: usize, handle: usize) -> u64 {
+        let known = self.inner().estimates.get(&handle).copied();
+        known.unwrap_or_else(|| self.average[dev].load(Ordering::Relaxed))
+    }
+
+    /// A pair of events of context `ctx` ready to be recorded.
+    fn events(&self, ctx: usize) -> Option<(usize, usize)> {
+        let mut inner = self.inner();
+        if let Some(pair) = inner.free_events.get_mut(&ctx).and_then(Vec::pop) {
+            return Some(pair);
+        }
+        let mut start: CUevent = std::ptr::null_mut();
+        let mut end: CUevent = std::ptr::null_mut();
+        let rc = real!(cuEventCreate(&mut start, CU_EVENT_DEFAULT));
+        let rc = if rc == CUDA_SUCCESS {
+            real!(cuEventCreate(&mut end, CU_EVENT_DEFAULT))
+        } else {
+            rc
+        };
+        if rc != CUDA_SUCCESS {
+            if !inner.events_failed {
+                inner.events_failed = true;
+                log!(
+                    WARN,
+                    "cannot create events to measure launches (error {rc}); launches are charged estimates only"
+                );
+            }
+            return None;
+        }
+        log!(INFO, "created a pair of timing events for context {ctx:#x}");
+        Some((start as usize, end as usize))
+    }
+
+    fn recycle(&self, ctx: usize, pair: (usize, usize)) {
+        self.inner().free_events.entry(ctx).or_default().push(pair);
+    }
+}
+
+/// The calling thread's current context, if any.
+fn current_context() -> Option<usize> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    (real!(cuCtxGetCurrent(&mut ctx)) == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds, the clock every process of the machine
+/// shares (the region's refill time is in it).
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+macro_rules! kernel_launch {
+    ($name:ident, $real:ident, $per_thread:expr) => {
+        #[doc = concat!("`", stringify!($real), "`, throttled by the compute limit.")]
+        ///
+        /// # Safety
+        ///
+        /// The driver function's contract; the arguments are passed through.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $name(
+            f: CUfunction,
+            grid_x: std::ffi::c_uint,
+            grid_y: std::ffi::c_uint,
+            grid_z: std::ffi::c_uint,
+            block_x: std::ffi::c_uint,
+            block_y: std::ffi::c_uint,
+            block_z: std::ffi::c_uint,
+            shared_mem_bytes: std::ffi::c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            launch(stream, f, $per_thread, || {
+                real!($real(
+                    f,
+                    grid_x,
+                    grid_y,
+                    grid_z,
+                    block_x,
+                    block_y,
+                    block_z,
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                    extra
+                ))
+            })
+        }
+    };
+}
+
+kernel_launch!(launch_kernel, cuLaunchKernel, false);
+kernel_launch!(launch_kernel_ptsz, cuLaunchKernel_ptsz, true);
+
+macro_rules! cooperative_launch {
+    ($name:ident, $real:ident, $per_thread:expr) => {
+        #[doc = concat!("`", stringify!($real), "`, throttled by the compute limit.")]
+        ///
+        /// # Safety
+        ///
+        /// The driver function's contract; the arguments are passed through.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $name(
+            f: CUfunction,
+            grid_x: std::ffi::c_uint,
+            grid_y: std::ffi::c_uint,
+            grid_z: std::ffi::c_uint,
+            block_x: std::ffi::c_uint,
+            block_y: std::ffi::c_uint,
+            block_z: std::ffi::c_uint,
+            shared_mem_bytes: std::ffi::c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+        ) -> CUresult {
+            launch(stream, f, $per_thread, || {
+                real!($real(
+                    f,
+                    grid_x,
+                    grid_y,
+                    grid_z,
+                    block_x,
+                    block_y,
+                    block_z,
+                    shared_mem_bytes,
+                    stream,
+                    params
+                ))
+            })
+        }
+    };
+}
+
+cooperative_launch!(launch_cooperative_kernel, cuLaunchCooperativeKernel, false);
+cooperative_launch!(
+    launch_cooperative_kernel_ptsz,
+    cuLaunchCooperativeKernel_ptsz,
+    true
+);
+
+macro_rules! ex_launch {
+    ($name:ident, $real:ident, $per_thread:expr) => {
+        #[doc = concat!("`", stringify!($real), "`: the stream is the one `config` names.")]
+        ///
+        /// # Safety
+        ///
+        /// `config` is NULL or points to a `CUlaunchConfig` (the driver's contract).
+        pub(crate) unsafe fn $name(
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            let call = || real!($real(config, f, params, extra));
+            if MODE.load(Ordering::Relaxed) == OFF {
+                return call();
+            }
+            // SAFETY: NULL or a valid CUlaunchConfig, per the caller.
+            let Some(stream) = (unsafe { config.as_ref() }).map(|c| c.stream) else {
+                // The driver's own answer for a NULL configuration.
+                return call();
+            };
+            limited(stream, f, $per_thread, call)
+        }
+    };
+}
+
+ex_launch!(launch_kernel_ex, cuLaunchKernelEx, false);
+ex_launch!(launch_kernel_ex_ptsz, cuLaunchKernelEx_ptsz, true);
+
+/// `cuGraphLaunch`, throttled; the graph is charged its measured duration.
+///
+/// # Safety
+///
+/// None beyond `cuGraphLaunch`'s.
+pub(crate) unsafe fn graph_launch(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    launch(stream, exec, false, || real!(cuGraphLaunch(exec, stream)))
+}
+
+/// `cuGraphLaunch_ptsz`.
+///
+/// # Safety
+///
+/// None beyond `cuGraphLaunch`'s.
+pub(crate) unsafe fn graph_launch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    launch(stream, exec, true, || {
+        real!(cuGraphLaunch_ptsz(exec, stream))
+    })
+}

@@ -1,0 +1,253 @@
+//! Compute limits, as they are really used: `LD_PRELOAD=libtessera_vgpu.so`
+//! into separate C programs that launch kernels and graphs on the fake
+//! driver's simulated GPU timeline, measured through the fake NVML's
+//! utilisation (`tests/c/probe.c`, command `launch`).
+//!
+//! Each launch of the probe occupies the fake device for 1000 blocks × 1000
+//! ns = 1 ms, and the timeline runs on the machine's monotonic clock, so the
+//! measured utilisation does not depend on how fast the host is: an
+//! unthrottled probe keeps the device ~99 % busy while using little CPU.
+//! Worlds have their own device, so runs proceed in parallel.
+
+#[allow(dead_code)] // the compute tests use only part of the test support
+mod support;
+
+use std::process::{Child, Stdio};
+
+use support::{Loader, World};
+use tessera_vgpu_region::{Limits, MAX_DEVICES, Region, Sharing};
+
+/// Blocks per launch: 1 ms each at the fake's default 1000 ns per block.
+const BLOCKS: &str = "1000";
+/// Allowed distance from the target, percentage points (issue 5, section 6).
+const TOLERANCE: i64 = 5;
+/// An unthrottled probe keeps the device at least this busy.
+const UNTHROTTLED: u64 = 80;
+
+/// A probe running `launch` in the background.
+struct Run {
+    child: Child,
+    what: String,
+}
+
+impl Run {
+    fn start(world: &World, loader: Loader, preload: bool, path: &str, seconds: &str) -> Self {
+        let child = world
+            .probe(loader, preload, &["launch", path, seconds, BLOCKS])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            what: format!("{loader:?} preload={preload} {path}"),
+        }
+    }
+
+    /// The utilisation of each 1 s window, percent, and the probe's output.
+    fn windows(self) -> (Vec<u64>, Output) {
+        let output = self.child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            output.status.success(),
+            "{} failed:\n{stdout}\n{stderr}",
+            self.what
+        );
+        let value = |key: &str| -> Option<u64> {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .map(|v| v.parse().unwrap())
+        };
+        let count = value("windows").unwrap();
+        let windows = (0..count)
+            .map(|i| value(&format!("window_{i}")).unwrap())
+            .collect();
+        let per_thread_calls = value("per_thread_calls").unwrap_or(0);
+        (
+            windows,
+            Output {
+                what: self.what,
+                stdout,
+                per_thread_calls,
+            },
+        )
+    }
+}
+
+struct Output {
+    what: String,
+    stdout: String,
+    per_thread_calls: u64,
+}
+
+/// Asserts every window after the first (settling) is within the tolerance.
+fn assert_near(windows: &[u64], target: u64, output: &Output) {
+    assert!(windows.len() >= 2, "{}: {}", output.what, output.stdout);
+    for (i, &w) in windows.iter().enumerate().skip(1) {
+        assert!(
+            (w as i64 - target as i64).abs() <= TOLERANCE,
+            "{}: window {i} at {w} %, target {target} %:\n{}",
+            output.what,
+            output.stdout
+        );
+    }
+}
+
+fn assert_unthrottled(windows: &[u64], output: &Output) {
+    assert!(!windows.is_empty(), "{}: {}", output.what, output.stdout);
+    for &w in windows.iter().skip(1) {
+        assert!(
+            w >= UNTHROTTLED,
+            "{}: throttled to {w} %:\n{}",
+            output.what,
+            output.stdout
+        );
+    }
+}
+
+/// The region's measured busy and throttled time on device 0.
+fn compute_stats(world: &World) -> (u64, u64) {
+    let device = Region::open(&world.region_path())
+        .unwrap()
+        .snapshot()
+        .devices[0];
+    (device.busy_ns, device.throttled_ns)
+}
+
+#[test]
+fn sm_limit_holds_utilisation_within_five_points() {
+    let limits = [10u64, 25, 50, 75];
+    let worlds: Vec<World> = limits
+        .iter()
+        .map(|l| World::new("8g").env("CUDA_DEVICE_SM_LIMIT", &l.to_string()))
+        .collect();
+    let control = World::new("8g");
+    // 4 windows: the first is settling, three are checked.
+    let runs: Vec<Run> = worlds
+        .iter()
+        .map(|w| Run::start(w, Loader::Linked, true, "kernel", "4.2"))
+        .collect();
+    let unlimited = Run::start(&control, Loader::Linked, true, "kernel", "2.2");
+    for ((run, &limit), world) in runs.into_iter().zip(&limits).zip(&worlds) {
+        let (windows, output) = run.windows();
+        assert!(windows.len() >= 4, "{}", output.stdout);
+        assert_near(&windows, limit, &output);
+        let (busy, throttled) = compute_stats(world);
+        assert!(
+            busy > 0 && throttled > 0,
+            "busy {busy} throttled {throttled}"
+        );
+    }
+    let (windows, output) = unlimited.windows();
+    assert_unthrottled(&windows, &output);
+}
+
+#[test]
+fn every_launch_path_is_throttled_on_every_lookup_path() {
+    let paths = [
+        "kernel",
+        "kernel_ptsz",
+        "ex",
+        "ex_ptsz",
+        "coop",
+        "coop_ptsz",
+        "graph",
+        "graph_ptsz",
+    ];
+    for loader in Loader::ALL {
+        let worlds: Vec<World> = paths
+            .iter()
+            .map(|_| World::new("8g").env("CUDA_DEVICE_SM_LIMIT", "30"))
+            .collect();
+        let runs: Vec<Run> = worlds
+            .iter()
+            .zip(paths)
+            .map(|(world, path)| Run::start(world, loader, true, path, "2.2"))
+            .collect();
+        for ((run, path), world) in runs.into_iter().zip(paths).zip(&worlds) {
+            let (windows, output) = run.windows();
+            assert_near(&windows, 30, &output);
+            // The driver's _ptsz functions ran exactly when asked for.
+            assert_eq!(
+                output.per_thread_calls > 0,
+                path.ends_with("_ptsz"),
+                "{}",
+                output.what
+            );
+            let (busy, throttled) = compute_stats(world);
+            assert!(busy > 0 && throttled > 0, "{}", output.what);
+        }
+    }
+}
+
+#[test]
+fn the_policy_decides_when_the_limit_applies() {
+    /// A world whose region exists with a 25 % limit and `sharing` on device 0.
+    fn world(policy: &str, sharing: Option<Sharing>) -> World {
+        let world = World::new("8g")
+            .env("CUDA_DEVICE_SM_LIMIT", "25")
+            .env("GPU_CORE_UTILIZATION_POLICY", policy);
+        if let Some(sharing) = sharing {
+            let limits = Limits {
+                memory: [0; MAX_DEVICES],
+                sm_percent: [25; MAX_DEVICES],
+            };
+            let (region, _) = Region::create_or_open_with(&world.region_path(), &limits).unwrap();
+            region.set_sharing(0, sharing);
+        }
+        world
+    }
+    let cases = [
+        // (policy, sharing the node agent wrote, limited)
+        ("disable", Some(Sharing::Shared), false),
+        ("force", Some(Sharing::Exclusive), true),
+        ("default", None, true),
+        ("default", Some(Sharing::Shared), true),
+        ("default", Some(Sharing::Exclusive), false),
+    ];
+    let worlds: Vec<World> = cases.iter().map(|&(p, s, _)| world(p, s)).collect();
+    let runs: Vec<Run> = worlds
+        .iter()
+        .map(|w| Run::start(w, Loader::Linked, true, "kernel", "2.2"))
+        .collect();
+    // The node agent marks an exclusive device shared while a probe runs:
+    // the limit applies from then on.
+    let flipped = world("default", Some(Sharing::Exclusive));
+    let flip = Run::start(&flipped, Loader::Linked, true, "kernel", "4.2");
+    // No limit, and limit 100 (HAMi's "no limit").
+    let unset = World::new("8g");
+    let hundred = World::new("8g").env("CUDA_DEVICE_SM_LIMIT", "100");
+    let free: Vec<Run> = [&unset, &hundred]
+        .into_iter()
+        .map(|w| Run::start(w, Loader::Linked, true, "kernel", "2.2"))
+        .collect();
+
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    Region::open(&flipped.region_path())
+        .unwrap()
+        .set_sharing(0, Sharing::Shared);
+
+    for ((run, &(policy, sharing, limited)), world) in runs.into_iter().zip(&cases).zip(&worlds) {
+        let (windows, output) = run.windows();
+        let (busy, _) = compute_stats(world);
+        if limited {
+            assert_near(&windows, 25, &output);
+            assert!(busy > 0, "{policy} {sharing:?}");
+        } else {
+            assert_unthrottled(&windows, &output);
+            assert_eq!(busy, 0, "{policy} {sharing:?}: launches were measured");
+        }
+    }
+    let (windows, output) = flip.windows();
+    assert!(windows.len() >= 4, "{}", output.stdout);
+    assert_unthrottled(&windows[..2], &output);
+    assert_near(&windows[2..], 25, &output);
+    for (run, world) in free.into_iter().zip([&unset, &hundred]) {
+        let (windows, output) = run.windows();
+        assert_unthrottled(&windows, &output);
+        assert_eq!(compute_stats(world).0, 0);
+    }
+}
