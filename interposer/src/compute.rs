@@ -367,6 +367,7 @@ macro_rules! kernel_launch {
         ///
         /// The driver function's contract; the arguments are passed through.
         #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
         pub(crate) unsafe fn $name(
             f: CUfunction,
             grid_x: std::ffi::c_uint,
@@ -380,8 +381,8 @@ macro_rules! kernel_launch {
             params: *mut *mut c_void,
             extra: *mut *mut c_void,
         ) -> CUresult {
-            launch(stream, f, $per_thread, || {
-                real!($real(
+            if MODE.load(Ordering::Relaxed) == OFF {
+                return real!($real(
                     f,
                     grid_x,
                     grid_y,
@@ -393,8 +394,54 @@ macro_rules! kernel_launch {
                     stream,
                     params,
                     extra
-                ))
-            })
+                ));
+            }
+            // Out of line, so that the fast path above spills nothing.
+            #[cold]
+            #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
+            fn slow(
+                f: CUfunction,
+                grid_x: std::ffi::c_uint,
+                grid_y: std::ffi::c_uint,
+                grid_z: std::ffi::c_uint,
+                block_x: std::ffi::c_uint,
+                block_y: std::ffi::c_uint,
+                block_z: std::ffi::c_uint,
+                shared_mem_bytes: std::ffi::c_uint,
+                stream: CUstream,
+                params: *mut *mut c_void,
+                extra: *mut *mut c_void,
+            ) -> CUresult {
+                limited(stream, f, $per_thread, move || {
+                    real!($real(
+                        f,
+                        grid_x,
+                        grid_y,
+                        grid_z,
+                        block_x,
+                        block_y,
+                        block_z,
+                        shared_mem_bytes,
+                        stream,
+                        params,
+                        extra
+                    ))
+                })
+            }
+            slow(
+                f,
+                grid_x,
+                grid_y,
+                grid_z,
+                block_x,
+                block_y,
+                block_z,
+                shared_mem_bytes,
+                stream,
+                params,
+                extra,
+            )
         }
     };
 }
@@ -410,6 +457,7 @@ macro_rules! cooperative_launch {
         ///
         /// The driver function's contract; the arguments are passed through.
         #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
         pub(crate) unsafe fn $name(
             f: CUfunction,
             grid_x: std::ffi::c_uint,
@@ -422,8 +470,8 @@ macro_rules! cooperative_launch {
             stream: CUstream,
             params: *mut *mut c_void,
         ) -> CUresult {
-            launch(stream, f, $per_thread, || {
-                real!($real(
+            if MODE.load(Ordering::Relaxed) == OFF {
+                return real!($real(
                     f,
                     grid_x,
                     grid_y,
@@ -434,8 +482,51 @@ macro_rules! cooperative_launch {
                     shared_mem_bytes,
                     stream,
                     params
-                ))
-            })
+                ));
+            }
+            // Out of line, so that the fast path above spills nothing.
+            #[cold]
+            #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
+            fn slow(
+                f: CUfunction,
+                grid_x: std::ffi::c_uint,
+                grid_y: std::ffi::c_uint,
+                grid_z: std::ffi::c_uint,
+                block_x: std::ffi::c_uint,
+                block_y: std::ffi::c_uint,
+                block_z: std::ffi::c_uint,
+                shared_mem_bytes: std::ffi::c_uint,
+                stream: CUstream,
+                params: *mut *mut c_void,
+            ) -> CUresult {
+                limited(stream, f, $per_thread, move || {
+                    real!($real(
+                        f,
+                        grid_x,
+                        grid_y,
+                        grid_z,
+                        block_x,
+                        block_y,
+                        block_z,
+                        shared_mem_bytes,
+                        stream,
+                        params
+                    ))
+                })
+            }
+            slow(
+                f,
+                grid_x,
+                grid_y,
+                grid_z,
+                block_x,
+                block_y,
+                block_z,
+                shared_mem_bytes,
+                stream,
+                params,
+            )
         }
     };
 }
@@ -454,13 +545,14 @@ macro_rules! ex_launch {
         /// # Safety
         ///
         /// `config` is NULL or points to a `CUlaunchConfig` (the driver's contract).
+        #[inline(always)]
         pub(crate) unsafe fn $name(
             config: *const CUlaunchConfig,
             f: CUfunction,
             params: *mut *mut c_void,
             extra: *mut *mut c_void,
         ) -> CUresult {
-            let call = || real!($real(config, f, params, extra));
+            let call = move || real!($real(config, f, params, extra));
             if MODE.load(Ordering::Relaxed) == OFF {
                 return call();
             }
@@ -482,8 +574,11 @@ ex_launch!(launch_kernel_ex_ptsz, cuLaunchKernelEx_ptsz, true);
 /// # Safety
 ///
 /// None beyond `cuGraphLaunch`'s.
+#[inline(always)]
 pub(crate) unsafe fn graph_launch(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    launch(stream, exec, false, || real!(cuGraphLaunch(exec, stream)))
+    launch(stream, exec, false, move || {
+        real!(cuGraphLaunch(exec, stream))
+    })
 }
 
 /// `cuGraphLaunch_ptsz`.
@@ -491,6 +586,7 @@ pub(crate) unsafe fn graph_launch(exec: CUgraphExec, stream: CUstream) -> CUresu
 /// # Safety
 ///
 /// None beyond `cuGraphLaunch`'s.
+#[inline(always)]
 pub(crate) unsafe fn graph_launch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
     launch(stream, exec, true, || {
         real!(cuGraphLaunch_ptsz(exec, stream))
