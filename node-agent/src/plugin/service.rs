@@ -15,6 +15,7 @@ use tessera_deviceplugin::v1beta1::{
 };
 use tokio::sync::{Mutex, watch};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::{Grant, HostPaths, device_list, grant, preferred};
 use crate::{Error, inventory::Offer, view::NodeView};
@@ -63,6 +64,10 @@ impl Service {
         };
         if let Some(allocation) = &mut allocation {
             self.overlay(allocation);
+            // Continue the trace the scheduler's Bind started for this pod.
+            if let Some(stored) = &allocation.spec.trace_context {
+                tessera_telemetry::join(&tracing::Span::current(), stored);
+            }
         }
         let settings = self.offers.borrow().resolved.settings.clone();
         let grant = grant(
@@ -311,10 +316,15 @@ impl DevicePlugin for Service {
         let count = requests.len();
         let mut container_responses = Vec::new();
         for (i, container) in requests.into_iter().enumerate() {
-            let (grant, followup) = self.serve(&container.devices_ids).await.map_err(|error| {
-                tracing::warn!(%error, "Allocate refused");
-                status(&error)
-            })?;
+            let span = tracing::info_span!("allocate", node = self.view.node(), devices = ?container.devices_ids);
+            let (grant, followup) = self
+                .serve(&container.devices_ids)
+                .instrument(span)
+                .await
+                .map_err(|error| {
+                    tracing::warn!(%error, "Allocate refused");
+                    status(&error)
+                })?;
             if i + 1 < count {
                 self.finish(&followup).await;
             } else {

@@ -1,0 +1,187 @@
+//! Logs and OpenTelemetry traces for Tessera's binaries.
+//!
+//! Traces are exported over OTLP/gRPC when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the exporter reads the other
+//! standard `OTEL_EXPORTER_OTLP_*` variables itself. The scheduler extender
+//! stores the W3C trace context of its Bind span on each VgpuAllocation
+//! ([`trace_context`]); the node agent's Allocate span continues that trace
+//! ([`join`]).
+
+use opentelemetry::{
+    propagation::TextMapPropagator,
+    trace::{TraceContextExt, TracerProvider},
+};
+use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use tessera_api::v1alpha1::TraceContext;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::{EnvFilter, Registry, layer::SubscriberExt, util::SubscriberInitExt};
+
+/// Why telemetry could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The log filter does not parse.
+    #[error("--log {filter:?}: {message}")]
+    LogFilter {
+        /// The filter given.
+        filter: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The OTLP exporter could not be built.
+    #[error("OTLP exporter: {0}")]
+    Exporter(String),
+}
+
+/// A tracer provider for `service` exporting over OTLP/gRPC to `endpoint`,
+/// or to the endpoint the standard environment variables name when `None`.
+pub fn otlp_provider(
+    service: &'static str,
+    endpoint: Option<&str>,
+) -> Result<SdkTracerProvider, Error> {
+    let mut builder = SpanExporter::builder().with_tonic();
+    if let Some(endpoint) = endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    let exporter = builder
+        .build()
+        .map_err(|e| Error::Exporter(e.to_string()))?;
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name(service).build())
+        .build())
+}
+
+/// The tracing layer that turns spans into OpenTelemetry spans of `service`.
+pub fn layer<S>(
+    provider: &SdkTracerProvider,
+    service: &'static str,
+) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    tracing_opentelemetry::layer().with_tracer(provider.tracer(service))
+}
+
+/// Installs logging (and OTLP export when configured) for `service`;
+/// returns the provider to flush at shutdown.
+pub fn init(service: &'static str, log_filter: &str) -> Result<Option<SdkTracerProvider>, Error> {
+    let filter = EnvFilter::try_new(log_filter).map_err(|e| Error::LogFilter {
+        filter: log_filter.to_owned(),
+        message: e.to_string(),
+    })?;
+    let configured = [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some());
+    let provider = configured
+        .then(|| otlp_provider(service, None))
+        .transpose()?;
+    let registry = Registry::default()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer());
+    match &provider {
+        Some(provider) => registry.with(layer(provider, service)).init(),
+        None => registry.init(),
+    }
+    Ok(provider)
+}
+
+/// The current span's W3C trace context, when it is being traced.
+pub fn trace_context() -> Option<TraceContext> {
+    let context = tracing::Span::current().context();
+    let span = context.span();
+    let span_context = span.span_context();
+    span_context.is_valid().then(|| TraceContext {
+        traceparent: format!(
+            "00-{}-{}-{:02x}",
+            span_context.trace_id(),
+            span_context.span_id(),
+            span_context.trace_flags().to_u8()
+        ),
+        tracestate: span_context.trace_state().header(),
+    })
+}
+
+/// Makes `span` a child of the span a stored trace context names, so work
+/// done elsewhere (the node agent's Allocate) joins the scheduler's trace.
+/// An unparsable context leaves the span a root.
+pub fn join(span: &tracing::Span, stored: &TraceContext) {
+    let mut carrier = std::collections::HashMap::new();
+    carrier.insert("traceparent".to_owned(), stored.traceparent.clone());
+    if !stored.tracestate.is_empty() {
+        carrier.insert("tracestate".to_owned(), stored.tracestate.clone());
+    }
+    let parent = TraceContextPropagator::new().extract(&carrier);
+    if parent.span().span_context().is_valid() {
+        let _ = span.set_parent(parent);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_sdk::trace::InMemorySpanExporter;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    #[test]
+    fn a_joined_span_continues_the_stored_trace_and_hands_its_context_on() {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = Registry::default().with(layer(&provider, "test"));
+        let stored = TraceContext {
+            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            tracestate: "vendor=value".into(),
+        };
+        let handed_on = tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("allocate");
+            join(&span, &stored);
+            let _entered = span.enter();
+            trace_context()
+        });
+        let handed_on = handed_on.expect("the joined span is traced");
+        assert!(
+            handed_on
+                .traceparent
+                .starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+            "{handed_on:?}"
+        );
+        assert_eq!(handed_on.tracestate, "vendor=value");
+        let spans = exporter.get_finished_spans().unwrap();
+        assert_eq!(spans.len(), 1);
+        assert_eq!(
+            spans[0].span_context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(spans[0].parent_span_id.to_string(), "00f067aa0ba902b7");
+
+        // A malformed context leaves the span a root of its own trace.
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = Registry::default().with(layer(&provider, "test"));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("allocate");
+            join(
+                &span,
+                &TraceContext {
+                    traceparent: "garbage".into(),
+                    tracestate: String::new(),
+                },
+            );
+            drop(span.enter());
+        });
+        let spans = exporter.get_finished_spans().unwrap();
+        assert_eq!(spans.len(), 1);
+        assert_eq!(
+            spans[0].parent_span_id,
+            opentelemetry::trace::SpanId::INVALID
+        );
+    }
+}
