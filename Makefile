@@ -3,7 +3,7 @@ SHELL := bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help tools build test test-unit bench fmt lint crds cluster cluster-down clean
+.PHONY: help tools build test test-unit bench gpu-check fmt lint crds cluster cluster-down clean
 
 help: ## List the targets
 	@echo "Tessera: GPU sharing for Kubernetes. Targets:"
@@ -26,6 +26,10 @@ bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-controllers --bench throughput
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-node-agent --bench allocate
 	$(CARGO) bench -p tessera-interposer --bench alloc
+
+gpu-check: ## On a machine with an NVIDIA GPU and PyTorch: check the interposer against the real driver
+	$(CARGO) build --release -p tessera-interposer
+	python3 interposer/gpu-check/check.py --library target/release/libtessera_vgpu.so
 
 fmt: ## Format the code
 	$(CARGO) fmt --all
