@@ -592,3 +592,39 @@ pub(crate) unsafe fn graph_launch_ptsz(exec: CUgraphExec, stream: CUstream) -> C
         real!(cuGraphLaunch_ptsz(exec, stream))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limiter_exists_only_for_a_limit_the_policy_applies() {
+        let mut percent = [0; MAX_DEVICES];
+        for policy in [
+            CoreUtilizationPolicy::Default,
+            CoreUtilizationPolicy::Force,
+            CoreUtilizationPolicy::Disable,
+        ] {
+            assert!(Limiter::new(percent, policy).is_none(), "{policy:?}");
+        }
+        percent[3] = 30;
+        assert!(Limiter::new(percent, CoreUtilizationPolicy::Disable).is_none());
+        for policy in [CoreUtilizationPolicy::Default, CoreUtilizationPolicy::Force] {
+            let limiter = Limiter::new(percent, policy).unwrap();
+            assert_eq!(limiter.percent()[3], 30);
+            assert_eq!(limiter.percent()[0], 0);
+        }
+    }
+
+    #[test]
+    fn launches_pass_straight_through_once_the_mode_is_off() {
+        // The fast path: with MODE off, the driver call is made and nothing else.
+        MODE.store(OFF, Ordering::Relaxed);
+        let mut called = 0;
+        let rc = launch(std::ptr::null_mut(), std::ptr::null_mut(), false, || {
+            called += 1;
+            7
+        });
+        assert_eq!((rc, called), (7, 1));
+    }
+}
