@@ -225,7 +225,9 @@ fn the_policy_decides_when_the_limit_applies() {
         .map(|w| Run::start(w, Loader::Linked, true, "kernel", "2.2"))
         .collect();
 
-    std::thread::sleep(std::time::Duration::from_millis(2100));
+    // Between the end of the probe's first window and the start of its third
+    // (the probe starts its windows a little after it is spawned).
+    std::thread::sleep(std::time::Duration::from_millis(1500));
     Region::open(&flipped.region_path())
         .unwrap()
         .set_sharing(0, Sharing::Shared);
@@ -243,8 +245,15 @@ fn the_policy_decides_when_the_limit_applies() {
     }
     let (windows, output) = flip.windows();
     assert!(windows.len() >= 4, "{}", output.stdout);
-    assert_unthrottled(&windows[..2], &output);
-    assert_near(&windows[2..], 25, &output);
+    assert!(windows[0] >= UNTHROTTLED, "{}", output.stdout);
+    for &w in &windows[2..] {
+        assert!(
+            (w as i64 - 25).abs() <= TOLERANCE,
+            "{}: {w} % after the flip:\n{}",
+            output.what,
+            output.stdout
+        );
+    }
     for (run, world) in free.into_iter().zip([&unset, &hundred]) {
         let (windows, output) = run.windows();
         assert_unthrottled(&windows, &output);
