@@ -255,16 +255,19 @@ impl Limiter {
 
     /// Reads the events of completed launches: each is charged its measured
     /// time instead of its estimate, and its handle's estimate is updated.
+    ///
+    /// The driver is called without the lock held (the pending launches are
+    /// taken out, and those still running are put back).
     fn settle(&self, region: &Region) {
-        let mut inner = self.inner();
-        if inner.pending.is_empty() {
+        let pending = std::mem::take(&mut self.inner().pending);
+        if pending.is_empty() {
             return;
         }
+        let mut running = Vec::new();
         let mut done = Vec::new();
-        inner
-            .pending
-            .retain(|p| match real!(cuEventQuery(p.end as CUevent)) {
-                CUDA_ERROR_NOT_READY => true,
+        for p in pending {
+            match real!(cuEventQuery(p.end as CUevent)) {
+                CUDA_ERROR_NOT_READY => running.push(p),
                 CUDA_SUCCESS => {
                     let mut ms = 0f32;
                     let rc = real!(cuEventElapsedTime(
@@ -274,19 +277,21 @@ impl Limiter {
                     ));
                     let measured =
                         (rc == CUDA_SUCCESS).then(|| (f64::from(ms.max(0.0)) * 1e6) as u64);
-                    done.push((p.dev, p.handle, p.ctx, p.start, p.end, p.charged, measured));
-                    false
+                    done.push((p, measured));
                 }
                 // The events are unusable (e.g. their context is gone): the
                 // estimate stands.
-                _ => false,
-            });
-        for (dev, handle, ctx, start, end, charged, measured) in done {
+                _ => {}
+            }
+        }
+        let mut inner = self.inner();
+        inner.pending.append(&mut running);
+        for (p, measured) in done {
             if let Some(ns) = measured {
-                region.charge(dev, ns as i64 - charged as i64);
-                region.record_compute(dev, ns, 0);
+                region.charge(p.dev, ns as i64 - p.charged as i64);
+                region.record_compute(p.dev, ns, 0);
                 let ns = ns.max(1);
-                let average = &self.average[dev];
+                let average = &self.average[p.dev];
                 let old = average.load(Ordering::Relaxed);
                 average.store(
                     if old == 0 { ns } else { (old * 7 + ns) / 8 },
@@ -294,11 +299,15 @@ impl Limiter {
                 );
                 inner
                     .estimates
-                    .entry(handle)
+                    .entry(p.handle)
                     .and_modify(|e| *e = (*e * 3 + ns) / 4)
                     .or_insert(ns);
             }
-            inner.free_events.entry(ctx).or_default().push((start, end));
+            inner
+                .free_events
+                .entry(p.ctx)
+                .or_default()
+                .push((p.start, p.end));
         }
     }
 
@@ -310,9 +319,9 @@ impl Limiter {
 
     /// A pair of events of context `ctx` ready to be recorded.
     fn events(&self, ctx: usize) -> Option<(usize, usize)> {
-        let mut inner = self.inner();
-        if let Some(pair) = inner.free_events.get_mut(&ctx).and_then(Vec::pop) {
-            return Some(pair);
+        let reused = self.inner().free_events.get_mut(&ctx).and_then(Vec::pop);
+        if reused.is_some() {
+            return reused;
         }
         let mut start: CUevent = std::ptr::null_mut();
         let mut end: CUevent = std::ptr::null_mut();
@@ -323,6 +332,7 @@ impl Limiter {
             rc
         };
         if rc != CUDA_SUCCESS {
+            let mut inner = self.inner();
             if !inner.events_failed {
                 inner.events_failed = true;
                 log!(
