@@ -32,8 +32,19 @@ struct Run {
 
 impl Run {
     fn start(world: &World, loader: Loader, preload: bool, path: &str, seconds: &str) -> Self {
+        Self::start_blocks(world, loader, preload, path, seconds, BLOCKS)
+    }
+
+    fn start_blocks(
+        world: &World,
+        loader: Loader,
+        preload: bool,
+        path: &str,
+        seconds: &str,
+        blocks: &str,
+    ) -> Self {
         let child = world
-            .probe(loader, preload, &["launch", path, seconds, BLOCKS])
+            .probe(loader, preload, &["launch", path, seconds, blocks])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -41,7 +52,7 @@ impl Run {
             .unwrap();
         Self {
             child,
-            what: format!("{loader:?} preload={preload} {path}"),
+            what: format!("{loader:?} preload={preload} {path} {blocks} blocks"),
         }
     }
 
@@ -131,6 +142,23 @@ fn sm_limit_holds_utilisation_within_five_points() {
         .map(|w| Run::start(w, Loader::Linked, true, "kernel", "4.2"))
         .collect();
     let unlimited = Run::start(&control, Loader::Linked, true, "kernel", "2.2");
+    // The same limit with 100 µs and 20 ms kernels: the budget is GPU time,
+    // so the grid size does not matter.
+    let sizes = ["100", "20000"];
+    let sized: Vec<World> = sizes
+        .iter()
+        .map(|_| World::new("8g").env("CUDA_DEVICE_SM_LIMIT", "25"))
+        .collect();
+    let sized_runs: Vec<Run> = sized
+        .iter()
+        .zip(sizes)
+        .map(|(w, blocks)| Run::start_blocks(w, Loader::Linked, true, "kernel", "3.2", blocks))
+        .collect();
+    for run in sized_runs {
+        let (windows, output) = run.windows();
+        assert!(windows.len() >= 3, "{}", output.stdout);
+        assert_near(&windows, 25, &output);
+    }
     for ((run, &limit), world) in runs.into_iter().zip(&limits).zip(&worlds) {
         let (windows, output) = run.windows();
         assert!(windows.len() >= 4, "{}", output.stdout);
