@@ -32,6 +32,7 @@ use std::time::Duration;
 use tessera_api::env::CoreUtilizationPolicy;
 use tessera_vgpu_region::{MAX_DEVICES, Region, Sharing};
 
+use crate::driver::driver;
 use crate::enforce::{State, state};
 use crate::log::{INFO, WARN};
 use crate::memory::current_device;
@@ -351,10 +352,20 @@ impl Limiter {
     }
 }
 
-/// The calling thread's current context, if any.
+/// The calling thread's current context, if any, as the key of its events:
+/// its `cuCtxGetId` (CUDA 12+, never reused, so a context created later at
+/// the same address never gets a destroyed one's events), else its address.
 fn current_context() -> Option<usize> {
     let mut ctx: CUcontext = std::ptr::null_mut();
-    (real!(cuCtxGetCurrent(&mut ctx)) == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
+    if real!(cuCtxGetCurrent(&mut ctx)) != CUDA_SUCCESS || ctx.is_null() {
+        return None;
+    }
+    let mut id = 0u64;
+    if driver().fns.cuCtxGetId.is_some() && real!(cuCtxGetId(ctx, &mut id)) == CUDA_SUCCESS {
+        // Ids are small counters; the high bit keeps them apart from addresses.
+        return Some((id | 1 << 63) as usize);
+    }
+    Some(ctx as usize)
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds, the clock every process of the machine

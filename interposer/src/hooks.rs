@@ -121,6 +121,7 @@ driver_api! {
     called {
         fn cuCtxGetDevice(*mut CUdevice);
         fn cuCtxGetCurrent(*mut CUcontext);
+        fn cuCtxGetId(CUcontext, *mut u64);
         fn cuEventCreate(*mut CUevent, c_uint);
         fn cuEventRecord(CUevent, CUstream);
         fn cuEventRecord_ptsz(CUevent, CUstream);

@@ -100,7 +100,11 @@ thread_local! {
 /// A context: which device it belongs to.
 struct Context {
     device: usize,
+    /// `cuCtxGetId`: unique for the process's life, never reused.
+    id: u64,
 }
+
+static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn guard(body: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
     match catch_unwind(AssertUnwindSafe(body)) {
@@ -300,7 +304,8 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
         if pctx.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let ctx = Box::into_raw(Box::new(Context { device })) as usize;
+        let id = NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let ctx = Box::into_raw(Box::new(Context { device, id })) as usize;
         CONTEXTS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -376,6 +381,36 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
         initialized()?;
         // SAFETY: the caller's pointer, NULL-checked by `write`.
         unsafe { write(pctx, CURRENT.get() as CUcontext) }
+    })
+}
+
+/// `cuCtxGetId` (CUDA 12.0): a context's unique id; NULL means the current one.
+///
+/// # Safety
+///
+/// `out` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, out: *mut u64) -> CUresult {
+    guard(|| {
+        initialized()?;
+        let ctx = if ctx.is_null() {
+            CURRENT.get()
+        } else {
+            ctx as usize
+        };
+        let known = ctx != 0
+            && CONTEXTS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|set| set.contains(&ctx));
+        if !known {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        // SAFETY: a live context (in the set), created by cuCtxCreate_v2.
+        let id = unsafe { &*(ctx as *const Context) }.id;
+        // SAFETY: the caller's pointer, NULL-checked by `write`.
+        unsafe { write(out, id) }
     })
 }
 
@@ -716,6 +751,7 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuCtxSetCurrent" => vec![v!(4000, cuCtxSetCurrent)],
         b"cuCtxGetCurrent" => vec![v!(4000, cuCtxGetCurrent)],
         b"cuCtxGetDevice" => vec![v!(2000, cuCtxGetDevice)],
+        b"cuCtxGetId" => vec![v!(12000, cuCtxGetId)],
         b"cuMemAlloc" => vec![v!(3020, cuMemAlloc_v2)],
         b"cuMemAllocManaged" => vec![v!(6000, cuMemAllocManaged)],
         b"cuMemAllocPitch" => vec![v!(3020, cuMemAllocPitch_v2)],
