@@ -258,3 +258,25 @@ pub(crate) fn now_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeline_serialises_work_and_counts_busy_time_exactly() {
+        // Private memory: FAKE_CUDA_STATE is not set for unit tests.
+        let p = Physical::from_env().unwrap();
+        assert_eq!(p.busy(0, 1_000), (0, 0));
+        assert_eq!(p.enqueue(0, 1_000, 500), 1_500);
+        // Enqueued while the device is busy: it starts when the device is free.
+        assert_eq!(p.enqueue(0, 1_200, 300), 1_800);
+        assert_eq!(p.busy(0, 1_300).0, 300);
+        assert_eq!(p.busy(0, 2_000).0, 800);
+        // After a gap, work starts when it is enqueued; the gap is not busy.
+        assert_eq!(p.enqueue(0, 3_000, 100), 3_100);
+        assert_eq!(p.busy(0, 3_050).0, 850);
+        assert_eq!(p.busy(0, 3_100), (900, 3));
+        assert_eq!(p.first_launch(0), 1_000);
+    }
+}
