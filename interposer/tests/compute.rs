@@ -7,7 +7,10 @@
 //! ns = 1 ms, and the timeline runs on the machine's monotonic clock, so the
 //! measured utilisation does not depend on how fast the host is: an
 //! unthrottled probe keeps the device ~99 % busy while using little CPU.
-//! Worlds have their own device, so runs proceed in parallel.
+//! Worlds have their own device, so the runs of a test proceed in parallel;
+//! the tests themselves take turns ([`one_at_a_time`]), so that a 2-core
+//! machine is not starved by all of their probes at once (a probe that is
+//! not scheduled cannot launch, and its device idles).
 
 #[allow(dead_code)] // the compute tests use only part of the test support
 mod support;
@@ -23,6 +26,12 @@ const BLOCKS: &str = "1000";
 const TOLERANCE: i64 = 5;
 /// An unthrottled probe keeps the device at least this busy.
 const UNTHROTTLED: u64 = 80;
+
+/// Serialises the tests of this file (see the module docs).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A probe running `launch` in the background.
 struct Run {
@@ -130,6 +139,7 @@ fn compute_stats(world: &World) -> (u64, u64) {
 
 #[test]
 fn sm_limit_holds_utilisation_within_five_points() {
+    let _turn = one_at_a_time();
     let limits = [10u64, 25, 50, 75];
     let worlds: Vec<World> = limits
         .iter()
@@ -175,6 +185,7 @@ fn sm_limit_holds_utilisation_within_five_points() {
 
 #[test]
 fn every_launch_path_is_throttled_on_every_lookup_path() {
+    let _turn = one_at_a_time();
     let paths = [
         "kernel",
         "kernel_ptsz",
@@ -213,6 +224,7 @@ fn every_launch_path_is_throttled_on_every_lookup_path() {
 
 #[test]
 fn the_policy_decides_when_the_limit_applies() {
+    let _turn = one_at_a_time();
     /// A world whose region exists with a 25 % limit and `sharing` on device 0.
     fn world(policy: &str, sharing: Option<Sharing>) -> World {
         let world = World::new("8g")
@@ -291,6 +303,7 @@ fn the_policy_decides_when_the_limit_applies() {
 
 #[test]
 fn processes_of_a_container_share_one_budget() {
+    let _turn = one_at_a_time();
     // Three processes of one container (one region) launch at once under
     // 40 %: together they stay at the limit, not 3 × 40 %. They contend for
     // the device, so each launch's measured time includes some waiting
@@ -321,4 +334,30 @@ fn processes_of_a_container_share_one_budget() {
         "busy {busy}"
     );
     assert!(throttled > 0);
+}
+
+#[test]
+fn a_bad_compute_setting_refuses_cuda_and_disable_control_runs_free() {
+    let _turn = one_at_a_time();
+    for (name, value) in [
+        ("CUDA_DEVICE_SM_LIMIT", "2x"),
+        ("CUDA_DEVICE_SM_LIMIT", "101"),
+        ("GPU_CORE_UTILIZATION_POLICY", "sometimes"),
+    ] {
+        let world = World::new("8g").env(name, value);
+        let report = world.run(Loader::Linked, true, &["init"]).ok();
+        assert_eq!(report.get("init_rc"), 3, "{name}={value}");
+        assert!(
+            report.stderr().contains(&format!("{name}={value:?}")),
+            "{}",
+            report.stderr()
+        );
+    }
+    let world = World::new("8g")
+        .env("CUDA_DEVICE_SM_LIMIT", "25")
+        .env("CUDA_DISABLE_CONTROL", "true");
+    let (windows, output) =
+        Run::start(&world, Loader::ProcAddr, true, "kernel_ptsz", "2.2").windows();
+    assert_unthrottled(&windows, &output);
+    assert!(!world.region_path().exists());
 }

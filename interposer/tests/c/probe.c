@@ -38,7 +38,9 @@
  *                                   launch <blocks>-block grids for <seconds> through one path
  *                                   (kernel, ex, coop, graph, each also with _ptsz), synchronising
  *                                   the stream every 8 launches; print the NVML utilisation of
- *                                   each 1 s window (window_<i>=<percent>) and the launch count.
+ *                                   each window ending at 1 s, 2 s, ... after the start (as
+ *                                   soon after as a launch returns; window_<i>=<percent>) and
+ *                                   the launch count.
  *                                   The plain paths use the legacy default stream, the _ptsz ones
  *                                   the per-thread default stream, graphs a created stream
  *                                   (a graph captures 4 launches of blocks/4 each)
@@ -692,7 +694,9 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
         if ((rc = cu.cuStreamEndCapture(stream, &graph))) die("cuStreamEndCapture", rc);
         if ((rc = cu.cuGraphInstantiateWithFlags(&graph_exec, graph, 0))) die("cuGraphInstantiateWithFlags", rc);
     }
-    unsigned long long start = now_ns(), window_start = start, end = start + (unsigned long long)(seconds * 1e9);
+    /* Windows end on a fixed grid (start + 1 s, + 2 s, ...), so a late one does not delay the next. */
+    unsigned long long start = now_ns(), window_end = start + 1000000000ull,
+                       end = start + (unsigned long long)(seconds * 1e9);
     long launches = 0;
     int windows = 0;
     for (;;) {
@@ -700,10 +704,10 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
         launches++;
         if (launches % 8 == 0 && (rc = cu.stream_sync[pt](stream))) die("cuStreamSynchronize", rc);
         unsigned long long t = now_ns();
-        if (t - window_start >= 1000000000ull) {
+        if (t >= window_end) {
             if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
             printf("window_%d=%u\n", windows++, util[0]);
-            window_start = t;
+            window_end += 1000000000ull;
         }
         if (t >= end) break;
     }
