@@ -88,7 +88,13 @@ async fn bind_spans_reach_the_otlp_receiver_and_the_allocation_joins_the_trace()
         .await;
     cluster.node_of("traced-pod").await;
     let allocation = cluster.allocation("traced-pod").await;
-    provider.force_flush().unwrap();
+    // force_flush blocks until the exporter (which runs on this runtime) is
+    // done: keep it off the runtime's worker threads.
+    let flushing = provider.clone();
+    tokio::task::spawn_blocking(move || flushing.force_flush())
+        .await
+        .unwrap()
+        .unwrap();
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let bind = loop {

@@ -182,6 +182,14 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
         .await
         .map_err(Error::io(format!("listening on {}", args.metrics_addr)))?;
     tracing::info!(addr = %metrics.local_addr()?, "metrics listening");
+    tokio::spawn(crate::monitor::mark_sharing(
+        view.clone(),
+        paths.regions.clone(),
+    ));
+    tokio::spawn(crate::monitor::collect_regions(
+        view.clone(),
+        paths.regions.clone(),
+    ));
     tokio::spawn(crate::monitor::serve(
         metrics,
         view.clone(),

@@ -246,7 +246,9 @@ pub async fn serve(
         let (view, offers, regions) = (view.clone(), offers.clone(), regions.clone());
         async move {
             let devices = offers.borrow().devices.clone();
-            let usage = read_usage(&regions);
+            let usage = tokio::task::spawn_blocking(move || read_usage(&regions))
+                .await
+                .unwrap_or_default();
             let text = render(view.node(), &devices, &view.allocations(), &usage);
             (
                 [(
@@ -262,6 +264,134 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }));
     if let Err(error) = axum::serve(listener, router).await {
         tracing::error!(%error, "metrics server stopped");
+    }
+}
+
+/// For each live container with a region, per CUDA ordinal: whether its GPU
+/// is shared with another live allocation (HAMi's `default` core policy
+/// limits compute only then). Keyed by region directory name.
+pub fn sharing_marks(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<bool>> {
+    let live: Vec<&VgpuAllocation> = allocations
+        .iter()
+        .filter(|a| {
+            !matches!(
+                a.status.as_ref().and_then(|s| s.phase),
+                Some(AllocationPhase::Released | AllocationPhase::Failed)
+            )
+        })
+        .collect();
+    let mut users: BTreeMap<&str, usize> = BTreeMap::new();
+    for allocation in &live {
+        for container in &allocation.spec.containers {
+            for slice in &container.devices {
+                *users.entry(slice.uuid.as_str()).or_default() += 1;
+            }
+        }
+    }
+    let mut marks = BTreeMap::new();
+    for allocation in &live {
+        for container in &allocation.spec.containers {
+            let shared = container
+                .devices
+                .iter()
+                .map(|d| users.get(d.uuid.as_str()).copied().unwrap_or(0) > 1)
+                .collect();
+            marks.insert(
+                format!("{}_{}", allocation.spec.pod_uid, container.name),
+                shared,
+            );
+        }
+    }
+    marks
+}
+
+/// Writes the sharing marks into the regions that exist, every two seconds.
+pub async fn mark_sharing(view: crate::view::NodeView, regions: std::path::PathBuf) {
+    use tessera_vgpu_region::{Region, Sharing};
+    let mut ticks = tokio::time::interval(std::time::Duration::from_secs(2));
+    loop {
+        ticks.tick().await;
+        view.ready().await;
+        let marks = sharing_marks(&view.allocations());
+        let root = regions.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for (dir, shared) in marks {
+                let Ok(region) = Region::open(&root.join(dir).join(REGION_FILE)) else {
+                    continue; // no CUDA call yet
+                };
+                for (ordinal, shared) in shared.into_iter().enumerate() {
+                    let mark = if shared {
+                        Sharing::Shared
+                    } else {
+                        Sharing::Exclusive
+                    };
+                    region.set_sharing(ordinal, mark);
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// How old a region directory without a live allocation must be before it
+/// is removed (a container just served may not be in the watch yet).
+const REGION_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The region directories (`<pod-uid>_<container>`) under `regions` whose
+/// pod has no live allocation on the node, older than [`REGION_GRACE`].
+pub fn stale_regions(
+    regions: &Path,
+    live_pods: &std::collections::BTreeSet<String>,
+) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(regions) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pod = name.split_once('_').map_or(name.as_str(), |(uid, _)| uid);
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= REGION_GRACE);
+            old && !live_pods.contains(pod)
+        })
+        .map(|entry| entry.path())
+        .collect()
+}
+
+/// Removes region directories of pods that are gone, every minute.
+pub async fn collect_regions(view: crate::view::NodeView, regions: std::path::PathBuf) {
+    let mut ticks = tokio::time::interval(std::time::Duration::from_secs(60));
+    loop {
+        ticks.tick().await;
+        view.ready().await;
+        let live: std::collections::BTreeSet<String> = view
+            .allocations()
+            .into_iter()
+            .filter(|a| {
+                !matches!(
+                    a.status.as_ref().and_then(|s| s.phase),
+                    Some(AllocationPhase::Released | AllocationPhase::Failed)
+                )
+            })
+            .map(|a| a.spec.pod_uid)
+            .collect();
+        let root = regions.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            stale_regions(&root, &live)
+                .into_iter()
+                .filter(|dir| std::fs::remove_dir_all(dir).is_ok())
+                .count()
+        })
+        .await
+        .unwrap_or(0);
+        if removed > 0 {
+            tracing::info!(removed, "removed region directories of pods that are gone");
+        }
     }
 }
 

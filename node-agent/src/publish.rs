@@ -42,12 +42,19 @@ pub fn status(offer: &Offer) -> GpuNodeStatus {
     }
 }
 
+/// How often the agent checks that its GpuNode is still there as written
+/// (it is deleted with a re-created Node, or by hand).
+const RECHECK: Duration = Duration::from_secs(30);
+
 /// Creates the node's GpuNode (owned by the Node, so it goes with it) and
 /// writes its status whenever the offer changes; never rewrites an
-/// unchanged status.
+/// unchanged status. Every [`RECHECK`] it reads the GpuNode back and
+/// restores it if it is gone or differs.
 pub async fn gpu_node(client: Client, node: String, mut offers: watch::Receiver<Offer>) {
     let api: Api<GpuNode> = Api::all(client.clone());
     let mut written: Option<GpuNodeStatus> = None;
+    let mut recheck = tokio::time::interval(RECHECK);
+    recheck.tick().await;
     loop {
         let wanted = status(&offers.borrow_and_update());
         if written.as_ref() != Some(&wanted) {
@@ -60,8 +67,15 @@ pub async fn gpu_node(client: Client, node: String, mut offers: watch::Receiver<
                 }
             }
         }
-        if offers.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = offers.changed() => if changed.is_err() { return },
+            _ = recheck.tick() => {
+                let current = api.get_opt(&node).await.ok().flatten();
+                if current.and_then(|n| n.status) != written {
+                    tracing::info!(node, "the GpuNode is gone or changed; writing it again");
+                    written = None;
+                }
+            }
         }
     }
 }

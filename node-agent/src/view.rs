@@ -104,10 +104,11 @@ impl NodeView {
         &self.client
     }
 
-    /// Waits until both watches have listed once.
+    /// Waits until the watches have listed once.
     pub async fn ready(&self) {
         let _ = self.nodes.wait_until_ready().await;
         let _ = self.configs.wait_until_ready().await;
+        let _ = self.allocations.wait_until_ready().await;
     }
 
     /// The Node object, once seen.

@@ -271,6 +271,48 @@ async fn pods_get_their_slice_through_the_real_device_plugin_protocol() {
         "{metrics}"
     );
 
+    // A pod with a GPU init container and a GPU app container: two Allocate
+    // calls, init first, each with its own slice.
+    cluster
+        .create_raw_pod(json!({
+            "metadata": {"name": "two-step"},
+            "spec": {
+                "schedulerName": "tessera-scheduler",
+                "initContainers": [{"name": "warmup", "image": "example.invalid/cuda",
+                    "resources": {"limits": {"nvidia.com/gpumem": "1500"}}}],
+                "containers": [{"name": "main", "image": "example.invalid/cuda",
+                    "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "2500"}}}],
+            },
+        }))
+        .await
+        .unwrap();
+    let state = host
+        .kubelet
+        .wait_for("both containers of two-step", WAIT, |s| {
+            s.served.iter().filter(|c| c.pod == "two-step").count() == 2
+        })
+        .await
+        .unwrap();
+    let steps: Vec<&Served> = state
+        .served
+        .iter()
+        .filter(|c| c.pod == "two-step")
+        .collect();
+    assert_eq!(steps[0].container, "warmup");
+    assert_eq!(steps[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1500m");
+    assert_eq!(steps[1].container, "main");
+    assert_eq!(steps[1].envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "2500m");
+    let allocated = allocation(&cluster.client, "two-step").await;
+    let main_uuids: Vec<&str> = allocated.spec.containers[1]
+        .devices
+        .iter()
+        .map(|d| d.uuid.as_str())
+        .collect();
+    assert_eq!(
+        steps[1].envs["NVIDIA_VISIBLE_DEVICES"],
+        main_uuids.join(",")
+    );
+
     // Two pods bound to the node at once are both served with their own slices.
     for (name, mib) in [("pair-a", "1111"), ("pair-b", "2222")] {
         cluster
@@ -335,7 +377,14 @@ async fn pods_get_their_slice_through_the_real_device_plugin_protocol() {
         before.status, after.status,
         "the restarted agent found its GpuNode as it left it"
     );
-    for pod in ["sliced", "pair-a", "pair-b", "after-kubelet", "after-agent"] {
+    for pod in [
+        "sliced",
+        "two-step",
+        "pair-a",
+        "pair-b",
+        "after-kubelet",
+        "after-agent",
+    ] {
         let phase = allocation(&cluster.client, pod)
             .await
             .status

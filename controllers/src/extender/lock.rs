@@ -3,8 +3,10 @@
 //! A lock is taken by creating the NodeLock named after the node. When
 //! another pod holds it, Bind waits (bounded) for the watch to report it
 //! gone, and takes it over as soon as the lock has expired or its holder is
-//! gone, finished, or bound elsewhere; a takeover replaces the object with
-//! its resourceVersion, so two waiters can never both win. Binds for the same
+//! gone, finished, or bound elsewhere. A takeover deletes exactly the version
+//! it judged (UID and resourceVersion preconditions) and then creates the
+//! lock again, so two waiters can never both win and a lock that changes
+//! hands always gets a new UID. Binds for the same
 //! node queue inside the process, so only the first of them writes: one
 //! create per pod instead of one per waiter each time a lock frees.
 
@@ -144,25 +146,27 @@ impl Locker {
                 }
             }
             if takeover {
-                let mut replacement = lock_object(node, holder, allocation, ttl_seconds);
-                replacement.metadata.resource_version = current.metadata.resource_version.clone();
-                match locks
-                    .replace(node, &PostParams::default(), &replacement)
-                    .await
-                {
-                    Ok(replaced) => {
+                // Delete exactly the version judged, then create: a lock that
+                // changes hands gets a new UID, so a delete aimed at the old
+                // holder's lock (UID precondition) can never remove it.
+                let exact = DeleteParams::default().preconditions(Preconditions {
+                    uid: current.metadata.uid.clone(),
+                    resource_version: current.metadata.resource_version.clone(),
+                });
+                match locks.delete(node, &exact).await {
+                    Ok(_) => {
                         tracing::info!(node, previous = %current.spec.holder.name, "took over NodeLock");
-                        return Ok(self.held(replaced));
+                        self.table.forget(node, current.metadata.uid.as_deref());
                     }
                     Err(kube::Error::Api(status))
                         if status.is_conflict() || status.is_not_found() =>
                     {
                         self.refresh(&locks, node, current.metadata.uid.as_deref())
                             .await?;
-                        continue;
                     }
                     Err(e) => return Err(Error::kube(format!("taking over NodeLock {node}"))(e)),
                 }
+                continue;
             }
             let now = Instant::now();
             if now >= deadline {

@@ -60,6 +60,19 @@ pub fn lock_action(
     {
         return LockAction::Release(format!("the holder pod is bound to {other}"));
     }
+    // The kubelet runs a pod's containers only after Allocate: a pod that
+    // is running (or reports container states) was served, even if the
+    // agent could not record it (it crashed between answering and writing).
+    let admitted = pod.status.as_ref().is_some_and(|s| {
+        s.phase.as_deref() == Some("Running")
+            || s.container_statuses.as_ref().is_some_and(|c| !c.is_empty())
+            || s.init_container_statuses
+                .as_ref()
+                .is_some_and(|c| !c.is_empty())
+    });
+    if admitted {
+        return LockAction::Release("the holder pod's containers were started".into());
+    }
     let served = allocation
         .filter(|a| a.spec.pod_uid == holder_uid)
         .and_then(|a| a.status.as_ref()?.phase)
@@ -200,6 +213,16 @@ mod tests {
                 now
             )),
             "the holder's allocation was served"
+        );
+        assert_eq!(
+            release(lock_action(
+                &live,
+                Some(&pod("u1", Some("n1"), "Running")),
+                Some(&allocation("u1", Some("Bound"))),
+                now
+            )),
+            "the holder pod's containers were started",
+            "served even though the agent never recorded it"
         );
         assert!(
             matches!(

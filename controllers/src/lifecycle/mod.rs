@@ -221,7 +221,8 @@ async fn configs(client: Client) {
     let configs = controller.store();
     let (node_store, writer) = kube::runtime::reflector::store::<Node>();
     let node_events =
-        kube::runtime::reflector(writer, watcher(nodes.clone(), watcher::Config::default()));
+        kube::runtime::reflector(writer, watcher(nodes.clone(), watcher::Config::default()))
+            .default_backoff();
     tokio::spawn(node_events.for_each(|_| async {}));
     let every_config = |store: Store<GpuNodeConfig>| {
         move || {

@@ -131,3 +131,47 @@ fn usage_is_read_from_the_containers_regions() {
     assert_eq!(usage.get(&("uid-a_main".into(), 0)), Some(&(300 << 20)));
     assert!(!usage.keys().any(|(dir, _)| dir == "uid-b_main"));
 }
+
+#[test]
+fn only_old_region_directories_of_pods_that_are_gone_are_stale() {
+    let root = tempfile::tempdir().unwrap();
+    for dir in [
+        "live-uid_main",
+        "gone-uid_main",
+        "gone-uid_sidecar",
+        "fresh-uid_main",
+    ] {
+        std::fs::create_dir_all(root.path().join(dir)).unwrap();
+    }
+    let old = std::time::SystemTime::now() - REGION_GRACE - std::time::Duration::from_secs(1);
+    for dir in ["live-uid_main", "gone-uid_main", "gone-uid_sidecar"] {
+        let file = std::fs::File::open(root.path().join(dir)).unwrap();
+        file.set_modified(old).unwrap();
+    }
+    let live = ["live-uid".to_owned()].into_iter().collect();
+    let mut stale: Vec<String> = stale_regions(root.path(), &live)
+        .into_iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    stale.sort();
+    assert_eq!(stale, ["gone-uid_main", "gone-uid_sidecar"]);
+}
+
+#[test]
+fn a_gpu_is_shared_when_two_live_allocations_hold_it() {
+    let mut other_gpu = allocation("c", "uid-c", 100, None);
+    other_gpu.spec.containers[0].devices[0].uuid = "GPU-1".into();
+    let marks = sharing_marks(&[
+        allocation("a", "uid-a", 100, Some(AllocationPhase::Allocated)),
+        allocation("b", "uid-b", 100, None),
+        allocation("gone", "uid-gone", 100, Some(AllocationPhase::Released)),
+        other_gpu,
+    ]);
+    assert_eq!(marks["uid-a_main"], [true]);
+    assert_eq!(marks["uid-b_main"], [true]);
+    assert_eq!(marks["uid-c_main"], [false], "alone on GPU-1");
+    assert!(!marks.contains_key("uid-gone_main"));
+
+    let alone = sharing_marks(&[allocation("a", "uid-a", 100, None)]);
+    assert_eq!(alone["uid-a_main"], [false]);
+}

@@ -75,7 +75,7 @@ pub struct Grant {
 pub enum AllocateError {
     /// No NodeLock: no GPU pod is between binding and Allocate here.
     #[error(
-        "node {node} has no NodeLock: no GPU pod is waiting for devices here. Pods asking for nvidia.com GPU slices must be scheduled by Tessera's scheduler (schedulerName tessera-scheduler), which locks the node before binding"
+        "node {node} has no NodeLock: no GPU pod is waiting for devices here. Either the pod was not scheduled by Tessera's scheduler (schedulerName tessera-scheduler, which locks the node before binding), or its lock was released before the kubelet asked (it expired, or the pod was deleted); delete the pod so it is scheduled again"
     )]
     NoLock {
         /// The node.

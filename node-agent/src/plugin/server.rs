@@ -53,8 +53,8 @@ pub async fn run(endpoint: Endpoint, service: Service) {
     loop {
         if let Err(error) = serve_once(&endpoint, &kubelet, &socket, service.clone()).await {
             tracing::warn!(%error, "device plugin stopped; starting it again");
+            tokio::time::sleep(CHECK).await;
         }
-        tokio::time::sleep(CHECK).await;
     }
 }
 
@@ -113,8 +113,10 @@ async fn serve_once(
         }
     }
     .await;
+    // Stop at once: a graceful stop would wait for the kubelet's open
+    // ListAndWatch stream, which a restarted kubelet never closes.
     let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    server.abort();
     result
 }
 

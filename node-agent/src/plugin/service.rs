@@ -33,6 +33,9 @@ pub struct Service {
     recorded: Arc<std::sync::Mutex<HashMap<String, Vec<String>>>>,
 }
 
+/// How long an Allocate waits for the previous one's writes.
+const TURN_WAIT: Duration = Duration::from_secs(10);
+
 /// The options the agent registers with.
 pub fn options() -> DevicePluginOptions {
     DevicePluginOptions {
@@ -119,17 +122,30 @@ impl Service {
         }
     }
 
+    /// Notes the container as served in memory at once: whatever happens to
+    /// the writes, the pod's next Allocate serves its next container.
+    fn remember(&self, followup: &Followup) {
+        self.recorded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(followup.allocation.spec.pod_uid.clone())
+            .or_default()
+            .push(followup.grant.container.clone());
+    }
+
     /// Records the container as served and, after the pod's last one,
     /// releases the lock; retried, because until it is done the node stays
-    /// locked.
+    /// locked (the lifecycle controller also releases it once the pod runs).
     async fn finish(&self, followup: &Followup) {
+        let holder = &followup.lock.spec.holder.uid;
         let mut allocation = followup.allocation.clone();
         for attempt in 0..5u32 {
             if attempt > 0 {
                 // Read it again: the conflict may be a newer version than ours.
                 match self.view.allocation_from_api(&followup.lock).await {
-                    Ok(Some(fresh)) => allocation = fresh,
-                    Ok(None) => {
+                    Ok(Some(fresh)) if fresh.spec.pod_uid == *holder => allocation = fresh,
+                    Ok(_) => {
+                        // Deleted, or replaced by a new pod of the same name.
                         tracing::info!(pod = %followup.grant.allocation, "allocation gone before it was recorded (pod deleted)");
                         let _ = self.release(&followup.lock).await;
                         return;
@@ -147,25 +163,25 @@ impl Service {
             .await;
             match result {
                 Ok(()) => {
-                    let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
                     if followup.grant.last {
                         // Fully served: the watch's Allocated phase says it from now on.
-                        recorded.remove(&followup.allocation.spec.pod_uid);
-                    } else {
-                        recorded
-                            .entry(followup.allocation.spec.pod_uid.clone())
-                            .or_default()
-                            .push(followup.grant.container.clone());
+                        self.recorded
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(holder);
                     }
                     return;
                 }
                 Err(error) => {
                     tracing::warn!(%error, attempt, "recording an Allocate failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    // A conflict is usually Bind's own status write: retry at once.
+                    if attempt > 0 {
+                        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    }
                 }
             }
         }
-        tracing::error!(pod = %followup.grant.allocation, "could not record an Allocate; the lifecycle controller releases the lock at its expiry");
+        tracing::error!(pod = %followup.grant.allocation, "could not record an Allocate; the lock goes when the pod runs or expires");
     }
 
     /// Adds the container to the allocation's served list (and marks it
@@ -265,10 +281,24 @@ impl DevicePlugin for Service {
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        let lock = self.view.lock().await.map_err(|e| status(&e))?;
-        let allocation = match &lock {
-            Some(lock) => self.view.allocation(lock).await.map_err(|e| status(&e))?,
-            None => None,
+        // Wait (briefly) for an Allocate's writes in flight: it may be this
+        // pod's previous container. Any failure only loses the preference.
+        let _turn = tokio::time::timeout(TURN_WAIT, self.serving.clone().lock_owned())
+            .await
+            .ok();
+        let (lock, allocation) = match self.view.lock().await {
+            Ok(Some(lock)) => {
+                let mut allocation = self.view.allocation(&lock).await.ok().flatten();
+                if let Some(allocation) = &mut allocation {
+                    self.overlay(allocation);
+                }
+                (Some(lock), allocation)
+            }
+            Ok(None) => (None, None),
+            Err(error) => {
+                tracing::warn!(%error, "GetPreferredAllocation without a preference");
+                (None, None)
+            }
         };
         let container_responses = request
             .into_inner()
@@ -311,7 +341,14 @@ impl DevicePlugin for Service {
     ) -> Result<Response<AllocateResponse>, Status> {
         // One Allocate at a time, and the next one only after the previous
         // one's writes: it may be the same pod's next container.
-        let turn = self.serving.clone().lock_owned().await;
+        let turn = tokio::time::timeout(TURN_WAIT, self.serving.clone().lock_owned())
+            .await
+            .map_err(|_| {
+                Status::unavailable(format!(
+                    "the previous Allocate's writes are still pending after {} s; the kubelet will retry",
+                    TURN_WAIT.as_secs()
+                ))
+            })?;
         let requests = request.into_inner().container_requests;
         let count = requests.len();
         let mut container_responses = Vec::new();
@@ -325,6 +362,7 @@ impl DevicePlugin for Service {
                     tracing::warn!(%error, "Allocate refused");
                     status(&error)
                 })?;
+            self.remember(&followup);
             if i + 1 < count {
                 self.finish(&followup).await;
             } else {
