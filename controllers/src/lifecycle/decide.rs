@@ -23,6 +23,29 @@ pub fn release_reason(allocation: &VgpuAllocation, pod: Option<&Pod>) -> Option<
     }
 }
 
+/// Whether the kubelet has started the pod's containers. It does so only
+/// after Allocate, so such a pod was served even if the node agent could not
+/// record it (it died between answering the kubelet and writing back).
+pub fn admitted(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| {
+        s.phase.as_deref() == Some("Running")
+            || s.container_statuses.as_ref().is_some_and(|c| !c.is_empty())
+            || s.init_container_statuses
+                .as_ref()
+                .is_some_and(|c| !c.is_empty())
+    })
+}
+
+/// Whether an allocation still says `Bound` (or nothing) although its pod's
+/// containers have started: the agent's write-back was lost.
+pub fn served_unrecorded(allocation: &VgpuAllocation, pod: Option<&Pod>) -> bool {
+    let phase = allocation.status.as_ref().and_then(|s| s.phase);
+    matches!(phase, None | Some(AllocationPhase::Bound))
+        && pod.is_some_and(|p| {
+            p.metadata.uid.as_deref() == Some(allocation.spec.pod_uid.as_str()) && admitted(p)
+        })
+}
+
 /// What to do with a NodeLock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockAction {
@@ -148,6 +171,32 @@ mod tests {
             None,
             "released once"
         );
+    }
+
+    #[test]
+    fn a_lost_write_back_is_recognised_once_the_pod_runs() {
+        let bound = allocation("u1", Some("Bound"));
+        assert!(served_unrecorded(
+            &bound,
+            Some(&pod("u1", Some("n1"), "Running"))
+        ));
+        assert!(served_unrecorded(
+            &allocation("u1", None),
+            Some(&pod("u1", Some("n1"), "Running"))
+        ));
+        assert!(!served_unrecorded(
+            &bound,
+            Some(&pod("u1", Some("n1"), "Pending"))
+        ));
+        assert!(!served_unrecorded(
+            &bound,
+            Some(&pod("u2", Some("n1"), "Running"))
+        ));
+        assert!(!served_unrecorded(
+            &allocation("u1", Some("Allocated")),
+            Some(&pod("u1", Some("n1"), "Running"))
+        ));
+        assert!(!served_unrecorded(&bound, None));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use tessera_api::{
     v1alpha1::{GpuNodeConfig, GpuNodeConfigStatus, NodeLock, NodeSettings, VgpuAllocation},
 };
 
-pub use decide::{LockAction, lock_action, release_reason};
+pub use decide::{LockAction, admitted, lock_action, release_reason, served_unrecorded};
 
 use crate::Error;
 
@@ -145,6 +145,28 @@ async fn reconcile_allocation(
             }
             Err(kube::Error::Api(s)) if s.is_not_found() => {}
             Err(e) => return Err(Error::kube("marking the allocation Released")(e)),
+        }
+    } else if served_unrecorded(&allocation, pod.as_ref()) {
+        // Guarded by the version read: a concurrent write by the agent wins.
+        let api: Api<VgpuAllocation> = Api::namespaced(caches.client.clone(), &namespace);
+        let status = json!({
+            "metadata": {"resourceVersion": allocation.metadata.resource_version},
+            "status": {"phase": "Allocated", "allocatedAt": Timestamp::now().to_string(),
+                "message": "the pod's containers started before the node agent recorded its Allocate"},
+        });
+        match api
+            .patch_status(
+                &allocation.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(status),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(allocation = %allocation.name_any(), %namespace, "marked Allocated: the pod runs")
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+            Err(e) => return Err(Error::kube("marking the allocation Allocated")(e)),
         }
     }
     Ok(Action::await_change())
