@@ -7,6 +7,7 @@ use crate::enforce::{Key, State, state};
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr,
     CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult, CUstream, PITCH_ALIGNMENT,
+    granular,
 };
 
 /// `cuInit`: sets the process up (so a bad configuration fails here, loudly)
@@ -31,15 +32,16 @@ pub(crate) fn current_device() -> Result<CUdevice, CUresult> {
     }
 }
 
-/// Charges `bytes` to the current context's device around `call`, a driver
-/// allocation that writes the new pointer to `dptr`.
+/// Charges `bytes` (the caller rounds them to what the driver takes) to the
+/// current context's device around `call`, a driver allocation that writes
+/// the new pointer to `dptr`.
 ///
 /// # Safety
 ///
 /// `dptr` is what `call` writes through (the caller's argument).
 unsafe fn charge_pointer(
     dptr: *mut CUdeviceptr,
-    bytes: usize,
+    bytes: u64,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let enforcer = match state() {
@@ -53,10 +55,10 @@ unsafe fn charge_pointer(
     };
     enforcer.charged(
         dev,
-        bytes as u64,
+        bytes,
         || match call() {
             // SAFETY: the driver succeeded, so `dptr` is valid and written.
-            CUDA_SUCCESS => Ok((Key::Pointer(unsafe { *dptr }), bytes as u64)),
+            CUDA_SUCCESS => Ok((Key::Pointer(unsafe { *dptr }), bytes)),
             rc => Err(rc),
         },
         free_pointer,
@@ -72,7 +74,7 @@ fn release_pointer(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresu
     }
 }
 
-/// `cuMemAlloc_v2`, charged `bytesize`.
+/// `cuMemAlloc_v2`, charged `bytesize` rounded up to the 2 MiB granularity.
 ///
 /// # Safety
 ///
@@ -80,10 +82,11 @@ fn release_pointer(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresu
 pub(crate) unsafe fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     let call = || real!(cuMemAlloc_v2(dptr, bytesize));
     // SAFETY: `dptr` is the caller's, which `call` writes.
-    unsafe { charge_pointer(dptr, bytesize, call) }
+    unsafe { charge_pointer(dptr, granular(bytesize as u64), call) }
 }
 
-/// `cuMemAllocManaged`, charged to the current device in full.
+/// `cuMemAllocManaged`, charged to the current device in full, in whole
+/// granules.
 ///
 /// # Safety
 ///
@@ -95,7 +98,7 @@ pub(crate) unsafe fn mem_alloc_managed(
 ) -> CUresult {
     let call = || real!(cuMemAllocManaged(dptr, bytesize, flags));
     // SAFETY: `dptr` is the caller's, which `call` writes.
-    unsafe { charge_pointer(dptr, bytesize, call) }
+    unsafe { charge_pointer(dptr, granular(bytesize as u64), call) }
 }
 
 /// `cuMemAllocAsync`, charged `bytesize` when it is enqueued.
@@ -113,7 +116,7 @@ pub(crate) unsafe fn mem_alloc_async(
 ) -> CUresult {
     let call = || real!(cuMemAllocAsync(dptr, bytesize, stream));
     // SAFETY: `dptr` is the caller's, which `call` writes.
-    unsafe { charge_pointer(dptr, bytesize, call) }
+    unsafe { charge_pointer(dptr, granular(bytesize as u64), call) }
 }
 
 /// `cuMemAllocAsync_ptsz` (per-thread default stream): as `cuMemAllocAsync`,
@@ -129,7 +132,7 @@ pub(crate) unsafe fn mem_alloc_async_ptsz(
 ) -> CUresult {
     let call = || real!(cuMemAllocAsync_ptsz(dptr, bytesize, stream));
     // SAFETY: `dptr` is the caller's, which `call` writes.
-    unsafe { charge_pointer(dptr, bytesize, call) }
+    unsafe { charge_pointer(dptr, granular(bytesize as u64), call) }
 }
 
 /// `cuMemFreeAsync`: enqueues the free, then returns the charge.
@@ -151,8 +154,8 @@ pub(crate) unsafe fn mem_free_async_ptsz(dptr: CUdeviceptr, stream: CUstream) ->
 }
 
 /// `cuMemAllocPitch_v2`, charged `pitch × height` as the driver chose the
-/// pitch: the reservation assumes a 512-byte alignment and is corrected once
-/// the real pitch is known.
+/// pitch, rounded up to the 2 MiB granularity: the reservation assumes a
+/// 512-byte alignment and is corrected once the real pitch is known.
 ///
 /// # Safety
 ///
@@ -175,10 +178,12 @@ pub(crate) unsafe fn mem_alloc_pitch(
         Ok(dev) => dev,
         Err(rc) => return rc,
     };
-    let estimate = (width as u64)
-        .div_ceil(PITCH_ALIGNMENT)
-        .saturating_mul(PITCH_ALIGNMENT)
-        .saturating_mul(height as u64);
+    let estimate = granular(
+        (width as u64)
+            .div_ceil(PITCH_ALIGNMENT)
+            .saturating_mul(PITCH_ALIGNMENT)
+            .saturating_mul(height as u64),
+    );
     enforcer.charged(
         dev,
         estimate,
@@ -187,7 +192,7 @@ pub(crate) unsafe fn mem_alloc_pitch(
             CUDA_SUCCESS => Ok(unsafe {
                 (
                     Key::Pointer(*dptr),
-                    (*pitch as u64).saturating_mul(height as u64),
+                    granular((*pitch as u64).saturating_mul(height as u64)),
                 )
             }),
             rc => Err(rc),

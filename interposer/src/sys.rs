@@ -72,6 +72,20 @@ pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 /// before the call; the reservation is corrected to the real pitch after it.
 pub const PITCH_ALIGNMENT: u64 = 512;
 
+/// The granularity in which NVIDIA drivers take device memory for
+/// `cuMemAlloc`, `cuMemAllocManaged`, `cuMemAllocPitch`, stream-ordered and
+/// graph allocations and arrays (2 MiB, what `cuMemGetAllocationGranularity`
+/// reports for device locations): an allocation is charged whole granules,
+/// so many small allocations cannot take more real memory than the limit.
+pub const ALLOC_GRANULARITY: u64 = 2 << 20;
+
+/// `bytes` rounded up to [`ALLOC_GRANULARITY`] (saturating).
+pub fn granular(bytes: u64) -> u64 {
+    bytes
+        .checked_next_multiple_of(ALLOC_GRANULARITY)
+        .unwrap_or(u64::MAX)
+}
+
 /// `CUmemGenericAllocationHandle`: a physical allocation (VMM).
 pub type CUmemGenericAllocationHandle = u64;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`: the location is a device ordinal.

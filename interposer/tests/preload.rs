@@ -17,9 +17,13 @@ fn allocation_stops_exactly_at_the_limit_on_every_lookup_path() {
     for loader in Loader::ALL {
         let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "64m");
         let chunks = world
-            .run(loader, true, &["alloc", "plain", &MIB.to_string(), "100"])
+            .run(
+                loader,
+                true,
+                &["alloc", "plain", &(2 * MIB).to_string(), "100"],
+            )
             .ok();
-        assert_eq!(chunks.get("allocated"), 64, "{loader:?}");
+        assert_eq!(chunks.get("allocated"), 32, "{loader:?}");
         assert_eq!(chunks.get("last_rc"), OOM, "{loader:?}");
 
         let whole = world
@@ -52,7 +56,7 @@ fn allocation_stops_exactly_at_the_limit_on_every_lookup_path() {
             .ok();
         assert_eq!(
             (managed.get("allocated"), managed.get("last_rc")),
-            (64, OOM),
+            (32, OOM),
             "{loader:?}"
         );
 
@@ -69,22 +73,52 @@ fn allocation_stops_exactly_at_the_limit_on_every_lookup_path() {
 }
 
 #[test]
+fn small_allocations_are_charged_whole_granules() {
+    // The driver takes 2 MiB for every cuMemAlloc, however small: 32 one-byte
+    // allocations fill a 64 MiB limit in real memory, and the 33rd is refused.
+    for loader in Loader::ALL {
+        let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "64m");
+        let report = world
+            .run(loader, true, &["alloc", "plain", "1", "100"])
+            .ok();
+        assert_eq!(
+            (report.get("allocated"), report.get("last_rc")),
+            (32, OOM),
+            "{loader:?}"
+        );
+        let stats = world.run(loader, false, &["stats", "0"]).ok();
+        assert_eq!((stats.get("peak"), stats.get("used")), (64 * MIB, 0));
+        let region = Region::open(&world.region_path()).unwrap();
+        assert_eq!(region.used(0), 0, "{loader:?}");
+        assert_eq!(region.snapshot().devices[0].peak, 64 * MIB, "{loader:?}");
+    }
+    // Unlimited, 100 one-byte allocations really take 200 MiB.
+    let world = World::new("8g");
+    world
+        .run(Loader::Linked, false, &["alloc", "plain", "1", "100"])
+        .ok();
+    let stats = world.run(Loader::Linked, false, &["stats", "0"]).ok();
+    assert_eq!(stats.get("peak"), 200 * MIB);
+}
+
+#[test]
 fn async_allocations_are_charged_and_keep_their_stream_semantics() {
     for loader in Loader::ALL {
         for per_thread in [0u64, 1] {
             let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "64m");
+            // 1 MiB each, charged 2 MiB (the granularity).
             let args = ["async", &MIB.to_string(), "100", &per_thread.to_string()];
             let report = world.run(loader, true, &args).ok();
             let what = format!("{loader:?} per_thread={per_thread}");
             assert_eq!(
                 (report.get("allocated"), report.get("last_rc")),
-                (64, OOM),
+                (32, OOM),
                 "{what}"
             );
             // The driver's _ptsz functions ran for every call, and only when
-            // asked for: 64 allocations and 64 frees (the refused allocation
+            // asked for: 32 allocations and 32 frees (the refused allocation
             // never reached the driver).
-            assert_eq!(report.get("per_thread_calls"), per_thread * 128, "{what}");
+            assert_eq!(report.get("per_thread_calls"), per_thread * 64, "{what}");
             let region = Region::open(&world.region_path()).unwrap();
             assert_eq!(region.used(0), 0, "{what}");
         }
@@ -95,14 +129,15 @@ fn async_allocations_are_charged_and_keep_their_stream_semantics() {
 fn pitch_allocations_are_charged_with_the_driver_s_pitch() {
     for loader in Loader::ALL {
         let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "64m");
-        // 1000-byte rows are padded to 1024: 1 MiB per allocation.
+        // 1000-byte rows are padded to 1024: 2049 rows take 2 MiB + 1 KiB,
+        // i.e. two granules (1000 × 2049 bytes would fit in one).
         let report = world
-            .run(loader, true, &["pitch", "1000", "1024", "100"])
+            .run(loader, true, &["pitch", "1000", "2049", "100"])
             .ok();
         assert_eq!(report.get("pitch"), 1024);
         assert_eq!(
             (report.get("allocated"), report.get("last_rc")),
-            (64, OOM),
+            (16, OOM),
             "{loader:?}"
         );
     }
@@ -345,7 +380,7 @@ fn non_cuda_programs_behave_exactly_as_without_the_preload() {
 
 #[test]
 fn racing_processes_never_overcommit() {
-    // 3 MiB chunks under a 10 MiB limit: at most three fit at once. Each
+    // 3 MiB chunks (charged 4 MiB) under a 10 MiB limit: at most two fit at once. Each
     // success is held for 20 µs so that the 8 threads really contend, and
     // the processes start together on a start file.
     let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "10m");
@@ -396,7 +431,7 @@ fn racing_processes_never_overcommit() {
     // The fake GPU's high-water mark is what the container really held.
     let stats = world.run(Loader::Linked, false, &["stats", "0"]).ok();
     assert!(
-        stats.get("peak") <= 9 * MIB,
+        stats.get("peak") <= 8 * MIB,
         "overcommit: physical peak {}",
         stats.get("peak")
     );
@@ -404,7 +439,7 @@ fn racing_processes_never_overcommit() {
     let region = Region::open(&world.region_path()).unwrap();
     let snapshot = region.snapshot();
     assert_eq!(snapshot.devices[0].used, 0);
-    assert!(snapshot.devices[0].peak <= 9 * MIB);
+    assert!(snapshot.devices[0].peak <= 8 * MIB);
     assert!(snapshot.processes.iter().all(|p| p.used == [0; 16]));
 }
 
@@ -416,10 +451,10 @@ fn a_killed_process_s_memory_is_reclaimed() {
         .run(
             Loader::Linked,
             true,
-            &["alloc", "plain", &MIB.to_string(), "100"],
+            &["alloc", "plain", &(2 * MIB).to_string(), "100"],
         )
         .ok();
-    assert_eq!(squeezed.get("allocated"), 16);
+    assert_eq!(squeezed.get("allocated"), 8);
     let region = Region::open(&world.region_path()).unwrap();
     assert_eq!(region.used(0), 48 * MIB);
 
@@ -429,10 +464,10 @@ fn a_killed_process_s_memory_is_reclaimed() {
         .run(
             Loader::Linked,
             true,
-            &["alloc", "plain", &MIB.to_string(), "100"],
+            &["alloc", "plain", &(2 * MIB).to_string(), "100"],
         )
         .ok();
-    assert_eq!((after.get("allocated"), after.get("last_rc")), (64, OOM));
+    assert_eq!((after.get("allocated"), after.get("last_rc")), (32, OOM));
     assert_eq!(region.used(0), 0);
     assert!(
         region
@@ -456,8 +491,9 @@ fn a_forked_child_is_accounted_as_its_own_process() {
     assert_eq!(report.get("child_exit"), 0);
     // The child's 8 MiB were charged to its own slot, so they came back when
     // it exited; charged to the parent's, they would stay until the parent
-    // exits and the parent would get only 40 more.
-    assert_eq!(report.get("allocated"), 48);
+    // exits and the parent would get only 20 more 1 MiB allocations (each
+    // takes a 2 MiB granule) instead of 24.
+    assert_eq!(report.get("allocated"), 24);
 }
 
 #[test]
@@ -494,10 +530,10 @@ fn the_real_driver_can_be_named_explicitly() {
         .run(
             Loader::Linked,
             true,
-            &["alloc", "plain", &MIB.to_string(), "100"],
+            &["alloc", "plain", &(2 * MIB).to_string(), "100"],
         )
         .ok();
-    assert_eq!(report.get("allocated"), 8);
+    assert_eq!(report.get("allocated"), 4);
 
     let missing = world.env("TESSERA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1");
     let report = missing.run(Loader::Linked, true, &["init"]).ok();

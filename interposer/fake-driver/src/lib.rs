@@ -71,8 +71,10 @@ const CU_GET_PROC_ADDRESS_SUCCESS: c_int = 0;
 const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
 const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: c_int = 2;
 
-/// `cuMemCreate` sizes are multiples of this (what real GPUs report).
-const VMM_GRANULARITY: u64 = 2 << 20;
+/// The allocation granularity of real NVIDIA GPUs: `cuMemCreate` sizes must
+/// be multiples of it, and `cuMemAlloc`, `cuMemAllocManaged` and
+/// `cuMemAllocPitch` take whole multiples of it from the device.
+pub(crate) const GRANULARITY: u64 = 2 << 20;
 const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
@@ -168,16 +170,29 @@ unsafe fn write<T>(out: *mut T, value: T) -> Result<(), CUresult> {
     Ok(())
 }
 
+/// `bytes` rounded up to the allocation granularity, `None` on overflow.
+pub(crate) fn granular(bytes: u64) -> Option<u64> {
+    bytes.checked_next_multiple_of(GRANULARITY)
+}
+
+/// A new device address range of `bytes` (never reused in this process).
+pub(crate) fn new_address(bytes: u64) -> CUdeviceptr {
+    let span = bytes.div_ceil(256) * 256 + 256;
+    NEXT_ADDRESS.fetch_add(span, Ordering::Relaxed)
+}
+
+/// A device allocation on the current context's device: takes whole
+/// granules, as the real driver does (small allocations do not share them).
 fn allocate(dptr: *mut CUdeviceptr, bytes: u64) -> Result<(), CUresult> {
     let dev = current_device()?;
     if dptr.is_null() || bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    let bytes = granular(bytes).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     if !physical()?.reserve(dev, bytes) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    let span = bytes.div_ceil(256) * 256 + 256;
-    let address = NEXT_ADDRESS.fetch_add(span, Ordering::Relaxed);
+    let address = new_address(bytes);
     ALLOCATIONS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -638,7 +653,7 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
         // SAFETY: the caller's pointers, as documented.
         unsafe {
             vmm_device(prop)?;
-            write(granularity, VMM_GRANULARITY as usize)
+            write(granularity, GRANULARITY as usize)
         }
     })
 }
@@ -660,7 +675,7 @@ pub unsafe extern "C" fn cuMemCreate(
         // SAFETY: the caller's pointer, as documented.
         let dev = unsafe { vmm_device(prop) }?;
         let bytes = size as u64;
-        if handle.is_null() || flags != 0 || bytes == 0 || !bytes.is_multiple_of(VMM_GRANULARITY) {
+        if handle.is_null() || flags != 0 || bytes == 0 || !bytes.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         if !physical()?.reserve(dev, bytes) {
