@@ -19,11 +19,32 @@ key=$(cat "$root"/e2e/tools/*/go.mod "$root"/e2e/tools/*/go.sum | sha256sum | cu
 bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-$key/bin"
 
 if [[ "${1:-}" == "--path" ]]; then echo "$bin"; exit 0; fi
-if [[ -f "$bin/.complete" ]]; then echo "$bin"; exit 0; fi
+if [[ -f "$bin/.complete" && -f "$bin/kubelet" ]]; then echo "$bin"; exit 0; fi
 
 command -v go >/dev/null || { echo "hack/tools.sh: no Go toolchain on PATH; install Go >= 1.26" >&2; exit 1; }
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
 mkdir -p "$cache/tools"
+minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+ldf="-s -w"
+for kv in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$minor gitTreeState=clean \
+  gitCommit=0000000000000000000000000000000000000000 buildDate=2026-07-15T00:00:00Z; do
+  ldf="$ldf -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
+done
+
+# The kubelet (for real nodes, issue 6) joined the set later: a cache built
+# before it gets the kubelet added in place instead of a full rebuild.
+build_kubelet() {
+  local out=$1
+  echo "hack/tools.sh: building kubelet $K8S_VERSION" >&2
+  (cd "$root/e2e/tools/k8s" && go build -p "$(nproc)" -tags selinux,notest,grpcnotrace -ldflags "$ldf" \
+    -o "$out" k8s.io/kubernetes/cmd/kubelet)
+}
+if [[ -f "$bin/.complete" ]]; then
+  build_kubelet "$bin/.kubelet.tmp"
+  mv "$bin/.kubelet.tmp" "$bin/kubelet"
+  echo "$bin"
+  exit 0
+fi
 tmp=$(mktemp -d "$cache/tools/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
@@ -32,15 +53,10 @@ echo "hack/tools.sh: building etcd $ETCD_VERSION" >&2
 (cd "$root/e2e/tools/etcd" && go build -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
 
 echo "hack/tools.sh: building Kubernetes $K8S_VERSION (cold: about 10 minutes on 2 cores)" >&2
-minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-ldf="-s -w"
-for kv in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$minor gitTreeState=clean \
-  gitCommit=0000000000000000000000000000000000000000 buildDate=2026-07-15T00:00:00Z; do
-  ldf="$ldf -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
-done
 (cd "$root/e2e/tools/k8s" && go build -p "$(nproc)" -tags selinux,notest,grpcnotrace -ldflags "$ldf" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
+build_kubelet "$tmp/kubelet"
 
 "$tmp/kube-apiserver" --version >&2
 "$tmp/etcd" --version | head -1 >&2

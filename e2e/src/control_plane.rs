@@ -172,6 +172,8 @@ impl ControlPlane {
             "--max-requests-inflight=0".to_owned(),
             "--max-mutating-requests-inflight=0".to_owned(),
             "--profiling=false".to_owned(),
+            // Real nodes (issue 6) share one host name; reach kubelets by IP.
+            "--kubelet-preferred-address-types=InternalIP".to_owned(),
             "--v=1".to_owned(),
         ];
         plane.spawn(
@@ -243,6 +245,15 @@ impl ControlPlane {
                 .map_err(|e| Error::Config(format!("watching CRD {name}: {e}")))?;
         }
         Ok(())
+    }
+
+    /// Makes a process started elsewhere a component: stopped with the
+    /// control plane, and recorded when it is detached.
+    pub fn adopt(&self, process: Process) {
+        self.processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(process);
     }
 
     /// Stops the named component (newest instance) if it runs.
@@ -367,7 +378,7 @@ fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
 }
 
 /// Picks one free loopback port.
-pub(crate) fn free_port() -> Result<u16, Error> {
+pub fn free_port() -> Result<u16, Error> {
     Ok(free_ports::<1>()?[0])
 }
 

@@ -18,16 +18,22 @@
 //! # Ok(()) }
 //! ```
 
+pub mod artifacts;
 mod components;
 mod control_plane;
 mod error;
+mod http;
+pub mod images;
 mod kubeconfig;
 pub mod kubelet;
+pub mod node;
+pub mod oci;
 pub mod pki;
 pub mod process;
+pub mod stack;
 pub mod tools;
 
-pub use control_plane::{ControlPlane, Options, remove_stale_dirs};
+pub use control_plane::{ControlPlane, Options, free_port, remove_stale_dirs};
 pub use error::Error;
 pub use process::Lifetime;
 

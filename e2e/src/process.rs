@@ -54,6 +54,18 @@ impl Process {
         log: PathBuf,
         lifetime: Lifetime,
     ) -> Result<Self, Error> {
+        Self::spawn_with_env(name, program, args, &[], log, lifetime)
+    }
+
+    /// Like [`Process::spawn`], with these variables added to the environment.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: PathBuf,
+        lifetime: Lifetime,
+    ) -> Result<Self, Error> {
         let out = File::options()
             .create(true)
             .append(true)
@@ -74,6 +86,7 @@ impl Process {
         };
         command
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

@@ -9,12 +9,13 @@ use std::{
 use crate::Error;
 
 /// Names of the binaries the harness runs.
-pub const BINARIES: [&str; 5] = [
+pub const BINARIES: [&str; 6] = [
     "etcd",
     "kube-apiserver",
     "kube-scheduler",
     "kube-controller-manager",
     "kubectl",
+    "kubelet",
 ];
 
 /// The directory holding etcd, kube-apiserver, kube-scheduler,

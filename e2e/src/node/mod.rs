@@ -1,0 +1,450 @@
+//! Real nodes on one machine: per node a containerd (own root, state and
+//! socket), a kubelet v1.36 registered with the control plane, and Tessera's
+//! node agent with fake GPUs, registered with that kubelet through the real
+//! device-plugin socket. Pods run for real, on a bridge network of the node's
+//! own.
+//!
+//! Needs root, containerd, runc, the CNI plugins (`/usr/lib/cni`), busybox,
+//! gcc, `unshare`/`nsenter`, and Tessera's build outputs ([`Artifacts`]).
+//! Each node lives in its own mount namespace (see [`namespace`]) and cgroup
+//! subtree (see [`cgroup`]); [`RealNode::stop`] (also on drop) kills every
+//! process of the node, containers included, and removes its cgroups,
+//! mounts, bridge and directory.
+
+mod cgroup;
+mod config;
+mod namespace;
+
+pub use config::FakeGpu;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+use serde::{Deserialize, Serialize};
+
+use crate::artifacts::Artifacts;
+use crate::control_plane::free_port;
+use crate::images::Archives;
+use crate::process::{self, Lifetime, Process};
+use crate::{ControlPlane, Error};
+use cgroup::Subtree;
+use config::KubeletPorts;
+use namespace::MountNamespace;
+
+/// The kubelet's fixed device-plugin directory (inside the node's namespace).
+const DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins";
+/// How long a node has to become Ready with its GPUs advertised.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// Where `stop_detached` finds what a detached node left running.
+const STATE_FILE: &str = "node.json";
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// The Node's name.
+    pub name: String,
+    /// Its fake GPUs.
+    pub gpus: Vec<FakeGpu>,
+    /// Labels the kubelet registers the Node with.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A running node.
+#[derive(Debug)]
+pub struct RealNode {
+    name: String,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    artifacts: Artifacts,
+    lifetime: Lifetime,
+    labels: BTreeMap<String, String>,
+    node_ip: String,
+    ports: KubeletPorts,
+    metrics_port: u16,
+    bridge: String,
+    cgroup: Subtree,
+    namespace: Option<MountNamespace>,
+    containerd: Option<Process>,
+    kubelet: Option<Process>,
+    agent: Option<Process>,
+}
+
+/// What a detached node leaves for [`stop_detached`].
+#[derive(Debug, Serialize, Deserialize)]
+struct DetachedNode {
+    processes: Vec<(String, u32)>,
+    holder: u32,
+    cgroup: String,
+    bridge: String,
+}
+
+impl RealNode {
+    /// Starts node number `index` (which picks its pod subnet and bridge)
+    /// in `<plane dir>/nodes/<name>`, and waits until the Node is Ready with
+    /// its GPUs allocatable.
+    pub async fn start(
+        plane: &ControlPlane,
+        spec: &NodeSpec,
+        index: u8,
+        artifacts: &Artifacts,
+        images: &Archives,
+    ) -> Result<Self, Error> {
+        let dir = plane.dir().join("nodes").join(&spec.name);
+        let _ = fs::remove_dir_all(&dir);
+        for sub in ["cni/conf", "device-plugins", "kubelet", "pod-logs", "agent"] {
+            let path = dir.join(sub);
+            fs::create_dir_all(&path).map_err(Error::io("create directory", &path))?;
+        }
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            fs::write(&path, text).map_err(Error::io("write", &path))
+        };
+        let bridge = format!("tsr{}{index}", std::process::id() % 10_000);
+        write(
+            "cni/conf/10-tessera.conflist",
+            config::cni(&dir, &bridge, &format!("10.244.{index}.0/24")),
+        )?;
+        write("gpus.yaml", config::fake_gpus(&spec.gpus))?;
+        let unique = dir
+            .parent()
+            .and_then(Path::parent)
+            .and_then(Path::file_name)
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let cgroup = Subtree::create(&format!("tessera-{unique}-{}", spec.name))?;
+        let mut node = Self {
+            name: spec.name.clone(),
+            dir: dir.clone(),
+            kubeconfig: plane.kubeconfig().to_owned(),
+            artifacts: artifacts.clone(),
+            lifetime: plane.lifetime,
+            labels: spec.labels.clone(),
+            node_ip: host_ip()?,
+            ports: KubeletPorts {
+                api: free_port()?,
+                healthz: free_port()?,
+            },
+            metrics_port: free_port()?,
+            bridge,
+            cgroup,
+            namespace: None,
+            containerd: None,
+            kubelet: None,
+            agent: None,
+        };
+        let namespace = MountNamespace::create(dir.join("namespace.log"), node.lifetime)?;
+        namespace.bind(&dir.join("device-plugins"), Path::new(DEVICE_PLUGIN_PATH))?;
+        node.namespace = Some(namespace);
+        node.start_containerd(images).await?;
+        node.start_kubelet().await?;
+        node.start_agent()?;
+        node.wait_ready(&plane.client().await?).await?;
+        Ok(node)
+    }
+
+    /// The Node's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's directory (logs, configuration, state).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The port of the node agent's `/metrics` on 127.0.0.1.
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
+    fn namespace(&self) -> Result<&MountNamespace, Error> {
+        self.namespace
+            .as_ref()
+            .ok_or_else(|| Error::Config(format!("node {} is stopped", self.name)))
+    }
+
+    fn spawn_inside(&self, name: &str, program: &Path, args: &[String]) -> Result<Process, Error> {
+        let args = self.namespace()?.enter_args(program, args);
+        Process::spawn(
+            name,
+            Path::new("nsenter"),
+            &args,
+            self.dir.join(format!("{name}.log")),
+            self.lifetime,
+        )
+    }
+
+    async fn start_containerd(&mut self, images: &Archives) -> Result<(), Error> {
+        let config = self.dir.join("containerd.toml");
+        fs::write(&config, config::containerd(&self.dir, free_port()?))
+            .map_err(Error::io("write", &config))?;
+        let mut containerd = self.spawn_inside(
+            "containerd",
+            Path::new("containerd"),
+            &["--config".to_owned(), config.display().to_string()],
+        )?;
+        self.cgroup.adopt(containerd.pid())?;
+        let socket = self.dir.join("containerd.sock");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !socket.exists() {
+            containerd.check_running()?;
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("containerd of {}", self.name),
+                    seconds: 30,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.containerd = Some(containerd);
+        for archive in &images.paths {
+            let output = Command::new("ctr")
+                .arg("--address")
+                .arg(&socket)
+                .args(["-n", "k8s.io", "images", "import"])
+                .arg(archive)
+                .output()
+                .map_err(Error::io("run ctr images import", archive))?;
+            if !output.status.success() {
+                return Err(Error::Config(format!(
+                    "importing {} into {}: {}",
+                    archive.display(),
+                    self.name,
+                    String::from_utf8_lossy(&output.stderr).trim()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the kubelet (again, after [`RealNode::stop_kubelet`]) and waits
+    /// until it is healthy.
+    pub async fn start_kubelet(&mut self) -> Result<(), Error> {
+        let cgroup_v1 = !Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let config = self.dir.join("kubelet.yaml");
+        let text = config::kubelet(
+            &self.dir,
+            &self.node_ip,
+            &self.cgroup.kubelet_root(),
+            self.ports,
+            cgroup_v1,
+        );
+        fs::write(&config, text).map_err(Error::io("write", &config))?;
+        let labels: Vec<String> = self
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let mut args = vec![
+            format!("--config={}", config.display()),
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--root-dir={}", self.dir.join("kubelet").display()),
+            format!("--hostname-override={}", self.name),
+            format!("--node-ip={}", self.node_ip),
+            "--v=1".to_owned(),
+        ];
+        if !labels.is_empty() {
+            args.push(format!("--node-labels={}", labels.join(",")));
+        }
+        let mut kubelet = self.spawn_inside("kubelet", &crate::tools::binary("kubelet")?, &args)?;
+        let addr = format!("127.0.0.1:{}", self.ports.healthz);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !crate::http::get_ok(&addr, "/healthz").await {
+            kubelet.check_running()?;
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("kubelet of {} to be healthy", self.name),
+                    seconds: 60,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.kubelet = Some(kubelet);
+        Ok(())
+    }
+
+    /// Stops the kubelet (its containers keep running, as on a real node).
+    pub fn stop_kubelet(&mut self) {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kubelet.stop();
+        }
+    }
+
+    /// Starts the node agent with the fake GPU backend, registering with
+    /// this node's kubelet.
+    pub fn start_agent(&mut self) -> Result<(), Error> {
+        let args: Vec<String> = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--node-name={}", self.name),
+            "--backend=fake".to_owned(),
+            format!("--fake-gpus-file={}", self.dir.join("gpus.yaml").display()),
+            format!(
+                "--device-plugin-dir={}",
+                self.dir.join("device-plugins").display()
+            ),
+            format!(
+                "--interposer-library={}",
+                self.artifacts.interposer.display()
+            ),
+            format!("--state-dir={}", self.dir.join("agent").display()),
+            format!("--metrics-addr=127.0.0.1:{}", self.metrics_port),
+        ];
+        let agent = Process::spawn(
+            "tessera-node-agent",
+            &self.artifacts.agent,
+            &args,
+            self.dir.join("tessera-node-agent.log"),
+            self.lifetime,
+        )?;
+        self.agent = Some(agent);
+        Ok(())
+    }
+
+    /// Stops the node agent.
+    pub fn stop_agent(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            agent.stop();
+        }
+    }
+
+    /// Waits until the Node is Ready and advertises its GPUs.
+    pub async fn wait_ready(&mut self, client: &Client) -> Result<(), Error> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(node) = nodes.get_opt(&self.name).await? {
+                let status = node.status.unwrap_or_default();
+                let ready = status
+                    .conditions
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                let gpus = status
+                    .allocatable
+                    .unwrap_or_default()
+                    .get(tessera_api::names::resources::GPU)
+                    .is_some_and(|q| q.0 != "0");
+                if ready && gpus {
+                    return Ok(());
+                }
+            }
+            for process in [&mut self.containerd, &mut self.kubelet, &mut self.agent]
+                .into_iter()
+                .flatten()
+            {
+                process.check_running()?;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("node {} to be Ready with GPUs", self.name),
+                    seconds: READY_TIMEOUT.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Stops everything the node runs and removes what it left behind.
+    pub fn stop(&mut self) {
+        self.stop_agent();
+        self.stop_kubelet();
+        let Some(namespace) = self.namespace.take() else {
+            return;
+        };
+        let pinned = MountNamespace::pinned_netns(namespace.holder.pid());
+        self.cgroup.destroy();
+        if let Some(mut containerd) = self.containerd.take() {
+            containerd.stop();
+        }
+        drop(namespace);
+        cleanup(&pinned, &self.bridge, &self.dir);
+    }
+
+    /// Leaves the node running (`make demo`): records its processes in
+    /// `<dir>/node.json` for [`stop_detached`].
+    pub fn detach(mut self) -> Result<PathBuf, Error> {
+        let mut processes = Vec::new();
+        for process in [
+            self.containerd.take(),
+            self.kubelet.take(),
+            self.agent.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            processes.push((process.name().to_owned(), process.release()));
+        }
+        let holder = self
+            .namespace
+            .take()
+            .map(|n| n.holder.release())
+            .unwrap_or_default();
+        let state = DetachedNode {
+            processes,
+            holder,
+            cgroup: self.cgroup.name().to_owned(),
+            bridge: self.bridge.clone(),
+        };
+        let path = self.dir.join(STATE_FILE);
+        let json =
+            serde_json::to_string_pretty(&state).map_err(|e| Error::Config(e.to_string()))?;
+        fs::write(&path, json).map_err(Error::io("write", &path))?;
+        Ok(self.dir.clone())
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Stops a node left running by [`RealNode::detach`] and removes its
+/// directory. Returns whether one was found.
+pub fn stop_detached(dir: &Path) -> Result<bool, Error> {
+    let path = dir.join(STATE_FILE);
+    let Ok(json) = fs::read_to_string(&path) else {
+        return Ok(false);
+    };
+    let state: DetachedNode = serde_json::from_str(&json)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    for (name, pid) in state.processes.iter().rev() {
+        process::stop_detached(*pid, name);
+    }
+    let pinned = MountNamespace::pinned_netns(state.holder);
+    Subtree::named(&state.cgroup).destroy();
+    process::stop_detached(state.holder, "sleep");
+    cleanup(&pinned, &state.bridge, dir);
+    Ok(true)
+}
+
+fn cleanup(pinned: &[PathBuf], bridge: &str, dir: &Path) {
+    for file in pinned {
+        let _ = fs::remove_file(file);
+    }
+    let _ = Command::new("ip").args(["link", "delete", bridge]).output();
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// This machine's address the kubelets register (not loopback, which the
+/// kubelet refuses): the source address of the default route.
+fn host_ip() -> Result<String, Error> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").map_err(Error::io("bind", "0.0.0.0:0"))?;
+    // Connecting a UDP socket sends nothing; it only picks a route.
+    socket
+        .connect("192.0.2.1:9")
+        .or_else(|_| socket.connect("10.255.255.255:9"))
+        .map_err(Error::io("find the host address", "default route"))?;
+    let ip = socket
+        .local_addr()
+        .map_err(Error::io("find the host address", "default route"))?
+        .ip();
+    if ip.is_loopback() || ip.is_unspecified() {
+        return Err(Error::Config(format!("no usable host address (got {ip})")));
+    }
+    Ok(ip.to_string())
+}

@@ -1,0 +1,158 @@
+//! Tessera's control-plane side as a user deploys it, on a [`ControlPlane`]:
+//! the `tessera-controller` binary (extender, webhook and lifecycle
+//! controllers), its MutatingWebhookConfiguration, kube-scheduler with the
+//! extender, and kube-controller-manager (Jobs, garbage collection).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+use crate::artifacts::Artifacts;
+use crate::process::Process;
+use crate::{ControlPlane, Error, free_port};
+
+/// The scheduler profile GPU pods are sent to (the webhook sets it).
+pub const SCHEDULER_NAME: &str = "tessera-scheduler";
+
+/// The webhook's matchCondition: a container or init container names an
+/// `nvidia.com/` resource in limits or requests (docs/configuration.md).
+pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))))";
+
+/// kube-scheduler's configuration: the default profile for other pods, and
+/// `tessera-scheduler` with only the extender scoring, binding through it.
+/// The extender is asked only about pods naming its resources.
+pub fn scheduler_config(extender_port: u16) -> String {
+    format!(
+        r#"
+profiles:
+- schedulerName: default-scheduler
+- schedulerName: {SCHEDULER_NAME}
+  plugins:
+    score:
+      disabled: [{{name: "*"}}]
+extenders:
+- urlPrefix: http://127.0.0.1:{extender_port}
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  bindVerb: bind
+  weight: 1
+  enableHTTPS: false
+  nodeCacheCapable: true
+  httpTimeout: 30s
+  managedResources:
+  - {{name: nvidia.com/gpu, ignoredByScheduler: true}}
+  - {{name: nvidia.com/gpumem, ignoredByScheduler: true}}
+  - {{name: nvidia.com/gpumem-percentage, ignoredByScheduler: true}}
+  - {{name: nvidia.com/gpucores, ignoredByScheduler: true}}
+"#
+    )
+}
+
+/// The MutatingWebhookConfiguration for a webhook at `url`, signed by `ca`
+/// (PEM): failurePolicy Fail, and only GPU pods are sent.
+pub fn webhook_configuration(url: &str, ca: &[u8]) -> serde_json::Value {
+    use base64::Engine;
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "tessera"},
+        "webhooks": [{
+            "name": "pods.tessera.dev",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 5,
+            "clientConfig": {"url": url, "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+            "matchConditions": [{"name": "asks-for-gpu-slices", "expression": GPU_POD_CONDITION}],
+        }],
+    })
+}
+
+/// How `tessera-controller` runs: a component of the control plane (stopped,
+/// and detached, with it).
+#[derive(Debug)]
+pub struct Tessera {
+    program: std::path::PathBuf,
+    args: Vec<String>,
+    kubeconfig: String,
+    /// The extender's port on 127.0.0.1 (also serves `/metrics`).
+    pub extender_port: u16,
+}
+
+/// The controller's component name.
+const CONTROLLER: &str = "tessera-controller";
+
+impl Tessera {
+    /// Starts the controller, registers its webhook, then starts
+    /// kube-scheduler with the extender and kube-controller-manager.
+    pub async fn deploy(plane: &ControlPlane, artifacts: &Artifacts) -> Result<Self, Error> {
+        let extender_port = free_port()?;
+        let webhook_port = free_port()?;
+        let pki = plane.pki();
+        let args = vec![
+            format!("--extender-addr=127.0.0.1:{extender_port}"),
+            format!("--webhook-addr=127.0.0.1:{webhook_port}"),
+            format!("--tls-cert-file={}", pki.serving_cert.display()),
+            format!("--tls-key-file={}", pki.serving_key.display()),
+            "--lease-namespace=kube-system".to_owned(),
+        ];
+        let tessera = Self {
+            program: artifacts.controller.clone(),
+            args,
+            kubeconfig: plane.kubeconfig().display().to_string(),
+            extender_port,
+        };
+        tessera.start(plane).await?;
+        let ca = std::fs::read(&pki.ca_cert).map_err(Error::io("read", &pki.ca_cert))?;
+        let configuration =
+            webhook_configuration(&format!("https://127.0.0.1:{webhook_port}/mutate"), &ca);
+        let api: Api<MutatingWebhookConfiguration> = Api::all(plane.client().await?);
+        api.patch(
+            "tessera",
+            &PatchParams::apply("tessera-e2e").force(),
+            &Patch::Apply(configuration),
+        )
+        .await?;
+        plane
+            .start_scheduler(&scheduler_config(extender_port))
+            .await?;
+        plane.start_controller_manager().await?;
+        Ok(tessera)
+    }
+
+    /// Starts the controller (again, after [`Tessera::stop`]) and waits
+    /// until its extender is ready.
+    pub async fn start(&self, plane: &ControlPlane) -> Result<(), Error> {
+        let mut controller = Process::spawn_with_env(
+            CONTROLLER,
+            &self.program,
+            &self.args,
+            &[("KUBECONFIG", &self.kubeconfig), ("TESSERA_LOG", "info")],
+            plane.dir().join(format!("{CONTROLLER}.log")),
+            plane.lifetime,
+        )?;
+        let addr = format!("127.0.0.1:{}", self.extender_port);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !crate::http::get_ok(&addr, "/readyz").await {
+            controller.check_running()?;
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: "tessera-controller's extender to be ready".into(),
+                    seconds: 30,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        plane.adopt(controller);
+        Ok(())
+    }
+
+    /// Stops the controller.
+    pub fn stop(&self, plane: &ControlPlane) {
+        plane.stop_component(CONTROLLER);
+    }
+}
