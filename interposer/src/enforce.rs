@@ -13,6 +13,13 @@ use crate::config::{Config, Error};
 use crate::log::{DEBUG, ERROR, INFO, WARN};
 use crate::sys::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
 
+#[allow(dead_code)] // TEMP: the pool and graph hooks use stores (next commits)
+mod stores;
+
+use stores::Stores;
+#[allow(unused_imports)] // TEMP: see above
+pub(crate) use stores::{StoreId, Taken};
+
 /// What the hooks do in this process.
 pub enum State {
     /// `CUDA_DISABLE_CONTROL=true`: pass everything through.
@@ -111,22 +118,44 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
         owner_pid: AtomicU32::new(0),
         claim: Mutex::new(()),
         allocations: std::array::from_fn(|_| Mutex::new(Allocations::default())),
+        stores: Stores::default(),
     }))
 }
 
 /// What an allocation is known by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(dead_code)] // TEMP: arrays, contexts and graphs come in the next commits
 pub(crate) enum Key {
-    /// A device pointer (`cuMemAlloc*`), released by `cuMemFree`.
+    /// A device pointer (`cuMemAlloc*`), released by `cuMemFree` (or
+    /// `cuMemFreeAsync`).
     Pointer(CUdeviceptr),
     /// A physical allocation handle (`cuMemCreate`), released by `cuMemRelease`.
     Handle(u64),
+    /// A CUDA array (`cuArrayCreate_v2`, `cuArray3DCreate_v2`), released by
+    /// `cuArrayDestroy`.
+    Array(u64),
+    /// A mipmapped array, released by `cuMipmappedArrayDestroy`.
+    Mipmap(u64),
+    /// A context made by `cuCtxCreate`, released by `cuCtxDestroy`.
+    Context(u64),
+    /// A device's primary context, released when its last retain is.
+    Primary(u64),
+    /// The graph allocations of an executable graph on one device, released
+    /// by `cuGraphExecDestroy`.
+    GraphExec(u64, u8),
 }
 
 impl Key {
     fn value(self) -> u64 {
-        let (Self::Pointer(v) | Self::Handle(v)) = self;
-        v
+        match self {
+            Self::Pointer(v)
+            | Self::Handle(v)
+            | Self::Array(v)
+            | Self::Mipmap(v)
+            | Self::Context(v)
+            | Self::Primary(v) => v,
+            Self::GraphExec(v, dev) => v ^ u64::from(dev),
+        }
     }
 
     fn shard(self) -> usize {
@@ -136,7 +165,7 @@ impl Key {
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        // A pointer and a handle with the same value only collide; `Eq` tells them apart.
+        // Keys of different kinds with the same value only collide; `Eq` tells them apart.
         state.write_u64(self.value());
     }
 }
@@ -144,7 +173,7 @@ impl Hash for Key {
 /// A multiplicative hash for addresses and handles: the default SipHash
 /// costs more than the rest of an allocation's bookkeeping together.
 #[derive(Default)]
-struct AddressHasher(u64);
+pub(crate) struct AddressHasher(u64);
 
 impl Hasher for AddressHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -179,6 +208,32 @@ struct Allocation {
     dev: usize,
     bytes: u64,
     slot: SlotId,
+    /// Where its bytes are charged.
+    owner: Owner,
+    /// References the driver counts for it (`cuMemRetainAllocationHandle`
+    /// adds one); its bytes are returned with the last.
+    refs: u32,
+}
+
+/// Where an allocation's bytes are charged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(dead_code)] // TEMP: stores come with the pool hooks
+enum Owner {
+    /// In the region, on its own: returned when it is freed.
+    Region,
+    /// In a store (a memory pool or a device's graph memory), which keeps
+    /// the bytes charged until the driver says it gave them back.
+    Store(StoreId),
+}
+
+/// Bytes reserved in the region for an allocation the driver has not made
+/// yet: [`Enforcer::track`] keeps them, [`Enforcer::cancel`] returns them.
+#[must_use]
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    slot: SlotId,
+    dev: usize,
+    bytes: u64,
 }
 
 const SHARDS: usize = 16;
@@ -202,6 +257,9 @@ pub struct Enforcer {
     claim: Mutex<()>,
     /// Pointer or handle → allocation, sharded.
     allocations: [Mutex<Allocations>; SHARDS],
+    /// Memory pools and graph memory: what they hold beyond their live
+    /// allocations.
+    stores: Stores,
 }
 
 impl Enforcer {
@@ -262,6 +320,7 @@ impl Enforcer {
             for shard in &self.allocations {
                 shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
             }
+            self.stores.clear();
         }
         let start_time = process_start_time(pid).unwrap_or(0);
         match region.claim_slot(pid, start_time) {
@@ -281,6 +340,98 @@ impl Enforcer {
         }
     }
 
+    /// Reserves `bytes` on `dev` for an allocation about to be made.
+    ///
+    /// `Ok(None)`: the device is not accounted (no region, or an ordinal
+    /// beyond the region's devices while no device has a limit); the caller
+    /// just calls the driver. The reservation happens before the driver is
+    /// called, so concurrent processes never overcommit.
+    pub(crate) fn reserve_for(
+        &self,
+        dev: CUdevice,
+        bytes: u64,
+    ) -> Result<Option<Reservation>, CUresult> {
+        let Some(region) = &self.region else {
+            return Ok(None);
+        };
+        let Ok(index) = usize::try_from(dev) else {
+            return Ok(None);
+        };
+        if index >= MAX_DEVICES && !self.any_limit {
+            return Ok(None);
+        }
+        let Some(slot) = self.slot(region) else {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        if let Err(rc) = self.reserve(region, slot, index, bytes) {
+            // Slow path: a raw `clone` child still uses its parent's slot
+            // until a pid check like this one.
+            match self.claim_slot(region, true) {
+                Some(own) if own != slot => {
+                    self.reserve(region, own, index, bytes)?;
+                    return Ok(Some(Reservation {
+                        slot: own,
+                        dev: index,
+                        bytes,
+                    }));
+                }
+                _ => return Err(rc),
+            }
+        }
+        Ok(Some(Reservation {
+            slot,
+            dev: index,
+            bytes,
+        }))
+    }
+
+    /// Grows or shrinks a reservation to `bytes`, the allocation's real size.
+    pub(crate) fn resize(&self, r: &mut Reservation, bytes: u64) -> Result<(), CUresult> {
+        let Some(region) = &self.region else {
+            return Ok(());
+        };
+        if bytes > r.bytes {
+            self.reserve(region, r.slot, r.dev, bytes - r.bytes)?;
+        } else {
+            region.release(r.slot, r.dev, r.bytes - bytes);
+        }
+        r.bytes = bytes;
+        Ok(())
+    }
+
+    /// Returns a reservation whose allocation did not happen.
+    pub(crate) fn cancel(&self, r: Reservation) {
+        if let Some(region) = &self.region {
+            region.release(r.slot, r.dev, r.bytes);
+        }
+    }
+
+    /// Keeps a reservation as the charge of `key`, until [`Enforcer::freed`].
+    pub(crate) fn track(&self, key: Key, r: Reservation) {
+        self.insert(
+            key,
+            Allocation {
+                dev: r.dev,
+                bytes: r.bytes,
+                slot: r.slot,
+                owner: Owner::Region,
+                refs: 1,
+            },
+        );
+    }
+
+    fn insert(&self, key: Key, allocation: Allocation) {
+        let replaced = self.allocations[key.shard()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, allocation);
+        if let Some(old) = replaced {
+            // The driver reused a key we still held (e.g. an address freed
+            // behind our back): that allocation is gone.
+            self.give_back(key, old);
+        }
+    }
+
     /// Reserves `estimate` bytes on `dev`, runs `alloc`, and tracks the
     /// pointer or handle it returns with the bytes it really took.
     ///
@@ -295,62 +446,29 @@ impl Enforcer {
         alloc: impl FnOnce() -> Result<(Key, u64), CUresult>,
         undo: impl FnOnce(Key),
     ) -> CUresult {
-        let Some(region) = &self.region else {
-            return alloc().err().unwrap_or(CUDA_SUCCESS);
+        let mut reservation = match self.reserve_for(dev, estimate) {
+            Ok(Some(r)) => r,
+            Ok(None) => return alloc().err().unwrap_or(CUDA_SUCCESS),
+            Err(rc) => return rc,
         };
-        let Ok(index) = usize::try_from(dev) else {
-            return alloc().err().unwrap_or(CUDA_SUCCESS);
-        };
-        if index >= MAX_DEVICES && !self.any_limit {
-            return alloc().err().unwrap_or(CUDA_SUCCESS);
-        }
-        let Some(mut slot) = self.slot(region) else {
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        };
-        if let Err(rc) = self.reserve(region, slot, index, estimate) {
-            // Slow path: a raw `clone` child still uses its parent's slot
-            // until a pid check like this one.
-            match self.claim_slot(region, true) {
-                Some(own) if own != slot => {
-                    slot = own;
-                    if let Err(rc) = self.reserve(region, slot, index, estimate) {
-                        return rc;
-                    }
-                }
-                _ => return rc,
-            }
-        }
         let (key, bytes) = match alloc() {
             Ok(done) => done,
             Err(rc) => {
-                region.release(slot, index, estimate);
+                self.cancel(reservation);
                 return rc;
             }
         };
-        if bytes > estimate {
-            if let Err(rc) = self.reserve(region, slot, index, bytes - estimate) {
-                region.release(slot, index, estimate);
-                undo(key);
-                return rc;
-            }
-        } else {
-            region.release(slot, index, estimate - bytes);
+        if let Err(rc) = self.resize(&mut reservation, bytes) {
+            self.cancel(reservation);
+            undo(key);
+            return rc;
         }
-        self.allocations[key.shard()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                key,
-                Allocation {
-                    dev: index,
-                    bytes,
-                    slot,
-                },
-            );
+        self.track(key, reservation);
         CUDA_SUCCESS
     }
 
-    /// One reservation, retried once after reclaiming dead processes.
+    /// One reservation, retried after stores gave back what the driver
+    /// released and after reclaiming dead processes.
     fn reserve(
         &self,
         region: &Region,
@@ -361,6 +479,22 @@ impl Enforcer {
         let Err(over) = region.try_reserve(slot, dev, bytes) else {
             return Ok(());
         };
+        if self.resync_stores(dev) > 0 && region.try_reserve(slot, dev, bytes).is_ok() {
+            return Ok(());
+        }
+        self.reserve_after_reclaim(region, slot, dev, bytes, over)
+    }
+
+    /// The end of [`Enforcer::reserve`]'s slow path: reclaim dead processes,
+    /// retry once, else refuse.
+    fn reserve_after_reclaim(
+        &self,
+        region: &Region,
+        slot: SlotId,
+        dev: usize,
+        bytes: u64,
+        over: tessera_vgpu_region::OverLimit,
+    ) -> Result<(), CUresult> {
         let reclaimed = region.reclaim_dead();
         if reclaimed.slots > 0 {
             log!(
@@ -383,27 +517,70 @@ impl Enforcer {
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
 
-    /// Frees `key` with `free` and returns its bytes to the region when the
-    /// driver succeeded. Untracked pointers and handles are passed through.
+    /// Frees `key` with `free` and returns its bytes when the driver
+    /// succeeded (a retained handle's bytes with its last reference).
+    /// Untracked pointers and handles are passed through.
     pub(crate) fn freed(&self, key: Key, free: impl FnOnce() -> CUresult) -> CUresult {
         if let Some(region) = &self.region {
             // Forgets the parent's allocations in a fork child before looking.
             self.slot(region);
         }
         let shard = &self.allocations[key.shard()];
-        let allocation = shard.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-        let rc = free();
-        match (allocation, &self.region) {
-            (Some(a), Some(region)) if rc == CUDA_SUCCESS => region.release(a.slot, a.dev, a.bytes),
-            (Some(a), _) => {
-                shard
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, a);
+        let taken = {
+            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get_mut(&key) {
+                Some(a) if a.refs > 1 => {
+                    a.refs -= 1;
+                    Some((*a, false))
+                }
+                Some(_) => map.remove(&key).map(|a| (a, true)),
+                None => None,
             }
-            (None, _) => {}
+        };
+        let rc = free();
+        match taken {
+            Some((a, true)) if rc == CUDA_SUCCESS => self.give_back(key, a),
+            Some((a, last)) if rc != CUDA_SUCCESS => {
+                let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+                if last {
+                    map.insert(key, a);
+                } else if let Some(kept) = map.get_mut(&key) {
+                    kept.refs += 1;
+                }
+            }
+            _ => {}
         }
         rc
+    }
+
+    /// Counts one more driver reference to `key` (`cuMemRetainAllocationHandle`);
+    /// false when `key` is not tracked.
+    pub(crate) fn retained(&self, key: Key) -> bool {
+        match self.allocations[key.shard()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&key)
+        {
+            Some(a) => {
+                a.refs = a.refs.saturating_add(1);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Returns the bytes of a freed allocation to the region or its store.
+    fn give_back(&self, key: Key, a: Allocation) {
+        let Some(region) = &self.region else {
+            return;
+        };
+        match a.owner {
+            Owner::Region => region.release(a.slot, a.dev, a.bytes),
+            Owner::Store(id) => {
+                log!(DEBUG, "{key:?}: {} bytes back to {id:?}", a.bytes);
+                self.store_give(id, a.bytes);
+            }
+        }
     }
 }
 

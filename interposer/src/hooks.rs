@@ -49,8 +49,20 @@ driver_api! {
             size: usize,
             prop: *const CUmemAllocationProp,
             flags: u64,
-        ) => memory::mem_create;
-        fn cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::mem_release;
+        ) => memory::vmm::mem_create;
+        fn cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::vmm::mem_release;
+        fn cuMemRetainAllocationHandle(
+            handle: *mut CUmemGenericAllocationHandle,
+            addr: *mut c_void,
+        ) => memory::vmm::retain_allocation_handle;
+        fn cuMemMap(
+            ptr: CUdeviceptr,
+            size: usize,
+            offset: usize,
+            handle: CUmemGenericAllocationHandle,
+            flags: u64,
+        ) => memory::vmm::mem_map;
+        fn cuMemUnmap(ptr: CUdeviceptr, size: usize) => memory::vmm::mem_unmap;
         fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::mem_get_info;
         fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::device_total_mem;
         fn cuLaunchKernel(

@@ -5,10 +5,11 @@ use std::ffi::c_uint;
 
 use crate::enforce::{Key, State, state};
 use crate::sys::{
-    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult, CUstream, PITCH_ALIGNMENT,
-    granular,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult, CUstream,
+    PITCH_ALIGNMENT, granular,
 };
+
+pub(crate) mod vmm;
 
 /// `cuInit`: sets the process up (so a bad configuration fails here, loudly)
 /// and initialises the real driver.
@@ -277,61 +278,9 @@ pub(crate) unsafe fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUres
     rc
 }
 
-/// `cuMemCreate` (virtual memory management): a physical allocation on a
-/// device is charged `size` to the device named in `prop->location`, not to
-/// the current context's (a worker thread may have none). Host locations are
-/// not device memory and pass through.
-///
-/// # Safety
-///
-/// `handle` and `prop` as for `cuMemCreate`.
-pub(crate) unsafe fn mem_create(
-    handle: *mut CUmemGenericAllocationHandle,
-    size: usize,
-    prop: *const CUmemAllocationProp,
-    flags: u64,
-) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return real!(cuMemCreate(handle, size, prop, flags)),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
-    // SAFETY: `prop` is NULL or points to a CUmemAllocationProp (caller's contract).
-    let location = unsafe { prop.as_ref() }.map(|p| p.location);
-    let dev = match location {
-        Some(location) if location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => location.id,
-        _ => return real!(cuMemCreate(handle, size, prop, flags)),
-    };
-    enforcer.charged(
-        dev,
-        size as u64,
-        || match real!(cuMemCreate(handle, size, prop, flags)) {
-            // SAFETY: the driver succeeded, so `handle` is valid and written.
-            CUDA_SUCCESS => Ok((Key::Handle(unsafe { *handle }), size as u64)),
-            rc => Err(rc),
-        },
-        |key| {
-            if let Key::Handle(handle) = key {
-                real!(cuMemRelease(handle));
-            }
-        },
-    )
-}
-
-/// `cuMemRelease`: releases the handle, then returns what it was charged.
-///
-/// The charge follows the handle, as in HAMi-core; the driver keeps the
-/// memory until the last mapping of it is unmapped as well.
-///
-/// # Safety
-///
-/// None beyond `cuMemRelease`'s.
-pub(crate) unsafe fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
-    match state() {
-        State::Disabled => real!(cuMemRelease(handle)),
-        State::Refused => CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => {
-            enforcer.freed(Key::Handle(handle), || real!(cuMemRelease(handle)))
-        }
-    }
+/// What the driver holds for store `id` (see `enforce/stores.rs`), `None`
+/// when it cannot say.
+pub(crate) fn store_held(id: crate::enforce::StoreId) -> Option<u64> {
+    let _ = id;
+    None
 }

@@ -2,8 +2,8 @@
 //! testing the interposer on machines without a GPU.
 //!
 //! It implements the driver API the interposer and its tests call (devices,
-//! contexts, device memory, VMM physical allocations (`cuMemCreate`,
-//! `cuMemRelease`, `cuMemGetAllocationGranularity`), stream-ordered
+//! contexts, device memory, VMM physical allocations, address ranges and
+//! mappings (`vmm.rs`), stream-ordered
 //! allocation (`cuMemAllocAsync`, `cuMemFreeAsync` and their `_ptsz`
 //! variants, immediate), `cuGetProcAddress(_v2)` with versioned names and
 //! per-thread-stream flags, and execution on a simulated GPU timeline
@@ -40,6 +40,7 @@
 
 mod exec;
 mod state;
+mod vmm;
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -50,6 +51,7 @@ use std::sync::{Mutex, OnceLock};
 
 use exec::*;
 use state::Physical;
+use vmm::*;
 
 type CUresult = c_int;
 type CUdevice = c_int;
@@ -75,8 +77,6 @@ const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: c_int = 2;
 /// be multiples of it, and `cuMemAlloc`, `cuMemAllocManaged` and
 /// `cuMemAllocPitch` take whole multiples of it from the device.
 pub(crate) const GRANULARITY: u64 = 2 << 20;
-const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
-const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 /// `cuMemAllocPitch` aligns rows to this many bytes.
 const PITCH_ALIGNMENT: u64 = 512;
@@ -88,9 +88,6 @@ static NEXT_ADDRESS: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
 static CONTEXTS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 /// Live allocations of this process: address → (device, bytes).
 static ALLOCATIONS: Mutex<Option<HashMap<CUdeviceptr, (usize, u64)>>> = Mutex::new(None);
-/// Live physical allocations (VMM) of this process: handle → (device, bytes).
-static HANDLES: Mutex<Option<HashMap<u64, (usize, u64)>>> = Mutex::new(None);
-static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 /// Calls of `_ptsz` variants in this process (see `tesseraFakePerThreadCalls`).
 pub(crate) static PER_THREAD_CALLS: AtomicU64 = AtomicU64::new(0);
 static PHYSICAL: OnceLock<Result<Physical, String>> = OnceLock::new();
@@ -611,108 +608,6 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
-/// `CUmemAllocationProp`, as far as the fake reads it.
-#[repr(C)]
-pub struct AllocationProp {
-    type_: c_int,
-    requested_handle_types: c_int,
-    location_type: c_int,
-    location_id: c_int,
-    win32_handle_meta_data: *mut c_void,
-    alloc_flags: [u8; 8],
-}
-
-/// The device a VMM property names, if it is a valid pinned device allocation.
-///
-/// # Safety
-///
-/// `prop` is NULL or points to a `CUmemAllocationProp`.
-unsafe fn vmm_device(prop: *const AllocationProp) -> Result<usize, CUresult> {
-    // SAFETY: NULL or valid per the caller.
-    let prop = unsafe { prop.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if prop.type_ != CU_MEM_ALLOCATION_TYPE_PINNED
-        || prop.location_type != CU_MEM_LOCATION_TYPE_DEVICE
-    {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    device(prop.location_id)
-}
-
-/// `cuMemGetAllocationGranularity`: 2 MiB for device locations.
-///
-/// # Safety
-///
-/// `granularity` is NULL or valid for writes; `prop` is NULL or valid.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetAllocationGranularity(
-    granularity: *mut usize,
-    prop: *const AllocationProp,
-    _option: c_int,
-) -> CUresult {
-    guard(|| {
-        // SAFETY: the caller's pointers, as documented.
-        unsafe {
-            vmm_device(prop)?;
-            write(granularity, GRANULARITY as usize)
-        }
-    })
-}
-
-/// `cuMemCreate`: a physical allocation of a multiple of the granularity on
-/// the device named by `prop`; needs no current context.
-///
-/// # Safety
-///
-/// `handle` is NULL or valid for writes; `prop` is NULL or valid.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemCreate(
-    handle: *mut u64,
-    size: usize,
-    prop: *const AllocationProp,
-    flags: u64,
-) -> CUresult {
-    guard(|| {
-        // SAFETY: the caller's pointer, as documented.
-        let dev = unsafe { vmm_device(prop) }?;
-        let bytes = size as u64;
-        if handle.is_null() || flags != 0 || bytes == 0 || !bytes.is_multiple_of(GRANULARITY) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        if !physical()?.reserve(dev, bytes) {
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-        HANDLES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashMap::new)
-            .insert(id, (dev, bytes));
-        // SAFETY: checked non-NULL above.
-        unsafe { handle.write(id) };
-        Ok(())
-    })
-}
-
-/// `cuMemRelease`.
-///
-/// # Safety
-///
-/// Safe with any value: unknown handles are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
-    guard(|| {
-        initialized()?;
-        let (dev, bytes) = HANDLES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-            .and_then(|map| map.remove(&handle))
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        physical()?.release(dev, bytes);
-        Ok(())
-    })
-}
-
 /// Not a CUDA function: a device's physical usage and its high-water mark.
 ///
 /// # Safety
@@ -775,6 +670,11 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuMemGetAllocationGranularity" => vec![v!(10020, cuMemGetAllocationGranularity)],
         b"cuMemCreate" => vec![v!(10020, cuMemCreate)],
         b"cuMemRelease" => vec![v!(10020, cuMemRelease)],
+        b"cuMemRetainAllocationHandle" => vec![v!(11000, cuMemRetainAllocationHandle)],
+        b"cuMemAddressReserve" => vec![v!(10020, cuMemAddressReserve)],
+        b"cuMemAddressFree" => vec![v!(10020, cuMemAddressFree)],
+        b"cuMemMap" => vec![v!(10020, cuMemMap)],
+        b"cuMemUnmap" => vec![v!(10020, cuMemUnmap)],
         b"cuMemAllocAsync" => vec![v!(11020, cuMemAllocAsync)],
         b"cuMemFreeAsync" => vec![v!(11020, cuMemFreeAsync)],
         b"cuGetProcAddress" => vec![v!(11030, cuGetProcAddress), v!(12000, cuGetProcAddress_v2)],

@@ -20,6 +20,7 @@ pub enum Loader {
 impl Loader {
     pub const ALL: [Loader; 3] = [Loader::Linked, Loader::Dlsym, Loader::ProcAddr];
 
+    /// The preprocessor symbol that selects this loader in the C programs.
     fn define(self) -> &'static str {
         match self {
             Loader::Linked => "LOADER_LINKED",
@@ -35,8 +36,12 @@ pub struct Built {
     pub interposer: PathBuf,
     /// A directory holding `libcuda.so.1` and `libnvidia-ml.so.1` (the fakes).
     pub lib_dir: PathBuf,
-    probes: HashMap<&'static str, PathBuf>,
+    /// (program, loader define) → executable.
+    probes: HashMap<(&'static str, &'static str), PathBuf>,
 }
+
+/// The C test programs under `tests/c/`, each built with every loader.
+pub const PROGRAMS: [&str; 2] = ["probe", "charges"];
 
 /// Where cargo put this test's dependencies: `<target>/<profile>/deps`.
 fn deps_dir() -> PathBuf {
@@ -77,23 +82,25 @@ pub fn built() -> &'static Built {
         let nvml = lib_dir.join("libnvidia-ml.so.1");
         std::fs::copy(&fake_nvml, tmp(&nvml)).unwrap();
         std::fs::rename(tmp(&nvml), &nvml).unwrap();
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/probe.c");
         let mut probes = HashMap::new();
-        for loader in Loader::ALL {
-            let out = root.join(loader.define().to_lowercase());
-            let mut gcc = Command::new("gcc");
-            gcc.args(["-std=c11", "-O1", "-Wall", "-Werror", "-pthread", "-o"])
-                .arg(tmp(&out))
-                .arg(format!("-D{}", loader.define()))
-                .arg(&source);
-            if loader == Loader::Linked {
-                gcc.arg(&driver).arg(&nvml);
+        for program in PROGRAMS {
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{program}.c"));
+            for loader in Loader::ALL {
+                let out = root.join(format!("{program}-{}", loader.define().to_lowercase()));
+                let mut gcc = Command::new("gcc");
+                gcc.args(["-std=c11", "-O1", "-Wall", "-Werror", "-pthread", "-o"])
+                    .arg(tmp(&out))
+                    .arg(format!("-D{}", loader.define()))
+                    .arg(&source);
+                if loader == Loader::Linked {
+                    gcc.arg(&driver).arg(&nvml);
+                }
+                gcc.arg("-ldl");
+                let status = gcc.status().expect("gcc runs");
+                assert!(status.success(), "gcc failed for {program} {loader:?}");
+                std::fs::rename(tmp(&out), &out).unwrap();
+                probes.insert((program, loader.define()), out);
             }
-            gcc.arg("-ldl");
-            let status = gcc.status().expect("gcc runs");
-            assert!(status.success(), "gcc failed for {loader:?}");
-            std::fs::rename(tmp(&out), &out).unwrap();
-            probes.insert(loader.define(), out);
         }
         Built {
             interposer,
@@ -139,8 +146,19 @@ impl World {
 
     /// A probe command, preloaded or not.
     pub fn probe(&self, loader: Loader, preload: bool, args: &[&str]) -> Command {
+        self.program("probe", loader, preload, args)
+    }
+
+    /// A command running one of [`PROGRAMS`], preloaded or not.
+    pub fn program(&self, program: &str, loader: Loader, preload: bool, args: &[&str]) -> Command {
         let built = built();
-        let mut cmd = Command::new(&built.probes[loader.define()]);
+        let path = built
+            .probes
+            .iter()
+            .find(|((name, define), _)| *name == program && *define == loader.define())
+            .map(|(_, path)| path)
+            .unwrap_or_else(|| panic!("no program {program}"));
+        let mut cmd = Command::new(path);
         cmd.args(args);
         self.apply(&mut cmd, preload);
         cmd
@@ -172,12 +190,25 @@ impl World {
 
     /// Runs a probe to completion and parses its `key=value` output.
     pub fn run(&self, loader: Loader, preload: bool, args: &[&str]) -> Report {
+        self.run_program("probe", loader, preload, args)
+    }
+
+    /// Runs `tests/c/charges.c` to completion and parses its output.
+    #[allow(dead_code)] // tests/charges.rs only
+    pub fn charges(&self, loader: Loader, preload: bool, args: &[&str]) -> Report {
+        self.run_program("charges", loader, preload, args)
+    }
+
+    fn run_program(&self, program: &str, loader: Loader, preload: bool, args: &[&str]) -> Report {
         let output = self
-            .probe(loader, preload, args)
+            .program(program, loader, preload, args)
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        Report::new(output, format!("{loader:?} preload={preload} {args:?}"))
+        Report::new(
+            output,
+            format!("{program} {loader:?} preload={preload} {args:?}"),
+        )
     }
 }
 

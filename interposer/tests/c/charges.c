@@ -1,0 +1,185 @@
+/*
+ * A CUDA driver API client for the interposer's charging tests: each command
+ * makes the driver consume device memory one way (VMM mappings, pools,
+ * arrays, graphs, contexts) and prints what cuMemGetInfo_v2 and the fake
+ * GPU (tesseraFakeStats) say at each step.
+ *
+ * Built three ways, like probe.c, which differ only in how the driver's
+ * functions are found:
+ *   -DLOADER_LINKED    linked against libcuda.so.1 (symbol interposition);
+ *   -DLOADER_DLSYM     dlopen("libcuda.so.1") + dlsym of each versioned name;
+ *   -DLOADER_PROCADDR  dlopen + dlsym("cuGetProcAddress_v2") only, then every
+ *                      function by base name and CUDA version, as cudart does.
+ *
+ * Output is "key=value" lines: <step>_free and <step>_total from
+ * cuMemGetInfo_v2, <step>_phys the fake GPU's physical usage; exit 1 on an
+ * unexpected failure. Commands:
+ *   vmm <bytes> <probe_bytes>     cuMemCreate, map, release (the mapping keeps it), retain
+ *                                 the handle through the address, try cuMemCreate(probe_bytes),
+ *                                 release the retained handle, unmap
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+    int type; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int requestedHandleTypes;
+    struct {
+        int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+        int id;
+    } location;
+    void *win32HandleMetaData;
+    unsigned char allocFlags[8];
+} CUmemAllocationProp;
+
+#define MIB (1ull << 20)
+
+/*
+ * Every driver function used: X(name, parameters, base name for
+ * cuGetProcAddress, its flags). The name is the versioned symbol.
+ */
+#define DRIVER(X)                                                                                        \
+    X(cuInit, (unsigned), "cuInit", 0)                                                                   \
+    X(cuDeviceGet, (CUdevice *, int), "cuDeviceGet", 0)                                                  \
+    X(cuCtxCreate_v2, (CUcontext *, unsigned, CUdevice), "cuCtxCreate", 0)                               \
+    X(cuMemGetInfo_v2, (size_t *, size_t *), "cuMemGetInfo", 0)                                          \
+    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long), \
+      "cuMemCreate", 0)                                                                                  \
+    X(cuMemRelease, (CUmemGenericAllocationHandle), "cuMemRelease", 0)                                   \
+    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),            \
+      "cuMemAddressReserve", 0)                                                                          \
+    X(cuMemAddressFree, (CUdeviceptr, size_t), "cuMemAddressFree", 0)                                    \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), "cuMemMap", 0) \
+    X(cuMemUnmap, (CUdeviceptr, size_t), "cuMemUnmap", 0)                                                \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *), "cuMemRetainAllocationHandle", 0)
+
+static struct {
+#define FIELD(name, params, base, flags) CUresult(*name) params;
+    DRIVER(FIELD)
+#undef FIELD
+    CUresult (*stats)(CUdevice, unsigned long long *, unsigned long long *);
+} cu;
+
+static void die(const char *what, CUresult rc) {
+    printf("FAIL %s rc=%d\n", what, rc);
+    exit(1);
+}
+
+static __attribute__((unused)) void *need(void *p, const char *name) {
+    if (!p) {
+        printf("FAIL resolve %s\n", name);
+        exit(1);
+    }
+    return p;
+}
+
+#if defined(LOADER_LINKED)
+#define DECLARE(name, params, base, flags) CUresult name params;
+DRIVER(DECLARE)
+#undef DECLARE
+CUresult tesseraFakeStats(CUdevice, unsigned long long *, unsigned long long *);
+
+static void load(void) {
+#define ASSIGN(name, params, base, flags) cu.name = name;
+    DRIVER(ASSIGN)
+#undef ASSIGN
+    cu.stats = tesseraFakeStats;
+}
+#elif defined(LOADER_DLSYM)
+static void load(void) {
+    void *driver = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
+#define ASSIGN(name, params, base, flags) cu.name = need(dlsym(driver, #name), #name);
+    DRIVER(ASSIGN)
+#undef ASSIGN
+    cu.stats = need(dlsym(driver, "tesseraFakeStats"), "tesseraFakeStats");
+}
+#elif defined(LOADER_PROCADDR)
+static CUresult (*get_proc_address)(const char *, void **, int, uint64_t, int *);
+
+static void *lookup(const char *base, uint64_t flags) {
+    void *p = NULL;
+    int status = -1;
+    CUresult rc = get_proc_address(base, &p, 12090, flags, &status);
+    if (rc != 0 || status != 0) die(base, rc);
+    return need(p, base);
+}
+
+static void load(void) {
+    void *driver = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
+    get_proc_address = need(dlsym(driver, "cuGetProcAddress_v2"), "cuGetProcAddress_v2");
+    /* The runtime re-resolves the lookup function itself through it. */
+    get_proc_address = lookup("cuGetProcAddress", 0);
+#define ASSIGN(name, params, base, flags) cu.name = lookup(base, flags);
+    DRIVER(ASSIGN)
+#undef ASSIGN
+    cu.stats = need(dlsym(driver, "tesseraFakeStats"), "tesseraFakeStats");
+}
+#else
+#error "define LOADER_LINKED, LOADER_DLSYM or LOADER_PROCADDR"
+#endif
+
+#define CHECK(call)                      \
+    do {                                 \
+        CUresult rc_ = cu.call;          \
+        if (rc_) die(#call, rc_);        \
+    } while (0)
+
+static CUcontext context(int dev) {
+    CHECK(cuInit(0));
+    CUdevice d;
+    CHECK(cuDeviceGet(&d, dev));
+    CUcontext ctx;
+    CHECK(cuCtxCreate_v2(&ctx, 0, d));
+    return ctx;
+}
+
+/* What the current context's device looks like after <step>. */
+static void info(const char *step) {
+    size_t free_b = 0, total = 0;
+    CHECK(cuMemGetInfo_v2(&free_b, &total));
+    unsigned long long used = 0, peak = 0;
+    CHECK(stats(0, &used, &peak));
+    printf("%s_free=%zu\n%s_total=%zu\n%s_phys=%llu\n", step, free_b, step, total, step, used);
+}
+
+static int cmd_vmm(size_t bytes, size_t probe) {
+    context(0);
+    CUmemAllocationProp prop = {.type = 1, .location = {.type = 1, .id = 0}};
+    CUmemGenericAllocationHandle handle, retained, other;
+    CHECK(cuMemCreate(&handle, bytes, &prop, 0));
+    CUdeviceptr va;
+    CHECK(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+    CHECK(cuMemMap(va, bytes, 0, handle, 0));
+    /* The usual idiom: the mapping keeps the memory, the handle can go. */
+    CHECK(cuMemRelease(handle));
+    info("mapped");
+    CHECK(cuMemRetainAllocationHandle(&retained, (void *)(uintptr_t)(va + 4096)));
+    printf("same_handle=%d\n", retained == handle);
+    CUresult rc = cu.cuMemCreate(&other, probe, &prop, 0);
+    printf("probe_rc=%d\n", rc);
+    if (rc == 0) CHECK(cuMemRelease(other));
+    CHECK(cuMemRelease(retained));
+    info("retained_released");
+    CHECK(cuMemUnmap(va, bytes));
+    info("unmapped");
+    CHECK(cuMemAddressFree(va, bytes));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) die("usage", -1);
+    load();
+    const char *c = argv[1];
+    if (!strcmp(c, "vmm") && argc == 4) return cmd_vmm(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+    die("usage", -1);
+    return 1;
+}
