@@ -13,12 +13,10 @@ use crate::config::{Config, Error};
 use crate::log::{DEBUG, ERROR, INFO, WARN};
 use crate::sys::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
 
-#[allow(dead_code)] // TEMP: the pool and graph hooks use stores (next commits)
 mod stores;
 
+pub(crate) use stores::StoreId;
 use stores::Stores;
-#[allow(unused_imports)] // TEMP: see above
-pub(crate) use stores::{StoreId, Taken};
 
 /// What the hooks do in this process.
 pub enum State {
@@ -217,7 +215,6 @@ struct Allocation {
 
 /// Where an allocation's bytes are charged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(dead_code)] // TEMP: stores come with the pool hooks
 enum Owner {
     /// In the region, on its own: returned when it is freed.
     Region,

@@ -8,8 +8,8 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::sys::{
     CUcontext, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUfunction,
-    CUgraphExec, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult,
-    CUstream, cuuint64_t,
+    CUgraphExec, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
+    CUmemoryPool, CUresult, CUstream, cuuint64_t,
 };
 use crate::{compute, memory, proc_address};
 
@@ -40,10 +40,30 @@ driver_api! {
             element_size: c_uint,
         ) => memory::mem_alloc_pitch;
         fn cuMemFree_v2(dptr: CUdeviceptr) => memory::mem_free;
-        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::mem_alloc_async;
-        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::mem_alloc_async_ptsz;
-        fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
-        fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async_ptsz;
+        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::pool::mem_alloc_async;
+        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::pool::mem_alloc_async_ptsz;
+        fn cuMemAllocFromPoolAsync(
+            dptr: *mut CUdeviceptr,
+            bytesize: usize,
+            pool: CUmemoryPool,
+            stream: CUstream,
+        ) => memory::pool::mem_alloc_from_pool_async;
+        fn cuMemAllocFromPoolAsync_ptsz(
+            dptr: *mut CUdeviceptr,
+            bytesize: usize,
+            pool: CUmemoryPool,
+            stream: CUstream,
+        ) => memory::pool::mem_alloc_from_pool_async_ptsz;
+        fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => memory::pool::mem_free_async;
+        fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => memory::pool::mem_free_async_ptsz;
+        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => memory::pool::pool_create;
+        fn cuMemPoolDestroy(pool: CUmemoryPool) => memory::pool::pool_destroy;
+        fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) => memory::pool::pool_trim_to;
+        fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory::pool::pool_set_attribute;
+        fn cuStreamSynchronize(stream: CUstream) => memory::pool::stream_synchronize;
+        fn cuStreamSynchronize_ptsz(stream: CUstream) => memory::pool::stream_synchronize_ptsz;
+        fn cuCtxSynchronize() => memory::pool::ctx_synchronize;
+        fn cuEventSynchronize(event: CUevent) => memory::pool::event_synchronize;
         fn cuMemCreate(
             handle: *mut CUmemGenericAllocationHandle,
             size: usize,
@@ -141,6 +161,8 @@ driver_api! {
         fn cuEventElapsedTime(*mut f32, CUevent, CUevent);
         fn cuStreamIsCapturing(CUstream, *mut c_int);
         fn cuStreamIsCapturing_ptsz(CUstream, *mut c_int);
+        fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void);
+        fn cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice);
     }
 }
 

@@ -5,10 +5,11 @@ use std::ffi::c_uint;
 
 use crate::enforce::{Key, State, state};
 use crate::sys::{
-    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult, CUstream,
-    PITCH_ALIGNMENT, granular,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult, PITCH_ALIGNMENT,
+    granular,
 };
 
+pub(crate) mod pool;
 pub(crate) mod vmm;
 
 /// `cuInit`: sets the process up (so a bad configuration fails here, loudly)
@@ -66,8 +67,9 @@ unsafe fn charge_pointer(
     )
 }
 
-/// Frees a pointer with `call` and returns its charge.
-fn release_pointer(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
+/// Frees a pointer with `call` and returns its charge (to its pool, for a
+/// stream-ordered allocation).
+pub(crate) fn release_pointer(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
     match state() {
         State::Disabled => call(),
         State::Refused => CUDA_ERROR_NOT_INITIALIZED,
@@ -100,58 +102,6 @@ pub(crate) unsafe fn mem_alloc_managed(
     let call = || real!(cuMemAllocManaged(dptr, bytesize, flags));
     // SAFETY: `dptr` is the caller's, which `call` writes.
     unsafe { charge_pointer(dptr, granular(bytesize as u64), call) }
-}
-
-/// `cuMemAllocAsync`, charged `bytesize` when it is enqueued.
-///
-/// The charge is released when `cuMemFreeAsync` is enqueued; memory a pool
-/// keeps after that (its release threshold) is not charged yet.
-///
-/// # Safety
-///
-/// `dptr` as for `cuMemAllocAsync`.
-pub(crate) unsafe fn mem_alloc_async(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    stream: CUstream,
-) -> CUresult {
-    let call = || real!(cuMemAllocAsync(dptr, bytesize, stream));
-    // SAFETY: `dptr` is the caller's, which `call` writes.
-    unsafe { charge_pointer(dptr, granular(bytesize as u64), call) }
-}
-
-/// `cuMemAllocAsync_ptsz` (per-thread default stream): as `cuMemAllocAsync`,
-/// calling the driver's own `_ptsz` function.
-///
-/// # Safety
-///
-/// `dptr` as for `cuMemAllocAsync`.
-pub(crate) unsafe fn mem_alloc_async_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    stream: CUstream,
-) -> CUresult {
-    let call = || real!(cuMemAllocAsync_ptsz(dptr, bytesize, stream));
-    // SAFETY: `dptr` is the caller's, which `call` writes.
-    unsafe { charge_pointer(dptr, granular(bytesize as u64), call) }
-}
-
-/// `cuMemFreeAsync`: enqueues the free, then returns the charge.
-///
-/// # Safety
-///
-/// None beyond `cuMemFreeAsync`'s.
-pub(crate) unsafe fn mem_free_async(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    release_pointer(dptr, || real!(cuMemFreeAsync(dptr, stream)))
-}
-
-/// `cuMemFreeAsync_ptsz`.
-///
-/// # Safety
-///
-/// None beyond `cuMemFreeAsync`'s.
-pub(crate) unsafe fn mem_free_async_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    release_pointer(dptr, || real!(cuMemFreeAsync_ptsz(dptr, stream)))
 }
 
 /// `cuMemAllocPitch_v2`, charged `pitch × height` as the driver chose the
@@ -281,6 +231,8 @@ pub(crate) unsafe fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUres
 /// What the driver holds for store `id` (see `enforce/stores.rs`), `None`
 /// when it cannot say.
 pub(crate) fn store_held(id: crate::enforce::StoreId) -> Option<u64> {
-    let _ = id;
-    None
+    match id {
+        crate::enforce::StoreId::Pool(pool) => pool::held(pool),
+        crate::enforce::StoreId::Graph(_) => None,
+    }
 }

@@ -86,6 +86,35 @@ pub fn granular(bytes: u64) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// `CUmemoryPool`: an opaque memory pool handle.
+pub type CUmemoryPool = *mut c_void;
+/// `CU_STREAM_PER_THREAD`: the per-thread default stream, as a handle.
+pub const CU_STREAM_PER_THREAD: CUstream = 2 as CUstream;
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (`cuuint64_t`): bytes a pool keeps
+/// after frees.
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (`cuuint64_t`): device memory a
+/// pool holds.
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+
+/// `CUmemPoolProps` (88 bytes), as far as the interposer reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemPoolProps {
+    /// `CUmemAllocationType`.
+    pub alloc_type: c_int,
+    /// `CUmemAllocationHandleType`.
+    pub handle_types: c_int,
+    /// Where the pool's memory lives.
+    pub location: CUmemLocation,
+    /// Windows only.
+    pub win32_security_attributes: *mut c_void,
+    /// `maxSize` (CUDA 12.2+), `usage` and reserved bytes.
+    pub rest: [u8; 64],
+}
+
+const _: () = assert!(size_of::<CUmemPoolProps>() == 88);
+
 /// `CUmemGenericAllocationHandle`: a physical allocation (VMM).
 pub type CUmemGenericAllocationHandle = u64;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`: the location is a device ordinal.

@@ -59,3 +59,106 @@ fn vmm_memory_is_charged_while_the_driver_keeps_it() {
         }
     }
 }
+
+#[test]
+fn pools_are_charged_what_they_hold() {
+    // 3 MiB allocations take 4 MiB granules: 16 fill 64 MiB.
+    let keep_all = u64::MAX.to_string();
+    let keep_8m = (8 * MIB).to_string();
+    for loader in Loader::ALL {
+        for which in ["default", "default_ptsz", "created", "created_ptsz"] {
+            for threshold in ["0", &keep_8m, &keep_all] {
+                let world = limited();
+                let args = ["pool", which, &(3 * MIB).to_string(), "100", threshold];
+                let r = world.charges(loader, true, &args).ok();
+                let what = format!("{loader:?} {which} threshold={threshold}");
+                // What the pool keeps after a synchronisation.
+                let kept = match threshold {
+                    "0" => 0,
+                    t if t == keep_8m => 8 * MIB,
+                    _ => 64 * MIB,
+                };
+                assert_eq!((r.get("allocated"), r.get("last_rc")), (16, OOM), "{what}");
+                assert_eq!(r.get("full_reserved"), 64 * MIB, "{what}");
+                assert_eq!(
+                    (r.get("full_free"), r.get("full_total"), r.get("full_phys")),
+                    (0, 64 * MIB, 64 * MIB),
+                    "{what}"
+                );
+                // Freed: the pool still holds everything, and is charged it.
+                assert_eq!(
+                    (r.get("freed_free"), r.get("freed_phys")),
+                    (0, 64 * MIB),
+                    "{what}"
+                );
+                // Synchronised: it gave back all beyond its threshold, and the
+                // charge followed.
+                assert_eq!(
+                    (r.get("synced_free"), r.get("synced_phys")),
+                    (64 * MIB - kept, kept),
+                    "{what}"
+                );
+                // Plain allocations get exactly what the pool does not hold.
+                assert_eq!(
+                    r.get("plain_allocated"),
+                    (64 * MIB - kept) / (4 * MIB),
+                    "{what}"
+                );
+                // The pool reuses what it kept: the whole limit again.
+                assert_eq!((r.get("again"), r.get("again_rc")), (16, OOM), "{what}");
+                assert_eq!(
+                    (r.get("trimmed_free"), r.get("trimmed_phys")),
+                    (64 * MIB, 0),
+                    "{what}"
+                );
+                if which.starts_with("created") {
+                    // Destroyed with one live allocation and one freed: the
+                    // pool holds both until the live one is freed.
+                    assert_eq!(
+                        (r.get("destroyed_live_free"), r.get("destroyed_live_phys")),
+                        (56 * MIB, 8 * MIB),
+                        "{what}"
+                    );
+                    assert_eq!(
+                        (r.get("destroyed_free"), r.get("destroyed_phys")),
+                        (64 * MIB, 0),
+                        "{what}"
+                    );
+                }
+                let region = Region::open(&world.region_path()).unwrap();
+                assert_eq!(region.used(0), 0, "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_pool_that_grows_by_more_than_asked_is_charged_it_or_refused() {
+    // The driver grows this pool in 32 MiB chunks: the first 4 MiB allocation
+    // takes 32 MiB, which is charged; eight fit in it. The ninth grows the
+    // pool past the 48 MiB limit: it is undone (freed, synchronised, the
+    // pool trimmed) and refused, and the charge is what the pool holds.
+    for loader in Loader::ALL {
+        let world = World::new("8g")
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "48m")
+            .env("FAKE_CUDA_POOL_CHUNK", &(32 * MIB).to_string());
+        let args = ["pool", "created", &(3 * MIB).to_string(), "100", "0"];
+        let r = world.charges(loader, true, &args).ok();
+        assert_eq!(
+            (r.get("allocated"), r.get("last_rc")),
+            (8, OOM),
+            "{loader:?}"
+        );
+        assert_eq!(r.get("full_reserved"), 32 * MIB, "{loader:?}");
+        assert_eq!(
+            (r.get("full_free"), r.get("full_phys")),
+            (16 * MIB, 32 * MIB),
+            "{loader:?}"
+        );
+        assert_eq!(r.get("synced_free"), 48 * MIB, "{loader:?}");
+        assert_eq!(r.get("plain_allocated"), 12, "{loader:?}");
+        assert_eq!(r.get("again"), 8, "{loader:?}");
+        let region = Region::open(&world.region_path()).unwrap();
+        assert_eq!(region.used(0), 0, "{loader:?}");
+    }
+}

@@ -9,6 +9,7 @@
 //! context synchronisation sleep until then and events complete then. A
 //! captured stream records launches into a graph instead of running them; a
 //! graph launch occupies the device for the sum of its launches.
+//! Synchronisation is also when memory pools give back memory (`pool.rs`).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
@@ -345,7 +346,7 @@ fn stream_synchronize(stream: CUstream, per_thread: bool) -> CUresult {
             Ok(exec.streams.get(&key).map_or(0, |s| s.last_end))
         })?;
         sleep_until(end);
-        Ok(())
+        crate::pool::synchronized()
     })
 }
 
@@ -379,7 +380,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     guard(|| {
         current_device()?;
         sleep_until(LAST_END.load(Ordering::Relaxed));
-        Ok(())
+        crate::pool::synchronized()
     })
 }
 
@@ -645,7 +646,7 @@ pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
         if let Some(time) = event_time(event)? {
             sleep_until(time);
         }
-        Ok(())
+        crate::pool::synchronized()
     })
 }
 

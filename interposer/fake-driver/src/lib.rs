@@ -3,9 +3,9 @@
 //!
 //! It implements the driver API the interposer and its tests call (devices,
 //! contexts, device memory, VMM physical allocations, address ranges and
-//! mappings (`vmm.rs`), stream-ordered
-//! allocation (`cuMemAllocAsync`, `cuMemFreeAsync` and their `_ptsz`
-//! variants, immediate), `cuGetProcAddress(_v2)` with versioned names and
+//! mappings (`vmm.rs`), memory pools and stream-ordered allocation
+//! (`pool.rs`: immediate, a pool keeps freed memory up to its release
+//! threshold), `cuGetProcAddress(_v2)` with versioned names and
 //! per-thread-stream flags, and execution on a simulated GPU timeline
 //! (`exec.rs`: streams, events, kernel and graph launches, stream capture))
 //! with the real driver's argument checks and error codes. Device memory is
@@ -21,6 +21,7 @@
 //! | `FAKE_CUDA_DEVICE_MEMORY` | bytes per device (`k`, `m`, `g` suffixes) | `80g` |
 //! | `FAKE_CUDA_DRIVER_VERSION` | what `cuDriverGetVersion` reports | 12090 |
 //! | `FAKE_CUDA_NS_PER_BLOCK` | how long each block of a launched grid occupies the device, ns | 1000 |
+//! | `FAKE_CUDA_POOL_CHUNK` | memory pools grow in multiples of this many bytes | 2 MiB (the granularity) |
 //!
 //! The device count and memory are fixed by the first process that creates
 //! the state file. Memory of a process that dies without freeing stays used
@@ -39,6 +40,7 @@
 )]
 
 mod exec;
+mod pool;
 mod state;
 mod vmm;
 
@@ -50,6 +52,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use exec::*;
+use pool::*;
 use state::Physical;
 use vmm::*;
 
@@ -500,8 +503,12 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     })
 }
 
-fn free(dptr: CUdeviceptr) -> Result<(), CUresult> {
+/// Frees a device pointer: a pool's (stream-ordered) or a plain allocation.
+pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), CUresult> {
     initialized()?;
+    if pool::free_pointer(dptr)? {
+        return Ok(());
+    }
     let (dev, bytes) = ALLOCATIONS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -519,57 +526,6 @@ fn free(dptr: CUdeviceptr) -> Result<(), CUresult> {
 /// Safe with any value: unknown addresses are refused.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    guard(|| free(dptr))
-}
-
-/// `cuMemAllocAsync` on the legacy default stream or `stream`. The fake has
-/// no streams: the allocation is immediate, from the current context's device.
-///
-/// # Safety
-///
-/// `dptr` is NULL or valid for writes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    _stream: *mut c_void,
-) -> CUresult {
-    guard(|| allocate(dptr, bytesize as u64))
-}
-
-/// `cuMemAllocAsync_ptsz`: the per-thread-default-stream variant; counted.
-///
-/// # Safety
-///
-/// `dptr` is NULL or valid for writes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    _stream: *mut c_void,
-) -> CUresult {
-    PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
-    guard(|| allocate(dptr, bytesize as u64))
-}
-
-/// `cuMemFreeAsync`.
-///
-/// # Safety
-///
-/// Safe with any value: unknown addresses are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
-    guard(|| free(dptr))
-}
-
-/// `cuMemFreeAsync_ptsz`; counted.
-///
-/// # Safety
-///
-/// Safe with any value: unknown addresses are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
-    PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
     guard(|| free(dptr))
 }
 
@@ -677,6 +633,15 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuMemUnmap" => vec![v!(10020, cuMemUnmap)],
         b"cuMemAllocAsync" => vec![v!(11020, cuMemAllocAsync)],
         b"cuMemFreeAsync" => vec![v!(11020, cuMemFreeAsync)],
+        b"cuMemAllocFromPoolAsync" => vec![v!(11020, cuMemAllocFromPoolAsync)],
+        b"cuMemPoolCreate" => vec![v!(11020, cuMemPoolCreate)],
+        b"cuMemPoolDestroy" => vec![v!(11020, cuMemPoolDestroy)],
+        b"cuMemPoolTrimTo" => vec![v!(11020, cuMemPoolTrimTo)],
+        b"cuMemPoolSetAttribute" => vec![v!(11020, cuMemPoolSetAttribute)],
+        b"cuMemPoolGetAttribute" => vec![v!(11020, cuMemPoolGetAttribute)],
+        b"cuDeviceGetDefaultMemPool" => vec![v!(11020, cuDeviceGetDefaultMemPool)],
+        b"cuDeviceGetMemPool" => vec![v!(11020, cuDeviceGetMemPool)],
+        b"cuDeviceSetMemPool" => vec![v!(11020, cuDeviceSetMemPool)],
         b"cuGetProcAddress" => vec![v!(11030, cuGetProcAddress), v!(12000, cuGetProcAddress_v2)],
         b"cuLaunchKernel" => vec![v!(4000, cuLaunchKernel)],
         b"cuLaunchKernelEx" => vec![v!(11080, cuLaunchKernelEx)],
@@ -707,6 +672,7 @@ fn per_thread(name: &[u8]) -> Option<*mut c_void> {
     match name {
         b"cuMemAllocAsync" => Some(cuMemAllocAsync_ptsz as *mut c_void),
         b"cuMemFreeAsync" => Some(cuMemFreeAsync_ptsz as *mut c_void),
+        b"cuMemAllocFromPoolAsync" => Some(cuMemAllocFromPoolAsync_ptsz as *mut c_void),
         b"cuLaunchKernel" => Some(cuLaunchKernel_ptsz as *mut c_void),
         b"cuLaunchKernelEx" => Some(cuLaunchKernelEx_ptsz as *mut c_void),
         b"cuLaunchCooperativeKernel" => Some(cuLaunchCooperativeKernel_ptsz as *mut c_void),

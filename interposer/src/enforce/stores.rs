@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tessera_vgpu_region::SlotId;
 
@@ -34,6 +35,7 @@ pub(crate) enum StoreId {
     /// A memory pool (`CUmemoryPool`).
     Pool(u64),
     /// The graph memory of a device (CUDA ordinal).
+    #[allow(dead_code)] // TEMP: graph memory comes in the next commit
     Graph(usize),
 }
 
@@ -51,11 +53,16 @@ struct Store {
 
 /// The stores of this process.
 #[derive(Default)]
-pub(crate) struct Stores(Mutex<HashMap<StoreId, Store>>);
+pub(crate) struct Stores {
+    map: Mutex<HashMap<StoreId, Store>>,
+    /// Set when a store may be charged more than its live bytes (after a
+    /// free), so that a synchronisation resyncs; one load when none is.
+    retaining: AtomicBool,
+}
 
 impl Stores {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StoreId, Store>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Forgets every store (a fork child: the parent's are the parent's).
@@ -183,6 +190,7 @@ impl Enforcer {
             store.live = store.live.saturating_sub(bytes);
             store.closed && store.live == 0
         };
+        self.stores.retaining.store(true, Ordering::Relaxed);
         if closed {
             self.store_drop(id);
         } else {
@@ -263,6 +271,29 @@ impl Enforcer {
             log!(DEBUG, "device {dev}: stores gave back {back} bytes");
         }
         back
+    }
+
+    /// After a synchronisation, when the driver gives back what pools hold
+    /// beyond their release threshold: resyncs every store charged more
+    /// than its live bytes. One relaxed load when there is none.
+    pub(crate) fn stores_synchronized(&self) {
+        if !self.stores.retaining.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let ids: Vec<StoreId> = self
+            .stores
+            .lock()
+            .iter()
+            .filter(|(_, s)| s.charged > s.live)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let _ = self.store_resync(id);
+        }
+        if self.stores.lock().values().any(|s| s.charged > s.live) {
+            // Some keep memory (their release threshold): look again next time.
+            self.stores.retaining.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The pool behind store `id` was destroyed: its charge goes now if it

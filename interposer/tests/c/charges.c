@@ -17,6 +17,15 @@
  *   vmm <bytes> <probe_bytes>     cuMemCreate, map, release (the mapping keeps it), retain
  *                                 the handle through the address, try cuMemCreate(probe_bytes),
  *                                 release the retained handle, unmap
+ *   pool <which> <bytes> <max> <threshold>
+ *                                 a pool (which: default, default_ptsz: the device's default pool
+ *                                 through cuMemAllocAsync; created, created_ptsz: cuMemPoolCreate and
+ *                                 cuMemAllocFromPoolAsync) with a release threshold: allocate until
+ *                                 failure (full), free everything (freed), synchronise (synced),
+ *                                 count plain cuMemAlloc_v2s that fit (plain_allocated), allocate from
+ *                                 the pool again (again), free, synchronise and trim (trimmed); a
+ *                                 created pool is then destroyed with a live allocation
+ *                                 (destroyed_live) which is freed last (destroyed)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -41,7 +50,25 @@ typedef struct {
     unsigned char allocFlags[8];
 } CUmemAllocationProp;
 
+typedef void *CUmemoryPool;
+typedef struct {
+    int allocType; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int handleTypes;
+    struct {
+        int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+        int id;
+    } location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
 #define MIB (1ull << 20)
+/* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variant. */
+#define PER_THREAD 2
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
 
 /*
  * Every driver function used: X(name, parameters, base name for
@@ -60,7 +87,23 @@ typedef struct {
     X(cuMemAddressFree, (CUdeviceptr, size_t), "cuMemAddressFree", 0)                                    \
     X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), "cuMemMap", 0) \
     X(cuMemUnmap, (CUdeviceptr, size_t), "cuMemUnmap", 0)                                                \
-    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *), "cuMemRetainAllocationHandle", 0)
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *), "cuMemRetainAllocationHandle", 0) \
+    X(cuCtxSynchronize, (void), "cuCtxSynchronize", 0)                                                   \
+    X(cuMemAlloc_v2, (CUdeviceptr *, size_t), "cuMemAlloc", 0)                                           \
+    X(cuMemFree_v2, (CUdeviceptr), "cuMemFree", 0)                                                       \
+    X(cuMemAllocAsync, (CUdeviceptr *, size_t, void *), "cuMemAllocAsync", 0)                            \
+    X(cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, void *), "cuMemAllocAsync", PER_THREAD)              \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, void *), "cuMemAllocFromPoolAsync", 0) \
+    X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *, size_t, CUmemoryPool, void *), "cuMemAllocFromPoolAsync", \
+      PER_THREAD)                                                                                        \
+    X(cuMemFreeAsync, (CUdeviceptr, void *), "cuMemFreeAsync", 0)                                        \
+    X(cuMemFreeAsync_ptsz, (CUdeviceptr, void *), "cuMemFreeAsync", PER_THREAD)                          \
+    X(cuMemPoolCreate, (CUmemoryPool *, const CUmemPoolProps *), "cuMemPoolCreate", 0)                   \
+    X(cuMemPoolDestroy, (CUmemoryPool), "cuMemPoolDestroy", 0)                                           \
+    X(cuMemPoolTrimTo, (CUmemoryPool, size_t), "cuMemPoolTrimTo", 0)                                     \
+    X(cuMemPoolSetAttribute, (CUmemoryPool, int, void *), "cuMemPoolSetAttribute", 0)                    \
+    X(cuMemPoolGetAttribute, (CUmemoryPool, int, void *), "cuMemPoolGetAttribute", 0)                    \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice), "cuDeviceGetDefaultMemPool", 0)
 
 static struct {
 #define FIELD(name, params, base, flags) CUresult(*name) params;
@@ -175,11 +218,88 @@ static int cmd_vmm(size_t bytes, size_t probe) {
     return 0;
 }
 
+/* The pool under test and how to allocate from it and free to it. */
+static struct {
+    CUmemoryPool pool;
+    int created, per_thread;
+} pool;
+
+static CUresult pool_alloc(CUdeviceptr *p, size_t bytes) {
+    if (pool.created)
+        return pool.per_thread ? cu.cuMemAllocFromPoolAsync_ptsz(p, bytes, pool.pool, NULL)
+                               : cu.cuMemAllocFromPoolAsync(p, bytes, pool.pool, NULL);
+    return pool.per_thread ? cu.cuMemAllocAsync_ptsz(p, bytes, NULL) : cu.cuMemAllocAsync(p, bytes, NULL);
+}
+
+static void pool_free(CUdeviceptr p) {
+    CUresult rc = pool.per_thread ? cu.cuMemFreeAsync_ptsz(p, NULL) : cu.cuMemFreeAsync(p, NULL);
+    if (rc) die("cuMemFreeAsync", rc);
+}
+
+/* Allocates <bytes> until failure or <max>; returns the count, sets *last. */
+static long fill(CUdeviceptr *ptrs, long max, size_t bytes, int plain, CUresult *last) {
+    long n = 0;
+    for (; n < max; n++) {
+        *last = plain ? cu.cuMemAlloc_v2(&ptrs[n], bytes) : pool_alloc(&ptrs[n], bytes);
+        if (*last) break;
+    }
+    return n;
+}
+
+static int cmd_pool(const char *which, size_t bytes, long max, unsigned long long threshold) {
+    context(0);
+    pool.created = !strncmp(which, "created", 7);
+    pool.per_thread = strstr(which, "_ptsz") != NULL;
+    if (pool.created) {
+        CUmemPoolProps props = {.allocType = 1, .location = {.type = 1, .id = 0}};
+        CHECK(cuMemPoolCreate(&pool.pool, &props));
+    } else {
+        CHECK(cuDeviceGetDefaultMemPool(&pool.pool, 0));
+    }
+    CHECK(cuMemPoolSetAttribute(pool.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+    CUdeviceptr *ptrs = calloc((size_t)max, sizeof *ptrs);
+    CUresult last = 0;
+    long n = fill(ptrs, max, bytes, 0, &last);
+    unsigned long long reserved = 0;
+    CHECK(cuMemPoolGetAttribute(pool.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+    printf("allocated=%ld\nlast_rc=%d\nfull_reserved=%llu\n", n, last, reserved);
+    info("full");
+    for (long i = 0; i < n; i++) pool_free(ptrs[i]);
+    /* Freed, but the pool gives memory back only when synchronised. */
+    info("freed");
+    CHECK(cuCtxSynchronize());
+    info("synced");
+    /* What plain allocations get now. */
+    n = fill(ptrs, max, bytes, 1, &last);
+    printf("plain_allocated=%ld\n", n);
+    for (long i = 0; i < n; i++) CHECK(cuMemFree_v2(ptrs[i]));
+    n = fill(ptrs, max, bytes, 0, &last);
+    printf("again=%ld\nagain_rc=%d\n", n, last);
+    for (long i = 0; i < n; i++) pool_free(ptrs[i]);
+    CHECK(cuCtxSynchronize());
+    CHECK(cuMemPoolTrimTo(pool.pool, 0));
+    info("trimmed");
+    if (pool.created) {
+        /* Destroyed with a live allocation: the pool goes with it. */
+        CHECK(cuMemPoolSetAttribute(pool.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+        n = fill(ptrs, 2, bytes, 0, &last);
+        if (n != 2) die("pool_alloc", last);
+        pool_free(ptrs[1]);
+        CHECK(cuMemPoolDestroy(pool.pool));
+        info("destroyed_live");
+        pool_free(ptrs[0]);
+        info("destroyed");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) die("usage", -1);
     load();
     const char *c = argv[1];
     if (!strcmp(c, "vmm") && argc == 4) return cmd_vmm(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+    if (!strcmp(c, "pool") && argc == 6)
+        return cmd_pool(argv[2], strtoull(argv[3], NULL, 0), atol(argv[4]), strtoull(argv[5], NULL, 0));
     die("usage", -1);
     return 1;
 }

@@ -27,7 +27,8 @@
  *   async <bytes> <max> <per_thread>
  *                                   the same with cuMemAllocAsync/cuMemFreeAsync, or their
  *                                   _ptsz variants when per_thread is 1 (cuGetProcAddress
- *                                   loaders ask with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+ *                                   loaders ask with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM),
+ *                                   then synchronise the (per-thread) default stream
  *   bench <threads> <rounds> <bytes>
  *                                   time cuMemAlloc_v2 + cuMemFree_v2 pairs: p50/p99/mean ns
  *   stats <dev>                     the fake driver's physical usage and peak
@@ -425,6 +426,10 @@ static int cmd_async(size_t bytes, long max, int per_thread) {
         CUresult rc = cu.cuMemFreeAsync(ptrs[i], NULL);
         if (rc) die("cuMemFreeAsync", rc);
     }
+    /* The pool gives the freed memory back to the device here. */
+    load_exec();
+    CUresult rc = cu.stream_sync[per_thread](NULL);
+    if (rc) die("cuStreamSynchronize", rc);
     if (cu.per_thread_calls) printf("per_thread_calls=%llu\n", cu.per_thread_calls());
     return 0;
 }
