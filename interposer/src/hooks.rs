@@ -7,9 +7,10 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUfunction,
-    CUgraphExec, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
-    CUmemoryPool, CUresult, CUstream, cuuint64_t,
+    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
+    CUdriverProcAddressQueryResult, CUevent, CUfunction, CUgraphExec, CUlaunchConfig,
+    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
+    CUmipmappedArray, CUresult, CUstream, cuuint64_t,
 };
 use crate::{compute, memory, proc_address};
 
@@ -83,6 +84,15 @@ driver_api! {
             flags: u64,
         ) => memory::vmm::mem_map;
         fn cuMemUnmap(ptr: CUdeviceptr, size: usize) => memory::vmm::mem_unmap;
+        fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) => memory::array::array_create;
+        fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) => memory::array::array_3d_create;
+        fn cuMipmappedArrayCreate(
+            array: *mut CUmipmappedArray,
+            desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+            levels: c_uint,
+        ) => memory::array::mipmapped_array_create;
+        fn cuArrayDestroy(array: CUarray) => memory::array::array_destroy;
+        fn cuMipmappedArrayDestroy(array: CUmipmappedArray) => memory::array::mipmapped_array_destroy;
         fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::mem_get_info;
         fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::device_total_mem;
         fn cuLaunchKernel(

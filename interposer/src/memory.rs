@@ -9,6 +9,7 @@ use crate::sys::{
     granular,
 };
 
+pub(crate) mod array;
 pub(crate) mod pool;
 pub(crate) mod vmm;
 
@@ -70,10 +71,16 @@ unsafe fn charge_pointer(
 /// Frees a pointer with `call` and returns its charge (to its pool, for a
 /// stream-ordered allocation).
 pub(crate) fn release_pointer(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
+    release_key(Key::Pointer(dptr), call)
+}
+
+/// Frees what `key` names with `call` and returns its charge; what was not
+/// charged passes through.
+pub(crate) fn release_key(key: Key, call: impl FnOnce() -> CUresult) -> CUresult {
     match state() {
         State::Disabled => call(),
         State::Refused => CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer.freed(Key::Pointer(dptr), call),
+        State::Enforcing(enforcer) => enforcer.freed(key, call),
     }
 }
 

@@ -86,6 +86,52 @@ pub fn granular(bytes: u64) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// `CUarray`: an opaque CUDA array handle.
+pub type CUarray = *mut c_void;
+/// `CUmipmappedArray`: an opaque mipmapped array handle.
+pub type CUmipmappedArray = *mut c_void;
+
+/// `CUDA_ARRAY_DESCRIPTOR` (`cuArrayCreate_v2`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    /// `Width` in elements.
+    pub width: usize,
+    /// `Height` in elements, 0 for a 1D array.
+    pub height: usize,
+    /// `Format`: a `CUarray_format`.
+    pub format: c_int,
+    /// `NumChannels`: 1, 2 or 4.
+    pub num_channels: std::ffi::c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (`cuArray3DCreate_v2`, `cuMipmappedArrayCreate`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    /// `Width` in elements.
+    pub width: usize,
+    /// `Height` in elements, 0 for a 1D array.
+    pub height: usize,
+    /// `Depth` in elements (layers of a layered array, faces of a cubemap).
+    pub depth: usize,
+    /// `Format`: a `CUarray_format`.
+    pub format: c_int,
+    /// `NumChannels`: 1, 2 or 4.
+    pub num_channels: std::ffi::c_uint,
+    /// `Flags`: `CUDA_ARRAY3D_*`.
+    pub flags: std::ffi::c_uint,
+}
+
+/// `CUDA_ARRAY3D_LAYERED`: `depth` counts layers, which mip levels keep.
+pub const CUDA_ARRAY3D_LAYERED: std::ffi::c_uint = 0x01;
+/// `CUDA_ARRAY3D_CUBEMAP`: `depth` counts faces (6 per cube).
+pub const CUDA_ARRAY3D_CUBEMAP: std::ffi::c_uint = 0x04;
+/// `CUDA_ARRAY3D_SPARSE`: no memory until tiles are mapped in.
+pub const CUDA_ARRAY3D_SPARSE: std::ffi::c_uint = 0x40;
+/// `CUDA_ARRAY3D_DEFERRED_MAPPING`: no memory until it is mapped in.
+pub const CUDA_ARRAY3D_DEFERRED_MAPPING: std::ffi::c_uint = 0x80;
+
 /// `CUmemoryPool`: an opaque memory pool handle.
 pub type CUmemoryPool = *mut c_void;
 /// `CU_STREAM_PER_THREAD`: the per-thread default stream, as a handle.

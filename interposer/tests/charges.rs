@@ -162,3 +162,87 @@ fn a_pool_that_grows_by_more_than_asked_is_charged_it_or_refused() {
         assert_eq!(region.used(0), 0, "{loader:?}");
     }
 }
+
+/// One array shape of `arrays_are_charged_their_footprint`: the `array`
+/// command's arguments, how many fit in 64 MiB and what is left free then.
+struct ArrayCase {
+    args: [&'static str; 8],
+    fit: u64,
+    left: u64,
+}
+
+#[test]
+fn arrays_are_charged_their_footprint() {
+    // args: kind, width, height, depth, format, channels, levels, flags.
+    let cases = [
+        // 1024 × 1024 float4: 16 MiB, exactly four.
+        ArrayCase {
+            args: ["2d", "1024", "1024", "0", "0x20", "4", "1", "0"],
+            fit: 4,
+            left: 0,
+        },
+        // A 1D array of 1000 bytes takes a granule.
+        ArrayCase {
+            args: ["2d", "1000", "0", "0", "0x01", "1", "1", "0"],
+            fit: 32,
+            left: 0,
+        },
+        // 128³ float: 8 MiB.
+        ArrayCase {
+            args: ["3d", "128", "128", "128", "0x20", "1", "1", "0"],
+            fit: 8,
+            left: 0,
+        },
+        // A 512² float cubemap: six 1 MiB faces.
+        ArrayCase {
+            args: ["3d", "512", "512", "6", "0x20", "1", "1", "0x04"],
+            fit: 10,
+            left: 4 * MIB,
+        },
+        // 1024² RGBA8 with all 11 levels: 5.3 MiB, i.e. 6 MiB.
+        ArrayCase {
+            args: ["mipmap", "1024", "1024", "0", "0x01", "4", "11", "0"],
+            fit: 10,
+            left: 4 * MIB,
+        },
+        // Layered: 4 layers of 512² float over 2 levels, 5 MiB → 6 MiB.
+        ArrayCase {
+            args: ["mipmap", "512", "512", "4", "0x20", "1", "2", "0x01"],
+            fit: 10,
+            left: 4 * MIB,
+        },
+        // Sparse arrays take nothing until memory is mapped into them.
+        ArrayCase {
+            args: ["3d", "1024", "1024", "0", "0x20", "4", "1", "0x40"],
+            fit: 100,
+            left: 64 * MIB,
+        },
+    ];
+    for loader in Loader::ALL {
+        for case in &cases {
+            let world = limited();
+            let mut args = vec!["array"];
+            args.extend(case.args);
+            args.push("100");
+            let r = world.charges(loader, true, &args).ok();
+            let what = format!("{loader:?} {args:?}");
+            let last = if case.fit == 100 { 0 } else { OOM };
+            assert_eq!(
+                (r.get("allocated"), r.get("last_rc")),
+                (case.fit, last),
+                "{what}"
+            );
+            assert_eq!(
+                (r.get("full_free"), r.get("full_total"), r.get("full_phys")),
+                (case.left, 64 * MIB, 64 * MIB - case.left),
+                "{what}"
+            );
+            assert_eq!(
+                (r.get("destroyed_free"), r.get("destroyed_phys")),
+                (64 * MIB, 0),
+                "{what}"
+            );
+            assert_eq!(Region::open(&world.region_path()).unwrap().used(0), 0);
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! contexts, device memory, VMM physical allocations, address ranges and
 //! mappings (`vmm.rs`), memory pools and stream-ordered allocation
 //! (`pool.rs`: immediate, a pool keeps freed memory up to its release
-//! threshold), `cuGetProcAddress(_v2)` with versioned names and
+//! threshold), CUDA arrays (`array.rs`), `cuGetProcAddress(_v2)` with versioned names and
 //! per-thread-stream flags, and execution on a simulated GPU timeline
 //! (`exec.rs`: streams, events, kernel and graph launches, stream capture))
 //! with the real driver's argument checks and error codes. Device memory is
@@ -39,6 +39,7 @@
     clippy::missing_safety_doc
 )]
 
+mod array;
 mod exec;
 mod pool;
 mod state;
@@ -51,6 +52,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use array::*;
 use exec::*;
 use pool::*;
 use state::Physical;
@@ -634,6 +636,11 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuMemAllocAsync" => vec![v!(11020, cuMemAllocAsync)],
         b"cuMemFreeAsync" => vec![v!(11020, cuMemFreeAsync)],
         b"cuMemAllocFromPoolAsync" => vec![v!(11020, cuMemAllocFromPoolAsync)],
+        b"cuArrayCreate" => vec![v!(3020, cuArrayCreate_v2)],
+        b"cuArray3DCreate" => vec![v!(3020, cuArray3DCreate_v2)],
+        b"cuMipmappedArrayCreate" => vec![v!(5000, cuMipmappedArrayCreate)],
+        b"cuArrayDestroy" => vec![v!(2000, cuArrayDestroy)],
+        b"cuMipmappedArrayDestroy" => vec![v!(5000, cuMipmappedArrayDestroy)],
         b"cuMemPoolCreate" => vec![v!(11020, cuMemPoolCreate)],
         b"cuMemPoolDestroy" => vec![v!(11020, cuMemPoolDestroy)],
         b"cuMemPoolTrimTo" => vec![v!(11020, cuMemPoolTrimTo)],

@@ -26,6 +26,10 @@
  *                                 the pool again (again), free, synchronise and trim (trimmed); a
  *                                 created pool is then destroyed with a live allocation
  *                                 (destroyed_live) which is freed last (destroyed)
+ *   array <kind> <width> <height> <depth> <format> <channels> <levels> <flags> <max>
+ *                                 create arrays until failure or <max> (kind: 2d: cuArrayCreate_v2,
+ *                                 depth and flags unused; 3d: cuArray3DCreate_v2; mipmap:
+ *                                 cuMipmappedArrayCreate with <levels>) (full), destroy them (destroyed)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -63,6 +67,17 @@ typedef struct {
     unsigned short usage;
     unsigned char reserved[54];
 } CUmemPoolProps;
+
+typedef struct {
+    size_t Width, Height;
+    int Format;
+    unsigned NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+typedef struct {
+    size_t Width, Height, Depth;
+    int Format;
+    unsigned NumChannels, Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
 
 #define MIB (1ull << 20)
 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variant. */
@@ -103,7 +118,12 @@ typedef struct {
     X(cuMemPoolTrimTo, (CUmemoryPool, size_t), "cuMemPoolTrimTo", 0)                                     \
     X(cuMemPoolSetAttribute, (CUmemoryPool, int, void *), "cuMemPoolSetAttribute", 0)                    \
     X(cuMemPoolGetAttribute, (CUmemoryPool, int, void *), "cuMemPoolGetAttribute", 0)                    \
-    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice), "cuDeviceGetDefaultMemPool", 0)
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice), "cuDeviceGetDefaultMemPool", 0)          \
+    X(cuArrayCreate_v2, (void **, const CUDA_ARRAY_DESCRIPTOR *), "cuArrayCreate", 0)                    \
+    X(cuArray3DCreate_v2, (void **, const CUDA_ARRAY3D_DESCRIPTOR *), "cuArray3DCreate", 0)              \
+    X(cuMipmappedArrayCreate, (void **, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned), "cuMipmappedArrayCreate", 0) \
+    X(cuArrayDestroy, (void *), "cuArrayDestroy", 0)                                                     \
+    X(cuMipmappedArrayDestroy, (void *), "cuMipmappedArrayDestroy", 0)
 
 static struct {
 #define FIELD(name, params, base, flags) CUresult(*name) params;
@@ -293,11 +313,42 @@ static int cmd_pool(const char *which, size_t bytes, long max, unsigned long lon
     return 0;
 }
 
+static int cmd_array(const char *kind, size_t w, size_t h, size_t d, int format, unsigned channels,
+                     unsigned levels, unsigned flags, long max) {
+    context(0);
+    void **arrays = calloc((size_t)max, sizeof *arrays);
+    CUDA_ARRAY_DESCRIPTOR d2 = {.Width = w, .Height = h, .Format = format, .NumChannels = channels};
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {
+        .Width = w, .Height = h, .Depth = d, .Format = format, .NumChannels = channels, .Flags = flags};
+    int mipmap = !strcmp(kind, "mipmap");
+    long n = 0;
+    CUresult last = 0;
+    for (; n < max; n++) {
+        if (!strcmp(kind, "2d")) last = cu.cuArrayCreate_v2(&arrays[n], &d2);
+        else if (!strcmp(kind, "3d")) last = cu.cuArray3DCreate_v2(&arrays[n], &d3);
+        else if (mipmap) last = cu.cuMipmappedArrayCreate(&arrays[n], &d3, levels);
+        else die("unknown kind", -1);
+        if (last) break;
+    }
+    printf("allocated=%ld\nlast_rc=%d\n", n, last);
+    info("full");
+    for (long i = 0; i < n; i++) {
+        if (mipmap) CHECK(cuMipmappedArrayDestroy(arrays[i]));
+        else CHECK(cuArrayDestroy(arrays[i]));
+    }
+    info("destroyed");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) die("usage", -1);
     load();
     const char *c = argv[1];
     if (!strcmp(c, "vmm") && argc == 4) return cmd_vmm(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+    if (!strcmp(c, "array") && argc == 11)
+        return cmd_array(argv[2], strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0), strtoull(argv[5], NULL, 0),
+                         (int)strtol(argv[6], NULL, 0), (unsigned)atoi(argv[7]), (unsigned)atoi(argv[8]),
+                         (unsigned)strtoul(argv[9], NULL, 0), atol(argv[10]));
     if (!strcmp(c, "pool") && argc == 6)
         return cmd_pool(argv[2], strtoull(argv[3], NULL, 0), atol(argv[4]), strtoull(argv[5], NULL, 0));
     die("usage", -1);
