@@ -3,7 +3,7 @@ SHELL := bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help tools build test test-unit bench gpu-check fmt lint crds cluster cluster-down clean
+.PHONY: help tools node-deps build demo demo-down test test-unit bench gpu-check fmt lint crds cluster cluster-down clean
 
 help: ## List the targets
 	@echo "Tessera: GPU sharing for Kubernetes. Targets:"
@@ -12,10 +12,21 @@ help: ## List the targets
 tools: ## Build etcd and Kubernetes v1.36 binaries into ~/.cache/tessera (once; ~10 min cold)
 	@hack/tools.sh >/dev/null
 
+node-deps: ## Install what real nodes need (containerd, runc, CNI plugins, busybox; Debian/Ubuntu, as root)
+	@hack/node-deps.sh
+
+demo: tools node-deps ## Run Tessera locally: control plane, controller, two real nodes with fake GPUs, examples, a tour
+	$(CARGO) build --workspace
+	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-demo -- up
+
+demo-down: ## Stop the demo and remove .tessera-demo
+	$(CARGO) run -q -p tessera-e2e --bin tessera-demo -- down
+
 build: ## Build every crate and binary
 	$(CARGO) build --workspace --all-targets
 
-test: tools ## Run every test, including those against a real kube-apiserver (builds what it needs)
+test: tools node-deps ## Run every test, including those against a real kube-apiserver and real nodes (builds what it needs)
+	$(CARGO) build --workspace
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) test --workspace
 
 test-unit: ## Run only the tests that need no control plane

@@ -50,13 +50,13 @@ impl Stack {
         let archives = images::build(&plane.dir().join("images"), &artifacts).unwrap();
         let tessera = Tessera::deploy(&plane, &artifacts).await.unwrap();
         let mut started = Vec::new();
-        for (index, (name, gpus)) in nodes.iter().enumerate() {
+        for (name, gpus) in nodes {
             let spec = NodeSpec {
                 name: (*name).to_owned(),
                 gpus: FakeGpu::many(name, *gpus, "NVIDIA A100-SXM4-80GB", 81920, 2),
                 labels: BTreeMap::from([("gpu".to_owned(), "on".to_owned())]),
             };
-            let node = RealNode::start(&plane, &spec, index as u8 + 1, &artifacts, &archives)
+            let node = RealNode::start(&plane, &spec, &artifacts, &archives)
                 .await
                 .unwrap();
             started.push(node);
@@ -139,6 +139,75 @@ impl Stack {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
+}
+
+impl Stack {
+    fn allocations(&self) -> Api<VgpuAllocation> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    /// Waits until the pod's allocation is Released or gone (garbage
+    /// collected with its pod).
+    async fn wait_released(&self, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let allocation = self.allocations().get_opt(name).await.unwrap();
+            let released = allocation.as_ref().is_none_or(|a| {
+                a.status.as_ref().and_then(|s| s.phase) == Some(AllocationPhase::Released)
+            });
+            if released {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "allocation {name} not released: {:#?}",
+                allocation.and_then(|a| a.status)
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Waits until the pod object is gone.
+    async fn wait_gone(&self, name: &str) {
+        let deadline = Instant::now() + WAIT;
+        while self.pods().get_opt(name).await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "pod {name} never went away");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// No NodeLock exists (every holder was served).
+    async fn assert_no_locks(&self) {
+        let locks: Api<NodeLock> = Api::all(self.client.clone());
+        let left = locks.list(&Default::default()).await.unwrap().items;
+        assert!(left.is_empty(), "locks outlived Allocate: {left:#?}");
+    }
+
+    /// The node agent's metrics text.
+    async fn metrics(&self, node: usize) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let port = self.nodes[node].metrics_port();
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+}
+
+/// The value of `metric` for the sample whose labels contain `podname="<pod>"`.
+fn sample(metrics: &str, metric: &str, pod: &str) -> Option<f64> {
+    let label = format!("podname=\"{pod}\"");
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }
 
 fn phase(pod: &Pod) -> &str {
@@ -270,6 +339,319 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
         .delete("slice", &DeleteParams::default())
         .await
         .unwrap();
-    let _ = &stack.tessera;
-    let _ = &stack.nodes;
+    stack.wait_released("slice").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metrics() {
+    if skip() {
+        return;
+    }
+    let stack = Stack::start(&[("node-s", 1)]).await;
+    let pods = [("share-1", 1024, 600 * MIB), ("share-2", 2048, 1500 * MIB)];
+    for (name, limit, hold) in pods {
+        let script = format!(
+            "echo '--- meminfo'; cuda-probe meminfo 0; echo '--- hold'; cuda-probe hold {hold}"
+        );
+        stack.create(gpu_pod(name, limit, 20, &script)).await;
+    }
+    let mut devices = Vec::new();
+    for (name, limit, _) in pods {
+        stack.wait_running(name).await;
+        let out = stack.wait_output(name, "ready=1").await;
+        assert_eq!(
+            number(&values(&out, "--- meminfo"), "total"),
+            limit * MIB,
+            "{name} sees its own limit: {out}"
+        );
+        let allocation = stack.allocations().get(name).await.unwrap();
+        devices.push(allocation.spec.containers[0].devices[0].uuid.clone());
+    }
+    assert_eq!(devices[0], devices[1], "both pods share the node's one GPU");
+
+    // The agent reads each container's shared region: what its processes
+    // hold now (the held allocation, whole granules, plus any context charge).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let metrics = stack.metrics(0).await;
+        let usage: Vec<_> = pods
+            .iter()
+            .map(|(name, limit, hold)| {
+                let used = sample(&metrics, "hami_vgpu_memory_used_bytes", name);
+                let ok = used.is_some_and(|u| u >= *hold as f64 && u <= (*limit * MIB) as f64);
+                (name, used, ok)
+            })
+            .collect();
+        if usage.iter().all(|(_, _, ok)| *ok) {
+            for (name, limit, _) in pods {
+                assert_eq!(
+                    sample(&metrics, "hami_vgpu_memory_limit_bytes", name),
+                    Some((limit * MIB) as f64)
+                );
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "usage never showed: {usage:?}\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stack.assert_no_locks().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_pod_or_completing_a_job_releases_its_allocation() {
+    if skip() {
+        return;
+    }
+    let stack = Stack::start(&[("node-r", 1)]).await;
+    stack
+        .create(gpu_pod("doomed", 1024, 10, "sleep 3600"))
+        .await;
+    stack.wait_running("doomed").await;
+    stack.assert_no_locks().await;
+    stack
+        .pods()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    stack.wait_released("doomed").await;
+
+    let job = json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "once", "namespace": "default"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "cuda", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                    "command": ["cuda-probe", "meminfo", "0"],
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 512}},
+                }],
+            }},
+        },
+    });
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+        Api::namespaced(stack.client.clone(), "default");
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    let pod = loop {
+        let list = stack
+            .pods()
+            .list(&kube::api::ListParams::default().labels("job-name=once"))
+            .await
+            .unwrap();
+        if let Some(pod) = list.items.into_iter().find(|p| phase(p) == "Succeeded") {
+            break pod;
+        }
+        assert!(Instant::now() < deadline, "the Job's pod never succeeded");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let name = kube::ResourceExt::name_any(&pod);
+    let out = stack.logs(&name);
+    assert_eq!(
+        number(&values(&format!("---\n{out}"), "---"), "total"),
+        512 * MIB,
+        "{out}"
+    );
+    stack.wait_released(&name).await;
+    stack.assert_no_locks().await;
+}
+
+/// A GPU pod of the stream: reports its view, then allocates until refused.
+fn stream_pod(name: &str) -> Value {
+    const CHUNK: u64 = 32 * MIB;
+    let script = format!(
+        "echo '--- env'; env; echo '--- meminfo'; cuda-probe meminfo 0; \
+         echo '--- alloc'; cuda-probe alloc plain {CHUNK} 1000; echo '--- end'; sleep 3600"
+    );
+    gpu_pod(name, 512, 10, &script)
+}
+
+impl Stack {
+    /// Creates a pod, retrying while the API server refuses it because the
+    /// webhook is down (failurePolicy Fail), as a controller would. Returns
+    /// how many times it was refused.
+    async fn create_retrying(&self, pod: Value) -> u32 {
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        let deadline = Instant::now() + WAIT;
+        let mut refused = 0;
+        loop {
+            match self.pods().create(&PostParams::default(), &pod).await {
+                Ok(_) => return refused,
+                Err(kube::Error::Api(status)) if status.code >= 500 => refused += 1,
+                Err(error) => panic!("creating {:?}: {error}", pod.metadata.name),
+            }
+            assert!(Instant::now() < deadline, "the webhook never came back");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// I1-I4 over every pod and allocation in the namespace.
+    async fn check_invariants(&self, pods: &[String], limit_mib: u64) {
+        let allocations = self
+            .allocations()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items;
+        // I1: per device, live allocations fit its memory, cores and slices.
+        let mut per_device: BTreeMap<String, (u64, u32, u32)> = BTreeMap::new();
+        for allocation in &allocations {
+            let phase = allocation.status.as_ref().and_then(|s| s.phase);
+            if phase == Some(AllocationPhase::Released) {
+                continue;
+            }
+            for slice in allocation.spec.containers.iter().flat_map(|c| &c.devices) {
+                let entry = per_device.entry(slice.uuid.clone()).or_default();
+                entry.0 += slice.memory_mib;
+                entry.1 += slice.cores;
+                entry.2 += 1;
+            }
+        }
+        for (uuid, (mib, cores, count)) in &per_device {
+            assert!(
+                *mib <= 81920 && *cores <= 100 && *count <= 10,
+                "I1 broken on {uuid}: {mib} MiB, {cores} cores, {count} slices"
+            );
+        }
+        for name in pods {
+            let pod = self.pods().get(name).await.unwrap();
+            // I2: one allocation, for this very pod.
+            let owned: Vec<_> = allocations
+                .iter()
+                .filter(|a| a.spec.pod_name == *name)
+                .collect();
+            assert_eq!(owned.len(), 1, "I2: {name} has {} allocations", owned.len());
+            let allocation = owned[0];
+            assert_eq!(
+                Some(&allocation.spec.pod_uid),
+                pod.metadata.uid.as_ref(),
+                "I2: {name}"
+            );
+            assert_eq!(
+                allocation.status.as_ref().and_then(|s| s.phase),
+                Some(AllocationPhase::Allocated),
+                "{name} was served"
+            );
+            // The container got exactly its allocation's slice.
+            let out = self.wait_output(name, "--- end").await;
+            let env = values(&out, "--- env");
+            let uuid = &allocation.spec.containers[0].devices[0].uuid;
+            assert_eq!(
+                env.get("NVIDIA_VISIBLE_DEVICES"),
+                Some(uuid),
+                "{name}: {out}"
+            );
+            assert_eq!(
+                number(&values(&out, "--- meminfo"), "total"),
+                limit_mib * MIB,
+                "{name}: {out}"
+            );
+            // I4: the container's processes never got past the limit.
+            let alloc = values(&out, "--- alloc");
+            assert_eq!(
+                alloc.get("last_rc").map(String::as_str),
+                Some("2"),
+                "{name}: {out}"
+            );
+            assert!(
+                number(&alloc, "allocated") * 32 * MIB <= limit_mib * MIB,
+                "I4: {name}: {out}"
+            );
+        }
+        // I3: no node stays locked once every holder is served.
+        self.assert_no_locks().await;
+    }
+}
+
+/// The kubelet's verdict on a pod it refused at admission.
+fn admission_rejection(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    (status.phase.as_deref() == Some("Failed")
+        && status.reason.as_deref() == Some("UnexpectedAdmissionError"))
+    .then(|| status.message.clone().unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restarts_during_a_stream_of_pods_leave_every_pod_served_and_the_invariants_intact() {
+    if skip() {
+        return;
+    }
+    let mut stack = Stack::start(&[("node-x", 2), ("node-y", 2)]).await;
+    let names: Vec<String> = (0..12).map(|i| format!("stream-{i}")).collect();
+    let mut refused = 0;
+    for (i, name) in names.iter().enumerate() {
+        refused += stack.create_retrying(stream_pod(name)).await;
+        match i {
+            2 => {
+                stack.nodes[0].stop_kubelet();
+                stack.nodes[0].start_kubelet().await.unwrap();
+            }
+            5 => {
+                stack.nodes[1].stop_agent();
+                stack.nodes[1].start_agent().unwrap();
+            }
+            8 => {
+                stack.tessera.stop(&stack.plane);
+                // A pod created meanwhile is refused (the webhook is down);
+                // retried once the controller is back.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                stack.tessera.start(&stack.plane).await.unwrap();
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+    // A kubelet rejects a device pod it admits before the device plugin has
+    // (re-)registered: right after the kubelet restarts (it admits the pods
+    // already bound to it at once) or while the agent restarts. Such a pod is
+    // terminal (a controller would replace it): it must hold nothing, and
+    // its replacement must be served.
+    let mut rejected = Vec::new();
+    for name in &names {
+        let pod = stack
+            .wait_pod(name, "Running or rejected at admission", |p| {
+                phase(p) == "Running" || admission_rejection(p).is_some()
+            })
+            .await;
+        if let Some(message) = admission_rejection(&pod) {
+            assert!(message.contains("nvidia.com/gpu"), "{name}: {message}");
+            rejected.push(name.clone());
+        }
+    }
+    eprintln!(
+        "pod creations refused while the webhook was down: {refused}; \
+         pods rejected by a kubelet before the agent registered: {rejected:?}"
+    );
+    for name in &rejected {
+        stack.wait_released(name).await;
+        stack
+            .pods()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        stack.wait_gone(name).await;
+        stack.create_retrying(stream_pod(name)).await;
+        stack.wait_running(name).await;
+    }
+    stack.check_invariants(&names, 512).await;
+
+    for name in &names {
+        stack
+            .pods()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for name in &names {
+        stack.wait_released(name).await;
+    }
+    stack.assert_no_locks().await;
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::{
     api::{coordination::v1::Lease, core::v1::Node},
-    apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference},
+    apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, OwnerReference, Time},
     jiff::Timestamp,
 };
 use kube::{
@@ -14,7 +14,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use tessera_api::v1alpha1::{CapacitySummary, GpuNode, GpuNodeSpec, GpuNodeStatus};
+use tessera_api::v1alpha1::{CapacitySummary, DeviceHealth, GpuNode, GpuNodeSpec, GpuNodeStatus};
 use tokio::sync::watch;
 
 use crate::{Error, inventory::Offer};
@@ -37,8 +37,45 @@ pub fn status(offer: &Offer) -> GpuNodeStatus {
         allocated: None,
         settings: offer.resolved.settings.clone(),
         applied_configs: offer.resolved.applied.clone(),
-        conditions: Vec::new(),
+        conditions: vec![ready_condition(devices)],
         devices: devices.clone(),
+    }
+}
+
+/// `Ready`: true while at least one GPU can take work. Its transition time
+/// is set when written ([`keep_transition_times`]).
+fn ready_condition(devices: &[tessera_api::v1alpha1::GpuDevice]) -> Condition {
+    let healthy = devices
+        .iter()
+        .filter(|d| d.health == DeviceHealth::Healthy)
+        .count();
+    let (status, reason) = match healthy {
+        0 => ("False", "NoHealthyGpus"),
+        n if n == devices.len() => ("True", "AllGpusHealthy"),
+        _ => ("True", "SomeGpusUnhealthy"),
+    };
+    Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: format!("{healthy} of {} GPUs healthy", devices.len()),
+        last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    }
+}
+
+/// Gives each condition the transition time it had in `previous` when its
+/// status is unchanged, else now: an unchanged status is never rewritten.
+fn keep_transition_times(wanted: &mut GpuNodeStatus, previous: Option<&GpuNodeStatus>) {
+    for condition in &mut wanted.conditions {
+        let before = previous
+            .into_iter()
+            .flat_map(|p| &p.conditions)
+            .find(|c| c.type_ == condition.type_ && c.status == condition.status);
+        // Whole seconds, as the API server stores them, so a read-back compares equal.
+        let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default();
+        condition.last_transition_time =
+            before.map_or_else(|| Time(now), |c| c.last_transition_time.clone());
     }
 }
 
@@ -56,7 +93,8 @@ pub async fn gpu_node(client: Client, node: String, mut offers: watch::Receiver<
     let mut recheck = tokio::time::interval(RECHECK);
     recheck.tick().await;
     loop {
-        let wanted = status(&offers.borrow_and_update());
+        let mut wanted = status(&offers.borrow_and_update());
+        keep_transition_times(&mut wanted, written.as_ref());
         if written.as_ref() != Some(&wanted) {
             match write(&client, &api, &node, &wanted).await {
                 Ok(()) => written = Some(wanted),
@@ -183,4 +221,83 @@ async fn renew(
         .await
         .map_err(Error::kube("creating the agent Lease"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_api::v1alpha1::GpuDevice;
+
+    fn devices(health: &[DeviceHealth]) -> Vec<GpuDevice> {
+        health
+            .iter()
+            .map(|h| {
+                let mut device: GpuDevice = serde_json::from_value(json!({
+                    "uuid": "GPU-x", "index": 0, "model": "m", "memoryMiB": 1,
+                    "health": "Healthy", "mode": "hami-core", "splitCount": 1,
+                    "capacity": {"memoryMiB": 1, "cores": 100},
+                }))
+                .unwrap();
+                device.health = *h;
+                device
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ready_follows_gpu_health() {
+        use DeviceHealth::{Healthy, Unhealthy};
+        let cases = [
+            (
+                vec![Healthy, Healthy],
+                "True",
+                "AllGpusHealthy",
+                "2 of 2 GPUs healthy",
+            ),
+            (
+                vec![Healthy, Unhealthy],
+                "True",
+                "SomeGpusUnhealthy",
+                "1 of 2 GPUs healthy",
+            ),
+            (
+                vec![Unhealthy],
+                "False",
+                "NoHealthyGpus",
+                "0 of 1 GPUs healthy",
+            ),
+        ];
+        for (health, status, reason, message) in cases {
+            let c = ready_condition(&devices(&health));
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+                (status, reason, message)
+            );
+        }
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_the_status_changes() {
+        let offer = |health: &[DeviceHealth]| GpuNodeStatus {
+            conditions: vec![ready_condition(&devices(health))],
+            ..Default::default()
+        };
+        let mut first = offer(&[DeviceHealth::Healthy]);
+        keep_transition_times(&mut first, None);
+        let old = Time(Timestamp::from_second(1_000).unwrap());
+        first.conditions[0].last_transition_time = old.clone();
+        let mut same = offer(&[DeviceHealth::Healthy]);
+        keep_transition_times(&mut same, Some(&first));
+        assert_eq!(same, first, "an unchanged status is not rewritten");
+        let mut flipped = offer(&[DeviceHealth::Unhealthy]);
+        keep_transition_times(&mut flipped, Some(&first));
+        assert_ne!(flipped.conditions[0].last_transition_time, old);
+        assert_eq!(
+            flipped.conditions[0]
+                .last_transition_time
+                .0
+                .subsec_nanosecond(),
+            0
+        );
+    }
 }

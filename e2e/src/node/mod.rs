@@ -84,16 +84,21 @@ struct DetachedNode {
 }
 
 impl RealNode {
-    /// Starts node number `index` (which picks its pod subnet and bridge)
-    /// in `<plane dir>/nodes/<name>`, and waits until the Node is Ready with
-    /// its GPUs allocatable.
+    /// Starts a node in `<plane dir>/nodes/<name>` and waits until the Node
+    /// is Ready with its GPUs allocatable.
     pub async fn start(
         plane: &ControlPlane,
         spec: &NodeSpec,
-        index: u8,
         artifacts: &Artifacts,
         images: &Archives,
     ) -> Result<Self, Error> {
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let index = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 250 + 1;
+        // Pod subnets and bridges differ between nodes of this process and,
+        // by pid, from those of another harness process on this machine.
+        let pid = std::process::id();
+        let bridge = format!("tsr{}n{index}", pid % 100_000);
+        let subnet = format!("10.{}.{index}.0/24", 100 + pid % 100);
         let dir = plane.dir().join("nodes").join(&spec.name);
         let _ = fs::remove_dir_all(&dir);
         for sub in ["cni/conf", "device-plugins", "kubelet", "pod-logs", "agent"] {
@@ -104,10 +109,9 @@ impl RealNode {
             let path = dir.join(name);
             fs::write(&path, text).map_err(Error::io("write", &path))
         };
-        let bridge = format!("tsr{}{index}", std::process::id() % 10_000);
         write(
             "cni/conf/10-tessera.conflist",
-            config::cni(&dir, &bridge, &format!("10.244.{index}.0/24")),
+            config::cni(&dir, &bridge, &subnet),
         )?;
         write("gpus.yaml", config::fake_gpus(&spec.gpus))?;
         let unique = dir

@@ -20,8 +20,11 @@ use tokio_stream::wrappers::UnixListenerStream;
 use super::service::{Service, options};
 use crate::Error;
 
-/// How often the agent checks the kubelet's socket and its own.
-const CHECK: Duration = Duration::from_millis(500);
+/// How often the agent checks the kubelet's socket and its own (two
+/// `stat`s). Short, because a restarted kubelet admits the pods already bound
+/// to its node moments after re-creating kubelet.sock, and rejects GPU pods
+/// until the plugin has registered again.
+const CHECK: Duration = Duration::from_millis(50);
 
 /// Where and as what the plugin registers.
 #[derive(Clone, Debug)]
