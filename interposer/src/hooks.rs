@@ -7,10 +7,10 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::sys::{
-    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
-    CUdriverProcAddressQueryResult, CUevent, CUfunction, CUgraphExec, CUlaunchConfig,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
-    CUmipmappedArray, CUresult, CUstream, cuuint64_t,
+    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_MEM_ALLOC_NODE_PARAMS, CUarray, CUcontext,
+    CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUfunction, CUgraph,
+    CUgraphExec, CUgraphNode, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle,
+    CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUresult, CUstream, cuuint64_t,
 };
 use crate::{compute, memory, proc_address};
 
@@ -61,6 +61,21 @@ driver_api! {
         fn cuMemPoolDestroy(pool: CUmemoryPool) => memory::pool::pool_destroy;
         fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) => memory::pool::pool_trim_to;
         fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory::pool::pool_set_attribute;
+        fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) => memory::graph::instantiate_with_flags;
+        fn cuGraphInstantiateWithParams(
+            exec: *mut CUgraphExec,
+            graph: CUgraph,
+            params: *mut c_void,
+        ) => memory::graph::instantiate_with_params;
+        fn cuGraphInstantiate_v2(
+            exec: *mut CUgraphExec,
+            graph: CUgraph,
+            error_node: *mut CUgraphNode,
+            log: *mut c_char,
+            log_size: usize,
+        ) => memory::graph::instantiate_v2;
+        fn cuGraphExecDestroy(exec: CUgraphExec) => memory::graph::exec_destroy;
+        fn cuDeviceGraphMemTrim(dev: CUdevice) => memory::graph::graph_mem_trim;
         fn cuStreamSynchronize(stream: CUstream) => memory::pool::stream_synchronize;
         fn cuStreamSynchronize_ptsz(stream: CUstream) => memory::pool::stream_synchronize_ptsz;
         fn cuCtxSynchronize() => memory::pool::ctx_synchronize;
@@ -173,6 +188,11 @@ driver_api! {
         fn cuStreamIsCapturing_ptsz(CUstream, *mut c_int);
         fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void);
         fn cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice);
+        fn cuGraphGetNodes(CUgraph, *mut CUgraphNode, *mut usize);
+        fn cuGraphNodeGetType(CUgraphNode, *mut c_int);
+        fn cuGraphMemAllocNodeGetParams(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS);
+        fn cuGraphChildGraphNodeGetGraph(CUgraphNode, *mut CUgraph);
+        fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void);
     }
 }
 

@@ -10,6 +10,7 @@ use crate::sys::{
 };
 
 pub(crate) mod array;
+pub(crate) mod graph;
 pub(crate) mod pool;
 pub(crate) mod vmm;
 
@@ -240,6 +241,6 @@ pub(crate) unsafe fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUres
 pub(crate) fn store_held(id: crate::enforce::StoreId) -> Option<u64> {
     match id {
         crate::enforce::StoreId::Pool(pool) => pool::held(pool),
-        crate::enforce::StoreId::Graph(_) => None,
+        crate::enforce::StoreId::Graph(dev) => graph::held(dev),
     }
 }

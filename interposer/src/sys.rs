@@ -86,6 +86,36 @@ pub fn granular(bytes: u64) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// `CUgraph`: an opaque graph handle.
+pub type CUgraph = *mut c_void;
+/// `CUgraphNode`: an opaque graph node handle.
+pub type CUgraphNode = *mut c_void;
+/// `CU_GRAPH_NODE_TYPE_GRAPH`: a child graph node.
+pub const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 4;
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`: a memory allocation node.
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` (`cuuint64_t`): device memory
+/// reserved for graph allocations.
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (120 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    /// `poolProps`: where the allocation lives.
+    pub pool_props: CUmemPoolProps,
+    /// `accessDescs`.
+    pub access_descs: *const c_void,
+    /// `accessDescCount`.
+    pub access_desc_count: usize,
+    /// `bytesize`.
+    pub bytesize: usize,
+    /// `dptr`: the allocation's address (written by the driver).
+    pub dptr: CUdeviceptr,
+}
+
+const _: () = assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
+
 /// `CUarray`: an opaque CUDA array handle.
 pub type CUarray = *mut c_void;
 /// `CUmipmappedArray`: an opaque mipmapped array handle.

@@ -246,3 +246,69 @@ fn arrays_are_charged_their_footprint() {
         }
     }
 }
+
+#[test]
+fn graph_allocations_are_charged_when_instantiated() {
+    for loader in Loader::ALL {
+        // A 36 MiB graph does not fit beside a 30 MiB one in 64 MiB.
+        let world = limited();
+        let args = [
+            "graph",
+            &(30 * MIB).to_string(),
+            &(36 * MIB).to_string(),
+            &(8 * MIB).to_string(),
+        ];
+        let r = world.charges(loader, true, &args).ok();
+        let step = |name: &str| {
+            (
+                r.get(&format!("{name}_free")),
+                r.get(&format!("{name}_phys")),
+            )
+        };
+        // Charged at instantiation, before the launch takes the memory.
+        assert_eq!(r.get("inst1_rc"), 0, "{loader:?}");
+        assert_eq!(step("inst1"), (34 * MIB, 0), "{loader:?}");
+        assert_eq!(step("launched1"), (34 * MIB, 30 * MIB), "{loader:?}");
+        assert_eq!(r.get("inst2_rc"), OOM, "{loader:?}");
+        assert_eq!(step("inst2"), (34 * MIB, 30 * MIB), "{loader:?}");
+        // The captured cuMemAllocAsync is charged with its graph.
+        assert_eq!(r.get("inst3_rc"), 0, "{loader:?}");
+        assert_eq!(step("inst3"), (26 * MIB, 30 * MIB), "{loader:?}");
+        // A destroyed executable's memory stays cached for graphs: charged.
+        assert_eq!(step("destroyed1"), (34 * MIB, 30 * MIB), "{loader:?}");
+        // Instantiated again, it reuses the cache.
+        assert_eq!(r.get("inst4_rc"), 0, "{loader:?}");
+        assert_eq!(step("inst4"), (26 * MIB, 30 * MIB), "{loader:?}");
+        // Trimmed: only the live (never launched) 8 MiB executable is left.
+        assert_eq!(step("trimmed"), (56 * MIB, 0), "{loader:?}");
+        assert_eq!(step("end"), (64 * MIB, 0), "{loader:?}");
+        assert_eq!(Region::open(&world.region_path()).unwrap().used(0), 0);
+
+        // 34 MiB fits exactly beside 30 MiB; then the captured 8 MiB does not.
+        let world = limited();
+        let args = [
+            "graph",
+            &(30 * MIB).to_string(),
+            &(34 * MIB).to_string(),
+            &(8 * MIB).to_string(),
+        ];
+        let r = world.charges(loader, true, &args).ok();
+        let step = |name: &str| {
+            (
+                r.get(&format!("{name}_free")),
+                r.get(&format!("{name}_phys")),
+            )
+        };
+        assert_eq!(
+            (r.get("inst2_rc"), r.get("inst3_rc")),
+            (0, OOM),
+            "{loader:?}"
+        );
+        assert_eq!(step("inst3"), (0, 64 * MIB), "{loader:?}");
+        assert_eq!(step("destroyed1"), (0, 64 * MIB), "{loader:?}");
+        assert_eq!(r.get("inst4_rc"), 0, "{loader:?}");
+        assert_eq!(step("trimmed"), (30 * MIB, 34 * MIB), "{loader:?}");
+        assert_eq!(step("end"), (64 * MIB, 0), "{loader:?}");
+        assert_eq!(Region::open(&world.region_path()).unwrap().used(0), 0);
+    }
+}

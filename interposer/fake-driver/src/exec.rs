@@ -34,12 +34,12 @@ type CUstream = *mut c_void;
 type CUevent = *mut c_void;
 
 /// A stream's state in this process.
-#[derive(Clone, Copy, Default)]
+#[derive(Default)]
 struct Stream {
     /// When the last work enqueued on it ends (`CLOCK_MONOTONIC` ns).
     last_end: u64,
-    /// While captured: the duration recorded so far.
-    capture: Option<u64>,
+    /// While captured: the graph recorded so far.
+    capture: Option<Graph>,
 }
 
 /// Where a stream handle leads: created streams by address; the legacy and
@@ -58,10 +58,18 @@ struct Exec {
     streams: HashMap<StreamKey, Stream>,
     /// Events: handle → completion time once recorded.
     events: HashMap<usize, Option<u64>>,
-    /// Captured graphs and instantiated executables: handle → duration.
-    graphs: HashMap<usize, u64>,
-    execs: HashMap<usize, u64>,
+    /// Graphs and instantiated executables by handle.
+    graphs: HashMap<usize, Graph>,
+    execs: HashMap<usize, Executable>,
+    /// Graph memory per device.
+    graph_memory: HashMap<usize, GraphMemory>,
+    /// Addresses of graph allocations (they may be freed outside a graph).
+    graph_pointers: std::collections::HashSet<u64>,
 }
+
+mod graph;
+
+pub(crate) use graph::*;
 
 static EXEC: Mutex<Option<Exec>> = Mutex::new(None);
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x5000_0000);
@@ -137,7 +145,7 @@ fn enqueue(stream: CUstream, per_thread: bool, duration: u64) -> Result<(), CUre
         let (key, dev) = resolve(exec, stream, per_thread)?;
         let state = exec.streams.entry(key).or_default();
         if let Some(captured) = &mut state.capture {
-            *captured += duration;
+            captured.record_kernel(duration);
             return Ok(());
         }
         let end = physical.enqueue(dev, now_ns(), duration);
@@ -264,42 +272,6 @@ macro_rules! launch_ex {
 launch_ex!(cuLaunchKernelEx, false);
 launch_ex!(cuLaunchKernelEx_ptsz, true);
 
-fn graph_launch(exec_handle: *mut c_void, stream: CUstream, per_thread: bool) -> CUresult {
-    if per_thread {
-        PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
-    }
-    guard(|| {
-        initialized()?;
-        let duration = with_exec(|exec| {
-            exec.execs
-                .get(&(exec_handle as usize))
-                .copied()
-                .ok_or(CUDA_ERROR_INVALID_HANDLE)
-        })?;
-        enqueue(stream, per_thread, duration)
-    })
-}
-
-/// `cuGraphLaunch`: occupies the device for the captured launches' total.
-///
-/// # Safety
-///
-/// Safe with any handle: unknown ones are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch(exec: *mut c_void, stream: CUstream) -> CUresult {
-    graph_launch(exec, stream, false)
-}
-
-/// `cuGraphLaunch_ptsz`; counted.
-///
-/// # Safety
-///
-/// Safe with any handle: unknown ones are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: CUstream) -> CUresult {
-    graph_launch(exec, stream, true)
-}
-
 /// `cuStreamCreate` on the current context's device.
 ///
 /// # Safety
@@ -403,7 +375,7 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: CUstream, _mode: c_int)
             if state.capture.is_some() {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            state.capture = Some(0);
+            state.capture = Some(Graph::default());
             Ok(())
         })
     })
@@ -423,13 +395,13 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: CUstream, graph: *mut *mut c
         }
         let handle = with_exec(|exec| {
             let (key, _) = resolve(exec, stream, false)?;
-            let duration = exec
+            let captured = exec
                 .streams
                 .get_mut(&key)
                 .and_then(|s| s.capture.take())
                 .ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let handle = new_handle();
-            exec.graphs.insert(handle, duration);
+            exec.graphs.insert(handle, captured);
             Ok(handle)
         })?;
         // SAFETY: checked non-NULL above.
@@ -470,70 +442,6 @@ pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(
     status: *mut c_int,
 ) -> CUresult {
     is_capturing(stream, true, status)
-}
-
-/// `cuGraphInstantiateWithFlags`.
-///
-/// # Safety
-///
-/// `out` is NULL or valid for writes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
-    out: *mut *mut c_void,
-    graph: *mut c_void,
-    _flags: u64,
-) -> CUresult {
-    guard(|| {
-        initialized()?;
-        if out.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let handle = with_exec(|exec| {
-            let duration = *exec
-                .graphs
-                .get(&(graph as usize))
-                .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            let handle = new_handle();
-            exec.execs.insert(handle, duration);
-            Ok(handle)
-        })?;
-        // SAFETY: checked non-NULL above.
-        unsafe { write(out, handle as *mut c_void) }
-    })
-}
-
-/// `cuGraphDestroy`.
-///
-/// # Safety
-///
-/// Safe with any handle: unknown ones are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphDestroy(graph: *mut c_void) -> CUresult {
-    guard(|| {
-        with_exec(|exec| {
-            exec.graphs
-                .remove(&(graph as usize))
-                .map(|_| ())
-                .ok_or(CUDA_ERROR_INVALID_HANDLE)
-        })
-    })
-}
-
-/// `cuGraphExecDestroy`.
-///
-/// # Safety
-///
-/// Safe with any handle: unknown ones are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphExecDestroy(exec: *mut c_void) -> CUresult {
-    guard(|| {
-        with_exec(|e| {
-            e.execs
-                .remove(&(exec as usize))
-                .map(|_| ())
-                .ok_or(CUDA_ERROR_INVALID_HANDLE)
-        })
-    })
 }
 
 /// `cuEventCreate` (flags ignored: every event is timed).
@@ -578,15 +486,18 @@ fn event_record(event: CUevent, stream: CUstream, per_thread: bool) -> CUresult 
         initialized()?;
         with_exec(|exec| {
             let (key, _) = resolve(exec, stream, per_thread)?;
-            let state = exec.streams.get(&key).copied().unwrap_or_default();
-            if state.capture.is_some() {
+            let (capturing, last_end) = exec
+                .streams
+                .get(&key)
+                .map_or((false, 0), |s| (s.capture.is_some(), s.last_end));
+            if capturing {
                 return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
             }
             let slot = exec
                 .events
                 .get_mut(&(event as usize))
                 .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            *slot = Some(now_ns().max(state.last_end));
+            *slot = Some(now_ns().max(last_end));
             Ok(())
         })
     })

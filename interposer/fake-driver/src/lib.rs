@@ -508,7 +508,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 /// Frees a device pointer: a pool's (stream-ordered) or a plain allocation.
 pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), CUresult> {
     initialized()?;
-    if pool::free_pointer(dptr)? {
+    if pool::free_pointer(dptr)? || exec::is_graph_pointer(dptr) {
         return Ok(());
     }
     let (dev, bytes) = ALLOCATIONS
@@ -636,6 +636,19 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuMemAllocAsync" => vec![v!(11020, cuMemAllocAsync)],
         b"cuMemFreeAsync" => vec![v!(11020, cuMemFreeAsync)],
         b"cuMemAllocFromPoolAsync" => vec![v!(11020, cuMemAllocFromPoolAsync)],
+        b"cuGraphCreate" => vec![v!(10000, cuGraphCreate)],
+        b"cuGraphAddMemAllocNode" => vec![v!(11040, cuGraphAddMemAllocNode)],
+        b"cuGraphAddMemFreeNode" => vec![v!(11040, cuGraphAddMemFreeNode)],
+        b"cuGraphGetNodes" => vec![v!(10000, cuGraphGetNodes)],
+        b"cuGraphNodeGetType" => vec![v!(10000, cuGraphNodeGetType)],
+        b"cuGraphMemAllocNodeGetParams" => vec![v!(11040, cuGraphMemAllocNodeGetParams)],
+        b"cuGraphInstantiate" => vec![
+            v!(10000, cuGraphInstantiate_v2),
+            v!(12000, cuGraphInstantiateWithFlags),
+        ],
+        b"cuGraphInstantiateWithParams" => vec![v!(12000, cuGraphInstantiateWithParams)],
+        b"cuDeviceGraphMemTrim" => vec![v!(11040, cuDeviceGraphMemTrim)],
+        b"cuDeviceGetGraphMemAttribute" => vec![v!(11040, cuDeviceGetGraphMemAttribute)],
         b"cuArrayCreate" => vec![v!(3020, cuArrayCreate_v2)],
         b"cuArray3DCreate" => vec![v!(3020, cuArray3DCreate_v2)],
         b"cuMipmappedArrayCreate" => vec![v!(5000, cuMipmappedArrayCreate)],

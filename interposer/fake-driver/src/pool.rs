@@ -16,7 +16,8 @@
 //! gives back unused memory down to the bytes asked to keep. Every device has
 //! a default pool, its current pool until `cuDeviceSetMemPool`.
 //! `FAKE_CUDA_POOL_CHUNK` (bytes) makes pools grow in larger chunks than
-//! their allocations need, as some drivers do.
+//! their allocations need, as some drivers do. On a stream being captured,
+//! `cuMemAllocAsync` and `cuMemFreeAsync` add graph nodes (`exec/graph.rs`).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -165,11 +166,23 @@ fn with_pools<T>(body: impl FnOnce(&mut Pools) -> Result<T, CUresult>) -> Result
     )
 }
 
-/// Allocates `bytes` from `pool` (NULL: the current device's current pool).
-fn allocate(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool) -> Result<(), CUresult> {
+/// Allocates `bytes` from `pool` (NULL: the current device's current pool)
+/// on `stream`; on a stream being captured, an allocation node instead.
+fn allocate(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: *mut c_void,
+    per_thread: bool,
+) -> Result<(), CUresult> {
     let dev = current_device()?;
     if dptr.is_null() || bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if let Some(address) = crate::exec::capture_alloc(stream, per_thread, dev, bytes as u64)? {
+        // SAFETY: checked non-NULL above; valid for writes per the C contract.
+        unsafe { dptr.write(address) };
+        return Ok(());
     }
     let need = granular(bytes as u64).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     let address = with_pools(|pools| {
@@ -239,9 +252,9 @@ pub(crate) fn synchronized() -> Result<(), CUresult> {
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
-    guard(|| allocate(dptr, bytesize, std::ptr::null_mut()))
+    guard(|| allocate(dptr, bytesize, std::ptr::null_mut(), stream, false))
 }
 
 /// `cuMemAllocAsync_ptsz`: the per-thread-default-stream variant; counted.
@@ -253,10 +266,10 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
-    guard(|| allocate(dptr, bytesize, std::ptr::null_mut()))
+    guard(|| allocate(dptr, bytesize, std::ptr::null_mut(), stream, true))
 }
 
 /// `cuMemAllocFromPoolAsync`.
@@ -269,13 +282,13 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     pool: CUmemoryPool,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     guard(|| {
         if pool.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        allocate(dptr, bytesize, pool)
+        allocate(dptr, bytesize, pool, stream, false)
     })
 }
 
@@ -289,14 +302,14 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     pool: CUmemoryPool,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
     guard(|| {
         if pool.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        allocate(dptr, bytesize, pool)
+        allocate(dptr, bytesize, pool, stream, true)
     })
 }
 
@@ -306,8 +319,17 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ///
 /// Safe with any value: unknown addresses are refused.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
-    guard(|| crate::free(dptr))
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
+    guard(|| free_async(dptr, stream, false))
+}
+
+/// A free node when the stream is being captured, else a free.
+fn free_async(dptr: CUdeviceptr, stream: *mut c_void, per_thread: bool) -> Result<(), CUresult> {
+    initialized()?;
+    if crate::exec::capture_free(stream, per_thread)? {
+        return Ok(());
+    }
+    crate::free(dptr)
 }
 
 /// `cuMemFreeAsync_ptsz`; counted.
@@ -316,9 +338,9 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: *mut c_void)
 ///
 /// Safe with any value: unknown addresses are refused.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
     PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
-    guard(|| crate::free(dptr))
+    guard(|| free_async(dptr, stream, true))
 }
 
 /// `cuMemPoolCreate`: a pinned pool on a device location.

@@ -35,7 +35,6 @@ pub(crate) enum StoreId {
     /// A memory pool (`CUmemoryPool`).
     Pool(u64),
     /// The graph memory of a device (CUDA ordinal).
-    #[allow(dead_code)] // TEMP: graph memory comes in the next commit
     Graph(usize),
 }
 

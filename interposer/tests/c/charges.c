@@ -30,6 +30,12 @@
  *                                 create arrays until failure or <max> (kind: 2d: cuArrayCreate_v2,
  *                                 depth and flags unused; 3d: cuArray3DCreate_v2; mipmap:
  *                                 cuMipmappedArrayCreate with <levels>) (full), destroy them (destroyed)
+ *   graph <a> <b> <c>             graph memory: instantiate a graph allocating <a> bytes (inst1),
+ *                                 launch it (launched1), instantiate one of <b> with params (inst2)
+ *                                 and launch it, instantiate a captured cuMemAllocAsync of <c> with
+ *                                 cuGraphInstantiate_v2 (inst3), destroy the first executable
+ *                                 (destroyed1), instantiate its graph again (inst4) and destroy it,
+ *                                 cuDeviceGraphMemTrim (trimmed), destroy everything and trim (end)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -79,9 +85,25 @@ typedef struct {
     unsigned NumChannels, Flags;
 } CUDA_ARRAY3D_DESCRIPTOR;
 
+typedef struct {
+    CUmemPoolProps poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef struct {
+    unsigned long long flags;
+    void *hUploadStream;
+    void *hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
 #define MIB (1ull << 20)
 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variant. */
 #define PER_THREAD 2
+/* Not a driver flag: look the name up as a CUDA 11.8 program would. */
+#define CUDA11 (1ull << 32)
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
 
@@ -123,7 +145,23 @@ typedef struct {
     X(cuArray3DCreate_v2, (void **, const CUDA_ARRAY3D_DESCRIPTOR *), "cuArray3DCreate", 0)              \
     X(cuMipmappedArrayCreate, (void **, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned), "cuMipmappedArrayCreate", 0) \
     X(cuArrayDestroy, (void *), "cuArrayDestroy", 0)                                                     \
-    X(cuMipmappedArrayDestroy, (void *), "cuMipmappedArrayDestroy", 0)
+    X(cuMipmappedArrayDestroy, (void *), "cuMipmappedArrayDestroy", 0)                                   \
+    X(cuStreamCreate, (void **, unsigned), "cuStreamCreate", 0)                                         \
+    X(cuStreamSynchronize, (void *), "cuStreamSynchronize", 0)                                          \
+    X(cuStreamBeginCapture_v2, (void *, int), "cuStreamBeginCapture", 0)                                \
+    X(cuStreamEndCapture, (void *, void **), "cuStreamEndCapture", 0)                                   \
+    X(cuGraphCreate, (void **, unsigned), "cuGraphCreate", 0)                                           \
+    X(cuGraphAddMemAllocNode, (void **, void *, void **, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *),          \
+      "cuGraphAddMemAllocNode", 0)                                                                       \
+    X(cuGraphAddMemFreeNode, (void **, void *, void **, size_t, CUdeviceptr), "cuGraphAddMemFreeNode", 0) \
+    X(cuGraphInstantiateWithFlags, (void **, void *, unsigned long long), "cuGraphInstantiateWithFlags", 0) \
+    X(cuGraphInstantiateWithParams, (void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *),                  \
+      "cuGraphInstantiateWithParams", 0)                                                                 \
+    X(cuGraphInstantiate_v2, (void **, void *, void **, char *, size_t), "cuGraphInstantiate", CUDA11)   \
+    X(cuGraphLaunch, (void *, void *), "cuGraphLaunch", 0)                                              \
+    X(cuGraphExecDestroy, (void *), "cuGraphExecDestroy", 0)                                            \
+    X(cuGraphDestroy, (void *), "cuGraphDestroy", 0)                                                    \
+    X(cuDeviceGraphMemTrim, (CUdevice), "cuDeviceGraphMemTrim", 0)
 
 static struct {
 #define FIELD(name, params, base, flags) CUresult(*name) params;
@@ -171,7 +209,8 @@ static CUresult (*get_proc_address)(const char *, void **, int, uint64_t, int *)
 static void *lookup(const char *base, uint64_t flags) {
     void *p = NULL;
     int status = -1;
-    CUresult rc = get_proc_address(base, &p, 12090, flags, &status);
+    int version = flags & CUDA11 ? 11080 : 12090;
+    CUresult rc = get_proc_address(base, &p, version, flags & ~CUDA11, &status);
     if (rc != 0 || status != 0) die(base, rc);
     return need(p, base);
 }
@@ -340,6 +379,71 @@ static int cmd_array(const char *kind, size_t w, size_t h, size_t d, int format,
     return 0;
 }
 
+/* A graph with one allocation of <bytes> on device 0 and its free. */
+static void *graph_with(size_t bytes) {
+    void *graph, *alloc, *free_node;
+    CHECK(cuGraphCreate(&graph, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS params = {.poolProps = {.allocType = 1, .location = {.type = 1, .id = 0}},
+                                         .bytesize = bytes};
+    CHECK(cuGraphAddMemAllocNode(&alloc, graph, NULL, 0, &params));
+    CHECK(cuGraphAddMemFreeNode(&free_node, graph, &alloc, 1, params.dptr));
+    return graph;
+}
+
+static int cmd_graph(size_t a, size_t b, size_t c) {
+    context(0);
+    void *stream, *e1 = NULL, *e2 = NULL, *e3 = NULL, *e4 = NULL;
+    CHECK(cuStreamCreate(&stream, 0));
+    void *g1 = graph_with(a);
+    CUresult rc = cu.cuGraphInstantiateWithFlags(&e1, g1, 0);
+    printf("inst1_rc=%d\n", rc);
+    info("inst1");
+    if (!rc) {
+        CHECK(cuGraphLaunch(e1, stream));
+        CHECK(cuStreamSynchronize(stream));
+    }
+    info("launched1");
+    void *g2 = graph_with(b);
+    CUDA_GRAPH_INSTANTIATE_PARAMS params = {0};
+    rc = cu.cuGraphInstantiateWithParams(&e2, g2, &params);
+    printf("inst2_rc=%d\n", rc);
+    info("inst2");
+    if (!rc) {
+        CHECK(cuGraphLaunch(e2, stream));
+        CHECK(cuStreamSynchronize(stream));
+    } else {
+        e2 = NULL;
+    }
+    /* A captured allocation is a graph allocation too. */
+    void *g3;
+    CUdeviceptr p;
+    CHECK(cuStreamBeginCapture_v2(stream, 0));
+    CHECK(cuMemAllocAsync(&p, c, stream));
+    CHECK(cuMemFreeAsync(p, stream));
+    CHECK(cuStreamEndCapture(stream, &g3));
+    rc = cu.cuGraphInstantiate_v2(&e3, g3, NULL, NULL, 0);
+    printf("inst3_rc=%d\n", rc);
+    info("inst3");
+    if (rc) e3 = NULL;
+    /* Destroyed: its memory stays in the device's graph memory. */
+    if (e1) CHECK(cuGraphExecDestroy(e1));
+    info("destroyed1");
+    rc = cu.cuGraphInstantiateWithFlags(&e4, g1, 0);
+    printf("inst4_rc=%d\n", rc);
+    info("inst4");
+    if (!rc) CHECK(cuGraphExecDestroy(e4));
+    CHECK(cuDeviceGraphMemTrim(0));
+    info("trimmed");
+    if (e2) CHECK(cuGraphExecDestroy(e2));
+    if (e3) CHECK(cuGraphExecDestroy(e3));
+    CHECK(cuGraphDestroy(g1));
+    CHECK(cuGraphDestroy(g2));
+    CHECK(cuGraphDestroy(g3));
+    CHECK(cuDeviceGraphMemTrim(0));
+    info("end");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) die("usage", -1);
     load();
@@ -349,6 +453,8 @@ int main(int argc, char **argv) {
         return cmd_array(argv[2], strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0), strtoull(argv[5], NULL, 0),
                          (int)strtol(argv[6], NULL, 0), (unsigned)atoi(argv[7]), (unsigned)atoi(argv[8]),
                          (unsigned)strtoul(argv[9], NULL, 0), atol(argv[10]));
+    if (!strcmp(c, "graph") && argc == 5)
+        return cmd_graph(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0));
     if (!strcmp(c, "pool") && argc == 6)
         return cmd_pool(argv[2], strtoull(argv[3], NULL, 0), atol(argv[4]), strtoull(argv[5], NULL, 0));
     die("usage", -1);
