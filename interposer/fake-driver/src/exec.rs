@@ -199,6 +199,9 @@ macro_rules! launch_kernel {
             _params: *mut *mut c_void,
             _extra: *mut *mut c_void,
         ) -> CUresult {
+            if let Some(rc) = crate::inject::point(stringify!($name)) {
+                return rc;
+            }
             kernel(f, [gx, gy, gz], [bx, by, bz], stream, $per_thread)
         }
     };
@@ -510,7 +513,7 @@ fn event_record(event: CUevent, stream: CUstream, per_thread: bool) -> CUresult 
 /// Safe with any handles: unknown ones are refused.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult {
-    event_record(event, stream, false)
+    crate::inject::point("cuEventRecord").unwrap_or_else(|| event_record(event, stream, false))
 }
 
 /// `cuEventRecord_ptsz`.
@@ -540,7 +543,7 @@ fn event_time(event: CUevent) -> Result<Option<u64>, CUresult> {
 /// Safe with any handle: unknown ones are refused.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventQuery(event: CUevent) -> CUresult {
-    guard(|| match event_time(event)? {
+    crate::inject::guard("cuEventQuery", || match event_time(event)? {
         Some(time) if time > now_ns() => Err(CUDA_ERROR_NOT_READY),
         _ => Ok(()),
     })

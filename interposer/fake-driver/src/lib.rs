@@ -41,6 +41,7 @@
 
 mod array;
 mod exec;
+mod inject;
 mod pool;
 mod state;
 mod vmm;
@@ -212,7 +213,7 @@ fn allocate(dptr: *mut CUdeviceptr, bytes: u64) -> Result<(), CUresult> {
 /// Safe to call with any value.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
-    guard(|| {
+    inject::guard("cuInit", || {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -316,7 +317,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     _flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    guard(|| {
+    inject::guard("cuCtxCreate_v2", || {
         let device = device(dev)?;
         if pctx.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -438,7 +439,7 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, out: *mut u64) -> CUresult {
 /// `out` is NULL or valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice(out: *mut CUdevice) -> CUresult {
-    guard(|| {
+    inject::guard("cuCtxGetDevice", || {
         let dev = current_device()?;
         // SAFETY: the caller's pointer, NULL-checked by `write`.
         unsafe { write(out, dev as CUdevice) }
@@ -452,7 +453,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(out: *mut CUdevice) -> CUresult {
 /// `dptr` is NULL or valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    guard(|| allocate(dptr, bytesize as u64))
+    inject::guard("cuMemAlloc_v2", || allocate(dptr, bytesize as u64))
 }
 
 /// `cuMemAllocManaged`: `flags` must be `CU_MEM_ATTACH_GLOBAL` (1) or
@@ -467,7 +468,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     bytesize: usize,
     flags: c_uint,
 ) -> CUresult {
-    guard(|| {
+    inject::guard("cuMemAllocManaged", || {
         if flags != 1 && flags != 2 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -489,7 +490,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     height: usize,
     element_size: c_uint,
 ) -> CUresult {
-    guard(|| {
+    inject::guard("cuMemAllocPitch_v2", || {
         current_device()?;
         if pitch.is_null() || width == 0 || height == 0 || ![4, 8, 16].contains(&element_size) {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -528,7 +529,7 @@ pub(crate) fn free(dptr: CUdeviceptr) -> Result<(), CUresult> {
 /// Safe with any value: unknown addresses are refused.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    guard(|| free(dptr))
+    inject::guard("cuMemFree_v2", || free(dptr))
 }
 
 /// Not a CUDA function: how many times this process called a `_ptsz`
@@ -550,7 +551,7 @@ pub unsafe extern "C" fn tesseraFakePerThreadCalls() -> u64 {
 /// `free` and `total` are NULL or valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    guard(|| {
+    inject::guard("cuMemGetInfo_v2", || {
         let dev = current_device()?;
         if free.is_null() || total.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);

@@ -124,7 +124,7 @@ pub unsafe extern "C" fn cuMemCreate(
     prop: *const AllocationProp,
     flags: u64,
 ) -> CUresult {
-    guard(|| {
+    crate::inject::guard("cuMemCreate", || {
         // SAFETY: the caller's pointer, as documented.
         let dev = unsafe { vmm_device(prop) }?;
         let bytes = size as u64;
