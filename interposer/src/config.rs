@@ -39,9 +39,10 @@ pub struct Config {
     pub disabled: bool,
     /// Memory limit per CUDA ordinal in bytes, 0 for none.
     pub limits: [u64; MAX_DEVICES],
-    /// `CUDA_DEVICE_SM_LIMIT`: percent of each device's time, `None` for no
-    /// limit (unset, 0 or 100).
-    pub sm_limit: Option<u8>,
+    /// Compute limit per CUDA ordinal, percent of the device's time (1 to
+    /// 99), 0 for none: `CUDA_DEVICE_SM_LIMIT`, overridden for ordinal `i` by
+    /// `CUDA_DEVICE_SM_LIMIT_<i>` (0 and 100 mean no limit, as in HAMi).
+    pub sm_limits: [u8; MAX_DEVICES],
     /// `GPU_CORE_UTILIZATION_POLICY`: when the compute limit applies.
     pub core_policy: CoreUtilizationPolicy,
     /// The shared region file.
@@ -54,7 +55,8 @@ impl Config {
     /// Reads the configuration through `var` (the process environment in
     /// production, a map in tests).
     ///
-    /// `CUDA_DEVICE_MEMORY_LIMIT_<i>` overrides `CUDA_DEVICE_MEMORY_LIMIT` for
+    /// `CUDA_DEVICE_MEMORY_LIMIT_<i>` overrides `CUDA_DEVICE_MEMORY_LIMIT` and
+    /// `CUDA_DEVICE_SM_LIMIT_<i>` overrides `CUDA_DEVICE_SM_LIMIT` for
     /// ordinal `i`. A malformed value of any variable is an error, never "no
     /// limit"; a malformed log level is the one exception (it falls back to 2
     /// and the caller warns).
@@ -85,10 +87,17 @@ impl Config {
                 *limit = env::parse_memory_limit(&name, &v)?;
             }
         }
-        let sm_limit = match text(CUDA_DEVICE_SM_LIMIT)? {
-            Some(v) => env::parse_sm_limit(&v)?,
-            None => None,
+        let default_sm = match text(CUDA_DEVICE_SM_LIMIT)? {
+            Some(v) => env::parse_sm_limit(&v)?.unwrap_or(0),
+            None => 0,
         };
+        let mut sm_limits = [default_sm; MAX_DEVICES];
+        for (index, limit) in sm_limits.iter_mut().enumerate() {
+            let name = sm_limit_var(index);
+            if let Some(v) = text(&name)? {
+                *limit = parse_device_sm_limit(&name, &v)?;
+            }
+        }
         let core_policy = match text(GPU_CORE_UTILIZATION_POLICY)? {
             Some(v) => CoreUtilizationPolicy::parse(&v)?,
             None => CoreUtilizationPolicy::Default,
@@ -105,7 +114,7 @@ impl Config {
             Self {
                 disabled,
                 limits,
-                sm_limit,
+                sm_limits,
                 core_policy,
                 region_path,
                 log_level,
@@ -119,14 +128,40 @@ impl Config {
         self.limits.iter().any(|&l| l != 0)
     }
 
-    /// The limits to create the shared region with: the compute limit
-    /// applies to every device.
+    /// Whether any device has a compute limit.
+    pub fn any_sm_limit(&self) -> bool {
+        self.sm_limits.iter().any(|&l| l != 0)
+    }
+
+    /// The limits to create the shared region with.
     pub fn region_limits(&self) -> tessera_vgpu_region::Limits {
         tessera_vgpu_region::Limits {
             memory: self.limits,
-            sm_percent: [self.sm_limit.unwrap_or(0); MAX_DEVICES],
+            sm_percent: self.sm_limits,
         }
     }
+}
+
+/// The per-device compute limit variable, `CUDA_DEVICE_SM_LIMIT_<index>`.
+pub fn sm_limit_var(index: usize) -> String {
+    format!("{CUDA_DEVICE_SM_LIMIT}_{index}")
+}
+
+/// Parses `CUDA_DEVICE_SM_LIMIT_<i>` with `CUDA_DEVICE_SM_LIMIT`'s rule
+/// (a whole percentage, 0 and 100 meaning no limit), naming `name` when it
+/// is malformed. 0 for no limit.
+fn parse_device_sm_limit(name: &str, value: &str) -> Result<u8, Error> {
+    env::parse_sm_limit(value)
+        .map(|p| p.unwrap_or(0))
+        .map_err(|e| match e {
+            tessera_api::Error::InvalidEnv { value, rule, .. } => tessera_api::Error::InvalidEnv {
+                name: name.to_owned(),
+                value,
+                rule,
+            }
+            .into(),
+            other => other.into(),
+        })
 }
 
 #[cfg(test)]
@@ -192,12 +227,12 @@ mod tests {
             ("GPU_CORE_UTILIZATION_POLICY", "FORCE"),
         ])
         .unwrap();
-        assert_eq!(config.sm_limit, Some(30));
+        assert_eq!(config.sm_limits, [30; MAX_DEVICES]);
         assert_eq!(config.core_policy, CoreUtilizationPolicy::Force);
         assert_eq!(config.region_limits().sm_percent, [30; MAX_DEVICES]);
         for no_limit in ["0", "100"] {
             let (config, _) = read(&[("CUDA_DEVICE_SM_LIMIT", no_limit)]).unwrap();
-            assert_eq!(config.sm_limit, None);
+            assert!(!config.any_sm_limit());
             assert_eq!(config.core_policy, CoreUtilizationPolicy::Default);
         }
         for (name, value) in [
@@ -207,6 +242,42 @@ mod tests {
         ] {
             let err = read(&[(name, value)]).unwrap_err().to_string();
             assert!(err.contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn per_device_compute_limits_override_the_default() {
+        let (config, _) = read(&[
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "60"),
+            // 0 and 100 mean no limit on that device, whatever the default.
+            ("CUDA_DEVICE_SM_LIMIT_2", "0"),
+            ("CUDA_DEVICE_SM_LIMIT_3", "100"),
+        ])
+        .unwrap();
+        assert_eq!(config.sm_limits[..5], [30, 60, 0, 0, 30]);
+        assert_eq!(config.sm_limits[15], 30);
+        // A per-device limit alone limits only its device.
+        let (config, _) = read(&[("CUDA_DEVICE_SM_LIMIT_15", "25")]).unwrap();
+        let mut expected = [0; MAX_DEVICES];
+        expected[15] = 25;
+        assert_eq!(config.sm_limits, expected);
+        assert!(config.any_sm_limit() && !config.any_limit());
+    }
+
+    #[test]
+    fn a_malformed_per_device_compute_limit_names_its_variable() {
+        for value in ["101", "-1", "2x", "", " 30", "1.5", "0x10"] {
+            let err = read(&[
+                ("CUDA_DEVICE_SM_LIMIT", "30"),
+                ("CUDA_DEVICE_SM_LIMIT_7", value),
+            ])
+            .unwrap_err()
+            .to_string();
+            assert_eq!(
+                err,
+                format!("CUDA_DEVICE_SM_LIMIT_7={value:?}: must be a whole number from 0 to 100"),
+            );
         }
     }
 

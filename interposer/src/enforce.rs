@@ -72,7 +72,7 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
             }
             Some(region)
         }
-        Err(e) if config.any_limit() || config.sm_limit.is_some() => {
+        Err(e) if config.any_limit() || config.any_sm_limit() => {
             log!(
                 ERROR,
                 "limits are set but the shared region is unusable, refusing CUDA: {}",

@@ -105,6 +105,8 @@ struct Output {
 
 /// Asserts every window after the first (settling) is within the tolerance.
 fn assert_near(windows: &[u64], target: u64, output: &Output) {
+    // Shown with --nocapture: the figures docs/interposer.md quotes.
+    eprintln!("{}: target {target} %, windows {windows:?}", output.what);
     assert!(windows.len() >= 2, "{}: {}", output.what, output.stdout);
     for (i, &w) in windows.iter().enumerate().skip(1) {
         assert!(
@@ -117,6 +119,7 @@ fn assert_near(windows: &[u64], target: u64, output: &Output) {
 }
 
 fn assert_unthrottled(windows: &[u64], output: &Output) {
+    eprintln!("{}: unthrottled, windows {windows:?}", output.what);
     assert!(!windows.is_empty(), "{}: {}", output.what, output.stdout);
     for &w in windows.iter().skip(1) {
         assert!(
@@ -181,6 +184,46 @@ fn sm_limit_holds_utilisation_within_five_points() {
     }
     let (windows, output) = unlimited.windows();
     assert_unthrottled(&windows, &output);
+}
+
+#[test]
+fn each_device_is_throttled_to_its_own_limit() {
+    let _turn = one_at_a_time();
+    // Two fake GPUs. One container: 20 % by default, 60 % on device 1
+    // (CUDA_DEVICE_SM_LIMIT_1 overrides); one process per device.
+    let world = World::new("8g")
+        .env("FAKE_CUDA_DEVICE_COUNT", "2")
+        .env("CUDA_DEVICE_SM_LIMIT", "20")
+        .env("CUDA_DEVICE_SM_LIMIT_1", "60");
+    let on_1 = world.same_container().env("PROBE_DEVICE", "1");
+    // Another container on two other GPUs: a limit on device 1 only.
+    let other = World::new("8g")
+        .env("FAKE_CUDA_DEVICE_COUNT", "2")
+        .env("CUDA_DEVICE_SM_LIMIT_1", "35");
+    let other_1 = other.same_container().env("PROBE_DEVICE", "1");
+    let runs: Vec<(Run, Option<u64>)> = [
+        (&world, Some(20)),
+        (&on_1, Some(60)),
+        (&other, None),
+        (&other_1, Some(35)),
+    ]
+    .into_iter()
+    .map(|(w, target)| (Run::start(w, Loader::Linked, true, "kernel", "3.2"), target))
+    .collect();
+    for (run, target) in runs {
+        let (windows, output) = run.windows();
+        assert!(windows.len() >= 3, "{}", output.stdout);
+        match target {
+            Some(target) => assert_near(&windows, target, &output),
+            None => assert_unthrottled(&windows, &output),
+        }
+    }
+    let limits = |w: &World| -> Vec<Option<u8>> {
+        let snapshot = Region::open(&w.region_path()).unwrap().snapshot();
+        snapshot.devices[..3].iter().map(|d| d.sm_limit).collect()
+    };
+    assert_eq!(limits(&world), [Some(20), Some(60), Some(20)]);
+    assert_eq!(limits(&other), [None, Some(35), None]);
 }
 
 #[test]
@@ -342,6 +385,8 @@ fn a_bad_compute_setting_refuses_cuda_and_disable_control_runs_free() {
     for (name, value) in [
         ("CUDA_DEVICE_SM_LIMIT", "2x"),
         ("CUDA_DEVICE_SM_LIMIT", "101"),
+        ("CUDA_DEVICE_SM_LIMIT_1", "-5"),
+        ("CUDA_DEVICE_SM_LIMIT_15", "50%"),
         ("GPU_CORE_UTILIZATION_POLICY", "sometimes"),
     ] {
         let world = World::new("8g").env(name, value);

@@ -44,7 +44,8 @@
  *                                   the launch count.
  *                                   The plain paths use the legacy default stream, the _ptsz ones
  *                                   the per-thread default stream, graphs a created stream
- *                                   (a graph captures 4 launches of blocks/4 each)
+ *                                   (a graph captures 4 launches of blocks/4 each); on device
+ *                                   $PROBE_DEVICE (CUDA ordinal and NVML index, default 0)
  *   launchbench <threads> <rounds>  time cuLaunchKernel of one block, in batches of 10 (the clock
  *                                   may tick in 10 ns steps): p50/p99/mean ns per launch of <rounds>
  *                                   batches per thread
@@ -676,13 +677,15 @@ static CUresult launch_once(const char *path, int pt, unsigned blocks, void *str
 }
 
 static int cmd_launch(const char *path, double seconds, unsigned blocks) {
-    context(0);
+    /* $PROBE_DEVICE: the CUDA ordinal and NVML index to use (default 0). */
+    int dev = getenv("PROBE_DEVICE") ? atoi(getenv("PROBE_DEVICE")) : 0;
+    context(dev);
     load_exec();
     load_nvml();
     nvmlReturn_t nrc = nvml.nvmlInit_v2();
     if (nrc) die("nvmlInit_v2", nrc);
     nvmlDevice_t device;
-    if ((nrc = nvml.nvmlDeviceGetHandleByIndex_v2(0, &device))) die("nvmlDeviceGetHandleByIndex_v2", nrc);
+    if ((nrc = nvml.nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &device))) die("nvmlDeviceGetHandleByIndex_v2", nrc);
     unsigned util[2];
     /* Starts this process's utilisation sample period. */
     if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);

@@ -140,8 +140,44 @@ impl World {
         self
     }
 
+    /// The shared region of this world's container.
     pub fn region_path(&self) -> PathBuf {
-        self.dir.path().join("vgpu.region")
+        self.var("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.dir.path().join("vgpu.region"))
+    }
+
+    /// The value this world gives a variable (the last one set).
+    pub fn var(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Another process of this world's container: the same environment
+    /// (region, fake GPU, limits), to which more variables can be added.
+    #[allow(dead_code)] // not every test file uses it
+    pub fn same_container(&self) -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            env: self.env.clone(),
+        }
+    }
+
+    /// Another container on this world's fake GPUs: its own region and
+    /// environment, the same fake device state (`FAKE_CUDA_*`).
+    #[allow(dead_code)] // not every test file uses it
+    pub fn neighbour(&self) -> Self {
+        let mut world = Self::new("8g");
+        world.env.extend(
+            self.env
+                .iter()
+                .filter(|(n, _)| n.starts_with("FAKE_CUDA_"))
+                .cloned(),
+        );
+        world
     }
 
     /// A probe command, preloaded or not.
