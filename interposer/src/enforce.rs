@@ -265,6 +265,18 @@ impl Enforcer {
         Some((self.compute.as_ref()?, self.region.as_ref()?))
     }
 
+    /// The container's region, if this process uses one.
+    pub(crate) fn region(&self) -> Option<&Region> {
+        self.region.as_ref()
+    }
+
+    /// This process's slot in the region, claimed on first use (one load
+    /// once claimed).
+    #[allow(dead_code)] // TEMP: the compute limiter's, next commit
+    pub(crate) fn own_slot(&self) -> Option<SlotId> {
+        self.slot(self.region.as_ref()?)
+    }
+
     /// The limit of CUDA ordinal `dev` in bytes, if any.
     pub fn limit(&self, dev: CUdevice) -> Option<u64> {
         let limit = *self.limits.get(usize::try_from(dev).ok()?)?;

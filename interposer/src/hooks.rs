@@ -193,6 +193,10 @@ driver_api! {
         fn cuGraphMemAllocNodeGetParams(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS);
         fn cuGraphChildGraphNodeGetGraph(CUgraphNode, *mut CUgraph);
         fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void);
+        fn cuDeviceGetCount(*mut c_int);
+        fn cuDeviceGet(*mut CUdevice, c_int);
+        fn cuDeviceGetUuid(*mut [u8; 16], CUdevice);
+        fn cuDeviceGetUuid_v2(*mut [u8; 16], CUdevice);
     }
 }
 

@@ -37,6 +37,7 @@ mod driver;
 
 mod compute;
 pub mod config;
+mod devices;
 // The trampoline is written for x86_64; on other targets `dlsym` is not
 // intercepted. Unit tests do not export it (they would intercept their own).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]

@@ -1,26 +1,49 @@
 //! NVML hooks: `nvmlDeviceGetMemoryInfo(_v2)` report the container's slice,
-//! so `nvidia-smi` and NVML-based tools inside the container see the limit.
+//! so `nvidia-smi` and NVML-based tools inside the container see the limit,
+//! and the process queries list only the container's processes
+//! ([`procs`]).
 //!
-//! An NVML device is matched to a limit by its NVML index, which inside a
-//! container counts the visible devices as CUDA ordinals do (HAMi-core's
-//! identity mapping; see `docs/interposer.md`).
+//! An NVML device is matched to the limit of its CUDA ordinal by UUID
+//! ([`crate::devices`]): NVML enumerates in PCI order, CUDA (by default)
+//! fastest first.
 
-use std::ffi::c_uint;
+use std::ffi::{c_char, c_uint};
 
+use crate::devices::{Ordinal, cuda_ordinal};
 use crate::enforce::{State, state};
 use crate::sys::{
     NVML_ERROR_UNINITIALIZED, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t,
-    nvmlReturn_t,
+    nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
 };
+
+pub(crate) mod procs;
 
 driver_api! {
     returns nvmlReturn_t;
     hooked {
         fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) => memory_info;
         fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) => memory_info_v2;
+        fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => procs::compute_processes;
+        fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::compute_processes_v2;
+        fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::compute_processes_v3;
+        fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => procs::graphics_processes;
+        fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::graphics_processes_v2;
+        fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::graphics_processes_v3;
+        fn nvmlDeviceGetMPSComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => procs::mps_processes;
+        fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::mps_processes_v2;
+        fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::mps_processes_v3;
+        fn nvmlDeviceGetProcessUtilization(
+            device: nvmlDevice_t,
+            samples: *mut nvmlProcessUtilizationSample_t,
+            count: *mut c_uint,
+            last_seen: u64,
+        ) => procs::process_utilization;
     }
     called {
         fn nvmlDeviceGetIndex(nvmlDevice_t, *mut c_uint);
+        fn nvmlInit_v2();
+        fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint);
+        fn nvmlDeviceGetHandleByUUID(*const c_char, *mut nvmlDevice_t);
     }
 }
 
@@ -30,11 +53,11 @@ fn slice(device: nvmlDevice_t) -> Option<(u64, u64)> {
     let State::Enforcing(enforcer) = state() else {
         return None;
     };
-    let mut index: c_uint = 0;
-    if real_nvml!(nvmlDeviceGetIndex(device, &mut index)) != NVML_SUCCESS {
+    let Ordinal::Cuda(ordinal) = cuda_ordinal(device)? else {
+        // Not one of this process's CUDA devices: no limit of ours applies.
         return None;
-    }
-    let dev = i32::try_from(index).ok()?;
+    };
+    let dev = i32::try_from(ordinal).ok()?;
     let limit = enforcer.limit(dev)?;
     Some((limit, enforcer.used(dev).min(limit)))
 }

@@ -233,8 +233,64 @@ pub const NVML_SUCCESS: nvmlReturn_t = 0;
 /// NVML was not initialised (the interposer also returns it when its
 /// configuration is invalid).
 pub const NVML_ERROR_UNINITIALIZED: nvmlReturn_t = 1;
+/// No such device, or no data (e.g. no utilisation samples since the time given).
+pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
+/// The buffer is too small; the count says how many entries are needed.
+pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 /// The NVML library lacks a function.
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
+/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`: room for any device's UUID string.
+pub const NVML_DEVICE_UUID_BUFFER_SIZE: usize = 96;
+
+/// `nvmlProcessInfo_v1_t`: what `nvmlDeviceGetComputeRunningProcesses`
+/// (and the graphics and MPS lists) fill.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessInfo_v1_t {
+    /// The process, in the driver's (the host's) pid namespace.
+    pub pid: std::ffi::c_uint,
+    /// Device memory it holds, bytes.
+    pub used_gpu_memory: u64,
+}
+
+/// `nvmlProcessInfo_t` (= `nvmlProcessInfo_v2_t`): what the `_v2` and `_v3`
+/// process lists fill.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessInfo_t {
+    /// The process, in the driver's pid namespace.
+    pub pid: std::ffi::c_uint,
+    /// Device memory it holds, bytes.
+    pub used_gpu_memory: u64,
+    /// MIG GPU instance, or `NVML_VALUE_NOT_AVAILABLE`.
+    pub gpu_instance_id: std::ffi::c_uint,
+    /// MIG compute instance, or `NVML_VALUE_NOT_AVAILABLE`.
+    pub compute_instance_id: std::ffi::c_uint,
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessUtilizationSample_t {
+    /// The process, in the driver's pid namespace.
+    pub pid: std::ffi::c_uint,
+    /// When the sample was taken: CPU time, µs (`CLOCK_REALTIME`).
+    pub time_stamp: u64,
+    /// Percent of the sample period a kernel of the process ran.
+    pub sm_util: std::ffi::c_uint,
+    /// Percent of the period its memory was read or written.
+    pub mem_util: std::ffi::c_uint,
+    /// Encoder utilisation, percent.
+    pub enc_util: std::ffi::c_uint,
+    /// Decoder utilisation, percent.
+    pub dec_util: std::ffi::c_uint,
+}
+
+const _: () = {
+    assert!(size_of::<nvmlProcessInfo_v1_t>() == 16);
+    assert!(size_of::<nvmlProcessInfo_t>() == 24);
+    assert!(size_of::<nvmlProcessUtilizationSample_t>() == 32);
+};
 
 /// `nvmlMemory_t` (bytes).
 #[repr(C)]

@@ -40,10 +40,13 @@
 )]
 
 mod array;
+mod device;
 mod exec;
 mod inject;
 mod pool;
+mod procs;
 mod state;
+mod uuid;
 mod vmm;
 
 use std::cell::Cell;
@@ -54,6 +57,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use array::*;
+use device::*;
 use exec::*;
 use pool::*;
 use state::Physical;
@@ -614,6 +618,7 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuDeviceGet" => vec![v!(2000, cuDeviceGet)],
         b"cuDeviceGetCount" => vec![v!(2000, cuDeviceGetCount)],
         b"cuDeviceGetName" => vec![v!(2000, cuDeviceGetName)],
+        b"cuDeviceGetUuid" => vec![v!(9020, cuDeviceGetUuid), v!(11040, cuDeviceGetUuid_v2)],
         b"cuDeviceTotalMem" => vec![v!(3020, cuDeviceTotalMem_v2)],
         b"cuCtxCreate" => vec![v!(3020, cuCtxCreate_v2)],
         b"cuCtxDestroy" => vec![v!(4000, cuCtxDestroy_v2)],

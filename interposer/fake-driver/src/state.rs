@@ -170,6 +170,9 @@ impl Physical {
         match taken {
             Ok(before) => {
                 device.peak.fetch_max(before + bytes, Ordering::Relaxed);
+                if let Some(procs) = crate::procs::procs() {
+                    procs.memory(dev, bytes as i64);
+                }
                 true
             }
             Err(_) => false,
@@ -193,7 +196,7 @@ impl Physical {
     /// Enqueues `duration` ns of work on device `dev` at `now`; returns when
     /// it ends.
     pub(crate) fn enqueue(&self, dev: usize, now: u64, duration: u64) -> u64 {
-        self.locked(dev, |d| {
+        let end = self.locked(dev, |d| {
             let _ = d
                 .first_launch
                 .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
@@ -203,7 +206,12 @@ impl Physical {
             d.enqueued_ns.fetch_add(duration, Ordering::Relaxed);
             d.launches.fetch_add(1, Ordering::Relaxed);
             end
-        })
+        });
+        // Which process's work ran when, for the fake NVML.
+        if let Some(procs) = crate::procs::procs() {
+            procs.ran(dev, end - duration, end);
+        }
+        end
     }
 
     /// Nanoseconds device `dev` has been busy up to `now`, and its launches.
@@ -226,6 +234,9 @@ impl Physical {
     }
 
     pub(crate) fn release(&self, dev: usize, bytes: u64) {
+        if let Some(procs) = crate::procs::procs() {
+            procs.memory(dev, -(bytes as i64));
+        }
         let _ = self.layout().devices[dev].used.fetch_update(
             Ordering::AcqRel,
             Ordering::Relaxed,

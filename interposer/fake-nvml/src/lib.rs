@@ -6,10 +6,21 @@
 //! shared by source with `interposer/fake-driver`), so memory allocated
 //! through the fake driver shows as used here, as on a real GPU. Implemented:
 //! `nvmlInit_v2`, `nvmlShutdown`, `nvmlDeviceGetCount_v2`,
-//! `nvmlDeviceGetHandleByIndex_v2`, `nvmlDeviceGetIndex`,
-//! `nvmlDeviceGetMemoryInfo`, `nvmlDeviceGetMemoryInfo_v2` and
-//! `nvmlDeviceGetUtilizationRates` (from the fake driver's simulated
-//! timeline), with NVML's argument checks and return codes.
+//! `nvmlDeviceGetHandleByIndex_v2`, `nvmlDeviceGetHandleByUUID`,
+//! `nvmlDeviceGetIndex`, `nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo`,
+//! `nvmlDeviceGetMemoryInfo_v2`, `nvmlDeviceGetUtilizationRates` (from the
+//! fake driver's simulated timeline) and, in `processes.rs`,
+//! `nvmlDeviceGetComputeRunningProcesses` (v1, `_v2`, `_v3`) and
+//! `nvmlDeviceGetProcessUtilization` (from the fake driver's per-process
+//! accounting, `fake-driver/src/procs.rs`), with NVML's argument checks and
+//! return codes.
+//!
+//! NVML lists the devices in the order of `FAKE_NVML_DEVICE_ORDER`, a
+//! comma-separated permutation of the fake driver's devices (CUDA ordinals):
+//! `1,0` makes NVML index 0 the driver's device 1. Unset: the same order.
+//! UUIDs are the driver's (`fake-driver/src/uuid.rs`), so a client can match
+//! the two orders as on a real machine, where CUDA may enumerate fastest
+//! first and NVML in PCI order.
 
 #![allow(unsafe_code)] // a C ABI library; every block carries a SAFETY comment
 #![allow(non_snake_case, non_camel_case_types)] // exports carry NVML's names
@@ -19,11 +30,17 @@
     clippy::missing_safety_doc
 )]
 
+mod processes;
+#[path = "../../fake-driver/src/procs.rs"]
+#[allow(dead_code)] // the writing side belongs to the fake driver
+mod procs;
 #[path = "../../fake-driver/src/state.rs"]
 #[allow(dead_code)] // the allocation side of the state belongs to the fake driver
 mod state;
+#[path = "../../fake-driver/src/uuid.rs"]
+mod uuid;
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -36,6 +53,8 @@ type nvmlDevice_t = *mut c_void;
 const NVML_SUCCESS: nvmlReturn_t = 0;
 const NVML_ERROR_UNINITIALIZED: nvmlReturn_t = 1;
 const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
+const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
+const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
 const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
 
@@ -88,7 +107,35 @@ fn physical() -> Result<&'static Physical, nvmlReturn_t> {
     }
 }
 
-/// The index behind a handle.
+/// The fake driver's device behind each NVML index (`FAKE_NVML_DEVICE_ORDER`).
+fn order() -> Result<&'static [usize], nvmlReturn_t> {
+    static ORDER: OnceLock<Result<Vec<usize>, String>> = OnceLock::new();
+    let count = physical()?.device_count();
+    let order = ORDER.get_or_init(|| match std::env::var("FAKE_NVML_DEVICE_ORDER") {
+        Err(_) => Ok((0..count).collect()),
+        Ok(v) => {
+            let order: Option<Vec<usize>> = v.split(',').map(|d| d.trim().parse().ok()).collect();
+            let mut sorted = order.clone().unwrap_or_default();
+            sorted.sort_unstable();
+            if sorted == (0..count).collect::<Vec<_>>() {
+                Ok(order.unwrap_or_default())
+            } else {
+                Err(format!(
+                    "FAKE_NVML_DEVICE_ORDER={v:?}: must list each of the {count} devices once, e.g. 1,0"
+                ))
+            }
+        }
+    });
+    match order {
+        Ok(order) => Ok(order),
+        Err(message) => {
+            eprintln!("fake libnvidia-ml: {message}");
+            Err(NVML_ERROR_UNKNOWN)
+        }
+    }
+}
+
+/// The NVML index behind a handle.
 fn index(device: nvmlDevice_t) -> Result<usize, nvmlReturn_t> {
     let count = physical()?.device_count();
     (device as usize)
@@ -97,9 +144,14 @@ fn index(device: nvmlDevice_t) -> Result<usize, nvmlReturn_t> {
         .ok_or(NVML_ERROR_INVALID_ARGUMENT)
 }
 
+/// The fake driver's device (its CUDA ordinal) behind a handle.
+fn driver_device(device: nvmlDevice_t) -> Result<usize, nvmlReturn_t> {
+    Ok(order()?[index(device)?])
+}
+
 /// Physical (total, used) of a device.
 fn memory(device: nvmlDevice_t) -> Result<(u64, u64), nvmlReturn_t> {
-    let dev = index(device)?;
+    let dev = driver_device(device)?;
     let physical = physical()?;
     let total = physical.total(dev);
     Ok((total, physical.used(dev).min(total)))
@@ -191,6 +243,61 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     })
 }
 
+/// `nvmlDeviceGetUUID`: `GPU-` and the UUID `cuDeviceGetUuid` reports for
+/// the same device.
+///
+/// # Safety
+///
+/// `uuid` is NULL or valid for `length` bytes of writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        let text = uuid::uuid_string(driver_device(device)?);
+        if uuid.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if (length as usize) < text.len() + 1 {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        // SAFETY: `uuid` is valid for `length` > text.len() bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), uuid, text.len());
+            uuid.add(text.len()).write(0);
+        }
+        Ok(())
+    })
+}
+
+/// `nvmlDeviceGetHandleByUUID`.
+///
+/// # Safety
+///
+/// `uuid` is NULL or NUL-terminated; `device` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        if uuid.is_null() || device.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-NULL and NUL-terminated per the caller.
+        let wanted = unsafe { CStr::from_ptr(uuid) }.to_bytes();
+        let index = order()?
+            .iter()
+            .position(|&dev| uuid::uuid_string(dev).as_bytes() == wanted)
+            .ok_or(NVML_ERROR_NOT_FOUND)?;
+        // SAFETY: checked non-NULL above; valid for writes per the caller.
+        unsafe { device.write((HANDLE_BASE + index) as nvmlDevice_t) };
+        Ok(())
+    })
+}
+
 /// `nvmlDeviceGetMemoryInfo`: physical usage across every process.
 ///
 /// # Safety
@@ -268,7 +375,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
     guard(|| {
-        let dev = index(device)?;
+        let dev = driver_device(device)?;
         // SAFETY: NULL-checked; valid for writes per the caller.
         let out = unsafe { utilization.as_mut() }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
         let now = state::now_ns();

@@ -34,13 +34,17 @@
  *   stats <dev>                     the fake driver's physical usage and peak
  *   nvml <index>                    NVML memory info (v1 and v2), without touching CUDA;
  *                                   NVML is linked, or dlopen'ed by the dlsym loaders
+ *   procs <index>                   NVML UUID, compute processes (v1, _v2, _v3: the size query with
+ *                                   no buffer, then v<n>_pid_<i> and v<n>_used_<i>) and the
+ *                                   processes with utilisation samples, without touching CUDA
  *   lookup <name> <version>         cuGetProcAddress_v2's result and status
  *   launch <path> <seconds> <blocks>
  *                                   launch <blocks>-block grids for <seconds> through one path
  *                                   (kernel, ex, coop, graph, each also with _ptsz), synchronising
  *                                   the stream every 8 launches; print the NVML utilisation of
  *                                   each window ending at 1 s, 2 s, ... after the start (as
- *                                   soon after as a launch returns; window_<i>=<percent>) and
+ *                                   soon after as a launch returns; window_<i>=<percent>), this
+ *                                   process's own NVML utilisation in each window (own_<i>) and
  *                                   the launch count.
  *                                   The plain paths use the legacy default stream, the _ptsz ones
  *                                   the per-thread default stream, graphs a created stream
@@ -104,6 +108,21 @@ typedef struct {
     unsigned long long total, reserved, free, used;
 } nvmlMemory_v2_t;
 #define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+typedef nvmlReturn_t (*nvml_procs_fn)(nvmlDevice_t, unsigned *, void *);
 
 static struct {
     nvmlReturn_t (*nvmlInit_v2)(void);
@@ -111,6 +130,11 @@ static struct {
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
     nvmlReturn_t (*nvmlDeviceGetUtilizationRates)(nvmlDevice_t, unsigned *);
+    nvmlReturn_t (*nvmlDeviceGetUUID)(nvmlDevice_t, char *, unsigned);
+    nvmlReturn_t (*nvmlDeviceGetProcessUtilization)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *,
+                                                    unsigned long long);
+    /* nvmlDeviceGetComputeRunningProcesses (v1 entries), _v2 and _v3 (nvmlProcessInfo_t). */
+    nvml_procs_fn procs[3];
 } nvml;
 
 static struct {
@@ -225,9 +249,20 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, unsigned *);
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t, char *, unsigned);
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *,
+                                             unsigned long long);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
 
 static void load_nvml(void) {
     nvml.nvmlDeviceGetUtilizationRates = nvmlDeviceGetUtilizationRates;
+    nvml.nvmlDeviceGetUUID = nvmlDeviceGetUUID;
+    nvml.nvmlDeviceGetProcessUtilization = nvmlDeviceGetProcessUtilization;
+    nvml.procs[0] = (nvml_procs_fn)nvmlDeviceGetComputeRunningProcesses;
+    nvml.procs[1] = (nvml_procs_fn)nvmlDeviceGetComputeRunningProcesses_v2;
+    nvml.procs[2] = (nvml_procs_fn)nvmlDeviceGetComputeRunningProcesses_v3;
     nvml.nvmlInit_v2 = nvmlInit_v2;
     nvml.nvmlDeviceGetHandleByIndex_v2 = nvmlDeviceGetHandleByIndex_v2;
     nvml.nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
@@ -264,6 +299,14 @@ static void load_nvml(void) {
     nvml.nvmlDeviceGetMemoryInfo = need(dlsym(lib, "nvmlDeviceGetMemoryInfo"), "nvmlDeviceGetMemoryInfo");
     nvml.nvmlDeviceGetMemoryInfo_v2 = need(dlsym(lib, "nvmlDeviceGetMemoryInfo_v2"), "nvmlDeviceGetMemoryInfo_v2");
     nvml.nvmlDeviceGetUtilizationRates = need(dlsym(lib, "nvmlDeviceGetUtilizationRates"), "nvmlDeviceGetUtilizationRates");
+    nvml.nvmlDeviceGetUUID = need(dlsym(lib, "nvmlDeviceGetUUID"), "nvmlDeviceGetUUID");
+    nvml.nvmlDeviceGetProcessUtilization =
+        need(dlsym(lib, "nvmlDeviceGetProcessUtilization"), "nvmlDeviceGetProcessUtilization");
+    nvml.procs[0] = need(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses"), "nvmlDeviceGetComputeRunningProcesses");
+    nvml.procs[1] =
+        need(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2"), "nvmlDeviceGetComputeRunningProcesses_v2");
+    nvml.procs[2] =
+        need(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"), "nvmlDeviceGetComputeRunningProcesses_v3");
 }
 
 #if defined(LOADER_DLSYM)
@@ -676,6 +719,29 @@ static CUresult launch_once(const char *path, int pt, unsigned blocks, void *str
     return -1;
 }
 
+static unsigned long long realtime_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+}
+
+/* This process's NVML utilisation of the device since *seen (NVML's CPU timestamp), which it advances. */
+static unsigned own_utilization(nvmlDevice_t device, unsigned long long *seen) {
+    nvmlProcessUtilizationSample_t samples[64];
+    unsigned count = 64;
+    unsigned long long now = realtime_us();
+    nvmlReturn_t rc = nvml.nvmlDeviceGetProcessUtilization(device, samples, &count, *seen);
+    *seen = now;
+    if (rc == 6 /* NVML_ERROR_NOT_FOUND: nothing ran */) return 0;
+    if (rc) die("nvmlDeviceGetProcessUtilization", rc);
+    unsigned own = 0;
+    for (unsigned i = 0; i < count; i++) {
+        if (samples[i].pid == (unsigned)getpid()) own = samples[i].smUtil;
+        if (samples[i].timeStamp > *seen) *seen = samples[i].timeStamp;
+    }
+    return own;
+}
+
 static int cmd_launch(const char *path, double seconds, unsigned blocks) {
     /* $PROBE_DEVICE: the CUDA ordinal and NVML index to use (default 0). */
     int dev = getenv("PROBE_DEVICE") ? atoi(getenv("PROBE_DEVICE")) : 0;
@@ -689,6 +755,7 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
     unsigned util[2];
     /* Starts this process's utilisation sample period. */
     if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
+    unsigned long long seen = realtime_us();
 
     int pt = strstr(path, "_ptsz") != NULL;
     void *stream = NULL, *graph_exec = NULL;
@@ -714,6 +781,7 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
         unsigned long long t = now_ns();
         if (t >= window_end) {
             if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
+            printf("own_%d=%u\n", windows, own_utilization(device, &seen));
             printf("window_%d=%u\n", windows++, util[0]);
             window_end += 1000000000ull;
         }
@@ -722,6 +790,42 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
     if ((rc = cu.stream_sync[pt](stream))) die("cuStreamSynchronize", rc);
     printf("windows=%d\nlaunches=%ld\n", windows, launches);
     if (cu.per_thread_calls) printf("per_thread_calls=%llu\n", cu.per_thread_calls());
+    return 0;
+}
+
+static int cmd_procs(unsigned index) {
+    load_nvml();
+    nvmlReturn_t rc = nvml.nvmlInit_v2();
+    if (rc) die("nvmlInit_v2", rc);
+    nvmlDevice_t device;
+    if ((rc = nvml.nvmlDeviceGetHandleByIndex_v2(index, &device))) die("nvmlDeviceGetHandleByIndex_v2", rc);
+    char uuid[96];
+    if ((rc = nvml.nvmlDeviceGetUUID(device, uuid, sizeof uuid))) die("nvmlDeviceGetUUID", rc);
+    printf("uuid=%s\n", uuid);
+    for (int v = 0; v < 3; v++) {
+        /* How many: no buffer. */
+        unsigned count = 0;
+        rc = nvml.procs[v](device, &count, NULL);
+        printf("v%d_size_rc=%d\nv%d_needed=%u\n", v + 1, rc, v + 1, count);
+        nvmlProcessInfo_t infos[64];
+        nvmlProcessInfo_v1_t infos_v1[64];
+        count = 64;
+        rc = nvml.procs[v](device, &count, v ? (void *)infos : (void *)infos_v1);
+        printf("v%d_rc=%d\nv%d_count=%u\n", v + 1, rc, v + 1, count);
+        for (unsigned i = 0; i < count && !rc; i++) {
+            unsigned pid = v ? infos[i].pid : infos_v1[i].pid;
+            unsigned long long used = v ? infos[i].usedGpuMemory : infos_v1[i].usedGpuMemory;
+            printf("v%d_pid_%u=%u\nv%d_used_%u=%llu\n", v + 1, i, pid, v + 1, i, used);
+        }
+    }
+    nvmlProcessUtilizationSample_t samples[64];
+    unsigned count = 0;
+    rc = nvml.nvmlDeviceGetProcessUtilization(device, NULL, &count, 0);
+    printf("util_size_rc=%d\nutil_needed=%u\n", rc, count);
+    count = 64;
+    rc = nvml.nvmlDeviceGetProcessUtilization(device, samples, &count, 0);
+    printf("util_rc=%d\nutil_count=%u\n", rc, rc ? 0 : count);
+    for (unsigned i = 0; i < count && !rc; i++) printf("util_pid_%u=%u\n", i, samples[i].pid);
     return 0;
 }
 
@@ -786,6 +890,7 @@ int main(int argc, char **argv) {
         return cmd_race(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0), (useconds_t)atoi(argv[5]));
     if (!strcmp(c, "fork") && argc == 4) return cmd_fork(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     if (!strcmp(c, "nvml") && argc == 3) return cmd_nvml((unsigned)atoi(argv[2]));
+    if (!strcmp(c, "procs") && argc == 3) return cmd_procs((unsigned)atoi(argv[2]));
     if (!strcmp(c, "bench") && argc == 5) return cmd_bench(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0));
     if (!strcmp(c, "stats") && argc == 3) return cmd_stats(atoi(argv[2]));
     if (!strcmp(c, "lookup") && argc == 4) return cmd_lookup(argv[2], atoi(argv[3]));

@@ -1,0 +1,52 @@
+//! The fake devices' UUIDs, shared by source with the fake NVML so that
+//! `cuDeviceGetUuid(_v2)` and `nvmlDeviceGetUUID` agree, as on a real GPU.
+//!
+//! Device `d` of the fake driver (its CUDA ordinal; the fake NVML may list
+//! the devices in another order, see `FAKE_NVML_DEVICE_ORDER`) has the
+//! UUID `7e55e4a0-fa4e-4000-8000-0000000000dd` (`dd` = `d` in hex).
+
+/// The 16 bytes `cuDeviceGetUuid` reports for device `dev`.
+pub(crate) fn uuid(dev: usize) -> [u8; 16] {
+    let mut bytes = [
+        0x7e, 0x55, 0xe4, 0xa0, 0xfa, 0x4e, 0x40, 0x00, 0x80, 0x00, 0, 0, 0, 0, 0, 0,
+    ];
+    bytes[15] = dev as u8;
+    bytes
+}
+
+/// The string NVML reports for device `dev`: `GPU-` and the UUID.
+#[allow(dead_code)] // used by the fake NVML, which shares this file
+pub(crate) fn uuid_string(dev: usize) -> String {
+    let b = uuid(dev);
+    format!(
+        "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+        b[0],
+        b[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5],
+        b[6],
+        b[7],
+        b[8],
+        b[9],
+        b[10],
+        b[11],
+        b[12],
+        b[13],
+        b[14],
+        b[15]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_string_is_nvml_s_format_of_the_bytes() {
+        assert_eq!(
+            super::uuid_string(10),
+            "GPU-7e55e4a0-fa4e-4000-8000-00000000000a"
+        );
+        assert_ne!(super::uuid(0), super::uuid(1));
+    }
+}
