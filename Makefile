@@ -37,6 +37,8 @@ bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-controllers --bench throughput
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-node-agent --bench allocate
 	$(CARGO) bench -p tessera-interposer --bench alloc
+	$(CARGO) build --release -p tessera-controllers -p tessera-node-agent -p tessera-interposer -p tessera-fake-cuda -p tessera-fake-nvml
+	TESSERA_ARTIFACTS_DIR="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release" TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-e2e --bench real_nodes
 
 gpu-check: ## On a machine with an NVIDIA GPU and PyTorch: check the interposer against the real driver
 	$(CARGO) build --release -p tessera-interposer

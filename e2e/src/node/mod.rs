@@ -319,6 +319,7 @@ impl RealNode {
     pub async fn wait_ready(&mut self, client: &Client) -> Result<(), Error> {
         let nodes: Api<Node> = Api::all(client.clone());
         let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last = None;
         loop {
             if let Some(node) = nodes.get_opt(&self.name).await? {
                 let status = node.status.unwrap_or_default();
@@ -335,6 +336,7 @@ impl RealNode {
                 if ready && gpus {
                     return Ok(());
                 }
+                last = Some((ready, gpus));
             }
             for process in [&mut self.containerd, &mut self.kubelet, &mut self.agent]
                 .into_iter()
@@ -343,8 +345,19 @@ impl RealNode {
                 process.check_running()?;
             }
             if Instant::now() > deadline {
+                let logs: Vec<String> = ["kubelet", "tessera-node-agent", "containerd"]
+                    .iter()
+                    .map(|name| {
+                        let log = self.dir.join(format!("{name}.log"));
+                        format!("--- {}:\n{}", log.display(), process::log_tail(&log, 15))
+                    })
+                    .collect();
                 return Err(Error::Timeout {
-                    what: format!("node {} to be Ready with GPUs", self.name),
+                    what: format!(
+                        "node {} to be Ready with GPUs (last seen: {last:?})\n{}",
+                        self.name,
+                        logs.join("\n")
+                    ),
                     seconds: READY_TIMEOUT.as_secs(),
                 });
             }
