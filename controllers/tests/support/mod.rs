@@ -22,9 +22,6 @@ use tessera_e2e::ControlPlane;
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
-/// The webhook's matchCondition: a container or init container names an
-/// `nvidia.com/` resource in limits or requests.
-pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))))";
 
 pub struct Cluster {
     pub extender_port: u16,
@@ -123,23 +120,11 @@ impl Cluster {
     /// Registers the webhook the way docs/configuration.md recommends:
     /// failurePolicy Fail, and matchConditions so only GPU pods are sent.
     async fn register_webhook(&self, port: u16) {
-        use base64::Engine;
         let ca = std::fs::read(&self.plane.pki().ca_cert).unwrap();
-        let config = json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "tessera"},
-            "webhooks": [{
-                "name": "pods.tessera.dev",
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "timeoutSeconds": 5,
-                "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate"), "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
-                "matchConditions": [{"name": "asks-for-gpu-slices", "expression": GPU_POD_CONDITION}],
-            }],
-        });
+        let config = tessera_e2e::stack::webhook_configuration(
+            &format!("https://127.0.0.1:{port}/mutate"),
+            &ca,
+        );
         let api: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
             Api::all(self.client.clone());
         api.create(
