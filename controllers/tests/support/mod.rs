@@ -30,32 +30,11 @@ pub struct Cluster {
     pub projection: Projection,
 }
 
-/// kube-scheduler with only the extender scoring (the default score plugins
-/// are off so placements are deterministic), binding through the extender.
+/// kube-scheduler with only the extender scoring for `tessera-scheduler`
+/// (the default score plugins are off so placements are deterministic),
+/// binding through the extender.
 fn scheduler_config(port: u16) -> String {
-    format!(
-        r#"
-profiles:
-- schedulerName: tessera-scheduler
-  plugins:
-    score:
-      disabled: [{{name: "*"}}]
-extenders:
-- urlPrefix: http://127.0.0.1:{port}
-  filterVerb: filter
-  prioritizeVerb: prioritize
-  bindVerb: bind
-  weight: 1
-  enableHTTPS: false
-  nodeCacheCapable: true
-  httpTimeout: 30s
-  managedResources:
-  - {{name: nvidia.com/gpu, ignoredByScheduler: true}}
-  - {{name: nvidia.com/gpumem, ignoredByScheduler: true}}
-  - {{name: nvidia.com/gpumem-percentage, ignoredByScheduler: true}}
-  - {{name: nvidia.com/gpucores, ignoredByScheduler: true}}
-"#
-    )
+    tessera_e2e::stack::scheduler_config(port)
 }
 
 impl Cluster {
