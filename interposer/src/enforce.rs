@@ -122,7 +122,6 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
 
 /// What an allocation is known by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(dead_code)] // TEMP: contexts and graphs come in the next commits
 pub(crate) enum Key {
     /// A device pointer (`cuMemAlloc*`), released by `cuMemFree` (or
     /// `cuMemFreeAsync`).

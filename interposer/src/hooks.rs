@@ -31,6 +31,23 @@ driver_api! {
             flags: cuuint64_t,
             symbol_status: *mut CUdriverProcAddressQueryResult,
         ) => proc_address::get_proc_address_v2;
+        fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => memory::context::ctx_create;
+        fn cuCtxCreate_v3(
+            pctx: *mut CUcontext,
+            params: *mut c_void,
+            count: c_int,
+            flags: c_uint,
+            dev: CUdevice,
+        ) => memory::context::ctx_create_v3;
+        fn cuCtxCreate_v4(
+            pctx: *mut CUcontext,
+            params: *mut c_void,
+            flags: c_uint,
+            dev: CUdevice,
+        ) => memory::context::ctx_create_v4;
+        fn cuCtxDestroy_v2(ctx: CUcontext) => memory::context::ctx_destroy;
+        fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => memory::context::primary_ctx_retain;
+        fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => memory::context::primary_ctx_release;
         fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) => memory::mem_alloc;
         fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) => memory::mem_alloc_managed;
         fn cuMemAllocPitch_v2(

@@ -10,6 +10,7 @@ use crate::sys::{
 };
 
 pub(crate) mod array;
+pub(crate) mod context;
 pub(crate) mod graph;
 pub(crate) mod pool;
 pub(crate) mod vmm;

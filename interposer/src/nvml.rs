@@ -42,6 +42,7 @@ driver_api! {
     called {
         fn nvmlDeviceGetIndex(nvmlDevice_t, *mut c_uint);
         fn nvmlInit_v2();
+        fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t);
         fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint);
         fn nvmlDeviceGetHandleByUUID(*const c_char, *mut nvmlDevice_t);
     }

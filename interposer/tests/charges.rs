@@ -312,3 +312,97 @@ fn graph_allocations_are_charged_when_instantiated() {
         assert_eq!(Region::open(&world.region_path()).unwrap().used(0), 0);
     }
 }
+
+/// A probe holding a context until it is killed.
+struct Holder(std::process::Child);
+
+impl Holder {
+    fn start(world: &World) -> Self {
+        use std::io::{BufRead, BufReader};
+        let mut child = world
+            .program("charges", Loader::Linked, true, &["ctxhold"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready=1");
+        Self(child)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn contexts_are_charged_their_measured_footprint() {
+    // Each context takes 6 MiB of the fake GPU.
+    let world = || limited().env("FAKE_CUDA_CONTEXT_MEMORY", "6m");
+    for loader in Loader::ALL {
+        let world = world();
+        let r = world.charges(loader, true, &["context"]).ok();
+        let step = |name: &str| {
+            assert_eq!(
+                r.get(&format!("{name}_total")),
+                64 * MIB,
+                "{loader:?} {name}"
+            );
+            (
+                r.get(&format!("{name}_free")),
+                r.get(&format!("{name}_phys")),
+            )
+        };
+        assert_eq!(r.get("primary_rc"), 0);
+        // Measured through NVML (no context yet), then cuMemGetInfo.
+        assert_eq!(step("primary"), (58 * MIB, 6 * MIB), "{loader:?}");
+        assert_eq!(step("created"), (52 * MIB, 12 * MIB), "{loader:?}");
+        // Retaining an existing primary context takes nothing more.
+        assert_eq!(r.get("same_primary"), 1);
+        assert_eq!(step("retained_twice"), (52 * MIB, 12 * MIB), "{loader:?}");
+        assert_eq!(step("released_once"), (52 * MIB, 12 * MIB), "{loader:?}");
+        assert_eq!(r.get("filled"), 26, "{loader:?}");
+        assert_eq!(step("v3"), (46 * MIB, 18 * MIB), "{loader:?}");
+        assert_eq!(step("v4"), (40 * MIB, 24 * MIB), "{loader:?}");
+        assert_eq!(step("destroyed_v4"), (46 * MIB, 18 * MIB), "{loader:?}");
+        assert_eq!(step("destroyed_v3"), (52 * MIB, 12 * MIB), "{loader:?}");
+        // The last release destroys the primary context.
+        assert_eq!(step("released"), (58 * MIB, 6 * MIB), "{loader:?}");
+        assert_eq!(Region::open(&world.region_path()).unwrap().used(0), 0);
+    }
+
+    // Measured from this process's own usage in NVML's process list, which
+    // other processes' allocations do not move.
+    let report = world()
+        .env("LIBCUDA_LOG_LEVEL", "4")
+        .charges(Loader::Linked, true, &["context"])
+        .ok();
+    assert!(
+        report
+            .stderr()
+            .contains("device 0: context footprint 6291456 bytes (Some(Process("),
+        "{}",
+        report.stderr()
+    );
+
+    // Another process's context counts for the container too.
+    let world = world();
+    let holder = Holder::start(&world);
+    let r = world.charges(Loader::Dlsym, true, &["context"]).ok();
+    // 6 MiB each: the holder's, this process's primary and cuCtxCreate_v2's.
+    assert_eq!((r.get("primary_free"), r.get("filled")), (52 * MIB, 23));
+    drop(holder);
+
+    // A context that does not fit the limit is refused, and undone.
+    let world = World::new("8g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "4m")
+        .env("FAKE_CUDA_CONTEXT_MEMORY", "6m");
+    let r = world.charges(Loader::ProcAddr, true, &["context"]).ok();
+    assert_eq!((r.get("primary_rc"), r.get("refused_phys")), (OOM, 0));
+    assert_eq!(Region::open(&world.region_path()).unwrap().used(0), 0);
+}

@@ -21,6 +21,7 @@
 //! | `FAKE_CUDA_DEVICE_MEMORY` | bytes per device (`k`, `m`, `g` suffixes) | `80g` |
 //! | `FAKE_CUDA_DRIVER_VERSION` | what `cuDriverGetVersion` reports | 12090 |
 //! | `FAKE_CUDA_NS_PER_BLOCK` | how long each block of a launched grid occupies the device, ns | 1000 |
+//! | `FAKE_CUDA_CONTEXT_MEMORY` | device memory each context takes (`k`, `m`, `g` suffixes) | 0 |
 //! | `FAKE_CUDA_POOL_CHUNK` | memory pools grow in multiples of this many bytes | 2 MiB (the granularity) |
 //!
 //! The device count and memory are fixed by the first process that creates
@@ -40,6 +41,7 @@
 )]
 
 mod array;
+mod context;
 mod device;
 mod exec;
 mod inject;
@@ -57,6 +59,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use array::*;
+use context::*;
 use device::*;
 use exec::*;
 use pool::*;
@@ -111,6 +114,10 @@ struct Context {
     device: usize,
     /// `cuCtxGetId`: unique for the process's life, never reused.
     id: u64,
+    /// Device memory it takes (`FAKE_CUDA_CONTEXT_MEMORY`).
+    bytes: u64,
+    /// A device's primary context (`context.rs`), which `cuCtxDestroy` refuses.
+    primary: bool,
 }
 
 static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -321,23 +328,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     _flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    inject::guard("cuCtxCreate_v2", || {
-        let device = device(dev)?;
-        if pctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let id = NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let ctx = Box::into_raw(Box::new(Context { device, id })) as usize;
-        CONTEXTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashSet::new)
-            .insert(ctx);
-        CURRENT.set(ctx);
-        // SAFETY: checked non-NULL above.
-        unsafe { pctx.write(ctx as CUcontext) };
-        Ok(())
-    })
+    inject::guard("cuCtxCreate_v2", || context::create_current(pctx, dev))
 }
 
 /// `cuCtxDestroy_v2`.
@@ -349,22 +340,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     guard(|| {
         initialized()?;
-        let ctx = ctx as usize;
-        let known = CONTEXTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-            .is_some_and(|set| set.remove(&ctx));
-        if !known {
-            return Err(CUDA_ERROR_INVALID_CONTEXT);
-        }
-        if CURRENT.get() == ctx {
-            CURRENT.set(0);
-        }
-        // SAFETY: `ctx` came from Box::into_raw in cuCtxCreate_v2 and was
-        // removed from the live set just now, so it is freed once.
-        drop(unsafe { Box::from_raw(ctx as *mut Context) });
-        Ok(())
+        context::destroy(ctx as usize, false)
     })
 }
 
@@ -620,7 +596,13 @@ fn versions(name: &[u8]) -> Vec<Versioned> {
         b"cuDeviceGetName" => vec![v!(2000, cuDeviceGetName)],
         b"cuDeviceGetUuid" => vec![v!(9020, cuDeviceGetUuid), v!(11040, cuDeviceGetUuid_v2)],
         b"cuDeviceTotalMem" => vec![v!(3020, cuDeviceTotalMem_v2)],
-        b"cuCtxCreate" => vec![v!(3020, cuCtxCreate_v2)],
+        b"cuCtxCreate" => vec![
+            v!(3020, cuCtxCreate_v2),
+            v!(11040, cuCtxCreate_v3),
+            v!(12050, cuCtxCreate_v4),
+        ],
+        b"cuDevicePrimaryCtxRetain" => vec![v!(7000, cuDevicePrimaryCtxRetain)],
+        b"cuDevicePrimaryCtxRelease" => vec![v!(11000, cuDevicePrimaryCtxRelease_v2)],
         b"cuCtxDestroy" => vec![v!(4000, cuCtxDestroy_v2)],
         b"cuCtxSetCurrent" => vec![v!(4000, cuCtxSetCurrent)],
         b"cuCtxGetCurrent" => vec![v!(4000, cuCtxGetCurrent)],

@@ -245,7 +245,7 @@ impl Physical {
     }
 }
 
-fn parse_bytes(value: &str) -> Option<u64> {
+pub(crate) fn parse_bytes(value: &str) -> Option<u64> {
     let (digits, shift) = match value.as_bytes().last()? {
         b'k' | b'K' => (&value[..value.len() - 1], 10),
         b'm' | b'M' => (&value[..value.len() - 1], 20),

@@ -36,6 +36,13 @@
  *                                 cuGraphInstantiate_v2 (inst3), destroy the first executable
  *                                 (destroyed1), instantiate its graph again (inst4) and destroy it,
  *                                 cuDeviceGraphMemTrim (trimmed), destroy everything and trim (end)
+ *   context                       contexts: retain the primary context from a thread without one
+ *                                 (primary; primary_rc and refused_phys if refused), cuCtxCreate_v2
+ *                                 (created), retain and release the primary again (retained_twice,
+ *                                 released_once), count 2 MiB cuMemAlloc_v2s that fit (filled),
+ *                                 cuCtxCreate_v3 (v3) and _v4 (v4), destroy them (destroyed_v4,
+ *                                 destroyed_v3), the last primary release (released)
+ *   ctxhold                       retain the primary context, print ready=1, wait to be killed
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -43,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -102,8 +110,8 @@ typedef struct {
 #define MIB (1ull << 20)
 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variant. */
 #define PER_THREAD 2
-/* Not a driver flag: look the name up as a CUDA 11.8 program would. */
-#define CUDA11 (1ull << 32)
+/* Not a driver flag: look the name up for this CUDA version (as cudart asks for a PFN_<name>_v<version>). */
+#define AT(version) ((uint64_t)(version) << 32)
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
 
@@ -114,7 +122,13 @@ typedef struct {
 #define DRIVER(X)                                                                                        \
     X(cuInit, (unsigned), "cuInit", 0)                                                                   \
     X(cuDeviceGet, (CUdevice *, int), "cuDeviceGet", 0)                                                  \
-    X(cuCtxCreate_v2, (CUcontext *, unsigned, CUdevice), "cuCtxCreate", 0)                               \
+    X(cuCtxCreate_v2, (CUcontext *, unsigned, CUdevice), "cuCtxCreate", AT(3020))                        \
+    X(cuCtxCreate_v3, (CUcontext *, void *, int, unsigned, CUdevice), "cuCtxCreate", AT(11040))          \
+    X(cuCtxCreate_v4, (CUcontext *, void *, unsigned, CUdevice), "cuCtxCreate", 0)                       \
+    X(cuCtxDestroy_v2, (CUcontext), "cuCtxDestroy", 0)                                                   \
+    X(cuCtxSetCurrent, (CUcontext), "cuCtxSetCurrent", 0)                                                \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice), "cuDevicePrimaryCtxRetain", 0)                  \
+    X(cuDevicePrimaryCtxRelease_v2, (CUdevice), "cuDevicePrimaryCtxRelease", 0)                          \
     X(cuMemGetInfo_v2, (size_t *, size_t *), "cuMemGetInfo", 0)                                          \
     X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long), \
       "cuMemCreate", 0)                                                                                  \
@@ -157,7 +171,7 @@ typedef struct {
     X(cuGraphInstantiateWithFlags, (void **, void *, unsigned long long), "cuGraphInstantiateWithFlags", 0) \
     X(cuGraphInstantiateWithParams, (void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *),                  \
       "cuGraphInstantiateWithParams", 0)                                                                 \
-    X(cuGraphInstantiate_v2, (void **, void *, void **, char *, size_t), "cuGraphInstantiate", CUDA11)   \
+    X(cuGraphInstantiate_v2, (void **, void *, void **, char *, size_t), "cuGraphInstantiate", AT(11080)) \
     X(cuGraphLaunch, (void *, void *), "cuGraphLaunch", 0)                                              \
     X(cuGraphExecDestroy, (void *), "cuGraphExecDestroy", 0)                                            \
     X(cuGraphDestroy, (void *), "cuGraphDestroy", 0)                                                    \
@@ -209,8 +223,8 @@ static CUresult (*get_proc_address)(const char *, void **, int, uint64_t, int *)
 static void *lookup(const char *base, uint64_t flags) {
     void *p = NULL;
     int status = -1;
-    int version = flags & CUDA11 ? 11080 : 12090;
-    CUresult rc = get_proc_address(base, &p, version, flags & ~CUDA11, &status);
+    int version = flags >> 32 ? (int)(flags >> 32) : 12090;
+    CUresult rc = get_proc_address(base, &p, version, flags & 0xffffffffu, &status);
     if (rc != 0 || status != 0) die(base, rc);
     return need(p, base);
 }
@@ -444,6 +458,62 @@ static int cmd_graph(size_t a, size_t b, size_t c) {
     return 0;
 }
 
+static int cmd_context(void) {
+    CHECK(cuInit(0));
+    CUdevice d;
+    CHECK(cuDeviceGet(&d, 0));
+    /* The first context of the process, from a thread without one. */
+    CUcontext primary, again, c1, c3, c4;
+    CUresult rc = cu.cuDevicePrimaryCtxRetain(&primary, d);
+    printf("primary_rc=%d\n", rc);
+    if (rc) {
+        unsigned long long used = 0, peak = 0;
+        CHECK(stats(0, &used, &peak));
+        printf("refused_phys=%llu\n", used);
+        return 0;
+    }
+    CHECK(cuCtxSetCurrent(primary));
+    info("primary");
+    CHECK(cuCtxCreate_v2(&c1, 0, d));
+    info("created");
+    CHECK(cuDevicePrimaryCtxRetain(&again, d));
+    printf("same_primary=%d\n", again == primary);
+    info("retained_twice");
+    CHECK(cuDevicePrimaryCtxRelease_v2(d));
+    info("released_once");
+    CUdeviceptr ptrs[64];
+    long n = 0;
+    while (n < 64 && cu.cuMemAlloc_v2(&ptrs[n], 2 * MIB) == 0) n++;
+    printf("filled=%ld\n", n);
+    while (n > 0) CHECK(cuMemFree_v2(ptrs[--n]));
+    CHECK(cuCtxCreate_v3(&c3, NULL, 0, 0, d));
+    info("v3");
+    CHECK(cuCtxCreate_v4(&c4, NULL, 0, d));
+    info("v4");
+    CHECK(cuCtxSetCurrent(c1));
+    CHECK(cuCtxDestroy_v2(c4));
+    info("destroyed_v4");
+    CHECK(cuCtxDestroy_v2(c3));
+    info("destroyed_v3");
+    /* The last release destroys the primary context. */
+    CHECK(cuDevicePrimaryCtxRelease_v2(d));
+    info("released");
+    CHECK(cuCtxDestroy_v2(c1));
+    return 0;
+}
+
+/* Holds a primary context until killed. */
+static _Noreturn void cmd_ctxhold(void) {
+    CHECK(cuInit(0));
+    CUdevice d;
+    CHECK(cuDeviceGet(&d, 0));
+    CUcontext primary;
+    CHECK(cuDevicePrimaryCtxRetain(&primary, d));
+    printf("ready=1\n");
+    fflush(stdout);
+    for (;;) pause();
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) die("usage", -1);
     load();
@@ -455,6 +525,8 @@ int main(int argc, char **argv) {
                          (unsigned)strtoul(argv[9], NULL, 0), atol(argv[10]));
     if (!strcmp(c, "graph") && argc == 5)
         return cmd_graph(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0));
+    if (!strcmp(c, "context") && argc == 2) return cmd_context();
+    if (!strcmp(c, "ctxhold") && argc == 2) cmd_ctxhold();
     if (!strcmp(c, "pool") && argc == 6)
         return cmd_pool(argv[2], strtoull(argv[3], NULL, 0), atol(argv[4]), strtoull(argv[5], NULL, 0));
     die("usage", -1);

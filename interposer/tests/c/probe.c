@@ -354,14 +354,16 @@ static void load_exec(void) {
 }
 #elif defined(LOADER_PROCADDR)
 #define CUDA_VERSION 12090
-#define GPA(field, name)                                                          \
-    do {                                                                          \
-        void *p = NULL;                                                           \
-        int status = -1;                                                          \
-        CUresult rc = cu.cuGetProcAddress_v2(name, &p, CUDA_VERSION, 0, &status); \
-        if (rc != 0 || status != 0) die("cuGetProcAddress_v2 " name, rc);         \
-        cu.field = need(p, name);                                                 \
+/* The version of the field's signature, as cudart asks for a PFN_<name>_v<version>. */
+#define GPA_AT(field, name, version)                                         \
+    do {                                                                     \
+        void *p = NULL;                                                      \
+        int status = -1;                                                     \
+        CUresult rc = cu.cuGetProcAddress_v2(name, &p, version, 0, &status); \
+        if (rc != 0 || status != 0) die("cuGetProcAddress_v2 " name, rc);    \
+        cu.field = need(p, name);                                            \
     } while (0)
+#define GPA(field, name) GPA_AT(field, name, CUDA_VERSION)
 
 static void load(void) {
     driver = need(dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), "libcuda.so.1");
@@ -371,7 +373,8 @@ static void load(void) {
     GPA(cuInit, "cuInit");
     GPA(cuDeviceGet, "cuDeviceGet");
     GPA(cuDeviceTotalMem_v2, "cuDeviceTotalMem");
-    GPA(cuCtxCreate_v2, "cuCtxCreate");
+    /* From CUDA 11.4 on, "cuCtxCreate" resolves to cuCtxCreate_v3 (then _v4). */
+    GPA_AT(cuCtxCreate_v2, "cuCtxCreate", 3020);
     GPA(cuCtxSetCurrent, "cuCtxSetCurrent");
     GPA(cuMemAlloc_v2, "cuMemAlloc");
     GPA(cuMemAllocManaged, "cuMemAllocManaged");
