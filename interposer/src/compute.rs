@@ -11,6 +11,10 @@
 //! SM count, the grid size or how many processes launch (HAMi-core's bucket
 //! counted blocks and was tuned with the SM count squared).
 //!
+//! Events also measure the time a launch waited for the device behind other
+//! processes' work; where NVML reports per-process utilisation, each process
+//! corrects its charges to its own GPU time every 100 ms ([`usage`]).
+//!
 //! Estimates are per kernel (or graph) handle, falling back to the device's
 //! running average; until the first launch on a device has been measured,
 //! launches wait for the one in flight, so a burst cannot run ahead of the
@@ -30,7 +34,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tessera_api::env::CoreUtilizationPolicy;
-use tessera_vgpu_region::{MAX_DEVICES, Region, Sharing};
+use tessera_vgpu_region::{MAX_DEVICES, Region, Sharing, SlotId};
 
 use crate::driver::driver;
 use crate::enforce::{State, state};
@@ -38,9 +42,14 @@ use crate::log::{INFO, WARN};
 use crate::memory::current_device;
 use crate::sys::{
     CU_EVENT_DEFAULT, CU_STREAM_CAPTURE_STATUS_NONE, CUDA_ERROR_NOT_INITIALIZED,
-    CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUevent, CUfunction, CUgraphExec,
-    CUlaunchConfig, CUresult, CUstream,
+    CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUevent, CUresult, CUstream,
 };
+
+mod exports;
+mod usage;
+
+pub(crate) use exports::*;
+use usage::Usage;
 
 /// The most GPU time a container can save up while it launches nothing: what
 /// it may then run at full speed before the limit bites again.
@@ -98,7 +107,10 @@ fn limited(
         State::Refused => CUDA_ERROR_NOT_INITIALIZED,
         State::Disabled => call(),
         State::Enforcing(enforcer) => match enforcer.limiter() {
-            Some((limiter, region)) => limiter.launch(region, stream, handle, per_thread, call),
+            Some((limiter, region)) => {
+                let slot = enforcer.own_slot();
+                limiter.launch(region, slot, stream, handle, per_thread, call)
+            }
             None => call(),
         },
     }
@@ -124,6 +136,8 @@ pub struct Limiter {
     /// Running average of measured launch durations per device, ns (0:
     /// nothing measured yet).
     average: [AtomicU64; MAX_DEVICES],
+    /// Corrections from NVML's per-process utilisation.
+    usage: Usage,
 }
 
 #[derive(Default)]
@@ -149,6 +163,7 @@ impl Limiter {
             policy,
             inner: Mutex::new(Inner::default()),
             average: std::array::from_fn(|_| AtomicU64::new(0)),
+            usage: Usage::new(),
         })
     }
 
@@ -164,6 +179,7 @@ impl Limiter {
     fn launch(
         &self,
         region: &Region,
+        slot: Option<SlotId>,
         stream: CUstream,
         handle: *mut c_void,
         per_thread: bool,
@@ -181,6 +197,7 @@ impl Limiter {
         if self.policy == CoreUtilizationPolicy::Default
             && region.sharing(dev) == Sharing::Exclusive
         {
+            self.usage.unlimited(dev);
             return call();
         }
         let mut capture = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -193,7 +210,7 @@ impl Limiter {
             // Recorded into a graph, not run: charged when the graph runs.
             return call();
         }
-        self.admit(region, dev, percent);
+        self.admit(region, slot, dev, percent);
 
         let estimate = self.estimate(dev, handle as usize);
         let ctx = current_context();
@@ -233,10 +250,11 @@ impl Limiter {
 
     /// Waits until device `dev`'s budget is not negative (and, before the
     /// first measurement, until launches in flight have been measured).
-    fn admit(&self, region: &Region, dev: usize, percent: u8) {
+    fn admit(&self, region: &Region, slot: Option<SlotId>, dev: usize, percent: u8) {
         let mut waited = 0u64;
         loop {
             self.settle(region);
+            self.usage.sample(region, slot, dev, now_ns());
             let unmeasured = self.average[dev].load(Ordering::Relaxed) == 0
                 && self.inner().pending.iter().any(|p| p.dev == dev);
             let tokens = region.refill(dev, now_ns(), percent, CAP_NS);
@@ -289,8 +307,10 @@ impl Limiter {
         inner.pending.append(&mut running);
         for (p, measured) in done {
             if let Some(ns) = measured {
-                region.charge(p.dev, ns as i64 - p.charged as i64);
-                region.record_compute(p.dev, ns, 0);
+                let charged = self.usage.scale(p.dev, ns);
+                region.charge(p.dev, charged as i64 - p.charged as i64);
+                region.record_compute(p.dev, charged, 0);
+                self.usage.settled(p.dev, ns, charged);
                 let ns = ns.max(1);
                 let average = &self.average[p.dev];
                 let old = average.load(Ordering::Relaxed);
@@ -312,10 +332,12 @@ impl Limiter {
         }
     }
 
-    /// The estimated duration of a launch of `handle` on `dev`, ns.
+    /// What a launch of `handle` on `dev` is charged before it is measured:
+    /// its estimated duration (scaled as its measured time will be), ns.
     fn estimate(&self, dev: usize, handle: usize) -> u64 {
         let known = self.inner().estimates.get(&handle).copied();
-        known.unwrap_or_else(|| self.average[dev].load(Ordering::Relaxed))
+        let raw = known.unwrap_or_else(|| self.average[dev].load(Ordering::Relaxed));
+        self.usage.scale(dev, raw)
     }
 
     /// A pair of events of context `ctx` ready to be recorded.
@@ -378,240 +400,6 @@ fn now_ns() -> u64 {
     // SAFETY: clock_gettime writes the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-macro_rules! kernel_launch {
-    ($name:ident, $real:ident, $per_thread:expr) => {
-        #[doc = concat!("`", stringify!($real), "`, throttled by the compute limit.")]
-        ///
-        /// # Safety
-        ///
-        /// The driver function's contract; the arguments are passed through.
-        #[allow(clippy::too_many_arguments)]
-        #[inline(always)]
-        pub(crate) unsafe fn $name(
-            f: CUfunction,
-            grid_x: std::ffi::c_uint,
-            grid_y: std::ffi::c_uint,
-            grid_z: std::ffi::c_uint,
-            block_x: std::ffi::c_uint,
-            block_y: std::ffi::c_uint,
-            block_z: std::ffi::c_uint,
-            shared_mem_bytes: std::ffi::c_uint,
-            stream: CUstream,
-            params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) -> CUresult {
-            if MODE.load(Ordering::Relaxed) == OFF {
-                return real!($real(
-                    f,
-                    grid_x,
-                    grid_y,
-                    grid_z,
-                    block_x,
-                    block_y,
-                    block_z,
-                    shared_mem_bytes,
-                    stream,
-                    params,
-                    extra
-                ));
-            }
-            // Out of line, so that the fast path above spills nothing.
-            #[cold]
-            #[inline(never)]
-            #[allow(clippy::too_many_arguments)]
-            fn slow(
-                f: CUfunction,
-                grid_x: std::ffi::c_uint,
-                grid_y: std::ffi::c_uint,
-                grid_z: std::ffi::c_uint,
-                block_x: std::ffi::c_uint,
-                block_y: std::ffi::c_uint,
-                block_z: std::ffi::c_uint,
-                shared_mem_bytes: std::ffi::c_uint,
-                stream: CUstream,
-                params: *mut *mut c_void,
-                extra: *mut *mut c_void,
-            ) -> CUresult {
-                limited(stream, f, $per_thread, move || {
-                    real!($real(
-                        f,
-                        grid_x,
-                        grid_y,
-                        grid_z,
-                        block_x,
-                        block_y,
-                        block_z,
-                        shared_mem_bytes,
-                        stream,
-                        params,
-                        extra
-                    ))
-                })
-            }
-            slow(
-                f,
-                grid_x,
-                grid_y,
-                grid_z,
-                block_x,
-                block_y,
-                block_z,
-                shared_mem_bytes,
-                stream,
-                params,
-                extra,
-            )
-        }
-    };
-}
-
-kernel_launch!(launch_kernel, cuLaunchKernel, false);
-kernel_launch!(launch_kernel_ptsz, cuLaunchKernel_ptsz, true);
-
-macro_rules! cooperative_launch {
-    ($name:ident, $real:ident, $per_thread:expr) => {
-        #[doc = concat!("`", stringify!($real), "`, throttled by the compute limit.")]
-        ///
-        /// # Safety
-        ///
-        /// The driver function's contract; the arguments are passed through.
-        #[allow(clippy::too_many_arguments)]
-        #[inline(always)]
-        pub(crate) unsafe fn $name(
-            f: CUfunction,
-            grid_x: std::ffi::c_uint,
-            grid_y: std::ffi::c_uint,
-            grid_z: std::ffi::c_uint,
-            block_x: std::ffi::c_uint,
-            block_y: std::ffi::c_uint,
-            block_z: std::ffi::c_uint,
-            shared_mem_bytes: std::ffi::c_uint,
-            stream: CUstream,
-            params: *mut *mut c_void,
-        ) -> CUresult {
-            if MODE.load(Ordering::Relaxed) == OFF {
-                return real!($real(
-                    f,
-                    grid_x,
-                    grid_y,
-                    grid_z,
-                    block_x,
-                    block_y,
-                    block_z,
-                    shared_mem_bytes,
-                    stream,
-                    params
-                ));
-            }
-            // Out of line, so that the fast path above spills nothing.
-            #[cold]
-            #[inline(never)]
-            #[allow(clippy::too_many_arguments)]
-            fn slow(
-                f: CUfunction,
-                grid_x: std::ffi::c_uint,
-                grid_y: std::ffi::c_uint,
-                grid_z: std::ffi::c_uint,
-                block_x: std::ffi::c_uint,
-                block_y: std::ffi::c_uint,
-                block_z: std::ffi::c_uint,
-                shared_mem_bytes: std::ffi::c_uint,
-                stream: CUstream,
-                params: *mut *mut c_void,
-            ) -> CUresult {
-                limited(stream, f, $per_thread, move || {
-                    real!($real(
-                        f,
-                        grid_x,
-                        grid_y,
-                        grid_z,
-                        block_x,
-                        block_y,
-                        block_z,
-                        shared_mem_bytes,
-                        stream,
-                        params
-                    ))
-                })
-            }
-            slow(
-                f,
-                grid_x,
-                grid_y,
-                grid_z,
-                block_x,
-                block_y,
-                block_z,
-                shared_mem_bytes,
-                stream,
-                params,
-            )
-        }
-    };
-}
-
-cooperative_launch!(launch_cooperative_kernel, cuLaunchCooperativeKernel, false);
-cooperative_launch!(
-    launch_cooperative_kernel_ptsz,
-    cuLaunchCooperativeKernel_ptsz,
-    true
-);
-
-macro_rules! ex_launch {
-    ($name:ident, $real:ident, $per_thread:expr) => {
-        #[doc = concat!("`", stringify!($real), "`: the stream is the one `config` names.")]
-        ///
-        /// # Safety
-        ///
-        /// `config` is NULL or points to a `CUlaunchConfig` (the driver's contract).
-        #[inline(always)]
-        pub(crate) unsafe fn $name(
-            config: *const CUlaunchConfig,
-            f: CUfunction,
-            params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) -> CUresult {
-            let call = move || real!($real(config, f, params, extra));
-            if MODE.load(Ordering::Relaxed) == OFF {
-                return call();
-            }
-            // SAFETY: NULL or a valid CUlaunchConfig, per the caller.
-            let Some(stream) = (unsafe { config.as_ref() }).map(|c| c.stream) else {
-                // The driver's own answer for a NULL configuration.
-                return call();
-            };
-            limited(stream, f, $per_thread, call)
-        }
-    };
-}
-
-ex_launch!(launch_kernel_ex, cuLaunchKernelEx, false);
-ex_launch!(launch_kernel_ex_ptsz, cuLaunchKernelEx_ptsz, true);
-
-/// `cuGraphLaunch`, throttled; the graph is charged its measured duration.
-///
-/// # Safety
-///
-/// None beyond `cuGraphLaunch`'s.
-#[inline(always)]
-pub(crate) unsafe fn graph_launch(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    launch(stream, exec, false, move || {
-        real!(cuGraphLaunch(exec, stream))
-    })
-}
-
-/// `cuGraphLaunch_ptsz`.
-///
-/// # Safety
-///
-/// None beyond `cuGraphLaunch`'s.
-#[inline(always)]
-pub(crate) unsafe fn graph_launch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    launch(stream, exec, true, || {
-        real!(cuGraphLaunch_ptsz(exec, stream))
-    })
 }
 
 #[cfg(test)]

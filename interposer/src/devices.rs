@@ -112,7 +112,6 @@ pub(crate) fn cuda_ordinal(device: nvmlDevice_t) -> Option<Ordinal> {
     (rc == NVML_SUCCESS).then_some(Ordinal::Cuda(index as usize))
 }
 
-#[allow(dead_code)] // TEMP: the compute limiter's, next commit
 /// The NVML device of CUDA ordinal `dev` (NVML initialised for it), `None`
 /// when NVML or the UUIDs are unavailable. Read once per process.
 pub(crate) fn nvml_device(dev: usize) -> Option<nvmlDevice_t> {
@@ -181,7 +180,6 @@ fn parse_uuid(text: &[u8]) -> Option<Uuid> {
 }
 
 /// NVML's name of a GPU UUID, NUL-terminated.
-#[allow(dead_code)] // TEMP: the compute limiter's, next commit
 fn nvml_name(uuid: &Uuid) -> Vec<c_char> {
     let b = uuid;
     let text = format!(

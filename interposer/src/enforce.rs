@@ -271,7 +271,6 @@ impl Enforcer {
 
     /// This process's slot in the region, claimed on first use (one load
     /// once claimed).
-    #[allow(dead_code)] // TEMP: the compute limiter's, next commit
     pub(crate) fn own_slot(&self) -> Option<SlotId> {
         self.slot(self.region.as_ref()?)
     }

@@ -53,6 +53,7 @@ type nvmlDevice_t = *mut c_void;
 const NVML_SUCCESS: nvmlReturn_t = 0;
 const NVML_ERROR_UNINITIALIZED: nvmlReturn_t = 1;
 const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
+const NVML_ERROR_NOT_SUPPORTED: nvmlReturn_t = 3;
 const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;

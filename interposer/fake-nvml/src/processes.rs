@@ -5,8 +5,9 @@
 use std::ffi::c_uint;
 
 use crate::{
-    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND, driver_device,
-    guard, nvmlDevice_t, nvmlReturn_t, physical, procs, state,
+    NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED, driver_device, guard, nvmlDevice_t, nvmlReturn_t, physical, procs,
+    state,
 };
 
 /// `nvmlProcessInfo_v1_t`.
@@ -166,6 +167,8 @@ fn realtime_ns() -> u64 {
 /// the percentage of that period the process's work occupied the device,
 /// rounded. `NVML_ERROR_NOT_FOUND` when no process ran. The period reaches
 /// back as far as the driver's record of runs (its last 4096 per device).
+/// With `FAKE_NVML_NO_PROCESS_UTILIZATION` set: `NVML_ERROR_NOT_SUPPORTED`,
+/// as on GPUs without per-process accounting.
 ///
 /// # Safety
 ///
@@ -182,6 +185,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         let dev = driver_device(device)?;
         if count.is_null() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if std::env::var_os("FAKE_NVML_NO_PROCESS_UTILIZATION").is_some() {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
         }
         let now = state::now_ns();
         let real = realtime_ns();

@@ -728,18 +728,20 @@ static unsigned long long realtime_us(void) {
     return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
 }
 
-/* This process's NVML utilisation of the device since *seen (NVML's CPU timestamp), which it advances. */
-static unsigned own_utilization(nvmlDevice_t device, unsigned long long *seen) {
+/* This process's NVML utilisation of the device since *seen (NVML's CPU timestamp), which it advances;
+ * -1 when NVML does not support per-process utilisation. */
+static int own_utilization(nvmlDevice_t device, unsigned long long *seen) {
     nvmlProcessUtilizationSample_t samples[64];
     unsigned count = 64;
     unsigned long long now = realtime_us();
     nvmlReturn_t rc = nvml.nvmlDeviceGetProcessUtilization(device, samples, &count, *seen);
     *seen = now;
     if (rc == 6 /* NVML_ERROR_NOT_FOUND: nothing ran */) return 0;
+    if (rc == 3 /* NVML_ERROR_NOT_SUPPORTED */) return -1;
     if (rc) die("nvmlDeviceGetProcessUtilization", rc);
-    unsigned own = 0;
+    int own = 0;
     for (unsigned i = 0; i < count; i++) {
-        if (samples[i].pid == (unsigned)getpid()) own = samples[i].smUtil;
+        if (samples[i].pid == (unsigned)getpid()) own = (int)samples[i].smUtil;
         if (samples[i].timeStamp > *seen) *seen = samples[i].timeStamp;
     }
     return own;
@@ -784,7 +786,8 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
         unsigned long long t = now_ns();
         if (t >= window_end) {
             if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
-            printf("own_%d=%u\n", windows, own_utilization(device, &seen));
+            int own = own_utilization(device, &seen);
+            if (own >= 0) printf("own_%d=%d\n", windows, own);
             printf("window_%d=%u\n", windows++, util[0]);
             window_end += 1000000000ull;
         }

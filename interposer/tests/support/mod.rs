@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
+#[allow(dead_code)] // the compute tests' helpers
+pub mod launch;
+
 /// How a probe finds the driver's functions (see `tests/c/probe.c`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Loader {
