@@ -406,3 +406,69 @@ fn contexts_are_charged_their_measured_footprint() {
     assert_eq!((r.get("primary_rc"), r.get("refused_phys")), (OOM, 0));
     assert_eq!(Region::open(&world.region_path()).unwrap().used(0), 0);
 }
+
+#[test]
+fn every_kind_of_allocation_racing_never_overcommits() {
+    // 4 MiB each under a 10 MiB limit: at most two at once, whatever the
+    // kind. Four processes (every loader) × five threads, one per kind
+    // (cuMemAlloc_v2, the default pool, a created pool, arrays, VMM), start
+    // together and race for 2,000 rounds each.
+    let world = World::new("8g").env("CUDA_DEVICE_MEMORY_LIMIT", "10m");
+    let start = world.dir.path().join("go");
+    let world = world.env("PROBE_START", &start.display().to_string());
+    let chunk = (4 * MIB).to_string();
+    let loaders = [
+        Loader::Linked,
+        Loader::Linked,
+        Loader::Dlsym,
+        Loader::ProcAddr,
+    ];
+    let children: Vec<_> = loaders
+        .iter()
+        .map(|&loader| {
+            world
+                .program("charges", loader, true, &["race", "paoxv", "2000", &chunk])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::fs::write(&start, b"").unwrap();
+    let (mut ok, mut oom) = (0, 0);
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let value = |key: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(value("other"), 0, "{text}");
+        ok += value("ok");
+        oom += value("oom");
+    }
+    assert_eq!(ok + oom, 4 * 5 * 2000);
+    assert!(ok > 0 && oom > 0, "no contention: ok={ok} oom={oom}");
+
+    // The fake GPU's high-water mark is what the container really held.
+    let stats = world.run(Loader::Linked, false, &["stats", "0"]).ok();
+    assert!(
+        stats.get("peak") <= 8 * MIB,
+        "overcommit: physical peak {}",
+        stats.get("peak")
+    );
+    assert_eq!(stats.get("used"), 0);
+    let region = Region::open(&world.region_path()).unwrap();
+    let snapshot = region.snapshot();
+    assert_eq!(snapshot.devices[0].used, 0);
+    assert!(snapshot.devices[0].peak <= 8 * MIB);
+    assert!(snapshot.processes.iter().all(|p| p.used == [0; 16]));
+}

@@ -397,7 +397,7 @@ fn racing_processes_never_overcommit() {
         .iter()
         .map(|&loader| {
             world
-                .probe(loader, true, &["race", "2", "1000", &chunk, "20"])
+                .probe(loader, true, &["race", "2", "10000", &chunk, "20"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -425,7 +425,7 @@ fn racing_processes_never_overcommit() {
         ok += value("ok");
         oom += value("oom");
     }
-    assert_eq!(ok + oom, 4 * 2 * 1000);
+    assert_eq!(ok + oom, 4 * 2 * 10_000);
     assert!(ok > 0 && oom > 0, "no contention: ok={ok} oom={oom}");
 
     // The fake GPU's high-water mark is what the container really held.

@@ -43,9 +43,16 @@
  *                                 cuCtxCreate_v3 (v3) and _v4 (v4), destroy them (destroyed_v4,
  *                                 destroyed_v3), the last primary release (released)
  *   ctxhold                       retain the primary context, print ready=1, wait to be killed
+ *   race <kinds> <rounds> <bytes> one thread per letter of <kinds>, each allocating and freeing
+ *                                 <bytes> <rounds> times one way: p cuMemAlloc_v2, a cuMemAllocAsync,
+ *                                 o cuMemAllocFromPoolAsync, x cuArrayCreate_v2 (1024 bytes wide),
+ *                                 v cuMemCreate; starts when the file $PROBE_START exists, if set;
+ *                                 prints ok, oom and other (unexpected results)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +115,7 @@ typedef struct {
 } CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 #define MIB (1ull << 20)
+#define CUDA_ERROR_OUT_OF_MEMORY 2
 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variant. */
 #define PER_THREAD 2
 /* Not a driver flag: look the name up for this CUDA version (as cudart asks for a PFN_<name>_v<version>). */
@@ -514,6 +522,99 @@ static _Noreturn void cmd_ctxhold(void) {
     for (;;) pause();
 }
 
+/* One racing thread: allocates and frees <bytes> one way, <rounds> times. */
+struct racer {
+    CUcontext ctx;
+    char kind;
+    long rounds;
+    size_t bytes;
+    long ok, oom, other;
+};
+
+static pthread_barrier_t racers;
+static CUmemoryPool race_pool;
+
+static CUresult race_alloc(char kind, size_t bytes, void **handle) {
+    CUdeviceptr *p = (CUdeviceptr *)handle;
+    switch (kind) {
+    case 'p': return cu.cuMemAlloc_v2(p, bytes);
+    case 'a': return cu.cuMemAllocAsync(p, bytes, NULL);
+    case 'o': return cu.cuMemAllocFromPoolAsync(p, bytes, race_pool, NULL);
+    case 'x': {
+        CUDA_ARRAY_DESCRIPTOR d = {.Width = 1024, .Height = bytes / 1024, .Format = 0x01, .NumChannels = 1};
+        return cu.cuArrayCreate_v2(handle, &d);
+    }
+    case 'v': {
+        CUmemAllocationProp prop = {.type = 1, .location = {.type = 1, .id = 0}};
+        return cu.cuMemCreate((CUmemGenericAllocationHandle *)handle, bytes, &prop, 0);
+    }
+    }
+    die("unknown kind", -1);
+    return -1;
+}
+
+static CUresult race_free(char kind, void *handle) {
+    switch (kind) {
+    case 'p': return cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)handle);
+    case 'a':
+    case 'o': return cu.cuMemFreeAsync((CUdeviceptr)(uintptr_t)handle, NULL);
+    case 'x': return cu.cuArrayDestroy(handle);
+    case 'v': return cu.cuMemRelease((CUmemGenericAllocationHandle)(uintptr_t)handle);
+    }
+    return -1;
+}
+
+static void *race(void *arg) {
+    struct racer *r = arg;
+    cu.cuCtxSetCurrent(r->ctx);
+    pthread_barrier_wait(&racers);
+    for (long i = 0; i < r->rounds; i++) {
+        void *handle = NULL;
+        CUresult rc = race_alloc(r->kind, r->bytes, &handle);
+        if (rc == 0) {
+            r->ok++;
+            /* Hold it a moment, so that the threads' allocations overlap. */
+            for (int y = 0; y < 4; y++) sched_yield();
+            if (race_free(r->kind, handle)) r->other++;
+            /* Now and then, let the default pool give back what it kept. */
+            if (r->kind == 'a' && i % 64 == 0) cu.cuStreamSynchronize(NULL);
+        } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            r->oom++;
+        } else {
+            r->other++;
+        }
+    }
+    return NULL;
+}
+
+static int cmd_race(const char *kinds, long rounds, size_t bytes) {
+    CUcontext ctx = context(0);
+    CUmemPoolProps props = {.allocType = 1, .location = {.type = 1, .id = 0}};
+    CHECK(cuMemPoolCreate(&race_pool, &props));
+    const char *start_file = getenv("PROBE_START");
+    while (start_file && access(start_file, F_OK) != 0) usleep(1000);
+    int threads = (int)strlen(kinds);
+    struct racer *rs = calloc((size_t)threads, sizeof *rs);
+    pthread_t *ts = calloc((size_t)threads, sizeof *ts);
+    pthread_barrier_init(&racers, NULL, (unsigned)threads);
+    for (int i = 0; i < threads; i++) {
+        rs[i] = (struct racer){.ctx = ctx, .kind = kinds[i], .rounds = rounds, .bytes = bytes};
+        pthread_create(&ts[i], NULL, race, &rs[i]);
+    }
+    long ok = 0, oom = 0, other = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(ts[i], NULL);
+        ok += rs[i].ok;
+        oom += rs[i].oom;
+        other += rs[i].other;
+    }
+    /* The pools give back what they kept. */
+    CHECK(cuCtxSynchronize());
+    CHECK(cuMemPoolDestroy(race_pool));
+    printf("ok=%ld\noom=%ld\nother=%ld\n", ok, oom, other);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) die("usage", -1);
     load();
@@ -527,6 +628,7 @@ int main(int argc, char **argv) {
         return cmd_graph(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0));
     if (!strcmp(c, "context") && argc == 2) return cmd_context();
     if (!strcmp(c, "ctxhold") && argc == 2) cmd_ctxhold();
+    if (!strcmp(c, "race") && argc == 5) return cmd_race(argv[2], atol(argv[3]), strtoull(argv[4], NULL, 0));
     if (!strcmp(c, "pool") && argc == 6)
         return cmd_pool(argv[2], strtoull(argv[3], NULL, 0), atol(argv[4]), strtoull(argv[5], NULL, 0));
     die("usage", -1);
