@@ -22,7 +22,6 @@ use tessera_e2e::ControlPlane;
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
-
 pub struct Cluster {
     pub extender_port: u16,
     pub plane: ControlPlane,
