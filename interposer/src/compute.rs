@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tessera_api::env::CoreUtilizationPolicy;
-use tessera_vgpu_region::{MAX_DEVICES, Region, Sharing, SlotId};
+use tessera_vgpu_region::{MAX_DEVICES, Priority, Region, Sharing, SlotId};
 
 use crate::driver::driver;
 use crate::enforce::{State, state};
@@ -60,6 +60,8 @@ const MIN_WAIT_NS: u64 = 50_000;
 const MAX_WAIT_NS: u64 = 20_000_000;
 /// How long to wait between polls for the first measurement on a device.
 const BOOTSTRAP_POLL_NS: u64 = 200_000;
+/// How long a held launch sleeps before it looks at the hold again.
+const HOLD_POLL_NS: u64 = 2_000_000;
 
 /// Not configured yet: the first launch sets the process up.
 const UNKNOWN: u8 = 0;
@@ -153,9 +155,16 @@ struct Inner {
 
 impl Limiter {
     /// A limiter for these per-device limits (percent, 0 = none), unless no
-    /// device has one or the policy disables them.
-    pub(crate) fn new(percent: [u8; MAX_DEVICES], policy: CoreUtilizationPolicy) -> Option<Self> {
-        if policy == CoreUtilizationPolicy::Disable || percent.iter().all(|&p| p == 0) {
+    /// device has one or the policy disables them, and the container's
+    /// priority is low: a high-priority container always records its
+    /// launches, so that the node agent can hold lower ones back.
+    pub(crate) fn new(
+        percent: [u8; MAX_DEVICES],
+        policy: CoreUtilizationPolicy,
+        priority: Priority,
+    ) -> Option<Self> {
+        let limits = policy != CoreUtilizationPolicy::Disable && percent.iter().any(|&p| p != 0);
+        if !limits && priority != Priority::High {
             return None;
         }
         Some(Self {
@@ -191,7 +200,16 @@ impl Limiter {
         let Ok(dev) = dev else {
             return call();
         };
-        let Some(percent) = self.percent.get(dev).copied().filter(|&p| p != 0) else {
+        if let Some(slot) = slot {
+            // For the node agent's priority arbitration.
+            region.record_launch(slot, dev, now_ns());
+        }
+        let Some(percent) = self
+            .percent
+            .get(dev)
+            .copied()
+            .filter(|&p| p != 0 && self.policy != CoreUtilizationPolicy::Disable)
+        else {
             return call();
         };
         if self.policy == CoreUtilizationPolicy::Default
@@ -248,8 +266,10 @@ impl Limiter {
         rc
     }
 
-    /// Waits until device `dev`'s budget is not negative (and, before the
-    /// first measurement, until launches in flight have been measured).
+    /// Waits while the node agent holds launches on `dev` back (a
+    /// higher-priority container is active on its GPU) and until device
+    /// `dev`'s budget is not negative (and, before the first measurement,
+    /// until launches in flight have been measured).
     fn admit(&self, region: &Region, slot: Option<SlotId>, dev: usize, percent: u8) {
         let mut waited = 0u64;
         loop {
@@ -257,8 +277,11 @@ impl Limiter {
             self.usage.sample(region, slot, dev, now_ns());
             let unmeasured = self.average[dev].load(Ordering::Relaxed) == 0
                 && self.inner().pending.iter().any(|p| p.dev == dev);
-            let tokens = region.refill(dev, now_ns(), percent, CAP_NS);
-            let wait = if tokens < 0 {
+            let now = now_ns();
+            let tokens = region.refill(dev, now, percent, CAP_NS);
+            let wait = if region.held(dev, now) {
+                HOLD_POLL_NS
+            } else if tokens < 0 {
                 (tokens.unsigned_abs() * 100 / u64::from(percent)).clamp(MIN_WAIT_NS, MAX_WAIT_NS)
             } else if unmeasured {
                 BOOTSTRAP_POLL_NS
@@ -407,19 +430,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_limiter_exists_only_for_a_limit_the_policy_applies() {
+    fn a_limiter_exists_for_a_limit_the_policy_applies_or_a_high_priority() {
         let mut percent = [0; MAX_DEVICES];
+        let low = Priority::Low;
         for policy in [
             CoreUtilizationPolicy::Default,
             CoreUtilizationPolicy::Force,
             CoreUtilizationPolicy::Disable,
         ] {
-            assert!(Limiter::new(percent, policy).is_none(), "{policy:?}");
+            assert!(Limiter::new(percent, policy, low).is_none(), "{policy:?}");
+            // A high-priority container records its launches in any case.
+            assert!(Limiter::new(percent, policy, Priority::High).is_some());
         }
         percent[3] = 30;
-        assert!(Limiter::new(percent, CoreUtilizationPolicy::Disable).is_none());
+        assert!(Limiter::new(percent, CoreUtilizationPolicy::Disable, low).is_none());
         for policy in [CoreUtilizationPolicy::Default, CoreUtilizationPolicy::Force] {
-            let limiter = Limiter::new(percent, policy).unwrap();
+            let limiter = Limiter::new(percent, policy, low).unwrap();
             assert_eq!(limiter.percent()[3], 30);
             assert_eq!(limiter.percent()[0], 0);
         }

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 
 use tessera_api::env::{
     self, CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE, CUDA_DEVICE_SM_LIMIT,
-    CUDA_DISABLE_CONTROL, CoreUtilizationPolicy, GPU_CORE_UTILIZATION_POLICY, LIBCUDA_LOG_LEVEL,
+    CUDA_DISABLE_CONTROL, CUDA_TASK_PRIORITY, CoreUtilizationPolicy, GPU_CORE_UTILIZATION_POLICY,
+    LIBCUDA_LOG_LEVEL,
 };
-use tessera_vgpu_region::MAX_DEVICES;
+use tessera_vgpu_region::{MAX_DEVICES, Priority};
 
 /// Where the region lives when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset. The
 /// node agent always sets the variable; this default only serves processes
@@ -45,6 +46,8 @@ pub struct Config {
     pub sm_limits: [u8; MAX_DEVICES],
     /// `GPU_CORE_UTILIZATION_POLICY`: when the compute limit applies.
     pub core_policy: CoreUtilizationPolicy,
+    /// `CUDA_TASK_PRIORITY`: 0 high, 1 (the default) low.
+    pub priority: Priority,
     /// The shared region file.
     pub region_path: PathBuf,
     /// `LIBCUDA_LOG_LEVEL`, 0 to 4.
@@ -102,6 +105,10 @@ impl Config {
             Some(v) => CoreUtilizationPolicy::parse(&v)?,
             None => CoreUtilizationPolicy::Default,
         };
+        let priority = match text(CUDA_TASK_PRIORITY)? {
+            Some(v) => parse_priority(&v)?,
+            None => Priority::Low,
+        };
         let region_path = var(CUDA_DEVICE_MEMORY_SHARED_CACHE)
             .map_or_else(|| PathBuf::from(DEFAULT_REGION_PATH), PathBuf::from);
         let (log_level, warning) = match text(LIBCUDA_LOG_LEVEL)?.map(|v| env::parse_log_level(&v))
@@ -116,6 +123,7 @@ impl Config {
                 limits,
                 sm_limits,
                 core_policy,
+                priority,
                 region_path,
                 log_level,
             },
@@ -138,6 +146,7 @@ impl Config {
         tessera_vgpu_region::Limits {
             memory: self.limits,
             sm_percent: self.sm_limits,
+            priority: self.priority,
         }
     }
 }
@@ -145,6 +154,20 @@ impl Config {
 /// The per-device compute limit variable, `CUDA_DEVICE_SM_LIMIT_<index>`.
 pub fn sm_limit_var(index: usize) -> String {
     format!("{CUDA_DEVICE_SM_LIMIT}_{index}")
+}
+
+/// Parses `CUDA_TASK_PRIORITY`: `0` (high) or `1` (low), HAMi's values.
+fn parse_priority(value: &str) -> Result<Priority, Error> {
+    match value {
+        "0" => Ok(Priority::High),
+        "1" => Ok(Priority::Low),
+        _ => Err(tessera_api::Error::InvalidEnv {
+            name: CUDA_TASK_PRIORITY.to_owned(),
+            value: value.to_owned(),
+            rule: "must be 0 (high priority) or 1 (low priority, the default)",
+        }
+        .into()),
+    }
 }
 
 /// Parses `CUDA_DEVICE_SM_LIMIT_<i>` with `CUDA_DEVICE_SM_LIMIT`'s rule
@@ -263,6 +286,27 @@ mod tests {
         expected[15] = 25;
         assert_eq!(config.sm_limits, expected);
         assert!(config.any_sm_limit() && !config.any_limit());
+    }
+
+    #[test]
+    fn the_task_priority_is_0_or_1() {
+        assert_eq!(read(&[]).unwrap().0.priority, Priority::Low);
+        let (config, _) = read(&[("CUDA_TASK_PRIORITY", "0")]).unwrap();
+        assert_eq!(config.priority, Priority::High);
+        assert_eq!(config.region_limits().priority, Priority::High);
+        let (config, _) = read(&[("CUDA_TASK_PRIORITY", "1")]).unwrap();
+        assert_eq!(config.priority, Priority::Low);
+        for value in ["2", "-1", "high", "", " 0", "00"] {
+            let err = read(&[("CUDA_TASK_PRIORITY", value)])
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "CUDA_TASK_PRIORITY={value:?}: must be 0 (high priority) or 1 (low priority, the default)"
+                )
+            );
+        }
     }
 
     #[test]

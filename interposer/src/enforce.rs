@@ -97,7 +97,7 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
     let compute = region.as_ref().and_then(|region| {
         let percent: [u8; MAX_DEVICES] =
             std::array::from_fn(|dev| region.sm_limit(dev).unwrap_or(0));
-        Limiter::new(percent, config.core_policy)
+        Limiter::new(percent, config.core_policy, region.priority())
     });
     if let Some(limiter) = &compute {
         log!(

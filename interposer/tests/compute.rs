@@ -19,7 +19,7 @@ use support::launch::{
     Run, TOLERANCE, UNTHROTTLED, assert_near, assert_unthrottled, one_at_a_time,
 };
 use support::{Loader, World};
-use tessera_vgpu_region::{Limits, MAX_DEVICES, Region, Sharing};
+use tessera_vgpu_region::{Limits, MAX_DEVICES, Priority, Region, Sharing};
 
 /// The region's measured busy and throttled time on device 0.
 fn compute_stats(world: &World) -> (u64, u64) {
@@ -167,6 +167,7 @@ fn the_policy_decides_when_the_limit_applies() {
             let limits = Limits {
                 memory: [0; MAX_DEVICES],
                 sm_percent: [25; MAX_DEVICES],
+                priority: Priority::Low,
             };
             let (region, _) = Region::create_or_open_with(&world.region_path(), &limits).unwrap();
             region.set_sharing(0, sharing);

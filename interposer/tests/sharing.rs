@@ -1,13 +1,22 @@
 //! Containers sharing one GPU: each container's compute limit is its own
-//! processes' share of the device, however much the others queue, measured
-//! with the fake NVML's per-process utilisation (`own_<i>` of the probe's
-//! `launch` windows).
+//! processes' share of the device, however much the others queue, and a
+//! high-priority container holds low-priority ones back; measured with the
+//! fake NVML's per-process utilisation (`own_<i>` of the probe's `launch`
+//! windows).
 
 #[allow(dead_code)] // the sharing tests use only part of the test support
 mod support;
 
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use support::launch::{Run, TOLERANCE, assert_near, one_at_a_time};
 use support::{Loader, World};
+use tessera_vgpu_region::Region;
+use tessera_vgpu_region::priority::{ACTIVE_WINDOW_NS, HOLD_NS, Member, arbitrate, monotonic_now};
 
 /// Asserts each window after the first of a probe's own utilisation is
 /// within the tolerance of `target`.
@@ -90,4 +99,114 @@ fn without_per_process_utilisation_launches_are_charged_their_measured_time() {
             assert!(w <= 90 + TOLERANCE as u64, "{}: {w} %", output.stdout);
         }
     }
+}
+
+/// The node agent's part of task priority: [`arbitrate`] every 50 ms over
+/// the regions of some containers, each with the GPU behind its ordinal 0.
+struct Agent {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Agent {
+    fn start(containers: Vec<(PathBuf, &'static str)>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                // A region exists from its container's first CUDA call.
+                let regions: Vec<(Region, &str)> = containers
+                    .iter()
+                    .filter_map(|(path, gpu)| Some((Region::open(path).ok()?, *gpu)))
+                    .collect();
+                let members: Vec<Member<'_, &str>> = regions
+                    .iter()
+                    .map(|(region, gpu)| Member {
+                        region,
+                        gpus: vec![Some(*gpu)],
+                    })
+                    .collect();
+                arbitrate(&members, monotonic_now(), ACTIVE_WINDOW_NS, HOLD_NS);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[test]
+fn a_high_priority_container_holds_low_priority_ones_back_on_its_gpu() {
+    let _turn = one_at_a_time();
+    // On one GPU: a container of default (low) priority at 60 %, and one of
+    // CUDA_TASK_PRIORITY=0 at 30 % that runs for the first 3.2 s.
+    let low = World::new("8g").env("CUDA_DEVICE_SM_LIMIT", "60");
+    let high = low
+        .neighbour()
+        .env("CUDA_DEVICE_SM_LIMIT", "30")
+        .env("CUDA_TASK_PRIORITY", "0");
+    // A low-priority container on another GPU is not held.
+    let elsewhere = World::new("8g")
+        .env("CUDA_DEVICE_SM_LIMIT", "60")
+        .env("CUDA_TASK_PRIORITY", "1");
+    let _agent = Agent::start(vec![
+        (low.region_path(), "gpu-0"),
+        (high.region_path(), "gpu-0"),
+        (elsewhere.region_path(), "gpu-1"),
+    ]);
+    // The low-priority probe cannot time its own windows (a held launch
+    // returns late), so an observer outside the containers watches the GPU.
+    let watcher = low
+        .neighbour()
+        .probe(Loader::Linked, false, &["watch", "0", "6"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let low_run = Run::start(&low, Loader::Linked, true, "kernel", "6.2");
+    let elsewhere_run = Run::start(&elsewhere, Loader::Linked, true, "kernel", "3.2");
+    let high_run = Run::start(&high, Loader::Dlsym, true, "kernel", "3.2");
+    let low_pid = low_run.pid();
+
+    let (_, output) = high_run.windows();
+    assert_own_near(&output.own, 30, &output.what, &output.stdout);
+    let (_, output) = elsewhere_run.windows();
+    assert_own_near(&output.own, 60, &output.what, &output.stdout);
+    low_run.windows();
+    let watched = watcher.wait_with_output().unwrap();
+    let watched = String::from_utf8_lossy(&watched.stdout).into_owned();
+    let low_windows: Vec<u64> = (0..6)
+        .map(|i| {
+            watched
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("watch_{i}_{low_pid}=")))
+                .map_or(0, |v| v.parse().unwrap())
+        })
+        .collect();
+    eprintln!("low priority, watched: {low_windows:?}");
+    // Held while the high-priority container runs (windows 1 and 2: 1-3 s)...
+    for (i, &w) in low_windows.iter().enumerate().take(3).skip(1) {
+        assert!(w <= 2, "window {i}: {w} % while held:\n{watched}");
+    }
+    // ...and back to its limit once the hold is released (within
+    // ACTIVE_WINDOW_NS plus one period of the agent after the last launch).
+    for (i, &w) in low_windows.iter().enumerate().skip(4) {
+        assert!(
+            (w as i64 - 60).abs() <= TOLERANCE,
+            "window {i}: {w} % after the hold:\n{watched}"
+        );
+    }
+    let held = Region::open(&low.region_path()).unwrap().snapshot();
+    assert!(held.devices[0].throttled_ns > 2_000_000_000, "{held:?}");
 }

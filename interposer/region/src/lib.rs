@@ -31,6 +31,7 @@
 )]
 
 mod compute;
+pub mod priority;
 mod process;
 
 use std::fs::{File, OpenOptions};
@@ -42,6 +43,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
+pub use priority::Priority;
 pub use process::{process_alive, process_start_time};
 
 /// The first eight bytes of a region, `TSRVGPU1` read as a little-endian `u64`.
@@ -49,9 +51,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRVGPU1");
 /// The layout version this crate reads and writes.
 pub const VERSION: u32 = 1;
 /// The minor layout version: 1 added the compute fields of each device record
-/// in space that was reserved (zero) in minor version 0, so either reader
-/// reads the other's regions.
-pub const MINOR_VERSION: u32 = 1;
+/// and 2 the task priority, the holds the node agent writes and each
+/// process's latest launch, all in space that was reserved (zero) before, so
+/// every reader reads every minor version's regions (a field a region lacks
+/// reads as zero: no compute limit, low priority, no hold, no launch).
+pub const MINOR_VERSION: u32 = 2;
 /// Devices (CUDA ordinals) a region accounts for.
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in a region: at most this many processes of one container
@@ -131,10 +135,21 @@ struct Header {
     /// Size of one [`SlotRecord`].
     slot_size: AtomicU32,
     /// [`MINOR_VERSION`]: 0 for a region written before the compute fields
-    /// existed (they read as zero: no compute limit), 1 since.
+    /// existed (they read as zero: no compute limit), 1 before the priority
+    /// fields, 2 since.
     minor_version: AtomicU32,
+    /// `CUDA_TASK_PRIORITY` + 1 ([`Priority`]), written at creation; 0 in a
+    /// region of minor version 0 or 1 (low priority).
+    priority: AtomicU32,
+    /// `CLOCK_MONOTONIC` ns until which the launches on `held_devices` wait,
+    /// written by the node agent ([`priority::arbitrate`]).
+    hold_until: AtomicU64,
+    /// Bit `i`: the node agent holds back launches on CUDA ordinal `i`
+    /// (until `hold_until`), because a higher-priority container is active
+    /// on its GPU.
+    held_devices: AtomicU32,
     reserved0: AtomicU32,
-    reserved: [AtomicU64; 3],
+    reserved: AtomicU64,
 }
 
 /// Per-device accounting (64 bytes each).
@@ -174,10 +189,13 @@ struct SlotRecord {
     start_time: AtomicU64,
     /// The owner's pid on the host, written by the node agent; 0 when unknown.
     host_pid: AtomicU32,
-    reserved0: AtomicU32,
+    /// Bit `i`: the process has launched work on CUDA ordinal `i`.
+    active_devices: AtomicU32,
     /// Bytes this process holds per device.
     used: [AtomicU64; MAX_DEVICES],
-    reserved: [AtomicU64; 5],
+    /// `CLOCK_MONOTONIC` ns of the process's latest launch (0: none).
+    active_at: AtomicU64,
+    reserved: [AtomicU64; 4],
 }
 
 #[repr(C)]
@@ -190,6 +208,11 @@ struct Layout {
 const _: () = {
     assert!(size_of::<Header>() == 64);
     assert!(offset_of!(Header, minor_version) == 32);
+    assert!(offset_of!(Header, priority) == 36);
+    assert!(offset_of!(Header, hold_until) == 40);
+    assert!(offset_of!(Header, held_devices) == 48);
+    assert!(offset_of!(SlotRecord, active_devices) == 20);
+    assert!(offset_of!(SlotRecord, active_at) == 152);
     assert!(offset_of!(DeviceRecord, sm_limit) == 24);
     assert!(offset_of!(DeviceRecord, sharing) == 28);
     assert!(offset_of!(DeviceRecord, tokens) == 32);
@@ -210,6 +233,8 @@ pub struct Limits {
     pub memory: [u64; MAX_DEVICES],
     /// Compute limit per device in percent (1 to 99), 0 for none.
     pub sm_percent: [u8; MAX_DEVICES],
+    /// The container's task priority (`CUDA_TASK_PRIORITY`).
+    pub priority: Priority,
 }
 
 /// Whether a device is shared with other containers, as the node agent
@@ -301,6 +326,11 @@ pub struct Snapshot {
     pub devices: Vec<DeviceUsage>,
     /// Every live process slot.
     pub processes: Vec<ProcessUsage>,
+    /// The container's task priority.
+    pub priority: Priority,
+    /// The node agent's hold: the ordinals held (bit `i` = ordinal `i`) and
+    /// until when (`CLOCK_MONOTONIC` ns); `None` when nothing is held.
+    pub hold: Option<(u32, u64)>,
 }
 
 /// One device's limit and usage.
@@ -337,6 +367,10 @@ pub struct ProcessUsage {
     pub host_pid: Option<u32>,
     /// Bytes held per device.
     pub used: [u64; MAX_DEVICES],
+    /// Ordinals it has launched work on (bit `i` = ordinal `i`).
+    pub active_devices: u32,
+    /// When it last launched (`CLOCK_MONOTONIC` ns), `None` if never.
+    pub active_at: Option<u64>,
 }
 
 /// A mapped region file.
@@ -363,6 +397,7 @@ impl Region {
             &Limits {
                 memory: *limits,
                 sm_percent: [0; MAX_DEVICES],
+                priority: Priority::Low,
             },
         )
     }
@@ -415,6 +450,9 @@ impl Region {
                 .slot_size
                 .store(size_of::<SlotRecord>() as u32, Ordering::Relaxed);
             header.minor_version.store(MINOR_VERSION, Ordering::Relaxed);
+            header
+                .priority
+                .store(limits.priority.raw(), Ordering::Relaxed);
             for (device, (&limit, &sm)) in layout
                 .devices
                 .iter()
@@ -427,14 +465,15 @@ impl Region {
             return Ok((region, Opened::Created));
         }
         region.validate(path)?;
-        let limits_differ = layout
-            .devices
-            .iter()
-            .zip(limits.memory.iter().zip(&limits.sm_percent))
-            .any(|(device, (&limit, &sm))| {
-                device.limit.load(Ordering::Relaxed) != limit
-                    || device.sm_limit.load(Ordering::Relaxed) != u32::from(sm)
-            });
+        let limits_differ = region.priority() != limits.priority
+            || layout
+                .devices
+                .iter()
+                .zip(limits.memory.iter().zip(&limits.sm_percent))
+                .any(|(device, (&limit, &sm))| {
+                    device.limit.load(Ordering::Relaxed) != limit
+                        || device.sm_limit.load(Ordering::Relaxed) != u32::from(sm)
+                });
         Ok((region, Opened::Attached { limits_differ }))
     }
 
@@ -567,6 +606,8 @@ impl Region {
                     slot.pid.store(pid, Ordering::Relaxed);
                     slot.start_time.store(start_time, Ordering::Relaxed);
                     slot.host_pid.store(0, Ordering::Relaxed);
+                    slot.active_devices.store(0, Ordering::Relaxed);
+                    slot.active_at.store(0, Ordering::Relaxed);
                     for used in &slot.used {
                         used.store(0, Ordering::Relaxed);
                     }
@@ -673,6 +714,8 @@ impl Region {
         slot.pid.store(0, Ordering::Relaxed);
         slot.start_time.store(0, Ordering::Relaxed);
         slot.host_pid.store(0, Ordering::Relaxed);
+        slot.active_devices.store(0, Ordering::Relaxed);
+        slot.active_at.store(0, Ordering::Relaxed);
         slot.state.store(FREE, Ordering::Release);
         Some(total)
     }
@@ -713,16 +756,24 @@ impl Region {
             .filter(|(_, s)| s.state.load(Ordering::Acquire) == LIVE)
             .map(|(slot, s)| {
                 let host_pid = s.host_pid.load(Ordering::Relaxed);
+                let active_at = s.active_at.load(Ordering::Relaxed);
                 ProcessUsage {
                     slot,
                     pid: s.pid.load(Ordering::Relaxed),
                     start_time: s.start_time.load(Ordering::Relaxed),
                     host_pid: (host_pid != 0).then_some(host_pid),
                     used: std::array::from_fn(|d| s.used[d].load(Ordering::Relaxed)),
+                    active_devices: s.active_devices.load(Ordering::Relaxed),
+                    active_at: (active_at != 0).then_some(active_at),
                 }
             })
             .collect();
-        Snapshot { devices, processes }
+        Snapshot {
+            devices,
+            processes,
+            priority: self.priority(),
+            hold: self.hold(),
+        }
     }
 }
 

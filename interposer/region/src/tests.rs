@@ -1,6 +1,8 @@
 use super::*;
+use crate::priority::{Member, arbitrate};
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 const MIB: u64 = 1 << 20;
 
@@ -217,6 +219,7 @@ fn compute_limits_are_stored_and_compared() {
     let with = Limits {
         memory: limits(10 * MIB),
         sm_percent,
+        priority: Priority::Low,
     };
     let (region, _) = Region::create_or_open_with(&path, &with).unwrap();
     assert_eq!((region.sm_limit(0), region.sm_limit(1)), (None, Some(30)));
@@ -276,4 +279,132 @@ fn the_budget_refills_at_the_limit_and_is_capped() {
     );
     // Other devices are untouched.
     assert_eq!(region.tokens(1), 0);
+}
+
+#[test]
+fn the_priority_is_stored_and_compared_and_old_regions_read_low() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let high = Limits {
+        memory: limits(0),
+        sm_percent: [0; MAX_DEVICES],
+        priority: Priority::High,
+    };
+    let (region, _) = Region::create_or_open_with(&path, &high).unwrap();
+    assert_eq!(region.priority(), Priority::High);
+    assert_eq!(region.snapshot().priority, Priority::High);
+    let (_, opened) = Region::create_or_open(&path, &limits(0)).unwrap();
+    assert_eq!(
+        opened,
+        Opened::Attached {
+            limits_differ: true
+        }
+    );
+    // A region written before minor version 2 has zero there: low.
+    let old = dir.path().join("old");
+    let (region, _) = Region::create_or_open(&old, &limits(0)).unwrap();
+    region.layout().header.priority.store(0, Ordering::Relaxed);
+    region
+        .layout()
+        .header
+        .minor_version
+        .store(1, Ordering::Relaxed);
+    let reopened = Region::open(&old).unwrap();
+    assert_eq!(reopened.priority(), Priority::Low);
+    assert_eq!(reopened.hold(), None);
+}
+
+#[test]
+fn launches_are_recorded_and_holds_lapse() {
+    let dir = tempfile::tempdir().unwrap();
+    let (region, _) = Region::create_or_open(&dir.path().join("r"), &limits(0)).unwrap();
+    let (pid, start) = me();
+    let slot = region.claim_slot(pid, start).unwrap();
+    assert!(!region.launched_since(2, 0));
+    region.record_launch(slot, 2, 1_000);
+    assert!(region.launched_since(2, 1_000));
+    assert!(!region.launched_since(2, 1_001));
+    assert!(!region.launched_since(1, 0));
+    let process = region.snapshot().processes[0];
+    assert_eq!(
+        (process.active_devices, process.active_at),
+        (1 << 2, Some(1_000))
+    );
+    // Held until 5,000 on ordinal 2 only.
+    region.set_hold(1 << 2, 5_000);
+    assert!(region.held(2, 4_999));
+    assert!(!region.held(2, 5_000), "a hold lapses at its deadline");
+    assert!(!region.held(1, 10));
+    assert_eq!(region.snapshot().hold, Some((1 << 2, 5_000)));
+    region.set_hold(0, 0);
+    assert!(!region.held(2, 10));
+    // A reclaimed slot forgets its launches.
+    region.reclaim_slot(slot.index());
+    assert!(!region.launched_since(2, 0));
+}
+
+#[test]
+fn arbitration_holds_low_priority_containers_on_a_busy_high_priority_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let make = |name: &str, priority| {
+        let limits = Limits {
+            memory: limits(0),
+            sm_percent: [0; MAX_DEVICES],
+            priority,
+        };
+        let (region, _) = Region::create_or_open_with(&dir.path().join(name), &limits).unwrap();
+        let (pid, start) = me();
+        let slot = region.claim_slot(pid, start).unwrap();
+        (region, slot)
+    };
+    let (high, high_slot) = make("high", Priority::High);
+    let (low, low_slot) = make("low", Priority::Low);
+    let (other_low, _) = make("other-low", Priority::Low);
+    let (high_2, _) = make("high-2", Priority::High);
+    // GPUs "a" and "b": the high-priority container has "a" as ordinal 1;
+    // the low one has "b" as 0 and "a" as 1; another low one only "b";
+    // another high one shares "a" too.
+    let members = [
+        Member {
+            region: &high,
+            gpus: vec![None, Some("a")],
+        },
+        Member {
+            region: &low,
+            gpus: vec![Some("b"), Some("a")],
+        },
+        Member {
+            region: &other_low,
+            gpus: vec![Some("b")],
+        },
+        Member {
+            region: &high_2,
+            gpus: vec![Some("a")],
+        },
+    ];
+    let s = 1_000_000_000;
+    // Nobody launched: nothing is held.
+    assert_eq!(arbitrate(&members, 10 * s, s / 2, s), 0);
+    assert!(!low.held(1, 10 * s));
+    // The high-priority container launches on "a": only the low one's "a" is held.
+    high.record_launch(high_slot, 1, 10 * s);
+    assert_eq!(arbitrate(&members, 10 * s + 1, s / 2, s), 1);
+    assert!(low.held(1, 10 * s + 2));
+    assert!(!low.held(0, 10 * s + 2));
+    assert!(!other_low.held(0, 10 * s + 2));
+    // High-priority containers are never held, even by each other.
+    assert!(!high_2.held(0, 10 * s + 2) && !high.held(1, 10 * s + 2));
+    // A low-priority container's own launches hold nobody.
+    low.record_launch(low_slot, 0, 10 * s + 3);
+    assert!(!other_low.held(0, 10 * s + 4));
+    // Still active within the window: renewed.
+    assert_eq!(arbitrate(&members, 10 * s + s / 4, s / 2, s), 1);
+    assert!(low.held(1, 11 * s));
+    // Idle for longer than the window: released.
+    assert_eq!(arbitrate(&members, 11 * s, s / 2, s), 0);
+    assert!(!low.held(1, 11 * s));
+    // Without the agent a hold lapses on its own.
+    high.record_launch(high_slot, 1, 20 * s);
+    arbitrate(&members, 20 * s, s / 2, s);
+    assert!(low.held(1, 20 * s) && !low.held(1, 21 * s));
 }

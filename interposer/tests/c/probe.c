@@ -37,6 +37,8 @@
  *   procs <index>                   NVML UUID, compute processes (v1, _v2, _v3: the size query with
  *                                   no buffer, then v<n>_pid_<i> and v<n>_used_<i>) and the
  *                                   processes with utilisation samples, without touching CUDA
+ *   watch <index> <seconds>         every second, each process's NVML utilisation of the device over
+ *                                   that second (watch_<i>_<pid>=<percent>), without launching
  *   lookup <name> <version>         cuGetProcAddress_v2's result and status
  *   launch <path> <seconds> <blocks>
  *                                   launch <blocks>-block grids for <seconds> through one path
@@ -835,6 +837,37 @@ static int cmd_procs(unsigned index) {
     return 0;
 }
 
+/* Every second for <seconds>: each process's NVML utilisation of the device over that second
+ * (watch_<i>_<pid>=<percent>), an observer that does not launch. */
+static int cmd_watch(unsigned index, double seconds) {
+    load_nvml();
+    nvmlReturn_t rc = nvml.nvmlInit_v2();
+    if (rc) die("nvmlInit_v2", rc);
+    nvmlDevice_t device;
+    if ((rc = nvml.nvmlDeviceGetHandleByIndex_v2(index, &device))) die("nvmlDeviceGetHandleByIndex_v2", rc);
+    unsigned long long start = now_ns(), seen = realtime_us();
+    int windows = (int)seconds;
+    for (int w = 0; w < windows; w++) {
+        unsigned long long end = start + (unsigned long long)(w + 1) * 1000000000ull;
+        struct timespec ts = {.tv_sec = (time_t)(end / 1000000000ull), .tv_nsec = (long)(end % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL)) {
+        }
+        nvmlProcessUtilizationSample_t samples[64];
+        unsigned count = 64;
+        unsigned long long now = realtime_us();
+        rc = nvml.nvmlDeviceGetProcessUtilization(device, samples, &count, seen);
+        seen = now;
+        if (rc == 6 /* NVML_ERROR_NOT_FOUND: nothing ran */) continue;
+        if (rc) die("nvmlDeviceGetProcessUtilization", rc);
+        for (unsigned i = 0; i < count; i++) {
+            printf("watch_%d_%u=%u\n", w, samples[i].pid, samples[i].smUtil);
+            if (samples[i].timeStamp > seen) seen = samples[i].timeStamp;
+        }
+    }
+    printf("watched=%d\n", windows);
+    return 0;
+}
+
 /* Launches timed together: the clock's resolution may be coarser than a launch. */
 #define LAUNCH_BATCH 10
 
@@ -897,6 +930,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "fork") && argc == 4) return cmd_fork(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
     if (!strcmp(c, "nvml") && argc == 3) return cmd_nvml((unsigned)atoi(argv[2]));
     if (!strcmp(c, "procs") && argc == 3) return cmd_procs((unsigned)atoi(argv[2]));
+    if (!strcmp(c, "watch") && argc == 4) return cmd_watch((unsigned)atoi(argv[2]), atof(argv[3]));
     if (!strcmp(c, "bench") && argc == 5) return cmd_bench(atoi(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0));
     if (!strcmp(c, "stats") && argc == 3) return cmd_stats(atoi(argv[2]));
     if (!strcmp(c, "lookup") && argc == 4) return cmd_lookup(argv[2], atoi(argv[3]));

@@ -53,6 +53,11 @@ impl Run {
         }
     }
 
+    /// The probe's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The utilisation of each 1 s window, percent, and the probe's output.
     pub fn windows(self) -> (Vec<u64>, Output) {
         let output = self.child.wait_with_output().unwrap();
