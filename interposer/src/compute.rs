@@ -21,11 +21,16 @@
 //! budget. Work being captured into a graph is not charged: the graph is
 //! charged when it is launched.
 //!
+//! Task priority: every launch through the limiter records its time and
+//! device in the process's slot; while the node agent holds the device (a
+//! higher-priority container is active on its GPU, see
+//! `tessera_vgpu_region::priority`), limited launches wait.
+//!
 //! Cost: with no compute limit (unset, 0, 100, `CUDA_DISABLE_CONTROL`, or
-//! policy `disable`) a launch loads one process-wide atomic ([`MODE`]) and
-//! calls the driver. With a limit each launch also reads the current
-//! context, asks whether the stream is capturing, records two events and
-//! polls earlier launches' events.
+//! policy `disable`) and low priority a launch loads one process-wide atomic
+//! ([`MODE`]) and calls the driver. With a limit each launch also reads the
+//! current context, records its time, asks whether the stream is capturing,
+//! records two events and polls earlier launches' events.
 
 use std::collections::HashMap;
 use std::ffi::c_void;

@@ -8,10 +8,12 @@
 //!
 //! ```text
 //!  offset  size     what
-//!  0       64       Header: magic "TSRVGPU1", version, sizes (written last: magic)
+//!  0       64       Header: magic "TSRVGPU1", version, sizes (written last: magic), task
+//!                   priority, the node agent's hold (held ordinals, deadline)
 //!  64      16 × 64  DeviceRecord per CUDA ordinal: limit, used (the reservation counter), peak,
 //!                   compute limit, sharing, compute budget (tokens) and its refill time, busy time
-//!  1088    1024×192 SlotRecord per process: state, pid, start time, used per device
+//!  1088    1024×192 SlotRecord per process: state, pid, start time, host pid, used per device,
+//!                   latest launch (time, ordinals)
 //! ```
 //!
 //! The layout is documented field by field in `docs/interposer.md`. Slots are
@@ -33,6 +35,8 @@
 mod compute;
 pub mod priority;
 mod process;
+mod slots;
+mod snapshot;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -45,6 +49,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub use priority::Priority;
 pub use process::{process_alive, process_start_time};
+pub use snapshot::{DeviceUsage, ProcessUsage, Snapshot};
 
 /// The first eight bytes of a region, `TSRVGPU1` read as a little-endian `u64`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRVGPU1");
@@ -318,61 +323,6 @@ pub struct Reclaimed {
     pub bytes: u64,
 }
 
-/// A consistent-enough copy of a region for metrics: each counter is read
-/// atomically, the whole is not one atomic snapshot.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Snapshot {
-    /// Every device the region accounts for, by CUDA ordinal.
-    pub devices: Vec<DeviceUsage>,
-    /// Every live process slot.
-    pub processes: Vec<ProcessUsage>,
-    /// The container's task priority.
-    pub priority: Priority,
-    /// The node agent's hold: the ordinals held (bit `i` = ordinal `i`) and
-    /// until when (`CLOCK_MONOTONIC` ns); `None` when nothing is held.
-    pub hold: Option<(u32, u64)>,
-}
-
-/// One device's limit and usage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceUsage {
-    /// CUDA ordinal inside the container.
-    pub index: usize,
-    /// Limit in bytes, `None` for no limit.
-    pub limit: Option<u64>,
-    /// Bytes held by all processes of the container.
-    pub used: u64,
-    /// Highest `used` seen since the region was created.
-    pub peak: u64,
-    /// Compute limit in percent, `None` for no limit.
-    pub sm_limit: Option<u8>,
-    /// Whether the node agent marked the device shared.
-    pub sharing: Sharing,
-    /// GPU time the container's limited launches took, in nanoseconds.
-    pub busy_ns: u64,
-    /// Time the container's launches waited for compute budget, ns.
-    pub throttled_ns: u64,
-}
-
-/// One process's usage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProcessUsage {
-    /// The slot index.
-    pub slot: usize,
-    /// Pid inside the container.
-    pub pid: u32,
-    /// Start time in clock ticks since boot (guards against pid reuse).
-    pub start_time: u64,
-    /// Pid on the host, when the node agent has filled it in.
-    pub host_pid: Option<u32>,
-    /// Bytes held per device.
-    pub used: [u64; MAX_DEVICES],
-    /// Ordinals it has launched work on (bit `i` = ordinal `i`).
-    pub active_devices: u32,
-    /// When it last launched (`CLOCK_MONOTONIC` ns), `None` if never.
-    pub active_at: Option<u64>,
-}
-
 /// A mapped region file.
 pub struct Region {
     map: NonNull<Layout>,
@@ -582,198 +532,11 @@ impl Region {
             .map_or(0, |d| d.used.load(Ordering::Acquire))
     }
 
-    /// Claims a free slot for process `pid` started at `start_time`.
-    ///
-    /// A slot still marked as held by the same pid with another start time
-    /// (pid reuse) is reclaimed first. When every slot is taken, dead
-    /// processes are reclaimed and the claim is retried once.
-    pub fn claim_slot(&self, pid: u32, start_time: u64) -> Result<SlotId> {
-        for (index, slot) in self.layout().slots.iter().enumerate() {
-            if slot.state.load(Ordering::Acquire) == LIVE
-                && slot.pid.load(Ordering::Relaxed) == pid
-                && slot.start_time.load(Ordering::Relaxed) != start_time
-            {
-                self.reclaim_slot(index);
-            }
-        }
-        for attempt in 0..2 {
-            for (index, slot) in self.layout().slots.iter().enumerate() {
-                if slot
-                    .state
-                    .compare_exchange(FREE, CLAIMING, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    slot.pid.store(pid, Ordering::Relaxed);
-                    slot.start_time.store(start_time, Ordering::Relaxed);
-                    slot.host_pid.store(0, Ordering::Relaxed);
-                    slot.active_devices.store(0, Ordering::Relaxed);
-                    slot.active_at.store(0, Ordering::Relaxed);
-                    for used in &slot.used {
-                        used.store(0, Ordering::Relaxed);
-                    }
-                    slot.state.store(LIVE, Ordering::Release);
-                    return Ok(SlotId(index));
-                }
-            }
-            if attempt == 0 {
-                self.reclaim_dead();
-            }
-        }
-        Err(Error::SlotsFull)
-    }
-
-    /// Reserves `bytes` on device `dev` for `slot`, unless that would take the
-    /// container over the device's limit.
-    ///
-    /// One compare-and-swap on the device counter decides; the slot's own
-    /// counter (attribution and cleanup) follows. Devices beyond
-    /// [`MAX_DEVICES`] are refused with a zero limit.
-    pub fn try_reserve(&self, slot: SlotId, dev: usize, bytes: u64) -> Result<(), OverLimit> {
-        let layout = self.layout();
-        let Some(device) = layout.devices.get(dev) else {
-            return Err(OverLimit {
-                requested: bytes,
-                used: 0,
-                limit: 0,
-            });
-        };
-        let limit = device.limit.load(Ordering::Relaxed);
-        let mut used = device.used.load(Ordering::Relaxed);
-        let new = loop {
-            let new = used
-                .checked_add(bytes)
-                .filter(|&n| limit == 0 || n <= limit);
-            let Some(new) = new else {
-                return Err(OverLimit {
-                    requested: bytes,
-                    used,
-                    limit,
-                });
-            };
-            match device
-                .used
-                .compare_exchange_weak(used, new, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => break new,
-                Err(current) => used = current,
-            }
-        };
-        layout.slots[slot.0].used[dev].fetch_add(bytes, Ordering::Relaxed);
-        device.peak.fetch_max(new, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Returns `bytes` reserved by `slot` on device `dev`.
-    pub fn release(&self, slot: SlotId, dev: usize, bytes: u64) {
-        let layout = self.layout();
-        let Some(device) = layout.devices.get(dev) else {
-            return;
-        };
-        saturating_sub(&layout.slots[slot.0].used[dev], bytes);
-        saturating_sub(&device.used, bytes);
-    }
-
-    /// Frees the slots of processes that no longer exist and returns their
-    /// usage to the device counters.
-    ///
-    /// Slots hold pids as the container sees them: call this (and
-    /// [`Region::claim_slot`]) only from inside the container's pid
-    /// namespace. A reader outside it uses [`Region::snapshot`].
-    pub fn reclaim_dead(&self) -> Reclaimed {
-        let mut reclaimed = Reclaimed::default();
-        for (index, slot) in self.layout().slots.iter().enumerate() {
-            if slot.state.load(Ordering::Acquire) != LIVE {
-                continue;
-            }
-            let pid = slot.pid.load(Ordering::Relaxed);
-            let start_time = slot.start_time.load(Ordering::Relaxed);
-            if !process_alive(pid, start_time)
-                && let Some(bytes) = self.reclaim_slot(index)
-            {
-                reclaimed.slots += 1;
-                reclaimed.bytes += bytes;
-            }
-        }
-        reclaimed
-    }
-
-    /// Returns a slot's usage and frees it; `None` when another process won
-    /// the race to reclaim it.
-    fn reclaim_slot(&self, index: usize) -> Option<u64> {
-        let layout = self.layout();
-        let slot = &layout.slots[index];
-        slot.state
-            .compare_exchange(LIVE, RECLAIMING, Ordering::AcqRel, Ordering::Relaxed)
-            .ok()?;
-        let mut total = 0u64;
-        for (used, device) in slot.used.iter().zip(&layout.devices) {
-            let bytes = used.swap(0, Ordering::AcqRel);
-            saturating_sub(&device.used, bytes);
-            total = total.saturating_add(bytes);
-        }
-        slot.pid.store(0, Ordering::Relaxed);
-        slot.start_time.store(0, Ordering::Relaxed);
-        slot.host_pid.store(0, Ordering::Relaxed);
-        slot.active_devices.store(0, Ordering::Relaxed);
-        slot.active_at.store(0, Ordering::Relaxed);
-        slot.state.store(FREE, Ordering::Release);
-        Some(total)
-    }
-
     /// Records the host pid of a slot's process (the node agent knows it).
     pub fn set_host_pid(&self, slot: SlotId, host_pid: u32) {
         self.layout().slots[slot.0]
             .host_pid
             .store(host_pid, Ordering::Relaxed);
-    }
-
-    /// Copies the device counters and every live slot.
-    pub fn snapshot(&self) -> Snapshot {
-        let layout = self.layout();
-        let devices = layout
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(index, d)| {
-                let limit = d.limit.load(Ordering::Relaxed);
-                let sm = d.sm_limit.load(Ordering::Relaxed);
-                DeviceUsage {
-                    index,
-                    limit: (limit != 0).then_some(limit),
-                    used: d.used.load(Ordering::Acquire),
-                    peak: d.peak.load(Ordering::Relaxed),
-                    sm_limit: u8::try_from(sm).ok().filter(|&p| p != 0 && p < 100),
-                    sharing: Sharing::from_raw(d.sharing.load(Ordering::Relaxed)),
-                    busy_ns: d.busy_ns.load(Ordering::Relaxed),
-                    throttled_ns: d.throttled_ns.load(Ordering::Relaxed),
-                }
-            })
-            .collect();
-        let processes = layout
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.state.load(Ordering::Acquire) == LIVE)
-            .map(|(slot, s)| {
-                let host_pid = s.host_pid.load(Ordering::Relaxed);
-                let active_at = s.active_at.load(Ordering::Relaxed);
-                ProcessUsage {
-                    slot,
-                    pid: s.pid.load(Ordering::Relaxed),
-                    start_time: s.start_time.load(Ordering::Relaxed),
-                    host_pid: (host_pid != 0).then_some(host_pid),
-                    used: std::array::from_fn(|d| s.used[d].load(Ordering::Relaxed)),
-                    active_devices: s.active_devices.load(Ordering::Relaxed),
-                    active_at: (active_at != 0).then_some(active_at),
-                }
-            })
-            .collect();
-        Snapshot {
-            devices,
-            processes,
-            priority: self.priority(),
-            hold: self.hold(),
-        }
     }
 }
 
