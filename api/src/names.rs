@@ -47,3 +47,12 @@ pub mod annotations {
     /// `binpack` or `spread`: how nodes are ranked.
     pub const NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
 }
+
+/// Annotations Tessera writes on Nodes.
+pub mod node_annotations {
+    /// The node agent's readiness for GPU pods (`True` or `False: <reason>`),
+    /// mirrored from its GpuNode's `Ready` condition. kube-scheduler does not
+    /// watch GpuNodes; a change here is a Node event, so pods the extender
+    /// turned away from a node that was not ready are retried at once.
+    pub const GPU_READY: &str = "tessera.dev/gpu-ready";
+}

@@ -6,9 +6,13 @@
 
 mod support;
 
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
-use support::{Cluster, spawn_allocate_stand_in};
-use tessera_api::v1alpha1::AllocationPhase;
+use support::{Cluster, WAIT, spawn_allocate_stand_in};
+use tessera_api::v1alpha1::{AllocationPhase, GpuNode};
 use tessera_controllers::config::Config;
 
 #[tokio::test]
@@ -112,6 +116,83 @@ async fn a_pod_that_fits_nowhere_stays_pending_with_our_reason() {
         joined.contains("2 GPUs without 8000 MiB free (largest free is 5360 MiB on GPU-small-1-0)"),
         "{joined}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_pod_goes_to_a_node_whose_agent_is_not_ready() {
+    let cluster = Cluster::start(Config::default()).await;
+    spawn_allocate_stand_in(cluster.client.clone());
+    cluster
+        .add_gpu_node("restarting-1", "Tesla T4", 1, 15360)
+        .await;
+    let ready = |status: &str, reason: &str| {
+        json!({"status": {"conditions": [{
+            "type": "Ready", "status": status, "reason": reason,
+            "message": "the device plugin is not registered with the kubelet",
+            "lastTransitionTime": "2026-11-22T00:00:00Z",
+        }]}})
+    };
+    let gpu_nodes: Api<GpuNode> = Api::all(cluster.client.clone());
+    gpu_nodes
+        .patch_status(
+            "restarting-1",
+            &PatchParams::default(),
+            &Patch::Merge(ready("False", "NotRegistered")),
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while cluster
+        .projection
+        .read()
+        .not_ready("restarting-1")
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "projection never saw Ready=False"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster
+        .create_pod("held-back", json!({"nvidia.com/gpu": "1"}), json!({}))
+        .await;
+    let joined = cluster.failed_scheduling("held-back").await.join("\n");
+    assert!(
+        joined.contains("node agent not ready (the kubelet would reject the pod): NotRegistered"),
+        "{joined}"
+    );
+    // Once the agent is registered again the pod goes there: the agent
+    // marks its GpuNode Ready and mirrors it on the Node, an event on which
+    // kube-scheduler retries the pod at once.
+    gpu_nodes
+        .patch_status(
+            "restarting-1",
+            &PatchParams::default(),
+            &Patch::Merge(ready("True", "AllGpusHealthy")),
+        )
+        .await
+        .unwrap();
+    while cluster
+        .projection
+        .read()
+        .not_ready("restarting-1")
+        .is_some()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client.clone());
+    nodes
+        .patch(
+            "restarting-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                tessera_api::names::node_annotations::GPU_READY: "True",
+            }}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(cluster.node_of("held-back").await, "restarting-1");
 }
 
 /// The GPU UUIDs of a pod's allocation.

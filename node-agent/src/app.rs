@@ -3,13 +3,13 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, ValueEnum};
-use tessera_api::v1alpha1::NodeSettings;
+use tessera_api::v1alpha1::{GpuNode, NodeLock, NodeSettings};
 
 use crate::{
     Error,
     backend::{self, Backend, FakeBackend, NvmlBackend},
     inventory,
-    plugin::{self, CONTAINER_LIBRARY, Endpoint, HostPaths, Service},
+    plugin::{self, CONTAINER_LIBRARY, Endpoint, HostPaths, PluginState, Service},
     publish,
     view::NodeView,
 };
@@ -82,6 +82,11 @@ pub struct Args {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
+    /// On SIGTERM, how long to wait for a pod already bound here to be
+    /// served (its NodeLock to go) after marking the GpuNode not Ready, in
+    /// seconds; keep it under the pod's termination grace period.
+    #[arg(long, env = "TESSERA_DRAIN_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
+    pub drain_seconds: u64,
 }
 
 impl Args {
@@ -167,10 +172,12 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
         regions: args.state_dir.join("containers"),
     };
 
+    let (plugin_state, plugin_states) = tokio::sync::watch::channel(PluginState::NotRegistered);
     tokio::spawn(publish::gpu_node(
         client.clone(),
         args.node_name.clone(),
         offers.clone(),
+        plugin_states,
     ));
     tokio::spawn(publish::lease(
         client.clone(),
@@ -200,8 +207,74 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
         dir: args.device_plugin_dir.clone(),
         resource: args.resource_name.clone(),
     };
-    plugin::run(endpoint, Service::new(view, offers, paths)).await;
+    let service = Service::new(view, offers, paths);
+    let stopping = plugin_state.clone();
+    // The plugin keeps serving while the node drains.
+    let plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));
+    stop_signal().await;
+    stopping.send_replace(PluginState::Stopping);
+    drain(
+        &client,
+        &args.node_name,
+        Duration::from_secs(args.drain_seconds),
+    )
+    .await;
+    plugin.abort();
     Ok(())
+}
+
+/// SIGTERM (the kubelet stopping the DaemonSet pod) or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Before exiting: the GpuNode says `AgentStopping` (so the extender sends
+/// no new pod here), then a pod already bound here gets served: wait, up to
+/// `limit` in all, until the GpuNode shows it and the node's NodeLock is gone.
+async fn drain(client: &kube::Client, node: &str, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    let nodes: kube::Api<GpuNode> = kube::Api::all(client.clone());
+    let locks: kube::Api<NodeLock> = kube::Api::all(client.clone());
+    let marked = |n: &GpuNode| {
+        n.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "AgentStopping")
+        })
+    };
+    tracing::info!(
+        node,
+        "stopping: marking the node not Ready and serving any pod bound here"
+    );
+    while tokio::time::Instant::now() < deadline {
+        let shown = nodes
+            .get_opt(node)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|n| marked(&n));
+        let locked = !matches!(locks.get_opt(node).await, Ok(None));
+        if shown && !locked {
+            tracing::info!(node, "drained");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::warn!(
+        node,
+        seconds = limit.as_secs(),
+        "stopping before the node drained"
+    );
 }
 
 #[cfg(test)]

@@ -14,13 +14,14 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
+use tessera_api::names::node_annotations::GPU_READY;
 use tessera_api::v1alpha1::{CapacitySummary, DeviceHealth, GpuNode, GpuNodeSpec, GpuNodeStatus};
 use tokio::sync::watch;
 
-use crate::{Error, inventory::Offer};
+use crate::{Error, inventory::Offer, plugin::PluginState};
 
-/// The GpuNode status for an offer.
-pub fn status(offer: &Offer) -> GpuNodeStatus {
+/// The GpuNode status for an offer, with the device plugin in `plugin`.
+pub fn status(offer: &Offer, plugin: PluginState) -> GpuNodeStatus {
     let devices = &offer.devices;
     let mut models: Vec<&str> = devices.iter().map(|d| d.model.as_str()).collect();
     models.dedup();
@@ -37,28 +38,42 @@ pub fn status(offer: &Offer) -> GpuNodeStatus {
         allocated: None,
         settings: offer.resolved.settings.clone(),
         applied_configs: offer.resolved.applied.clone(),
-        conditions: vec![ready_condition(devices)],
+        conditions: vec![ready_condition(devices, plugin)],
         devices: devices.clone(),
     }
 }
 
-/// `Ready`: true while at least one GPU can take work. Its transition time
-/// is set when written ([`keep_transition_times`]).
-fn ready_condition(devices: &[tessera_api::v1alpha1::GpuDevice]) -> Condition {
+/// `Ready`: true while the kubelet can hand out GPUs here: the device
+/// plugin is registered, the agent is not stopping and at least one GPU can
+/// take work. The scheduler extender sends no pod to a node that is not
+/// Ready (the kubelet would reject it at admission). Its transition time is
+/// set when written ([`keep_transition_times`]).
+fn ready_condition(devices: &[tessera_api::v1alpha1::GpuDevice], plugin: PluginState) -> Condition {
     let healthy = devices
         .iter()
         .filter(|d| d.health == DeviceHealth::Healthy)
         .count();
-    let (status, reason) = match healthy {
-        0 => ("False", "NoHealthyGpus"),
-        n if n == devices.len() => ("True", "AllGpusHealthy"),
-        _ => ("True", "SomeGpusUnhealthy"),
+    let gpus = format!("{healthy} of {} GPUs healthy", devices.len());
+    let (status, reason, message) = match (plugin, healthy) {
+        (PluginState::Stopping, _) => (
+            "False",
+            "AgentStopping",
+            "the node agent is shutting down".to_owned(),
+        ),
+        (PluginState::NotRegistered, _) => (
+            "False",
+            "NotRegistered",
+            "the device plugin is not registered with the kubelet".to_owned(),
+        ),
+        (PluginState::Registered, 0) => ("False", "NoHealthyGpus", gpus),
+        (PluginState::Registered, n) if n == devices.len() => ("True", "AllGpusHealthy", gpus),
+        (PluginState::Registered, _) => ("True", "SomeGpusUnhealthy", gpus),
     };
     Condition {
         type_: "Ready".into(),
         status: status.into(),
         reason: reason.into(),
-        message: format!("{healthy} of {} GPUs healthy", devices.len()),
+        message,
         last_transition_time: Time(Timestamp::UNIX_EPOCH),
         observed_generation: None,
     }
@@ -87,17 +102,28 @@ const RECHECK: Duration = Duration::from_secs(30);
 /// writes its status whenever the offer changes; never rewrites an
 /// unchanged status. Every [`RECHECK`] it reads the GpuNode back and
 /// restores it if it is gone or differs.
-pub async fn gpu_node(client: Client, node: String, mut offers: watch::Receiver<Offer>) {
+pub async fn gpu_node(
+    client: Client,
+    node: String,
+    mut offers: watch::Receiver<Offer>,
+    mut plugin: watch::Receiver<PluginState>,
+) {
     let api: Api<GpuNode> = Api::all(client.clone());
     let mut written: Option<GpuNodeStatus> = None;
     let mut recheck = tokio::time::interval(RECHECK);
     recheck.tick().await;
     loop {
-        let mut wanted = status(&offers.borrow_and_update());
+        let state = *plugin.borrow_and_update();
+        let mut wanted = status(&offers.borrow_and_update(), state);
         keep_transition_times(&mut wanted, written.as_ref());
         if written.as_ref() != Some(&wanted) {
             match write(&client, &api, &node, &wanted).await {
-                Ok(()) => written = Some(wanted),
+                Ok(()) => {
+                    if readiness(written.as_ref()) != readiness(Some(&wanted)) {
+                        announce(&client, &node, &readiness(Some(&wanted))).await;
+                    }
+                    written = Some(wanted);
+                }
                 Err(error) => {
                     tracing::warn!(%error, "publishing the GpuNode failed; retrying");
                     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -107,6 +133,7 @@ pub async fn gpu_node(client: Client, node: String, mut offers: watch::Receiver<
         }
         tokio::select! {
             changed = offers.changed() => if changed.is_err() { return },
+            changed = plugin.changed() => if changed.is_err() { return },
             _ = recheck.tick() => {
                 let current = api.get_opt(&node).await.ok().flatten();
                 if current.and_then(|n| n.status) != written {
@@ -147,6 +174,30 @@ async fn write(
     .map_err(Error::kube("writing the GpuNode status"))?;
     tracing::info!(node, gpus = status.gpu_count, "GpuNode status written");
     Ok(())
+}
+
+/// The `Ready` condition as the Node annotation states it.
+fn readiness(status: Option<&GpuNodeStatus>) -> String {
+    let ready = status.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => "True".to_owned(),
+        Some(c) => format!("False: {}", c.reason),
+        None => String::new(),
+    }
+}
+
+/// Mirrors readiness on the Node (see [`GPU_READY`]): kube-scheduler retries
+/// the pods it could not place as soon as a Node changes. Best effort.
+async fn announce(client: &Client, node: &str, readiness: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = json!({"metadata": {"annotations": {GPU_READY: readiness}}});
+    match nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => tracing::info!(node, readiness, "node readiness announced"),
+        Err(error) => tracing::warn!(node, %error, "announcing readiness on the Node failed"),
+    }
 }
 
 /// An owner reference to the Node, so the GpuNode is deleted with it.
@@ -268,7 +319,7 @@ mod tests {
             ),
         ];
         for (health, status, reason, message) in cases {
-            let c = ready_condition(&devices(&health));
+            let c = ready_condition(&devices(&health), PluginState::Registered);
             assert_eq!(
                 (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
                 (status, reason, message)
@@ -277,9 +328,21 @@ mod tests {
     }
 
     #[test]
+    fn not_ready_while_unregistered_or_stopping() {
+        let all = devices(&[DeviceHealth::Healthy]);
+        for (state, reason) in [
+            (PluginState::NotRegistered, "NotRegistered"),
+            (PluginState::Stopping, "AgentStopping"),
+        ] {
+            let c = ready_condition(&all, state);
+            assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
+        }
+    }
+
+    #[test]
     fn transition_time_moves_only_when_the_status_changes() {
         let offer = |health: &[DeviceHealth]| GpuNodeStatus {
-            conditions: vec![ready_condition(&devices(health))],
+            conditions: vec![ready_condition(&devices(health), PluginState::Registered)],
             ..Default::default()
         };
         let mut first = offer(&[DeviceHealth::Healthy]);

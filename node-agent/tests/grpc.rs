@@ -59,7 +59,12 @@ async fn the_plugin_speaks_the_kubelets_protocol() {
         resource: "nvidia.com/gpu".into(),
     };
     let socket = plugins.join(endpoint.socket_name());
-    tokio::spawn(plugin::run(endpoint, Service::new(view, offers, paths)));
+    let (state, mut states) = tokio::sync::watch::channel(plugin::PluginState::NotRegistered);
+    tokio::spawn(plugin::run(
+        endpoint,
+        Service::new(view, offers, paths),
+        state,
+    ));
 
     // Registration: right version, resource and socket name, with options.
     let state = kubelet
@@ -68,6 +73,14 @@ async fn the_plugin_speaks_the_kubelets_protocol() {
         })
         .await
         .unwrap();
+    // The agent reports the registration (the GpuNode's Ready condition follows it).
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        states.wait_for(|s| *s == plugin::PluginState::Registered),
+    )
+    .await
+    .expect("registration reported")
+    .unwrap();
     let (registered, options) = state.plugin.unwrap();
     assert_eq!(registered, "tessera-nvidia-com-gpu.sock");
     assert!(options.get_preferred_allocation_available);
@@ -132,6 +145,81 @@ async fn the_plugin_speaks_the_kubelets_protocol() {
     plugin
         .pre_start_container(PreStartContainerRequest {
             devices_ids: vec!["GPU-grpc-0::0".into()],
+        })
+        .await
+        .unwrap();
+}
+
+/// A starting kubelet empties its device-plugin directory before it creates
+/// kubelet.sock, which can remove the plugin's socket before the plugin ever
+/// registered: the plugin serves again on a new socket and registers.
+#[tokio::test]
+async fn the_plugin_recovers_its_socket_removed_before_registration() {
+    let plane = tessera_e2e::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = dir.path().join("gpus.yaml");
+    std::fs::write(
+        &gpus,
+        "devices:\n- {uuid: GPU-early-0, index: 0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920}\n",
+    )
+    .unwrap();
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let physical = backend::watch(
+        Box::new(FakeBackend::new(&gpus)),
+        Duration::from_millis(100),
+    )
+    .unwrap();
+    let view = NodeView::spawn(client.clone(), "early-node");
+    let offers = inventory::track(view.clone(), Default::default(), physical).await;
+    let paths = HostPaths {
+        library: "/opt/lib.so".into(),
+        preload: dir.path().join("ld.so.preload"),
+        regions: dir.path().join("containers"),
+    };
+    let endpoint = Endpoint {
+        dir: plugins.clone(),
+        resource: "nvidia.com/gpu".into(),
+    };
+    let socket = plugins.join(endpoint.socket_name());
+    let (state, mut states) = tokio::sync::watch::channel(plugin::PluginState::NotRegistered);
+    tokio::spawn(plugin::run(
+        endpoint,
+        Service::new(view, offers, paths),
+        state,
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the plugin never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // What the kubelet's device manager does when it starts.
+    for entry in std::fs::read_dir(&plugins).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let kubelet = KubeletSim::start(client, "early-node", &plugins, "nvidia.com/gpu")
+        .await
+        .unwrap();
+    kubelet
+        .wait_for("registration", Duration::from_secs(10), |s| {
+            s.plugin.is_some()
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        states.wait_for(|s| *s == plugin::PluginState::Registered),
+    )
+    .await
+    .expect("registration reported")
+    .unwrap();
+    kubelet
+        .wait_for("devices", Duration::from_secs(10), |s| {
+            !s.devices.is_empty()
         })
         .await
         .unwrap();

@@ -9,6 +9,9 @@ use crate::{config::Config, engine, projection::Projection};
 pub const NO_GPU_NODE: &str =
     "no GPUs registered: Tessera's node agent has not published a GpuNode for this node";
 
+/// Why a node with GPUs is skipped while its agent says it is not Ready.
+pub const NOT_READY: &str = "node agent not ready (the kubelet would reject the pod): ";
+
 /// Which candidates can take the pod, and why the others cannot.
 ///
 /// Cost: O(candidates × devices) against the in-memory ledger; nothing is
@@ -50,6 +53,9 @@ pub fn filter(
         match ledger.node(name) {
             None => {
                 unresolvable.insert(name.to_owned(), NO_GPU_NODE.to_owned());
+            }
+            Some(_) if let Some(reason) = ledger.not_ready(name) => {
+                failed.insert(name.to_owned(), format!("{NOT_READY}{reason}"));
             }
             Some(node) => match engine::feasible(node, &request, policy) {
                 Ok(()) => feasible.push(name.to_owned()),

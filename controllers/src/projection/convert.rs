@@ -28,6 +28,19 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
         .collect()
 }
 
+/// Why the node takes no pod now: its agent's `Ready` condition is False
+/// (the kubelet would reject GPU pods at admission). `None` when Ready, or
+/// when the agent reports no condition (older agents).
+pub fn not_ready(node: &GpuNode) -> Option<String> {
+    let condition = node
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    (condition.status == "False").then(|| format!("{}: {}", condition.reason, condition.message))
+}
+
 /// The ledger key of an allocation.
 pub fn key(allocation: &VgpuAllocation) -> AllocationKey {
     AllocationKey {

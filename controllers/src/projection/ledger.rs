@@ -44,6 +44,9 @@ pub struct UuidSlice {
 #[derive(Debug, Default)]
 pub struct Ledger {
     nodes: HashMap<String, NodeGpus>,
+    /// Why a node takes no pod now although it has GPUs (its agent says it
+    /// is not Ready: not registered with the kubelet, or stopping).
+    not_ready: HashMap<String, String>,
     allocations: HashMap<AllocationKey, LiveAllocation>,
     by_node: HashMap<String, BTreeSet<AllocationKey>>,
 }
@@ -94,6 +97,20 @@ impl Ledger {
     /// Forgets a node's devices (its allocations stay until their pods go).
     pub fn remove_node(&mut self, name: &str) {
         self.nodes.remove(name);
+        self.not_ready.remove(name);
+    }
+
+    /// Records why a node takes no pod now, or that it does (`None`).
+    pub fn set_not_ready(&mut self, name: &str, reason: Option<String>) {
+        match reason {
+            Some(reason) => self.not_ready.insert(name.to_owned(), reason),
+            None => self.not_ready.remove(name),
+        };
+    }
+
+    /// Why a node takes no pod now, if it does not.
+    pub fn not_ready(&self, name: &str) -> Option<&str> {
+        self.not_ready.get(name).map(String::as_str)
     }
 
     /// Records a live allocation, replacing an earlier version of it.
@@ -137,6 +154,7 @@ impl Ledger {
     pub fn replace_nodes(&mut self, nodes: impl IntoIterator<Item = (String, Vec<GpuDevice>)>) {
         let nodes: HashMap<String, Vec<GpuDevice>> = nodes.into_iter().collect();
         self.nodes.retain(|name, _| nodes.contains_key(name));
+        self.not_ready.retain(|name, _| nodes.contains_key(name));
         for (name, devices) in nodes {
             self.set_node(&name, devices);
         }

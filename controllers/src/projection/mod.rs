@@ -110,6 +110,14 @@ impl Projection {
     }
 }
 
+/// One GpuNode of a relist, as the ledger takes it.
+#[derive(Debug)]
+pub struct NodeEntry {
+    name: String,
+    devices: Vec<crate::engine::GpuDevice>,
+    not_ready: Option<String>,
+}
+
 /// Applies watch events to the ledger.
 #[derive(Clone, Debug)]
 pub struct Feeder {
@@ -142,7 +150,7 @@ impl Feeder {
     }
 
     async fn watch_nodes(self, api: Api<GpuNode>) {
-        let mut relist: Vec<(String, Vec<crate::engine::GpuDevice>)> = Vec::new();
+        let mut relist: Vec<NodeEntry> = Vec::new();
         let mut events = watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
@@ -156,19 +164,28 @@ impl Feeder {
     }
 
     /// Applies one GpuNode event.
-    pub fn node_event(
-        &self,
-        event: watcher::Event<GpuNode>,
-        relist: &mut Vec<(String, Vec<crate::engine::GpuDevice>)>,
-    ) {
+    pub fn node_event(&self, event: watcher::Event<GpuNode>, relist: &mut Vec<NodeEntry>) {
         use kube::ResourceExt;
         match event {
-            watcher::Event::Apply(node) => self.write().set_node(&node.name_any(), devices(&node)),
+            watcher::Event::Apply(node) => {
+                let mut ledger = self.write();
+                ledger.set_node(&node.name_any(), devices(&node));
+                ledger.set_not_ready(&node.name_any(), convert::not_ready(&node));
+            }
             watcher::Event::Delete(node) => self.write().remove_node(&node.name_any()),
             watcher::Event::Init => relist.clear(),
-            watcher::Event::InitApply(node) => relist.push((node.name_any(), devices(&node))),
+            watcher::Event::InitApply(node) => relist.push(NodeEntry {
+                name: node.name_any(),
+                devices: devices(&node),
+                not_ready: convert::not_ready(&node),
+            }),
             watcher::Event::InitDone => {
-                self.write().replace_nodes(relist.drain(..));
+                let mut ledger = self.write();
+                ledger.replace_nodes(relist.iter().map(|e| (e.name.clone(), e.devices.clone())));
+                for entry in relist.drain(..) {
+                    ledger.set_not_ready(&entry.name, entry.not_ready);
+                }
+                drop(ledger);
                 self.mark_synced(&self.nodes_synced);
             }
         }

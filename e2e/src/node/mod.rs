@@ -296,6 +296,8 @@ impl RealNode {
             ),
             format!("--state-dir={}", self.dir.join("agent").display()),
             format!("--metrics-addr=127.0.0.1:{}", self.metrics_port),
+            // Inside the harness's 5 s between SIGTERM and SIGKILL.
+            "--drain-seconds=3".to_owned(),
         ];
         let agent = Process::spawn(
             "tessera-node-agent",

@@ -10,7 +10,7 @@ pub use allocate::{
     MountSpec, REGION_FILE, grant, preferred,
 };
 pub use ids::{device_list, replica_id, uuid_of};
-pub use server::{Endpoint, run};
+pub use server::{Endpoint, PluginState, run};
 pub use service::{Service, options};
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use tessera_deviceplugin::{
         registration_client::RegistrationClient,
     },
 };
+use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use super::service::{Service, options};
@@ -49,16 +50,41 @@ fn identity(path: &Path) -> Option<(u64, u64, i64)> {
         .map(|m| (m.dev(), m.ino(), m.ctime_nsec()))
 }
 
-/// Serves `service` and keeps it registered with the kubelet until the process stops.
-pub async fn run(endpoint: Endpoint, service: Service) {
+/// Whether the kubelet can use the plugin now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PluginState {
+    /// Not registered with the running kubelet (starting, or the kubelet
+    /// restarted): the kubelet rejects GPU pods it admits now.
+    NotRegistered,
+    /// Registered and serving.
+    Registered,
+    /// The agent is shutting down.
+    Stopping,
+}
+
+/// Serves `service` and keeps it registered with the kubelet until the
+/// process stops, reporting registration through `state`.
+pub async fn run(endpoint: Endpoint, service: Service, state: watch::Sender<PluginState>) {
     let kubelet = endpoint.dir.join(KUBELET_SOCKET);
     let socket = endpoint.dir.join(endpoint.socket_name());
     loop {
-        if let Err(error) = serve_once(&endpoint, &kubelet, &socket, service.clone()).await {
+        if let Err(error) = serve_once(&endpoint, &kubelet, &socket, service.clone(), &state).await
+        {
             tracing::warn!(%error, "device plugin stopped; starting it again");
             tokio::time::sleep(CHECK).await;
         }
     }
+}
+
+/// Sets the state unless the agent is stopping.
+fn report(state: &watch::Sender<PluginState>, now: PluginState) {
+    state.send_if_modified(|current| {
+        let changed = *current != PluginState::Stopping && *current != now;
+        if changed {
+            *current = now;
+        }
+        changed
+    });
 }
 
 async fn serve_once(
@@ -66,6 +92,7 @@ async fn serve_once(
     kubelet: &Path,
     socket: &Path,
     service: Service,
+    state: &watch::Sender<PluginState>,
 ) -> Result<(), Error> {
     let _ = std::fs::remove_file(socket);
     let listener = tokio::net::UnixListener::bind(socket)
@@ -81,6 +108,12 @@ async fn serve_once(
     let result = async {
         // Register once the kubelet listens; remember which kubelet.sock we used.
         let registered = loop {
+            // A starting kubelet empties the directory before it creates
+            // kubelet.sock: our socket may be gone before we ever register.
+            if identity(socket).is_none() {
+                tracing::info!("our socket was removed before registration; serving again");
+                return Ok(());
+            }
             let seen = identity(kubelet);
             match register(endpoint, kubelet).await {
                 Ok(()) => break seen,
@@ -96,6 +129,7 @@ async fn serve_once(
             }
         };
         tracing::info!(socket = %socket.display(), resource = %endpoint.resource, "registered with the kubelet");
+        report(state, PluginState::Registered);
         loop {
             tokio::select! {
                 finished = &mut server => {
@@ -116,6 +150,7 @@ async fn serve_once(
         }
     }
     .await;
+    report(state, PluginState::NotRegistered);
     // Stop at once: a graceful stop would wait for the kubelet's open
     // ListAndWatch stream, which a restarted kubelet never closes.
     let _ = stop.send(());
