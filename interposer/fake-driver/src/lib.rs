@@ -23,6 +23,7 @@
 //! | `FAKE_CUDA_NS_PER_BLOCK` | how long each block of a launched grid occupies the device, ns | 1000 |
 //! | `FAKE_CUDA_CONTEXT_MEMORY` | device memory each context takes (`k`, `m`, `g` suffixes) | 0 |
 //! | `FAKE_CUDA_POOL_CHUNK` | memory pools grow in multiples of this many bytes | 2 MiB (the granularity) |
+//! | `FAKE_CUDA_FAIL`, `FAKE_CUDA_LATENCY_US` | fault and latency injection (`inject.rs`) | none |
 //!
 //! The device count and memory are fixed by the first process that creates
 //! the state file. Memory of a process that dies without freeing stays used
