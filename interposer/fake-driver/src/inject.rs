@@ -150,14 +150,19 @@ impl Plan {
 
 /// The injection point of `function` (one of [`INJECTABLE`]): sleeps its
 /// latency, and returns the error code of a fault that hits this call.
+/// Runs under `catch_unwind` (some callers are exports outside
+/// [`crate::guard`]): a panic answers `CUDA_ERROR_UNKNOWN`.
 #[inline]
 pub(crate) fn point(function: &'static str) -> Option<CUresult> {
     debug_assert!(INJECTABLE.contains(&function), "{function}");
-    let plan = plan();
-    if plan.faults.is_empty() && plan.latencies.is_empty() {
-        return None;
-    }
-    plan.at(function)
+    std::panic::catch_unwind(|| {
+        let plan = plan();
+        if plan.faults.is_empty() && plan.latencies.is_empty() {
+            return None;
+        }
+        plan.at(function)
+    })
+    .unwrap_or(Some(crate::CUDA_ERROR_UNKNOWN))
 }
 
 /// [`crate::guard`] behind the injection point of `function`.
