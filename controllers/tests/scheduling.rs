@@ -457,3 +457,29 @@ async fn the_webhook_routes_gpu_pods_and_refuses_invalid_requests() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_containers_priority_is_recorded_for_the_node_agent() {
+    let cluster = Cluster::start(Config::default()).await;
+    spawn_allocate_stand_in(cluster.client.clone());
+    cluster.add_gpu_node("prio-1", "Tesla T4", 1, 15360).await;
+    cluster
+        .create_pod(
+            "urgent",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "30", "nvidia.com/priority": "0"}),
+            json!({}),
+        )
+        .await;
+    cluster
+        .create_pod(
+            "casual",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}),
+            json!({}),
+        )
+        .await;
+    cluster.node_of("urgent").await;
+    cluster.node_of("casual").await;
+    let priority = |a: tessera_api::v1alpha1::VgpuAllocation| a.spec.containers[0].priority;
+    assert_eq!(priority(cluster.allocation("urgent").await), Some(0));
+    assert_eq!(priority(cluster.allocation("casual").await), None);
+}

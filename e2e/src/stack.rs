@@ -47,6 +47,7 @@ extenders:
   - {{name: nvidia.com/gpumem, ignoredByScheduler: true}}
   - {{name: nvidia.com/gpumem-percentage, ignoredByScheduler: true}}
   - {{name: nvidia.com/gpucores, ignoredByScheduler: true}}
+  - {{name: nvidia.com/priority, ignoredByScheduler: true}}
 "#
     )
 }

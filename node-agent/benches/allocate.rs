@@ -126,6 +126,7 @@ async fn main() {
         let uid = format!("uid-{round}");
         let gpu = format!("GPU-bench-{}", round % GPUS);
         let containers = vec![ContainerAllocation {
+            priority: None,
             name: "main".into(),
             devices: vec![DeviceSlice {
                 uuid: gpu.clone(),

@@ -193,6 +193,10 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
         view.clone(),
         paths.regions.clone(),
     ));
+    tokio::spawn(crate::monitor::arbiter::run(
+        view.clone(),
+        paths.regions.clone(),
+    ));
     tokio::spawn(crate::monitor::collect_regions(
         view.clone(),
         paths.regions.clone(),

@@ -399,5 +399,7 @@ fn gauge(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+pub mod arbiter;
+
 #[cfg(test)]
 mod tests;

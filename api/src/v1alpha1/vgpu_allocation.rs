@@ -107,6 +107,12 @@ pub struct ContainerAllocation {
     #[schemars(length(min = 1, max = 16))]
     #[x_kube(validation = Rule::new("self.all(d, self.exists_one(e, e.uuid == d.uuid))").message("devices: a container gets at most one slice of each GPU"))]
     pub devices: Vec<DeviceSlice>,
+    /// The container's compute priority from `nvidia.com/priority` (0 high,
+    /// 1 low), handed to the interposer as `CUDA_TASK_PRIORITY`; absent when
+    /// the pod did not ask (low).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1))]
+    pub priority: Option<u32>,
 }
 
 /// A slice of one GPU.

@@ -117,7 +117,7 @@ impl Binder {
             &uid,
             &devices,
             &placement,
-            &request.options,
+            &request,
             policy,
             &self.config,
             trace,
@@ -362,7 +362,7 @@ fn allocation_spec(
     uid: &str,
     devices: &[GpuDevice],
     placement: &Placement,
-    options: &tessera_api::request::PodOptions,
+    request: &tessera_api::request::PodRequest,
     gpu_policy: tessera_api::v1alpha1::SchedulingPolicy,
     config: &Config,
     trace: Option<TraceContext>,
@@ -371,6 +371,11 @@ fn allocation_spec(
         .containers
         .iter()
         .map(|c| ContainerAllocation {
+            priority: request
+                .containers
+                .iter()
+                .find(|r| r.name == c.name)
+                .and_then(|r| r.priority),
             name: c.name.clone(),
             devices: c
                 .slices
@@ -395,7 +400,10 @@ fn allocation_spec(
         totals: AllocationTotals::of(&containers),
         containers,
         gpu_policy,
-        node_policy: options.node_policy.unwrap_or(config.node_scheduler_policy),
+        node_policy: request
+            .options
+            .node_policy
+            .unwrap_or(config.node_scheduler_policy),
         trace_context: trace,
     }
 }

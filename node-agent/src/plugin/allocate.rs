@@ -184,6 +184,9 @@ pub fn grant(
     }
     let cores = container.devices.iter().map(|d| d.cores).max().unwrap_or(0);
     envs.insert(env::CUDA_DEVICE_SM_LIMIT.to_owned(), cores.to_string());
+    if let Some(priority) = container.priority {
+        envs.insert(env::CUDA_TASK_PRIORITY.to_owned(), priority.to_string());
+    }
     envs.insert(
         env::CUDA_DEVICE_MEMORY_SHARED_CACHE.to_owned(),
         format!("{CONTAINER_REGION_DIR}/{REGION_FILE}"),

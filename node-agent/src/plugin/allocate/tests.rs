@@ -44,6 +44,7 @@ fn allocation(containers: Vec<(&str, Vec<DeviceSlice>)>, served: &[&str]) -> Vgp
     let containers: Vec<ContainerAllocation> = containers
         .into_iter()
         .map(|(name, devices)| ContainerAllocation {
+            priority: None,
             name: name.into(),
             devices,
         })
@@ -286,4 +287,27 @@ fn preferred_steers_to_the_allocated_gpus() {
         preferred(Some(&lock("other")), Some(&allocation), &available, &[], 2),
         None
     );
+}
+
+#[test]
+fn the_containers_priority_reaches_the_interposer() {
+    let mut allocation = allocation(vec![("main", vec![slice("GPU-a", 3000, 30)])], &[]);
+    let serve = |allocation: &VgpuAllocation| {
+        grant(
+            NODE,
+            Some(&lock("uid-1")),
+            Some(allocation),
+            &ids(&["GPU-a"]),
+            &NodeSettings::default(),
+            &paths(),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        serve(&allocation).envs.get("CUDA_TASK_PRIORITY"),
+        None,
+        "low unless asked"
+    );
+    allocation.spec.containers[0].priority = Some(0);
+    assert_eq!(serve(&allocation).envs["CUDA_TASK_PRIORITY"], "0");
 }

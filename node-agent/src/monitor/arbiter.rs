@@ -1,0 +1,281 @@
+//! What the agent writes into the containers' shared regions besides the
+//! sharing marks: the holds that carry out `CUDA_TASK_PRIORITY` across
+//! containers, and each process's host pid.
+//!
+//! Priority (HAMi's meaning): while a high-priority container (0) launches
+//! on a GPU, the low-priority containers (1, the default) with a compute
+//! limit on that GPU are held back. Only the agent sees every container of a
+//! GPU, so it decides ([`tessera_vgpu_region::priority::arbitrate`]) every
+//! [`ARBITRATE_EVERY`]; a hold lapses by itself if the agent stops renewing it.
+//!
+//! Host pids: a process in a container with its own pid namespace records
+//! its namespace's pid; NVML speaks of host pids. The agent finds each slot's
+//! process in `/proc` by its namespace pid and start time and writes the host
+//! pid, which the interposer uses to filter NVML's process lists and to
+//! charge each process its own GPU time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation};
+use tessera_vgpu_region::{
+    Region, SlotId,
+    priority::{self, Member},
+    process_start_time,
+};
+
+use crate::plugin::REGION_FILE;
+
+/// How often holds are decided (a hold lasts [`priority::HOLD_NS`]).
+pub const ARBITRATE_EVERY: Duration = Duration::from_millis(200);
+/// Host pids are looked up every this many arbitration rounds.
+const HOST_PID_ROUNDS: u32 = 10;
+
+/// The GPU UUID behind each CUDA ordinal of every live GPU container, by
+/// region directory name (`<pod-uid>_<container>`).
+pub fn container_gpus(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<Option<String>>> {
+    allocations
+        .iter()
+        .filter(|a| {
+            !matches!(
+                a.status.as_ref().and_then(|s| s.phase),
+                Some(AllocationPhase::Released | AllocationPhase::Failed)
+            )
+        })
+        .flat_map(|a| {
+            a.spec.containers.iter().map(|c| {
+                (
+                    format!("{}_{}", a.spec.pod_uid, c.name),
+                    c.devices.iter().map(|d| Some(d.uuid.clone())).collect(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// One arbitration round over the regions under `root`; returns how many
+/// containers are held. Containers without a region yet (no CUDA call) are
+/// skipped.
+pub fn arbitrate_once(root: &Path, containers: &BTreeMap<String, Vec<Option<String>>>) -> usize {
+    let regions: Vec<(Region, &Vec<Option<String>>)> = containers
+        .iter()
+        .filter_map(|(dir, gpus)| {
+            Region::open(&root.join(dir).join(REGION_FILE))
+                .ok()
+                .map(|r| (r, gpus))
+        })
+        .collect();
+    let members: Vec<Member<'_, String>> = regions
+        .iter()
+        .map(|(region, gpus)| Member {
+            region,
+            gpus: (*gpus).clone(),
+        })
+        .collect();
+    priority::arbitrate(
+        &members,
+        priority::monotonic_now(),
+        priority::ACTIVE_WINDOW_NS,
+        priority::HOLD_NS,
+    )
+}
+
+/// Host pids by (innermost namespace pid, start time), from `/proc/*/status`
+/// `NSpid` lines.
+pub fn host_pids(proc_root: &Path) -> HashMap<(u32, u64), u32> {
+    let Ok(entries) = std::fs::read_dir(proc_root) else {
+        return HashMap::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let host: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let inner: u32 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))?
+                .split_whitespace()
+                .last()?
+                .parse()
+                .ok()?;
+            Some(((inner, process_start_time(host)?), host))
+        })
+        .collect()
+}
+
+/// Writes the host pid of every slot under `root` that lacks one; returns
+/// how many were written.
+pub fn fill_host_pids(
+    root: &Path,
+    dirs: impl IntoIterator<Item = String>,
+    pids: &HashMap<(u32, u64), u32>,
+) -> usize {
+    let mut written = 0;
+    for dir in dirs {
+        let Ok(region) = Region::open(&root.join(dir).join(REGION_FILE)) else {
+            continue;
+        };
+        for process in region.snapshot().processes {
+            if process.host_pid.is_some() {
+                continue;
+            }
+            if let (Some(&host), Some(slot)) = (
+                pids.get(&(process.pid, process.start_time)),
+                SlotId::from_index(process.slot),
+            ) {
+                region.set_host_pid(slot, host);
+                written += 1;
+            }
+        }
+    }
+    written
+}
+
+/// Decides holds every [`ARBITRATE_EVERY`] and fills host pids every
+/// [`HOST_PID_ROUNDS`] rounds, for the containers of the node's live
+/// allocations.
+pub async fn run(view: crate::view::NodeView, regions: PathBuf) {
+    let mut ticks = tokio::time::interval(ARBITRATE_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut round = 0u32;
+    loop {
+        ticks.tick().await;
+        view.ready().await;
+        let containers = container_gpus(&view.allocations());
+        let root = regions.clone();
+        let fill = round.is_multiple_of(HOST_PID_ROUNDS);
+        round = round.wrapping_add(1);
+        let _ = tokio::task::spawn_blocking(move || {
+            let held = arbitrate_once(&root, &containers);
+            if held > 0 {
+                tracing::debug!(held, "low-priority containers held back");
+            }
+            if fill {
+                let pids = host_pids(Path::new("/proc"));
+                fill_host_pids(&root, containers.into_keys(), &pids);
+            }
+        })
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_vgpu_region::{Limits, MAX_DEVICES, Priority};
+
+    fn region(root: &Path, dir: &str, priority: Priority, sm: u8) -> Region {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+        let mut limits = Limits {
+            memory: [0; MAX_DEVICES],
+            sm_percent: [0; MAX_DEVICES],
+            priority,
+        };
+        limits.sm_percent[0] = sm;
+        Region::create_or_open_with(&root.join(dir).join(REGION_FILE), &limits)
+            .unwrap()
+            .0
+    }
+
+    fn gpus(uuid: &str) -> Vec<Option<String>> {
+        vec![Some(uuid.to_owned())]
+    }
+
+    #[test]
+    fn a_busy_high_priority_container_holds_low_ones_on_its_gpu_only() {
+        let root = tempfile::tempdir().unwrap();
+        let high = region(root.path(), "p1_high", Priority::High, 30);
+        let low = region(root.path(), "p2_low", Priority::Low, 50);
+        let elsewhere = region(root.path(), "p3_other", Priority::Low, 50);
+        let me = process_start_time(std::process::id()).unwrap();
+        let slot = high.claim_slot(std::process::id(), me).unwrap();
+        let containers = BTreeMap::from([
+            ("p1_high".to_owned(), gpus("GPU-a")),
+            ("p2_low".to_owned(), gpus("GPU-a")),
+            ("p3_other".to_owned(), gpus("GPU-b")),
+            ("p4_no_region_yet".to_owned(), gpus("GPU-a")),
+        ]);
+
+        assert_eq!(
+            arbitrate_once(root.path(), &containers),
+            0,
+            "nobody launched"
+        );
+        high.record_launch(slot, 0, priority::monotonic_now());
+        assert_eq!(arbitrate_once(root.path(), &containers), 1);
+        let now = priority::monotonic_now();
+        assert!(low.held(0, now), "same GPU: held");
+        assert!(!elsewhere.held(0, now), "another GPU: free");
+        assert!(!high.held(0, now));
+    }
+
+    #[test]
+    fn slots_get_the_host_pid_of_their_process() {
+        let root = tempfile::tempdir().unwrap();
+        let region = region(root.path(), "p1_main", Priority::Low, 0);
+        let me = std::process::id();
+        let slot = region
+            .claim_slot(me, process_start_time(me).unwrap())
+            .unwrap();
+        let pids = host_pids(Path::new("/proc"));
+        assert_eq!(
+            fill_host_pids(root.path(), ["p1_main".to_owned()], &pids),
+            1
+        );
+        assert_eq!(region.host_pid(slot), Some(me));
+        assert_eq!(
+            fill_host_pids(root.path(), ["p1_main".to_owned()], &pids),
+            0,
+            "written once"
+        );
+    }
+
+    #[test]
+    fn container_gpus_follow_device_order_and_skip_released_allocations() {
+        use tessera_api::v1alpha1::*;
+        let allocation = |uid: &str, phase: Option<AllocationPhase>| {
+            let containers = vec![ContainerAllocation {
+                name: "main".into(),
+                devices: ["GPU-1", "GPU-0"]
+                    .iter()
+                    .map(|u| DeviceSlice {
+                        uuid: (*u).into(),
+                        memory_mib: 1,
+                        ..Default::default()
+                    })
+                    .collect(),
+                priority: Some(0),
+            }];
+            let mut a = VgpuAllocation::new(
+                uid,
+                VgpuAllocationSpec {
+                    pod_name: uid.into(),
+                    pod_uid: uid.into(),
+                    node_name: "n".into(),
+                    totals: AllocationTotals::of(&containers),
+                    containers,
+                    gpu_policy: SchedulingPolicy::Binpack,
+                    node_policy: SchedulingPolicy::Binpack,
+                    trace_context: None,
+                },
+            );
+            a.status = Some(VgpuAllocationStatus {
+                phase,
+                ..Default::default()
+            });
+            a
+        };
+        let gpus = container_gpus(&[
+            allocation("u1", Some(AllocationPhase::Allocated)),
+            allocation("u2", Some(AllocationPhase::Released)),
+        ]);
+        assert_eq!(
+            gpus,
+            BTreeMap::from([(
+                "u1_main".to_owned(),
+                vec![Some("GPU-1".to_owned()), Some("GPU-0".to_owned())]
+            )])
+        );
+    }
+}
