@@ -24,7 +24,7 @@ fn device(uuid: &str, index: u32, health: DeviceHealth) -> GpuDevice {
 
 fn allocation(pod: &str, uid: &str, mib: u64, phase: Option<AllocationPhase>) -> VgpuAllocation {
     let containers = vec![ContainerAllocation {
-            priority: None,
+        priority: None,
         name: "main".into(),
         devices: vec![DeviceSlice {
             uuid: "GPU-0".into(),
