@@ -22,6 +22,41 @@ use tessera_node_agent::{
     view::NodeView,
 };
 
+/// Runs the agent's device plugin for `node` over the fake GPUs in `gpus`
+/// (YAML), serving in `plugins`; returns its socket and registration state.
+async fn run_plugin(
+    client: kube::Client,
+    node: &str,
+    dir: &std::path::Path,
+    gpus: &std::path::Path,
+    plugins: &std::path::Path,
+) -> (
+    std::path::PathBuf,
+    tokio::sync::watch::Receiver<plugin::PluginState>,
+) {
+    let physical =
+        backend::watch(Box::new(FakeBackend::new(gpus)), Duration::from_millis(100)).unwrap();
+    let view = NodeView::spawn(client, node);
+    let offers = inventory::track(view.clone(), Default::default(), physical).await;
+    let paths = HostPaths {
+        library: "/opt/lib.so".into(),
+        preload: dir.join("ld.so.preload"),
+        regions: dir.join("containers"),
+    };
+    let endpoint = Endpoint {
+        dir: plugins.to_owned(),
+        resource: "nvidia.com/gpu".into(),
+    };
+    let socket = plugins.join(endpoint.socket_name());
+    let (state, states) = tokio::sync::watch::channel(plugin::PluginState::NotRegistered);
+    tokio::spawn(plugin::run(
+        endpoint,
+        Service::new(view, offers, paths),
+        state,
+    ));
+    (socket, states)
+}
+
 #[tokio::test]
 async fn the_plugin_speaks_the_kubelets_protocol() {
     let plane = tessera_e2e::shared().await.unwrap();
@@ -42,29 +77,7 @@ async fn the_plugin_speaks_the_kubelets_protocol() {
         .await
         .unwrap();
 
-    let physical = backend::watch(
-        Box::new(FakeBackend::new(&gpus)),
-        Duration::from_millis(100),
-    )
-    .unwrap();
-    let view = NodeView::spawn(client, "grpc-node");
-    let offers = inventory::track(view.clone(), Default::default(), physical).await;
-    let paths = HostPaths {
-        library: "/opt/lib.so".into(),
-        preload: dir.path().join("ld.so.preload"),
-        regions: dir.path().join("containers"),
-    };
-    let endpoint = Endpoint {
-        dir: plugins.clone(),
-        resource: "nvidia.com/gpu".into(),
-    };
-    let socket = plugins.join(endpoint.socket_name());
-    let (state, mut states) = tokio::sync::watch::channel(plugin::PluginState::NotRegistered);
-    tokio::spawn(plugin::run(
-        endpoint,
-        Service::new(view, offers, paths),
-        state,
-    ));
+    let (socket, mut states) = run_plugin(client, "grpc-node", dir.path(), &gpus, &plugins).await;
 
     // Registration: right version, resource and socket name, with options.
     let state = kubelet
@@ -166,29 +179,8 @@ async fn the_plugin_recovers_its_socket_removed_before_registration() {
     .unwrap();
     let plugins = dir.path().join("device-plugins");
     std::fs::create_dir_all(&plugins).unwrap();
-    let physical = backend::watch(
-        Box::new(FakeBackend::new(&gpus)),
-        Duration::from_millis(100),
-    )
-    .unwrap();
-    let view = NodeView::spawn(client.clone(), "early-node");
-    let offers = inventory::track(view.clone(), Default::default(), physical).await;
-    let paths = HostPaths {
-        library: "/opt/lib.so".into(),
-        preload: dir.path().join("ld.so.preload"),
-        regions: dir.path().join("containers"),
-    };
-    let endpoint = Endpoint {
-        dir: plugins.clone(),
-        resource: "nvidia.com/gpu".into(),
-    };
-    let socket = plugins.join(endpoint.socket_name());
-    let (state, mut states) = tokio::sync::watch::channel(plugin::PluginState::NotRegistered);
-    tokio::spawn(plugin::run(
-        endpoint,
-        Service::new(view, offers, paths),
-        state,
-    ));
+    let (socket, mut states) =
+        run_plugin(client.clone(), "early-node", dir.path(), &gpus, &plugins).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !socket.exists() {
         assert!(
