@@ -40,8 +40,10 @@ build_kubelet() {
     -o "$out" k8s.io/kubernetes/cmd/kubelet)
 }
 if [[ -f "$bin/.complete" ]]; then
-  build_kubelet "$bin/.kubelet.tmp"
-  mv "$bin/.kubelet.tmp" "$bin/kubelet"
+  tmp=$(mktemp -d "$cache/tools/.kubelet.XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
+  build_kubelet "$tmp/kubelet"
+  mv "$tmp/kubelet" "$bin/kubelet"
   echo "$bin"
   exit 0
 fi

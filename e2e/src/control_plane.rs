@@ -388,7 +388,8 @@ fn temp_root() -> PathBuf {
 }
 
 /// Removes temporary control-plane directories whose test process is gone
-/// (a process killed outright cannot clean up after itself).
+/// (a process killed outright cannot clean up after itself), stopping what
+/// their real nodes left running.
 pub fn remove_stale_dirs() {
     let Ok(entries) = fs::read_dir(temp_root()) else {
         return;
@@ -397,6 +398,13 @@ pub fn remove_stale_dirs() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let owner = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
         if owner.is_some_and(|pid| !crate::process::is_alive(pid)) {
+            // Real nodes leave containers, cgroups and bridges that die with
+            // nothing; stop them before their directories go.
+            if let Ok(nodes) = fs::read_dir(entry.path().join("nodes")) {
+                for node in nodes.flatten() {
+                    let _ = crate::node::stop_detached(&node.path());
+                }
+            }
             let _ = fs::remove_dir_all(entry.path());
         }
     }

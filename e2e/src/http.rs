@@ -2,8 +2,14 @@
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Whether `GET http://<addr><path>` answers 200.
+/// Whether `GET http://<addr><path>` answers 200 within 2 s.
 pub(crate) async fn get_ok(addr: &str, path: &str) -> bool {
+    tokio::time::timeout(std::time::Duration::from_secs(2), get(addr, path))
+        .await
+        .unwrap_or(false)
+}
+
+async fn get(addr: &str, path: &str) -> bool {
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
         return false;
     };

@@ -110,6 +110,7 @@ pub async fn gpu_node(
 ) {
     let api: Api<GpuNode> = Api::all(client.clone());
     let mut written: Option<GpuNodeStatus> = None;
+    let mut announced: Option<String> = None;
     let mut recheck = tokio::time::interval(RECHECK);
     recheck.tick().await;
     loop {
@@ -118,12 +119,7 @@ pub async fn gpu_node(
         keep_transition_times(&mut wanted, written.as_ref());
         if written.as_ref() != Some(&wanted) {
             match write(&client, &api, &node, &wanted).await {
-                Ok(()) => {
-                    if readiness(written.as_ref()) != readiness(Some(&wanted)) {
-                        announce(&client, &node, &readiness(Some(&wanted))).await;
-                    }
-                    written = Some(wanted);
-                }
+                Ok(()) => written = Some(wanted),
                 Err(error) => {
                     tracing::warn!(%error, "publishing the GpuNode failed; retrying");
                     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -131,7 +127,14 @@ pub async fn gpu_node(
                 }
             }
         }
+        // Mirrored on the Node until that write succeeds (retried below).
+        let now = readiness(written.as_ref());
+        if announced.as_ref() != Some(&now) && announce(&client, &node, &now).await {
+            announced = Some(now.clone());
+        }
+        let unannounced = announced.as_ref() != Some(&now);
         tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(2)), if unannounced => {}
             changed = offers.changed() => if changed.is_err() { return },
             changed = plugin.changed() => if changed.is_err() { return },
             _ = recheck.tick() => {
@@ -187,16 +190,23 @@ fn readiness(status: Option<&GpuNodeStatus>) -> String {
 }
 
 /// Mirrors readiness on the Node (see [`GPU_READY`]): kube-scheduler retries
-/// the pods it could not place as soon as a Node changes. Best effort.
-async fn announce(client: &Client, node: &str, readiness: &str) {
+/// the pods it could not place as soon as a Node changes. Returns whether
+/// the write succeeded.
+async fn announce(client: &Client, node: &str, readiness: &str) -> bool {
     let nodes: Api<Node> = Api::all(client.clone());
     let patch = json!({"metadata": {"annotations": {GPU_READY: readiness}}});
     match nodes
         .patch(node, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
-        Ok(_) => tracing::info!(node, readiness, "node readiness announced"),
-        Err(error) => tracing::warn!(node, %error, "announcing readiness on the Node failed"),
+        Ok(_) => {
+            tracing::info!(node, readiness, "node readiness announced");
+            true
+        }
+        Err(error) => {
+            tracing::warn!(node, %error, "announcing readiness on the Node failed; retrying");
+            false
+        }
     }
 }
 

@@ -15,12 +15,16 @@ use serde_json::json;
 use tessera_api::{
     request::parse_pod,
     v1alpha1::{
-        AllocationTotals, ContainerAllocation, DeviceSlice, PodReference, TraceContext,
+        AllocationTotals, ContainerAllocation, DeviceSlice, GpuNode, PodReference, TraceContext,
         VgpuAllocation, VgpuAllocationSpec,
     },
 };
 
-use super::{filter::NO_GPU_NODE, lock, wire::ExtenderBindingArgs};
+use super::{
+    filter::{NO_GPU_NODE, NOT_READY},
+    lock,
+    wire::ExtenderBindingArgs,
+};
 use crate::{
     Error,
     config::Config,
@@ -241,10 +245,19 @@ impl Binder {
         placement: &Placement,
     ) -> Result<(), Error> {
         let all: Api<VgpuAllocation> = Api::all(self.client.clone());
-        let on_node = all
-            .list(&ListParams::default().fields(&format!("spec.nodeName={}", args.node)))
-            .await
-            .map_err(Error::kube("listing the node's allocations"))?;
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let params = ListParams::default().fields(&format!("spec.nodeName={}", args.node));
+        let (on_node, gpu_node) = tokio::join!(all.list(&params), gpu_nodes.get_opt(&args.node),);
+        let on_node = on_node.map_err(Error::kube("listing the node's allocations"))?;
+        // Read after taking the lock: a stopping agent marks its node before
+        // it looks for a lock, so either it waits for this pod or we see it.
+        let gpu_node = gpu_node.map_err(Error::kube("reading the node's GpuNode"))?;
+        if let Some(reason) = gpu_node.as_ref().and_then(projection::not_ready) {
+            return Err(Error::NoLongerFits {
+                node: args.node.clone(),
+                reason: format!("{NOT_READY}{reason}"),
+            });
+        }
         let mut fold = NodeGpus::new(devices.to_vec());
         for allocation in &on_node.items {
             let ours = allocation.namespace().as_deref() == Some(args.pod_namespace.as_str())

@@ -21,7 +21,7 @@ use kube::{
 use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
 use tokio::sync::watch;
 
-pub use convert::{devices, key, live};
+pub use convert::{devices, key, live, not_ready};
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 pub use locks::LockTable;
 

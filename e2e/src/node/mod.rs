@@ -14,6 +14,7 @@
 mod cgroup;
 mod config;
 mod namespace;
+mod sysctl;
 
 pub use config::FakeGpu;
 
@@ -74,14 +75,30 @@ pub struct RealNode {
     agent: Option<Process>,
 }
 
-/// What a detached node leaves for [`stop_detached`].
+/// What a node records in `<dir>/node.json` while it runs, for
+/// [`stop_detached`]: after `make demo`, or when a test process died without
+/// stopping its nodes.
 #[derive(Debug, Serialize, Deserialize)]
-struct DetachedNode {
+struct NodeState {
     processes: Vec<(String, u32)>,
     holder: u32,
     cgroup: String,
     bridge: String,
+    sysctls: sysctl::Saved,
 }
+
+/// Paths the kubelet or containerd use that are fixed, or shared between
+/// instances by default, and what each node has there instead (inside its
+/// mount namespace; under the node's directory on the host).
+const PRIVATE_PATHS: [(&str, &str); 4] = [
+    ("device-plugins", DEVICE_PLUGIN_PATH),
+    // containerd's shim sockets and runc's state.
+    ("run-containerd", "/run/containerd"),
+    // Pod network namespaces pinned by containerd.
+    ("netns", "/run/netns"),
+    // The kubelet's links to container logs.
+    ("container-logs", "/var/log/containers"),
+];
 
 impl RealNode {
     /// Starts a node in `<plane dir>/nodes/<name>` and waits until the Node
@@ -101,7 +118,10 @@ impl RealNode {
         let subnet = format!("10.{}.{index}.0/24", 100 + pid % 100);
         let dir = plane.dir().join("nodes").join(&spec.name);
         let _ = fs::remove_dir_all(&dir);
-        for sub in ["cni/conf", "device-plugins", "kubelet", "pod-logs", "agent"] {
+        for sub in ["cni/conf", "kubelet", "pod-logs", "agent"]
+            .into_iter()
+            .chain(PRIVATE_PATHS.map(|(sub, _)| sub))
+        {
             let path = dir.join(sub);
             fs::create_dir_all(&path).map_err(Error::io("create directory", &path))?;
         }
@@ -140,9 +160,13 @@ impl RealNode {
             kubelet: None,
             agent: None,
         };
+        sysctl::original();
         let namespace = MountNamespace::create(dir.join("namespace.log"), node.lifetime)?;
-        namespace.bind(&dir.join("device-plugins"), Path::new(DEVICE_PLUGIN_PATH))?;
         node.namespace = Some(namespace);
+        node.record()?;
+        for (sub, target) in PRIVATE_PATHS {
+            node.namespace()?.bind(&dir.join(sub), Path::new(target))?;
+        }
         node.start_containerd(images).await?;
         node.start_kubelet().await?;
         node.start_agent()?;
@@ -205,6 +229,7 @@ impl RealNode {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.containerd = Some(containerd);
+        self.record()?;
         for archive in &images.paths {
             let output = Command::new("ctr")
                 .arg("--address")
@@ -247,6 +272,7 @@ impl RealNode {
             format!("--config={}", config.display()),
             format!("--kubeconfig={}", self.kubeconfig.display()),
             format!("--root-dir={}", self.dir.join("kubelet").display()),
+            format!("--cert-dir={}", self.dir.join("kubelet/pki").display()),
             format!("--hostname-override={}", self.name),
             format!("--node-ip={}", self.node_ip),
             "--v=1".to_owned(),
@@ -268,7 +294,7 @@ impl RealNode {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         self.kubelet = Some(kubelet);
-        Ok(())
+        self.record()
     }
 
     /// Stops the kubelet (its containers keep running, as on a real node).
@@ -307,7 +333,7 @@ impl RealNode {
             self.lifetime,
         )?;
         self.agent = Some(agent);
-        Ok(())
+        self.record()
     }
 
     /// Stops the node agent.
@@ -367,26 +393,47 @@ impl RealNode {
         }
     }
 
-    /// Stops everything the node runs and removes what it left behind.
+    /// Stops everything the node runs and removes what it left behind;
+    /// also after a start that failed half-way.
     pub fn stop(&mut self) {
         self.stop_agent();
         self.stop_kubelet();
-        let Some(namespace) = self.namespace.take() else {
-            return;
-        };
-        let pinned = MountNamespace::pinned_netns(namespace.holder.pid());
+        // Containers, shims and containerd: everything in the subtree.
         self.cgroup.destroy();
         if let Some(mut containerd) = self.containerd.take() {
             containerd.stop();
         }
-        drop(namespace);
-        cleanup(&pinned, &self.bridge, &self.dir);
+        // Ends the mount namespace and every mount made in it.
+        self.namespace.take();
+        sysctl::restore(&sysctl::original());
+        cleanup(&self.bridge, &self.dir);
     }
 
-    /// Leaves the node running (`make demo`): records its processes in
-    /// `<dir>/node.json` for [`stop_detached`].
+    fn state(&self) -> NodeState {
+        NodeState {
+            processes: [&self.containerd, &self.kubelet, &self.agent]
+                .into_iter()
+                .flatten()
+                .map(|p| (p.name().to_owned(), p.pid()))
+                .collect(),
+            holder: self.namespace.as_ref().map_or(0, |n| n.holder.pid()),
+            cgroup: self.cgroup.name().to_owned(),
+            bridge: self.bridge.clone(),
+            sysctls: sysctl::original(),
+        }
+    }
+
+    /// Writes `<dir>/node.json` (after every process start).
+    fn record(&self) -> Result<(), Error> {
+        let path = self.dir.join(STATE_FILE);
+        let json = serde_json::to_string_pretty(&self.state())
+            .map_err(|e| Error::Config(e.to_string()))?;
+        fs::write(&path, json).map_err(Error::io("write", &path))
+    }
+
+    /// Leaves the node running (`make demo`); [`stop_detached`] stops it.
     pub fn detach(mut self) -> Result<PathBuf, Error> {
-        let mut processes = Vec::new();
+        self.record()?;
         for process in [
             self.containerd.take(),
             self.kubelet.take(),
@@ -395,57 +442,50 @@ impl RealNode {
         .into_iter()
         .flatten()
         {
-            processes.push((process.name().to_owned(), process.release()));
+            process.release();
         }
-        let holder = self
-            .namespace
-            .take()
-            .map(|n| n.holder.release())
-            .unwrap_or_default();
-        let state = DetachedNode {
-            processes,
-            holder,
-            cgroup: self.cgroup.name().to_owned(),
-            bridge: self.bridge.clone(),
-        };
-        let path = self.dir.join(STATE_FILE);
-        let json =
-            serde_json::to_string_pretty(&state).map_err(|e| Error::Config(e.to_string()))?;
-        fs::write(&path, json).map_err(Error::io("write", &path))?;
-        Ok(self.dir.clone())
+        if let Some(namespace) = self.namespace.take() {
+            namespace.holder.release();
+        }
+        // Nothing is left for drop to stop; keep the directory.
+        let dir = std::mem::take(&mut self.dir);
+        self.bridge.clear();
+        Ok(dir)
     }
 }
 
 impl Drop for RealNode {
     fn drop(&mut self) {
-        self.stop();
+        if !self.dir.as_os_str().is_empty() {
+            self.stop();
+        }
     }
 }
 
-/// Stops a node left running by [`RealNode::detach`] and removes its
+/// Stops a node whose processes this process does not own (left running by
+/// [`RealNode::detach`], or by a test process that died) and removes its
 /// directory. Returns whether one was found.
 pub fn stop_detached(dir: &Path) -> Result<bool, Error> {
     let path = dir.join(STATE_FILE);
     let Ok(json) = fs::read_to_string(&path) else {
         return Ok(false);
     };
-    let state: DetachedNode = serde_json::from_str(&json)
+    let state: NodeState = serde_json::from_str(&json)
         .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
     for (name, pid) in state.processes.iter().rev() {
         process::stop_detached(*pid, name);
     }
-    let pinned = MountNamespace::pinned_netns(state.holder);
     Subtree::named(&state.cgroup).destroy();
     process::stop_detached(state.holder, "sleep");
-    cleanup(&pinned, &state.bridge, dir);
+    sysctl::restore(&state.sysctls);
+    cleanup(&state.bridge, dir);
     Ok(true)
 }
 
-fn cleanup(pinned: &[PathBuf], bridge: &str, dir: &Path) {
-    for file in pinned {
-        let _ = fs::remove_file(file);
+fn cleanup(bridge: &str, dir: &Path) {
+    if !bridge.is_empty() {
+        let _ = Command::new("ip").args(["link", "delete", bridge]).output();
     }
-    let _ = Command::new("ip").args(["link", "delete", bridge]).output();
     let _ = fs::remove_dir_all(dir);
 }
 

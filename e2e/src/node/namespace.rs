@@ -86,19 +86,4 @@ impl MountNamespace {
             )))
         }
     }
-
-    /// Pod network namespaces containerd pinned under /run/netns inside:
-    /// their files stay on the host after the namespace is gone.
-    pub(crate) fn pinned_netns(pid: u32) -> Vec<PathBuf> {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
-            return Vec::new();
-        };
-        text.lines()
-            .filter_map(|line| line.split_whitespace().nth(4))
-            .filter(|point| {
-                point.starts_with("/run/netns/") || point.starts_with("/var/run/netns/")
-            })
-            .map(PathBuf::from)
-            .collect()
-    }
 }

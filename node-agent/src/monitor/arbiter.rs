@@ -25,7 +25,7 @@ use tessera_vgpu_region::{
     process_start_time,
 };
 
-use crate::plugin::REGION_FILE;
+use crate::plugin::{CONTAINER_REGION_DIR, REGION_FILE};
 
 /// How often holds are decided (a hold lasts [`priority::HOLD_NS`]).
 pub const ARBITRATE_EVERY: Duration = Duration::from_millis(200);
@@ -81,27 +81,63 @@ pub fn arbitrate_once(root: &Path, containers: &BTreeMap<String, Vec<Option<Stri
     )
 }
 
-/// Host pids by (innermost namespace pid, start time), from `/proc/*/status`
-/// `NSpid` lines.
-pub fn host_pids(proc_root: &Path) -> HashMap<(u32, u64), u32> {
+/// Candidate host pids by (innermost namespace pid, start time), from
+/// `/proc/*/status` `NSpid` lines. Several containers can hold the same key
+/// (each one's first process is pid 1, and start times tick every 10 ms).
+pub fn host_pids(proc_root: &Path) -> HashMap<(u32, u64), Vec<u32>> {
     let Ok(entries) = std::fs::read_dir(proc_root) else {
         return HashMap::new();
     };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let host: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
-            let inner: u32 = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))?
-                .split_whitespace()
-                .last()?
-                .parse()
-                .ok()?;
-            Some(((inner, process_start_time(host)?), host))
-        })
-        .collect()
+    let mut found: HashMap<(u32, u64), Vec<u32>> = HashMap::new();
+    for entry in entries.flatten() {
+        let Some(host) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let inner = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|pids| pids.split_whitespace().last())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let (Some(inner), Some(start)) = (inner, process_start_time(host)) {
+            found.entry((inner, start)).or_default().push(host);
+        }
+    }
+    found
+}
+
+/// Identifies a file: (device, inode).
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Which candidate is the slot's process: the one that sees this very
+/// region file at the container's region path; or, in the agent's own pid
+/// namespace (no container), the pid itself.
+fn pick(
+    candidates: &[u32],
+    inner: u32,
+    region: Option<(u64, u64)>,
+    proc_root: &Path,
+) -> Option<u32> {
+    let inside = Path::new(CONTAINER_REGION_DIR.trim_start_matches('/')).join(REGION_FILE);
+    let sees_region = |host: &u32| {
+        region.is_some()
+            && file_id(&proc_root.join(host.to_string()).join("root").join(&inside)) == region
+    };
+    let mut matching = candidates.iter().copied().filter(sees_region);
+    match (matching.next(), matching.next()) {
+        (Some(host), None) => Some(host),
+        (Some(_), Some(_)) => None,
+        (None, _) => candidates.iter().copied().find(|&host| host == inner),
+    }
 }
 
 /// Writes the host pid of every slot under `root` that lacks one; returns
@@ -109,21 +145,34 @@ pub fn host_pids(proc_root: &Path) -> HashMap<(u32, u64), u32> {
 pub fn fill_host_pids(
     root: &Path,
     dirs: impl IntoIterator<Item = String>,
-    pids: &HashMap<(u32, u64), u32>,
+    pids: &HashMap<(u32, u64), Vec<u32>>,
+    proc_root: &Path,
 ) -> usize {
     let mut written = 0;
     for dir in dirs {
-        let Ok(region) = Region::open(&root.join(dir).join(REGION_FILE)) else {
+        let path = root.join(dir).join(REGION_FILE);
+        let Ok(region) = Region::open(&path) else {
             continue;
         };
+        let region_id = file_id(&path);
         for process in region.snapshot().processes {
             if process.host_pid.is_some() {
                 continue;
             }
-            if let (Some(&host), Some(slot)) = (
-                pids.get(&(process.pid, process.start_time)),
+            let Some(candidates) = pids.get(&(process.pid, process.start_time)) else {
+                continue;
+            };
+            let (Some(host), Some(slot)) = (
+                pick(candidates, process.pid, region_id, proc_root),
                 SlotId::from_index(process.slot),
-            ) {
+            ) else {
+                continue;
+            };
+            // The slot may have changed hands since the snapshot.
+            let still = region.snapshot().processes.iter().any(|p| {
+                p.slot == process.slot && p.pid == process.pid && p.start_time == process.start_time
+            });
+            if still {
                 region.set_host_pid(slot, host);
                 written += 1;
             }
@@ -152,8 +201,9 @@ pub async fn run(view: crate::view::NodeView, regions: PathBuf) {
                 tracing::debug!(held, "low-priority containers held back");
             }
             if fill {
-                let pids = host_pids(Path::new("/proc"));
-                fill_host_pids(&root, containers.into_keys(), &pids);
+                let proc_root = Path::new("/proc");
+                let pids = host_pids(proc_root);
+                fill_host_pids(&root, containers.into_keys(), &pids, proc_root);
             }
         })
         .await;
@@ -218,16 +268,41 @@ mod tests {
         let slot = region
             .claim_slot(me, process_start_time(me).unwrap())
             .unwrap();
-        let pids = host_pids(Path::new("/proc"));
+        let proc_root = Path::new("/proc");
+        let pids = host_pids(proc_root);
         assert_eq!(
-            fill_host_pids(root.path(), ["p1_main".to_owned()], &pids),
+            fill_host_pids(root.path(), ["p1_main".to_owned()], &pids, proc_root),
             1
         );
         assert_eq!(region.host_pid(slot), Some(me));
         assert_eq!(
-            fill_host_pids(root.path(), ["p1_main".to_owned()], &pids),
+            fill_host_pids(root.path(), ["p1_main".to_owned()], &pids, proc_root),
             0,
             "written once"
+        );
+    }
+
+    #[test]
+    fn a_pid_shared_by_containers_goes_to_the_one_that_sees_the_region() {
+        let dir = tempfile::tempdir().unwrap();
+        let region = dir.path().join("region");
+        std::fs::write(&region, b"r").unwrap();
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"o").unwrap();
+        let proc_root = dir.path().join("proc");
+        // Two containers' pid 1 (host pids 4001 and 4002), each seeing its own region.
+        for (host, target) in [(4001, &other), (4002, &region)] {
+            let inside = proc_root.join(format!("{host}/root/var/run/tessera/vgpu"));
+            std::fs::create_dir_all(&inside).unwrap();
+            std::os::unix::fs::symlink(target, inside.join("region")).unwrap();
+        }
+        let id = file_id(&region);
+        assert_eq!(pick(&[4001, 4002], 1, id, &proc_root), Some(4002));
+        assert_eq!(pick(&[4001], 1, id, &proc_root), None, "never a guess");
+        assert_eq!(
+            pick(&[7, 4001], 7, id, &proc_root),
+            Some(7),
+            "same pid namespace"
         );
     }
 
