@@ -203,17 +203,22 @@ fn tour(
         &["get", "vgpuallocations"],
     )?;
     show("the nodes' GPUs", &["get", "gpunodes"])?;
-    show(
-        "why no-fit stays Pending",
-        &[
-            "get",
-            "events",
-            "--field-selector",
-            "involvedObject.name=no-fit,reason=FailedScheduling",
-            "-o",
-            "custom-columns=MESSAGE:.message",
-        ],
-    )?;
+    let events = [
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=no-fit,reason=FailedScheduling",
+        "-o",
+        "custom-columns=MESSAGE:.message",
+    ];
+    println!(
+        "\n$ kubectl {}    # why no-fit stays Pending (the latest event)",
+        events.join(" ")
+    );
+    let text = kubectl(&events)?;
+    let mut lines = text.lines();
+    println!("{}", lines.next().unwrap_or_default());
+    println!("{}", lines.last().unwrap_or("(no event yet)"));
     show(
         "share-a's own view (cuDeviceTotalMem/cuMemGetInfo through the interposer)",
         &["logs", "share-a"],
