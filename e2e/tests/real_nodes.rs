@@ -672,3 +672,92 @@ async fn restarts_during_a_stream_of_pods_leave_every_pod_served_and_the_invaria
     }
     stack.assert_no_locks().await;
 }
+
+/// The low-priority container's region as the agent's host path holds it.
+fn region_of(stack: &Stack, pod: &Pod) -> tessera_vgpu_region::Snapshot {
+    let uid = pod.metadata.uid.as_deref().unwrap();
+    let path = stack.nodes[0]
+        .dir()
+        .join(format!("agent/containers/{uid}_cuda/region"));
+    tessera_vgpu_region::Region::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .snapshot()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_high_priority_pod_holds_a_low_priority_one_back_on_their_gpu() {
+    if skip() {
+        return;
+    }
+    let stack = Stack::start(&[("node-p", 1)]).await;
+    // Both pods launch kernels on the node's one GPU for a while; the one
+    // asking for nvidia.com/priority 0 holds the other back.
+    let launching = "cuda-probe launch kernel 20 64; echo '--- end'; sleep 3600";
+    let mut low = gpu_pod("low", 2000, 60, launching);
+    let mut high = gpu_pod("high", 2000, 30, launching);
+    high["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/priority"] = json!(0);
+    low["spec"]["containers"][0]["env"] =
+        json!([{"name": "FAKE_CUDA_NS_PER_BLOCK", "value": "20000"}]);
+    high["spec"]["containers"][0]["env"] = low["spec"]["containers"][0]["env"].clone();
+    stack.create(low).await;
+    let low = stack.wait_running("low").await;
+    stack.create(high).await;
+    let high = stack.wait_running("high").await;
+
+    let mut priorities = Vec::new();
+    for pod in ["high", "low"] {
+        let allocation = stack.allocations().get(pod).await.unwrap();
+        priorities.push(allocation.spec.containers[0].priority);
+    }
+    assert_eq!(priorities, [Some(0), None]);
+
+    // The agent's arbiter holds the low-priority container on the shared GPU.
+    let deadline = Instant::now() + WAIT;
+    let held = loop {
+        let before = Instant::now();
+        let high_region = region_of(&stack, &high);
+        let low_region = region_of(&stack, &low);
+        if high_region.priority == tessera_vgpu_region::Priority::High
+            && low_region.hold.is_some_and(|(devices, _)| devices & 1 == 1)
+        {
+            break low_region;
+        }
+        assert!(
+            before < deadline,
+            "never held: high {high_region:?}\nlow {low_region:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // While held, the low-priority container's launches wait inside the
+    // interposer: it records no launch, while the high-priority one goes on.
+    // (A launch already past the check when the hold came may still finish.)
+    let launched = |snapshot: &tessera_vgpu_region::Snapshot| snapshot.processes[0].active_at;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (low_before, high_before) = (
+        launched(&region_of(&stack, &low)),
+        launched(&region_of(&stack, &high)),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (low_now, high_now) = (region_of(&stack, &low), region_of(&stack, &high));
+    assert_eq!(
+        launched(&low_now),
+        low_before,
+        "held since {held:?}: {low_now:?}"
+    );
+    assert!(launched(&high_now) > high_before, "not held: {high_now:?}");
+
+    // The agent found each container process's host pid (they run in their
+    // own pid namespaces).
+    for snapshot in [&low_now, &high_now] {
+        let process = &snapshot.processes[0];
+        let host = process.host_pid.expect("host pid written by the agent");
+        let status = std::fs::read_to_string(format!("/proc/{host}/status")).unwrap();
+        let inner = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|p| p.parse::<u32>().ok());
+        assert_eq!(inner, Some(process.pid), "{status}");
+        assert_ne!(host, process.pid, "a container pid namespace");
+    }
+}
