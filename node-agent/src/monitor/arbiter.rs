@@ -181,6 +181,34 @@ pub fn fill_host_pids(
     written
 }
 
+/// Whether a live allocation gave a container high priority.
+fn any_high_priority(allocations: &[VgpuAllocation]) -> bool {
+    allocations
+        .iter()
+        .filter(|a| {
+            !matches!(
+                a.status.as_ref().and_then(|s| s.phase),
+                Some(AllocationPhase::Released | AllocationPhase::Failed)
+            )
+        })
+        .flat_map(|a| &a.spec.containers)
+        .any(|c| c.priority == Some(0))
+}
+
+/// Whether any region slot still lacks its host pid (only then is `/proc`
+/// scanned).
+fn missing_host_pids<'a>(root: &Path, dirs: impl IntoIterator<Item = &'a String>) -> bool {
+    dirs.into_iter().any(|dir| {
+        Region::open(&root.join(dir).join(REGION_FILE)).is_ok_and(|region| {
+            region
+                .snapshot()
+                .processes
+                .iter()
+                .any(|p| p.host_pid.is_none())
+        })
+    })
+}
+
 /// Decides holds every [`ARBITRATE_EVERY`] and fills host pids every
 /// [`HOST_PID_ROUNDS`] rounds, for the containers of the node's live
 /// allocations.
@@ -191,16 +219,22 @@ pub async fn run(view: crate::view::NodeView, regions: PathBuf) {
     loop {
         ticks.tick().await;
         view.ready().await;
-        let containers = container_gpus(&view.allocations());
+        let allocations = view.allocations();
+        let containers = container_gpus(&allocations);
+        // Holds are needed only while a container was granted high priority
+        // (`nvidia.com/priority: 0`); those set earlier lapse by themselves.
+        let arbitrate = any_high_priority(&allocations);
         let root = regions.clone();
         let fill = round.is_multiple_of(HOST_PID_ROUNDS);
         round = round.wrapping_add(1);
         let _ = tokio::task::spawn_blocking(move || {
-            let held = arbitrate_once(&root, &containers);
-            if held > 0 {
-                tracing::debug!(held, "low-priority containers held back");
+            if arbitrate {
+                let held = arbitrate_once(&root, &containers);
+                if held > 0 {
+                    tracing::debug!(held, "low-priority containers held back");
+                }
             }
-            if fill {
+            if fill && missing_host_pids(&root, containers.keys()) {
                 let proc_root = Path::new("/proc");
                 let pids = host_pids(proc_root);
                 fill_host_pids(&root, containers.into_keys(), &pids, proc_root);
@@ -270,10 +304,13 @@ mod tests {
             .unwrap();
         let proc_root = Path::new("/proc");
         let pids = host_pids(proc_root);
+        let dirs = ["p1_main".to_owned()];
+        assert!(missing_host_pids(root.path(), &dirs));
         assert_eq!(
             fill_host_pids(root.path(), ["p1_main".to_owned()], &pids, proc_root),
             1
         );
+        assert!(!missing_host_pids(root.path(), &dirs));
         assert_eq!(region.host_pid(slot), Some(me));
         assert_eq!(
             fill_host_pids(root.path(), ["p1_main".to_owned()], &pids, proc_root),
@@ -341,10 +378,11 @@ mod tests {
             });
             a
         };
-        let gpus = container_gpus(&[
-            allocation("u1", Some(AllocationPhase::Allocated)),
-            allocation("u2", Some(AllocationPhase::Released)),
-        ]);
+        let live = allocation("u1", Some(AllocationPhase::Allocated));
+        let released = allocation("u2", Some(AllocationPhase::Released));
+        assert!(any_high_priority(std::slice::from_ref(&live)));
+        assert!(!any_high_priority(std::slice::from_ref(&released)));
+        let gpus = container_gpus(&[live, released]);
         assert_eq!(
             gpus,
             BTreeMap::from([(
