@@ -93,23 +93,7 @@ fn a_slow_driver_does_not_let_racing_processes_overcommit() {
                 .unwrap()
         })
         .collect();
-    std::fs::write(&start, b"").unwrap();
-    let (mut ok, mut oom) = (0, 0);
-    for child in children {
-        let output = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{text}");
-        let value = |key: &str| -> u64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .unwrap()
-                .parse()
-                .unwrap()
-        };
-        assert_eq!(value("other"), 0, "{text}");
-        ok += value("ok");
-        oom += value("oom");
-    }
+    let (ok, oom) = support::race_totals(&start, children);
     assert_eq!(ok + oom, 3 * 2 * 150);
     assert!(ok > 0 && oom > 0, "no contention: ok={ok} oom={oom}");
     let stats = world.run(Loader::Linked, false, &["stats", "0"]).ok();

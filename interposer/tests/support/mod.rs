@@ -306,3 +306,31 @@ impl Report {
 }
 
 pub const MIB: u64 = 1 << 20;
+
+/// Lets racing probes go (they wait for `start` to exist), waits for them,
+/// and returns the total of their `ok=` and `oom=` counts; every probe must
+/// succeed and report `other=0` (no error but out-of-memory).
+pub fn race_totals(start: &Path, children: Vec<std::process::Child>) -> (u64, u64) {
+    std::fs::write(start, b"").unwrap();
+    let (mut ok, mut oom) = (0, 0);
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let value = |key: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(value("other"), 0, "{text}");
+        ok += value("ok");
+        oom += value("oom");
+    }
+    (ok, oom)
+}
