@@ -15,9 +15,7 @@
 //! 16 devices of `{ lock, runs_written, [PROCS × { pid: u32, pad: u32, used:
 //! u64 }], [RUNS × { pid, start, end: u64 }] }`.
 
-use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -113,23 +111,8 @@ impl Procs {
             Some(state) => {
                 let mut path = state;
                 path.push(".procs");
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .mode(0o666)
-                    .open(&path)
-                    .map_err(|e| format!("cannot open {}: {e}", path.to_string_lossy()))?;
-                // SAFETY: flock on a descriptor `file` owns; released below
-                // (or when it closes).
-                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-                    return Err(format!("cannot lock {}", path.to_string_lossy()));
-                }
-                if file.metadata().map_err(|e| e.to_string())?.len() < size as u64 {
-                    file.set_len(size as u64).map_err(|e| e.to_string())?;
-                }
-                Some(file)
+                // Locked until released below (or until it closes).
+                Some(crate::state::open_locked(&path, size)?)
             }
             None => None,
         };

@@ -78,21 +78,7 @@ impl Physical {
         let size = size_of::<Layout>();
         let (fd, file) = match std::env::var_os("FAKE_CUDA_STATE") {
             Some(path) => {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .mode(0o666)
-                    .open(&path)
-                    .map_err(|e| format!("cannot open {}: {e}", path.to_string_lossy()))?;
-                // SAFETY: flock on a descriptor `file` owns; released when it closes.
-                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-                    return Err(format!("cannot lock {}", path.to_string_lossy()));
-                }
-                if file.metadata().map_err(|e| e.to_string())?.len() < size as u64 {
-                    file.set_len(size as u64).map_err(|e| e.to_string())?;
-                }
+                let file = open_locked(&path, size)?;
                 (file.as_raw_fd(), Some(file))
             }
             None => (-1, None),
@@ -268,6 +254,28 @@ pub(crate) fn now_ns() -> u64 {
     // SAFETY: clock_gettime writes the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Opens (creating) a state file shared between processes, takes an
+/// exclusive `flock` on it (released when the file closes or is unlocked)
+/// and makes it at least `size` bytes long.
+pub(crate) fn open_locked(path: &std::ffi::OsStr, size: usize) -> Result<std::fs::File, String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.to_string_lossy()))?;
+    // SAFETY: flock on a descriptor `file` owns; released when it closes.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(format!("cannot lock {}", path.to_string_lossy()));
+    }
+    if file.metadata().map_err(|e| e.to_string())?.len() < size as u64 {
+        file.set_len(size as u64).map_err(|e| e.to_string())?;
+    }
+    Ok(file)
 }
 
 #[cfg(test)]
