@@ -267,19 +267,21 @@ pub async fn serve(
     }
 }
 
+/// The allocations that still hold their slices (not Released or Failed).
+pub fn live_allocations(allocations: &[VgpuAllocation]) -> impl Iterator<Item = &VgpuAllocation> {
+    allocations.iter().filter(|a| {
+        !matches!(
+            a.status.as_ref().and_then(|s| s.phase),
+            Some(AllocationPhase::Released | AllocationPhase::Failed)
+        )
+    })
+}
+
 /// For each live container with a region, per CUDA ordinal: whether its GPU
 /// is shared with another live allocation (HAMi's `default` core policy
 /// limits compute only then). Keyed by region directory name.
 pub fn sharing_marks(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<bool>> {
-    let live: Vec<&VgpuAllocation> = allocations
-        .iter()
-        .filter(|a| {
-            !matches!(
-                a.status.as_ref().and_then(|s| s.phase),
-                Some(AllocationPhase::Released | AllocationPhase::Failed)
-            )
-        })
-        .collect();
+    let live: Vec<&VgpuAllocation> = live_allocations(allocations).collect();
     let mut users: BTreeMap<&str, usize> = BTreeMap::new();
     for allocation in &live {
         for container in &allocation.spec.containers {

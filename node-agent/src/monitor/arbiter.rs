@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation};
+use tessera_api::v1alpha1::VgpuAllocation;
 use tessera_vgpu_region::{
     Region, SlotId,
     priority::{self, Member},
@@ -35,14 +35,7 @@ const HOST_PID_ROUNDS: u32 = 10;
 /// The GPU UUID behind each CUDA ordinal of every live GPU container, by
 /// region directory name (`<pod-uid>_<container>`).
 pub fn container_gpus(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<Option<String>>> {
-    allocations
-        .iter()
-        .filter(|a| {
-            !matches!(
-                a.status.as_ref().and_then(|s| s.phase),
-                Some(AllocationPhase::Released | AllocationPhase::Failed)
-            )
-        })
+    super::live_allocations(allocations)
         .flat_map(|a| {
             a.spec.containers.iter().map(|c| {
                 (
@@ -183,14 +176,7 @@ pub fn fill_host_pids(
 
 /// Whether a live allocation gave a container high priority.
 fn any_high_priority(allocations: &[VgpuAllocation]) -> bool {
-    allocations
-        .iter()
-        .filter(|a| {
-            !matches!(
-                a.status.as_ref().and_then(|s| s.phase),
-                Some(AllocationPhase::Released | AllocationPhase::Failed)
-            )
-        })
+    super::live_allocations(allocations)
         .flat_map(|a| &a.spec.containers)
         .any(|c| c.priority == Some(0))
 }
