@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # Installs what Tessera's real nodes (make demo, the real-node tests) need:
-# containerd, runc, the CNI plugins and a static busybox for the demo image.
-# Debian/Ubuntu packages; needs root. Does nothing when all are present.
+# containerd, runc, the CNI plugins, iptables for kube-proxy and a static
+# busybox for the demo image; and promtool (Debian's prometheus package) for the
+# chart's alerting-rule tests. Debian/Ubuntu packages; needs root. Does nothing
+# when all are present.
 set -euo pipefail
 
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
 if [[ -n "${TESSERA_SKIP_REAL_NODES:-}" ]]; then
   echo "hack/node-deps.sh: TESSERA_SKIP_REAL_NODES is set; not checking real-node packages" >&2
-  exit 0
+else
+  command -v containerd >/dev/null || missing+=(containerd)
+  command -v runc >/dev/null || missing+=(runc)
+  [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
+  [[ -x /bin/busybox ]] || missing+=(busybox-static)
+  command -v nsenter >/dev/null || missing+=(util-linux)
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v iptables >/dev/null || missing+=(iptables)
 fi
-
-missing=()
-command -v containerd >/dev/null || missing+=(containerd)
-command -v runc >/dev/null || missing+=(runc)
-[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
-[[ -x /bin/busybox ]] || missing+=(busybox-static)
-command -v nsenter >/dev/null || missing+=(util-linux)
-command -v ip >/dev/null || missing+=(iproute2)
 ((${#missing[@]} == 0)) && exit 0
 
 if [[ $(id -u) != 0 ]]; then
@@ -26,4 +29,4 @@ fi
 command -v apt-get >/dev/null || { echo "hack/node-deps.sh: no apt-get; install ${missing[*]} by hand" >&2; exit 1; }
 echo "hack/node-deps.sh: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get install -y -q "${missing[@]}" >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
+apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }

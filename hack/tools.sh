@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes and etcd binaries Tessera's tests run, from the Go
+# Builds the Kubernetes, etcd and helm binaries Tessera's tests run, from the Go
 # modules pinned in e2e/tools/*/go.mod, into a cache outside the work tree.
 #
 #   hack/tools.sh          build what is missing, print the bin directory
@@ -11,15 +11,16 @@ set -euo pipefail
 
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.14
+HELM_VERSION=v3.21.4
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${TESSERA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
 # The key changes whenever the pinned modules change, so an edit to
 # e2e/tools/*/go.{mod,sum} (a new version, a new binary) rebuilds.
 key=$(cat "$root"/e2e/tools/*/go.mod "$root"/e2e/tools/*/go.sum | sha256sum | cut -c1-12)
-bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-$key/bin"
+bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-$key/bin"
 
 if [[ "${1:-}" == "--path" ]]; then echo "$bin"; exit 0; fi
-if [[ -f "$bin/.complete" && -f "$bin/kubelet" ]]; then echo "$bin"; exit 0; fi
+if [[ -f "$bin/.complete" ]]; then echo "$bin"; exit 0; fi
 
 command -v go >/dev/null || { echo "hack/tools.sh: no Go toolchain on PATH; install Go >= 1.26" >&2; exit 1; }
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
@@ -31,22 +32,6 @@ for kv in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$minor gitTreeState=clean 
   ldf="$ldf -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
 done
 
-# The kubelet (for real nodes, issue 6) joined the set later: a cache built
-# before it gets the kubelet added in place instead of a full rebuild.
-build_kubelet() {
-  local out=$1
-  echo "hack/tools.sh: building kubelet $K8S_VERSION" >&2
-  (cd "$root/e2e/tools/k8s" && go build -p "$(nproc)" -tags selinux,notest,grpcnotrace -ldflags "$ldf" \
-    -o "$out" k8s.io/kubernetes/cmd/kubelet)
-}
-if [[ -f "$bin/.complete" ]]; then
-  tmp=$(mktemp -d "$cache/tools/.kubelet.XXXXXX")
-  trap 'rm -rf "$tmp"' EXIT
-  build_kubelet "$tmp/kubelet"
-  mv "$tmp/kubelet" "$bin/kubelet"
-  echo "$bin"
-  exit 0
-fi
 tmp=$(mktemp -d "$cache/tools/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
@@ -57,11 +42,21 @@ echo "hack/tools.sh: building etcd $ETCD_VERSION" >&2
 echo "hack/tools.sh: building Kubernetes $K8S_VERSION (cold: about 10 minutes on 2 cores)" >&2
 (cd "$root/e2e/tools/k8s" && go build -p "$(nproc)" -tags selinux,notest,grpcnotrace -ldflags "$ldf" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
-build_kubelet "$tmp/kubelet"
+  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+
+# helm v3 reports Kubernetes v1.20 as the cluster version of `helm template` and
+# `helm lint` unless told otherwise at link time (its Makefile derives it).
+echo "hack/tools.sh: building helm $HELM_VERSION" >&2
+hldf="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in pkg/chartutil pkg/lint/rules; do
+  hldf="$hldf -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$minor"
+done
+(cd "$root/e2e/tools/helm" && go build -ldflags "$hldf" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm)
 
 "$tmp/kube-apiserver" --version >&2
 "$tmp/etcd" --version | head -1 >&2
+"$tmp/helm" version --short >&2
 chmod 755 "$tmp"
 rm -rf "$bin"
 mkdir -p "$(dirname "$bin")"
