@@ -51,8 +51,9 @@ lint: ## Check formatting and run clippy with warnings as errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-crds: ## Regenerate crds/*.yaml from the Rust types in api/src/v1alpha1
+crds: ## Regenerate crds/*.yaml and the Helm chart's copy from the Rust types in api/src/v1alpha1
 	$(CARGO) run -q -p tessera-api --bin tessera-crdgen -- crds
+	$(CARGO) run -q -p tessera-api --bin tessera-crdgen -- charts/tessera/crds
 
 cluster: tools ## Start a local control plane with the CRDs; writes .tessera/kubeconfig
 	@TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-cluster -- up

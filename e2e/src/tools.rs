@@ -9,17 +9,18 @@ use std::{
 use crate::Error;
 
 /// Names of the binaries the harness runs.
-pub const BINARIES: [&str; 6] = [
+pub const BINARIES: [&str; 8] = [
     "etcd",
     "kube-apiserver",
     "kube-scheduler",
     "kube-controller-manager",
     "kubectl",
     "kubelet",
+    "kube-proxy",
+    "helm",
 ];
 
-/// The directory holding etcd, kube-apiserver, kube-scheduler,
-/// kube-controller-manager and kubectl.
+/// The directory holding [`BINARIES`]: etcd, the Kubernetes binaries and helm.
 ///
 /// `TESSERA_TOOLS_DIR` wins when set (the Makefile sets it). Otherwise
 /// `hack/tools.sh` is asked, which builds the binaries into the cache on first

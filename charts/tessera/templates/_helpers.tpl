@@ -1,0 +1,76 @@
+{{/* Names, labels and images shared by the templates. */}}
+
+{{/* The base name of every object: the release name, with "-tessera" unless it already says so. */}}
+{{- define "tessera.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tessera.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "scheduler"). */}}
+{{- define "tessera.selectorLabels" -}}
+app.kubernetes.io/name: {{ .ctx.Chart.Name }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tessera.componentLabels" -}}
+{{ include "tessera.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* An image reference: (dict "image" .Values.x.image "default" "tag"). */}}
+{{- define "tessera.image" -}}
+{{- printf "%s:%s" .image.repository (default .default .image.tag) -}}
+{{- end -}}
+
+{{/* The cluster's Kubernetes version as vX.Y.Z (distributions add suffixes). */}}
+{{- define "tessera.kubeVersion" -}}
+{{- regexFind "v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- end -}}
+
+{{- define "tessera.schedulerServiceAccount" -}}{{ include "tessera.fullname" . }}-scheduler{{- end -}}
+{{- define "tessera.agentServiceAccount" -}}{{ include "tessera.fullname" . }}-node-agent{{- end -}}
+{{- define "tessera.webhookService" -}}{{ include "tessera.fullname" . }}-controller{{- end -}}
+{{- define "tessera.webhookSecret" -}}{{ include "tessera.fullname" . }}-webhook-tls{{- end -}}
+
+{{/*
+The webhook's CA and serving certificate, issued by the chart (certManager.enabled
+false). An existing Secret is kept while its certificate is valid for more than
+webhook.certificate.renewBeforeDays; otherwise (first install, or near expiry) a
+new CA and certificate are issued. Computed once per render and shared by the
+Secret, the webhook configuration and the Deployment's checksum.
+*/}}
+{{- define "tessera.webhookCerts" -}}
+{{- if not .Values._webhookCerts -}}
+{{- $name := include "tessera.webhookSecret" . -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $name -}}
+{{- $renewAt := add (now | unixEpoch) (mul .Values.webhook.certificate.renewBeforeDays 86400) -}}
+{{- $notAfter := 0 -}}
+{{- if $existing -}}
+{{- $notAfter = index ($existing.metadata.annotations | default dict) "tessera.dev/not-after" | default "0" | atoi -}}
+{{- end -}}
+{{- if and $existing (gt $notAfter $renewAt) (index $existing.data "ca.crt") -}}
+{{- $_ := set .Values "_webhookCerts" (dict "ca" (index $existing.data "ca.crt" | b64dec) "cert" (index $existing.data "tls.crt" | b64dec) "key" (index $existing.data "tls.key" | b64dec) "notAfter" $notAfter) -}}
+{{- else -}}
+{{- $svc := include "tessera.webhookService" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $days := int .Values.webhook.certificate.validityDays -}}
+{{- $ca := genCA (printf "%s-webhook-ca" (include "tessera.fullname" .)) (add $days 30 | int) -}}
+{{- $dns := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) -}}
+{{- $cert := genSignedCert (printf "%s.%s.svc" $svc $ns) nil $dns $days $ca -}}
+{{- $_ := set .Values "_webhookCerts" (dict "ca" $ca.Cert "cert" $cert.Cert "key" $cert.Key "notAfter" (add (now | unixEpoch) (mul $days 86400))) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml .Values._webhookCerts -}}
+{{- end -}}
