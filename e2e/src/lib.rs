@@ -22,6 +22,7 @@ pub mod artifacts;
 mod components;
 mod control_plane;
 mod error;
+pub mod helm;
 mod http;
 pub mod images;
 mod kubeconfig;
