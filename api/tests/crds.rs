@@ -7,14 +7,17 @@ use std::{fs, path::PathBuf};
 use serde_json::Value;
 use tessera_api::crds;
 
-const FIX: &str = "run `make crds` (tessera-crdgen writes crds/ and charts/tessera/crds/) and commit the result";
+const FIX: &str =
+    "run `make crds` (tessera-crdgen writes crds/ and charts/tessera/crds/) and commit the result";
 
 /// Where generated CRDs live, relative to the repository root: the source of
 /// truth and the Helm chart's copy (helm installs a chart's `crds/` as is).
 const CRD_DIRS: [&str; 2] = ["crds", "charts/tessera/crds"];
 
 fn repo_dir(relative: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(relative)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
 }
 
 #[test]
