@@ -74,3 +74,26 @@ Secret, the webhook configuration and the Deployment's checksum.
 {{- end -}}
 {{- toYaml .Values._webhookCerts -}}
 {{- end -}}
+
+{{/*
+A CEL condition on a resource name `k`: it is one of the GPU resources (by the
+prefixes of config.resources, e.g. `k.startsWith('nvidia.com/')`).
+*/}}
+{{- define "tessera.gpuResourceMatch" -}}
+{{- $prefixes := list -}}
+{{- range $key := list "count" "memory" "memoryPercentage" "cores" "priority" -}}
+{{- $prefix := printf "%s/" (index (splitList "/" (index $.Values.config.resources $key)) 0) -}}
+{{- if not (has $prefix $prefixes) }}{{ $prefixes = append $prefixes $prefix }}{{ end -}}
+{{- end -}}
+{{- $startsWith := list -}}
+{{- range $prefixes }}{{ $startsWith = append $startsWith (printf "k.startsWith('%s')" .) }}{{ end -}}
+{{- join " || " $startsWith -}}
+{{- end -}}
+
+{{/* A CEL condition on `object` (a Pod): a container or init container names a GPU resource. */}}
+{{- define "tessera.gpuPodCondition" -}}
+{{- $match := include "tessera.gpuResourceMatch" . -}}
+(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : []))
+.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, {{ $match }}))
+|| (has(c.resources.requests) && c.resources.requests.exists(k, {{ $match }}))))
+{{- end -}}
