@@ -3,7 +3,8 @@
 //! effective permissions against the table in `e2e/tests/rbac/`, the node
 //! agent confined to its own node by the admission policy, and the webhook
 //! certificate kept across upgrades, renewed near expiry and removed with
-//! everything else on uninstall (the CRDs stay).
+//! everything else on uninstall (the CRDs and the guard refusing GPU pods
+//! while Tessera is absent stay).
 
 use std::{path::Path, process::Command};
 
@@ -375,7 +376,15 @@ async fn webhook_certificate_is_kept_on_upgrade_renewed_near_expiry_and_removed_
         cluster,
         &["get", "validatingadmissionpolicies", "-o", "name"],
     );
-    assert!(!policies.contains("certs-tessera"), "{policies}");
+    // The guard refusing GPU pods while Tessera is absent stays, as the CRDs do.
+    assert!(
+        !policies.contains("certs-tessera-node-agent-own-node"),
+        "{policies}"
+    );
+    assert!(
+        policies.contains("certs-tessera-gpu-pods-need-tessera"),
+        "{policies}"
+    );
     let crds = kubectl(cluster, &["get", "crds", "-o", "name"]);
     for crd in ["gpunodes", "vgpuallocations", "nodelocks", "gpunodeconfigs"] {
         assert!(crds.contains(&format!("{crd}.tessera.dev")), "{crds}");
