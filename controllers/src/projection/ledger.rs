@@ -113,6 +113,18 @@ impl Ledger {
         self.not_ready.get(name).map(String::as_str)
     }
 
+    /// Every GPU node with whether it takes pods now (its agent's `Ready`
+    /// condition is not False), sorted by name.
+    pub fn readiness(&self) -> Vec<(&str, bool)> {
+        let mut nodes: Vec<(&str, bool)> = self
+            .nodes
+            .keys()
+            .map(|name| (name.as_str(), !self.not_ready.contains_key(name)))
+            .collect();
+        nodes.sort_unstable();
+        nodes
+    }
+
     /// Records a live allocation, replacing an earlier version of it.
     pub fn insert_allocation(&mut self, key: AllocationKey, allocation: LiveAllocation) {
         if self.allocations.get(&key) == Some(&allocation) {
@@ -273,6 +285,21 @@ mod tests {
         assert_eq!(ledger.node("n1").unwrap().usage[0].slices, 1);
         assert!(ledger.remove_allocation(&key("a"), Some("new")));
         assert_eq!(ledger.node("n1").unwrap().usage[0], Default::default());
+    }
+
+    #[test]
+    fn readiness_lists_every_node_with_its_agents_verdict() {
+        let mut ledger = Ledger::default();
+        ledger.set_node("n2", vec![device("GPU-2")]);
+        ledger.set_node("n1", vec![device("GPU-1")]);
+        ledger.set_not_ready("n2", Some("NotRegistered: kubelet restarting".into()));
+        // A verdict for a node without a GpuNode lists no node.
+        ledger.set_not_ready("ghost", Some("AgentStopping: draining".into()));
+        assert_eq!(ledger.readiness(), [("n1", true), ("n2", false)]);
+        ledger.set_not_ready("n2", None);
+        assert_eq!(ledger.readiness(), [("n1", true), ("n2", true)]);
+        ledger.remove_node("n1");
+        assert_eq!(ledger.readiness(), [("n2", true)]);
     }
 
     #[test]

@@ -69,6 +69,17 @@ impl LockTable {
         self.bump();
     }
 
+    /// When each lock was taken and when it lapses, for metrics.
+    pub fn times(&self) -> Vec<super::LockTimes> {
+        self.locks()
+            .values()
+            .map(|l| super::LockTimes {
+                acquired_at: l.spec.acquired_at.0,
+                expires_at: l.spec.expires_at.0,
+            })
+            .collect()
+    }
+
     /// A receiver that wakes on the next change of any lock.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()

@@ -6,22 +6,31 @@
 //! ledger's contents wholesale. Bind writes its decision into the ledger at
 //! once ([`Projection::reserve`]), so the next Filter sees it before the
 //! watch event arrives; the event is then a no-op.
+//!
+//! Beside what placement needs, it keeps what the metrics report: each
+//! allocation's phase and creation time, and the node agents' Leases
+//! ([`AgentLeases`], watched only when asked for).
 
+mod ages;
 mod convert;
+mod leases;
 mod ledger;
 mod locks;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
-use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
+use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
 use tokio::sync::watch;
 
+pub use ages::{LockAges, LockTimes, lock_ages, oldest_age_seconds, seconds_since};
 pub use convert::{devices, key, live, not_ready};
+pub use leases::{AGENT_LEASE_PREFIX, AgentLease, AgentLeases, agent_node};
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 pub use locks::LockTable;
 
@@ -30,12 +39,38 @@ pub use locks::LockTable;
 pub struct Projection {
     ledger: Arc<RwLock<Ledger>>,
     locks: Arc<LockTable>,
+    leases: Arc<AgentLeases>,
     phases: Phases,
     synced: watch::Receiver<bool>,
 }
 
-/// The phase of every allocation the watch has seen, for metrics.
-type Phases = Arc<std::sync::Mutex<std::collections::HashMap<AllocationKey, String>>>;
+/// What the metrics need of an allocation the watch has seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocationSeen {
+    /// Its phase; `None` before Bind wrote any status.
+    pub phase: Option<AllocationPhase>,
+    /// When Bind created it.
+    pub created: Option<Timestamp>,
+}
+
+impl AllocationSeen {
+    /// What the metrics need of `allocation`.
+    pub fn of(allocation: &VgpuAllocation) -> Self {
+        Self {
+            phase: allocation.status.as_ref().and_then(|s| s.phase),
+            created: allocation.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        }
+    }
+
+    /// The phase's name for metrics: `Pending` before any status.
+    pub fn phase_name(&self) -> String {
+        self.phase
+            .map_or_else(|| "Pending".to_owned(), |p| format!("{p:?}"))
+    }
+}
+
+/// Every allocation the watch has seen, for metrics.
+type Phases = Arc<std::sync::Mutex<std::collections::HashMap<AllocationKey, AllocationSeen>>>;
 
 impl Projection {
     /// A projection kept current by `spawn`'s tasks, or by hand in tests.
@@ -44,9 +79,11 @@ impl Projection {
         let (tx, synced) = watch::channel(false);
         let phases = Phases::default();
         let locks = Arc::new(LockTable::default());
+        let leases = Arc::new(AgentLeases::default());
         let feeder = Feeder {
             ledger: ledger.clone(),
             locks: locks.clone(),
+            leases: leases.clone(),
             phases: phases.clone(),
             synced: Arc::new(tx),
             nodes_synced: Arc::default(),
@@ -56,6 +93,7 @@ impl Projection {
             Self {
                 ledger,
                 locks,
+                leases,
                 phases,
                 synced,
             },
@@ -66,11 +104,31 @@ impl Projection {
     /// Watches GpuNodes, VgpuAllocations and NodeLocks cluster-wide and
     /// keeps the ledger and the lock table current.
     pub fn spawn(client: Client) -> Self {
+        Self::spawn_watches(client, None)
+    }
+
+    /// Like [`Projection::spawn`], and also watches the node agents' Leases
+    /// in `lease_namespace` (see [`AgentLeases`]).
+    pub fn spawn_with_agent_leases(client: Client, lease_namespace: &str) -> Self {
+        Self::spawn_watches(client, Some(lease_namespace))
+    }
+
+    fn spawn_watches(client: Client, lease_namespace: Option<&str>) -> Self {
         let (projection, feeder) = Self::new();
         tokio::spawn(feeder.clone().watch_nodes(Api::all(client.clone())));
         tokio::spawn(feeder.clone().watch_locks(Api::all(client.clone())));
+        if let Some(namespace) = lease_namespace {
+            let leases = Api::namespaced(client.clone(), namespace);
+            tokio::spawn(feeder.clone().watch_leases(leases));
+        }
         tokio::spawn(feeder.watch_allocations(Api::all(client)));
         projection
+    }
+
+    /// The node agents' Leases as last seen, by node name (empty unless
+    /// watched, see [`Projection::spawn_with_agent_leases`]).
+    pub fn agent_leases(&self) -> std::collections::BTreeMap<String, AgentLease> {
+        self.leases.snapshot()
     }
 
     /// The NodeLocks as last seen.
@@ -92,10 +150,28 @@ impl Projection {
     pub fn phase_counts(&self) -> std::collections::BTreeMap<String, usize> {
         let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
         let mut counts = std::collections::BTreeMap::new();
-        for phase in phases.values() {
-            *counts.entry(phase.clone()).or_default() += 1;
+        for seen in phases.values() {
+            *counts.entry(seen.phase_name()).or_default() += 1;
         }
         counts
+    }
+
+    /// Seconds since the oldest allocation still in phase `Bound` was
+    /// created (by Bind, just before the pod was bound); 0 when none is.
+    pub fn bound_oldest_seconds(&self, now: Timestamp) -> f64 {
+        let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        oldest_age_seconds(
+            phases
+                .values()
+                .filter(|seen| seen.phase == Some(AllocationPhase::Bound))
+                .filter_map(|seen| seen.created),
+            now,
+        )
+    }
+
+    /// The NodeLocks as last seen, summed up at `now`.
+    pub fn lock_ages(&self, now: Timestamp) -> LockAges {
+        lock_ages(self.locks.times(), now)
     }
 
     /// Whether both watches have completed their first list.
@@ -123,6 +199,7 @@ pub struct NodeEntry {
 pub struct Feeder {
     ledger: Arc<RwLock<Ledger>>,
     locks: Arc<LockTable>,
+    leases: Arc<AgentLeases>,
     phases: Phases,
     synced: Arc<watch::Sender<bool>>,
     nodes_synced: Arc<std::sync::atomic::AtomicBool>,
@@ -220,22 +297,51 @@ impl Feeder {
         }
     }
 
+    async fn watch_leases(self, api: Api<Lease>) {
+        let mut relist = Vec::new();
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            match events.try_next().await {
+                Ok(Some(event)) => self.lease_event(event, &mut relist),
+                Ok(None) => return,
+                Err(error) => tracing::warn!(%error, "agent Lease watch failed; retrying"),
+            }
+        }
+    }
+
+    /// Applies one Lease event (Leases that are not an agent's are ignored).
+    pub fn lease_event(&self, event: watcher::Event<Lease>, relist: &mut Vec<Lease>) {
+        use kube::ResourceExt;
+        match event {
+            watcher::Event::Apply(lease) => self.leases.record(&lease),
+            watcher::Event::Delete(lease) => self.leases.forget(&lease),
+            watcher::Event::Init => relist.clear(),
+            watcher::Event::InitApply(lease) => {
+                if agent_node(&lease.name_any()).is_some() {
+                    relist.push(lease);
+                }
+            }
+            watcher::Event::InitDone => {
+                self.leases.replace(relist.iter());
+                relist.clear();
+            }
+        }
+    }
+
     fn record_phase(&self, event: &watcher::Event<VgpuAllocation>) {
-        let phase = |a: &VgpuAllocation| {
-            let phase = a.status.as_ref().and_then(|s| s.phase);
-            phase.map_or_else(|| "Pending".to_owned(), |p| format!("{p:?}"))
-        };
         let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
         match event {
             watcher::Event::Apply(a) => {
-                phases.insert(key(a), phase(a));
+                phases.insert(key(a), AllocationSeen::of(a));
             }
             watcher::Event::Delete(a) => {
                 phases.remove(&key(a));
             }
             watcher::Event::Init => phases.clear(),
             watcher::Event::InitApply(a) => {
-                phases.insert(key(a), phase(a));
+                phases.insert(key(a), AllocationSeen::of(a));
             }
             watcher::Event::InitDone => {}
         }
