@@ -5,7 +5,14 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use crate::{Error, config::Config, extender::Extender, projection::Projection, webhook::Webhook};
+use crate::{
+    Error,
+    config::Config,
+    extender::Extender,
+    metrics::Metrics,
+    projection::Projection,
+    webhook::{Webhook, certificate::CertificateFiles},
+};
 
 /// Tessera's control plane: kube-scheduler extender (filter, prioritize, bind),
 /// mutating webhook, and lifecycle controllers.
@@ -16,13 +23,19 @@ pub struct Args {
     /// policies, NodeLock timing. See docs/configuration.md.
     #[arg(long, env = "TESSERA_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Address the extender listens on (plain HTTP; kube-scheduler runs beside it).
+    /// Address the extender listens on (plain HTTP; kube-scheduler runs
+    /// beside it and nothing else should reach it: keep it on loopback).
     #[arg(long, env = "TESSERA_EXTENDER_ADDR", default_value = "127.0.0.1:8888")]
     pub extender_addr: SocketAddr,
+    /// Address of `/metrics`, `/healthz` and `/readyz` for Prometheus and the
+    /// kubelet's probes (plain HTTP; HAMi's scheduler metrics port).
+    #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = "0.0.0.0:9395")]
+    pub metrics_addr: SocketAddr,
     /// Address the mutating webhook listens on (HTTPS).
     #[arg(long, env = "TESSERA_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
     pub webhook_addr: SocketAddr,
-    /// PEM certificate the webhook serves (the API server must trust its CA).
+    /// PEM certificate the webhook serves (the API server must trust its
+    /// CA). Reloaded when it changes, checked every 30 s.
     #[arg(long, env = "TESSERA_TLS_CERT_FILE")]
     pub tls_cert_file: PathBuf,
     /// PEM private key of `--tls-cert-file`.
@@ -32,6 +45,14 @@ pub struct Args {
     /// the lifecycle controllers.
     #[arg(long, env = "TESSERA_LEASE_NAMESPACE", default_value = "kube-system")]
     pub lease_namespace: String,
+    /// Namespace of the node agents' Leases (`tessera-agent-<node>`), watched
+    /// for `tessera_agent_lease_age_seconds`; empty: not watched.
+    #[arg(
+        long,
+        env = "TESSERA_AGENT_LEASE_NAMESPACE",
+        default_value = "kube-node-lease"
+    )]
+    pub agent_lease_namespace: String,
     /// This replica's identity in the election (in a pod: its name).
     #[arg(long, env = "POD_NAME", default_value = "tessera-controller")]
     pub identity: String,
@@ -62,15 +83,22 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Re
     let Args {
         config: _,
         extender_addr,
+        metrics_addr,
         webhook_addr,
         tls_cert_file,
         tls_key_file,
         lease_namespace,
+        agent_lease_namespace,
         identity,
         log: _,
     } = &args;
     let config = Arc::new(config);
-    let projection = Projection::spawn(client.clone());
+    let projection = if agent_lease_namespace.is_empty() {
+        Projection::spawn(client.clone())
+    } else {
+        Projection::spawn_with_agent_leases(client.clone(), agent_lease_namespace)
+    };
+    let metrics = Metrics::new(projection.clone());
     let election = crate::leader::Election {
         namespace: lease_namespace.clone(),
         name: "tessera-controller".into(),
@@ -89,55 +117,96 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Re
     tracing::info!(addr = %webhook.local_addr()?, "webhook listening");
     let webhook = serve_webhook(
         webhook,
-        tls_cert_file,
-        tls_key_file,
-        config.clone(),
-        projection.clone(),
+        CertificateFiles::new(tls_cert_file, tls_key_file),
+        Webhook::new(config.clone(), projection.clone(), metrics.clone()),
     );
-    let listener = TcpListener::bind(extender_addr).await?;
-    tracing::info!(addr = %listener.local_addr()?, "extender listening");
+    let extender = TcpListener::bind(extender_addr).await?;
+    tracing::info!(addr = %extender.local_addr()?, "extender listening");
+    let metrics_listener = TcpListener::bind(metrics_addr).await?;
+    tracing::info!(addr = %metrics_listener.local_addr()?, "metrics listening");
     tokio::select! {
-        result = serve_extender(listener, client, projection, config) => result,
+        result = serve_extender(extender, client, projection, config, metrics.clone()) => result,
+        result = serve_metrics(metrics_listener, metrics) => result,
         result = webhook => result,
     }
 }
 
-/// Serves the webhook over HTTPS on `listener` until the task is dropped.
+/// Serves the webhook over HTTPS on `listener` until the task is dropped,
+/// reloading the certificate when its files change.
 pub async fn serve_webhook(
     listener: std::net::TcpListener,
-    cert: &std::path::Path,
-    key: &std::path::Path,
-    config: Arc<Config>,
-    projection: Projection,
+    mut files: CertificateFiles,
+    webhook: Webhook,
 ) -> anyhow::Result<()> {
     // kube and axum-server both use rustls with ring; make ring the process default.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
-        .await
-        .map_err(|e| {
-            Error::Config(format!(
-                "webhook certificate {} / {}: {e}",
-                cert.display(),
-                key.display()
-            ))
-        })?;
+    let tls = files.load().await?;
     listener.set_nonblocking(true)?;
-    let router = Webhook::new(config, projection).router();
-    axum_server::from_tcp_rustls(listener, tls)?
-        .serve(router.into_make_service())
-        .await?;
+    let server = axum_server::from_tcp_rustls(listener, tls.clone())?
+        .serve(webhook.router().into_make_service());
+    tokio::select! {
+        result = server => result?,
+        () = files.keep_current(tls) => {}
+    }
     Ok(())
 }
 
-/// Serves the extender on `listener` until the task is dropped.
+/// Serves the extender on `listener` until the task is dropped (with
+/// `/metrics`, `/healthz` and `/readyz` beside its verbs).
 pub async fn serve_extender(
     listener: TcpListener,
     client: kube::Client,
     projection: Projection,
     config: Arc<Config>,
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
-    let metrics = crate::metrics::Metrics::new(projection.clone());
     let router = Extender::new(client, projection, config, metrics).router();
     axum::serve(listener, router).await?;
     Ok(())
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task
+/// is dropped.
+pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    axum::serve(listener, metrics.router()).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_listen_apart_from_the_loopback_extender() {
+        let args = Args::try_parse_from([
+            "tessera-controller",
+            "--tls-cert-file=/tls/tls.crt",
+            "--tls-key-file=/tls/tls.key",
+        ])
+        .unwrap();
+        assert_eq!(args.extender_addr.to_string(), "127.0.0.1:8888");
+        assert_eq!(args.metrics_addr.to_string(), "0.0.0.0:9395");
+        assert_eq!(args.agent_lease_namespace, "kube-node-lease");
+
+        let args = Args::try_parse_from([
+            "tessera-controller",
+            "--tls-cert-file=/tls/tls.crt",
+            "--tls-key-file=/tls/tls.key",
+            "--metrics-addr=127.0.0.1:19395",
+            "--agent-lease-namespace=",
+        ])
+        .unwrap();
+        assert_eq!(args.metrics_addr.to_string(), "127.0.0.1:19395");
+        assert!(args.agent_lease_namespace.is_empty(), "empty: not watched");
+        assert!(
+            Args::try_parse_from([
+                "tessera-controller",
+                "--tls-cert-file=c",
+                "--tls-key-file=k",
+                "--metrics-addr=9395",
+            ])
+            .is_err(),
+            "an address needs a host"
+        );
+    }
 }

@@ -4,6 +4,17 @@ pub enum Error {
     /// The configuration file is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The webhook's certificate files cannot be read or used.
+    #[error("webhook certificate {} / {}: {source}", cert.display(), key.display())]
+    Certificate {
+        /// The certificate file.
+        cert: std::path::PathBuf,
+        /// The private key file.
+        key: std::path::PathBuf,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
     /// A Kubernetes API call failed.
     #[error("{context}: {source}")]
     Kube {
@@ -42,10 +53,21 @@ pub enum Error {
 }
 
 impl Error {
-    /// A short, stable label for metrics.
+    /// Every value [`Error::metric_label`] returns, so counters by reason
+    /// can start at zero.
+    pub const METRIC_LABELS: [&'static str; 6] = [
+        "config",
+        "api",
+        "lock_busy",
+        "no_longer_fits",
+        "stale",
+        "invalid_request",
+    ];
+
+    /// A short, stable label for metrics (one of [`Error::METRIC_LABELS`]).
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Config(_) => "config",
+            Self::Config(_) | Self::Certificate { .. } => "config",
             Self::Kube { .. } => "api",
             Self::LockBusy { .. } => "lock_busy",
             Self::NoLongerFits { .. } => "no_longer_fits",
@@ -57,5 +79,44 @@ impl Error {
     pub(crate) fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
         let context = context.into();
         move |source| Self::Kube { context, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_label_is_listed() {
+        let errors = [
+            Error::Config("x".into()),
+            Error::Certificate {
+                cert: "c".into(),
+                key: "k".into(),
+                source: std::io::Error::other("x"),
+            },
+            Error::LockBusy {
+                node: "n".into(),
+                holder: "h".into(),
+                waited_ms: 1,
+            },
+            Error::NoLongerFits {
+                node: "n".into(),
+                reason: "r".into(),
+            },
+            Error::Stale("s".into()),
+            Error::Request(tessera_api::Error::InvalidConfig {
+                field: "defaultCores",
+                rule: "must be between 0 and 100".into(),
+            }),
+        ];
+        for error in &errors {
+            assert!(
+                Error::METRIC_LABELS.contains(&error.metric_label()),
+                "{error}"
+            );
+        }
+        let source = kube::Error::LinesCodecMaxLineLengthExceeded;
+        assert!(Error::METRIC_LABELS.contains(&Error::kube("x")(source).metric_label()));
     }
 }

@@ -456,6 +456,21 @@ async fn the_webhook_routes_gpu_pods_and_refuses_invalid_requests() {
             "{name}: {error}"
         );
     }
+    // The plain pod never reached the webhook (matchConditions).
+    let metrics = cluster.metrics().await;
+    for needle in [
+        "tessera_webhook_requests_total{outcome=\"mutated\"} 1\n",
+        "tessera_webhook_requests_total{outcome=\"denied\"} 3\n",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "metrics lack {needle}:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.contains("tessera_webhook_requests_total{outcome=\"allowed\"} 0\n"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

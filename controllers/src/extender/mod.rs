@@ -1,7 +1,8 @@
 //! The kube-scheduler extender over HTTP: `POST /filter`, `/prioritize`, `/bind`.
 //!
 //! Every verb answers 200 with the extender's JSON; errors travel in the
-//! `Error` field, as kube-scheduler expects. `/metrics` is served beside them.
+//! `Error` field, as kube-scheduler expects. `/metrics`, `/healthz` and
+//! `/readyz` are served beside them (also on `--metrics-addr`).
 
 mod bind;
 mod filter;
@@ -10,12 +11,7 @@ pub mod wire;
 
 use std::{sync::Arc, time::Instant};
 
-use axum::{
-    Json, Router,
-    extract::State,
-    http::StatusCode,
-    routing::{get, post},
-};
+use axum::{Json, Router, extract::State, routing::post};
 use kube::Client;
 
 pub use bind::{Binder, Bound};
@@ -57,16 +53,14 @@ impl Extender {
         }
     }
 
-    /// The three verbs, `/healthz`, `/readyz` (ready once the projection has
-    /// its first list) and `/metrics`.
+    /// The three verbs, and [`Metrics::router`]'s `/metrics`, `/healthz`
+    /// and `/readyz`.
     pub fn router(self) -> Router {
         let metrics = self.metrics.clone().router();
         Router::new()
             .route("/filter", post(filter_handler))
             .route("/prioritize", post(prioritize_handler))
             .route("/bind", post(bind_handler))
-            .route("/healthz", get(|| async { "ok" }))
-            .route("/readyz", get(readyz))
             .with_state(self)
             .merge(metrics)
     }
@@ -151,17 +145,6 @@ async fn bind_handler(
                 error: error.to_string(),
             })
         }
-    }
-}
-
-async fn readyz(State(extender): State<Extender>) -> (StatusCode, &'static str) {
-    if extender.projection.is_synced() {
-        (StatusCode::OK, "ok")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "GPU inventory still loading",
-        )
     }
 }
 

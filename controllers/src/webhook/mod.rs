@@ -2,13 +2,18 @@
 //!
 //! It always answers with an AdmissionReview, never a bare HTTP error: an
 //! unreadable review is answered "invalid", a bad GPU request is denied with
-//! the parser's message naming container, field and rule.
+//! the parser's message naming container, field and rule. Every answer is
+//! counted by [`Outcome`] in `tessera_webhook_requests_total`.
+//!
+//! [`certificate`] serves the certificate files and reloads them when they
+//! are rotated.
 
+pub mod certificate;
 mod mutate;
 
 use std::sync::Arc;
 
-use axum::{Json, Router, extract::State, routing::post};
+use axum::{Json, Router, body::Bytes, extract::State, routing::post};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
     DynamicObject,
@@ -17,19 +22,53 @@ use kube::core::{
 
 pub use mutate::{DEFAULT_SCHEDULER, Verdict, mutate};
 
-use crate::{config::Config, projection::Projection};
+use crate::{config::Config, metrics::Metrics, projection::Projection};
+
+/// How the webhook answered a review.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted unchanged (not a GPU pod).
+    Allowed,
+    /// A GPU pod admitted with a patch (defaults, scheduler).
+    Mutated,
+    /// Refused: the pod's GPU request breaks a rule.
+    Denied,
+    /// The review could not be answered (unreadable, or no patch could be made).
+    Error,
+}
+
+impl Outcome {
+    /// Every outcome, so the counter of each starts at zero.
+    pub const ALL: [Self; 4] = [Self::Allowed, Self::Mutated, Self::Denied, Self::Error];
+
+    /// The `outcome` label of `tessera_webhook_requests_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Mutated => "mutated",
+            Self::Denied => "denied",
+            Self::Error => "error",
+        }
+    }
+}
 
 /// What the webhook handler needs.
 #[derive(Clone)]
 pub struct Webhook {
     config: Arc<Config>,
     projection: Projection,
+    metrics: Arc<Metrics>,
 }
 
 impl Webhook {
-    /// A webhook using the projection to know the largest GPU in the cluster.
-    pub fn new(config: Arc<Config>, projection: Projection) -> Self {
-        Self { config, projection }
+    /// A webhook using the projection to know the largest GPU in the
+    /// cluster, counting its answers in `metrics`.
+    pub fn new(config: Arc<Config>, projection: Projection, metrics: Arc<Metrics>) -> Self {
+        Self {
+            config,
+            projection,
+            metrics,
+        }
     }
 
     /// `POST /mutate`.
@@ -39,15 +78,34 @@ impl Webhook {
             .with_state(self)
     }
 
-    /// Answers one review.
+    /// Answers one review, counting the answer.
     pub fn review(&self, review: AdmissionReview<Pod>) -> AdmissionReview<DynamicObject> {
+        let (outcome, answer) = self.answer(review);
+        self.metrics.count_review(outcome.label());
+        answer
+    }
+
+    /// Answers a request body that is not a readable AdmissionReview.
+    fn unreadable(&self, error: &serde_json::Error) -> AdmissionReview<DynamicObject> {
+        tracing::warn!(%error, "unreadable admission review");
+        self.metrics.count_review(Outcome::Error.label());
+        AdmissionResponse::invalid(format!("unreadable AdmissionReview: {error}")).into_review()
+    }
+
+    fn answer(&self, review: AdmissionReview<Pod>) -> (Outcome, AdmissionReview<DynamicObject>) {
         let request: AdmissionRequest<Pod> = match review.try_into() {
             Ok(request) => request,
-            Err(error) => return AdmissionResponse::invalid(error.to_string()).into_review(),
+            Err(error) => {
+                tracing::warn!(%error, "admission review without a request");
+                return (
+                    Outcome::Error,
+                    AdmissionResponse::invalid(error.to_string()).into_review(),
+                );
+            }
         };
         let response = AdmissionResponse::from(&request);
         let Some(pod) = &request.object else {
-            return response.into_review();
+            return (Outcome::Allowed, response.into_review());
         };
         let largest = self.projection.read().largest_device_mib();
         let name = pod
@@ -57,26 +115,40 @@ impl Webhook {
             .or(pod.metadata.generate_name.as_deref())
             .unwrap_or_default();
         match mutate(pod, &self.config, largest) {
-            Verdict::Untouched => response.into_review(),
+            Verdict::Untouched => (Outcome::Allowed, response.into_review()),
             Verdict::Denied(message) => {
                 tracing::info!(namespace = ?request.namespace, pod = name, reason = %message, "denied GPU pod");
-                response.deny(message).into_review()
+                (Outcome::Denied, response.deny(message).into_review())
             }
             Verdict::Mutated(mutated) => {
                 let before = serde_json::to_value(pod).unwrap_or_default();
                 let after = serde_json::to_value(&*mutated).unwrap_or_default();
                 match response.with_patch(json_patch::diff(&before, &after)) {
-                    Ok(response) => response.into_review(),
-                    Err(error) => AdmissionResponse::invalid(error.to_string()).into_review(),
+                    Ok(response) => (Outcome::Mutated, response.into_review()),
+                    Err(error) => {
+                        tracing::warn!(namespace = ?request.namespace, pod = name, %error, "could not encode the pod's patch");
+                        (
+                            Outcome::Error,
+                            AdmissionResponse::invalid(error.to_string()).into_review(),
+                        )
+                    }
                 }
             }
         }
     }
 }
 
+/// Reads the body itself, so an unreadable review is answered (and counted)
+/// like any other.
 async fn handle(
     State(webhook): State<Webhook>,
-    Json(review): Json<AdmissionReview<Pod>>,
+    body: Bytes,
 ) -> Json<AdmissionReview<DynamicObject>> {
-    Json(webhook.review(review))
+    match serde_json::from_slice::<AdmissionReview<Pod>>(&body) {
+        Ok(review) => Json(webhook.review(review)),
+        Err(error) => Json(webhook.unreadable(&error)),
+    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -16,7 +16,9 @@ use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
 use tessera_controllers::{
     app::{serve_extender, serve_webhook},
     config::Config,
+    metrics::Metrics,
     projection::Projection,
+    webhook::{Webhook, certificate::CertificateFiles},
 };
 use tessera_e2e::ControlPlane;
 
@@ -55,6 +57,7 @@ impl Cluster {
         let projection = Projection::spawn(client.clone());
         tokio::spawn(tessera_controllers::lifecycle::run(client.clone()));
         let config = Arc::new(config);
+        let metrics = Metrics::new(projection.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(serve_extender(
@@ -62,6 +65,7 @@ impl Cluster {
             extender,
             projection.clone(),
             config.clone(),
+            metrics.clone(),
         ));
         plane
             .start_scheduler(&scheduler_config(port))
@@ -70,18 +74,11 @@ impl Cluster {
 
         let webhook = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let webhook_port = webhook.local_addr().unwrap().port();
-        let pki = plane.pki().clone();
-        let webhook_projection = projection.clone();
+        let pki = plane.pki();
+        let files = CertificateFiles::new(&pki.serving_cert, &pki.serving_key);
+        let handler = Webhook::new(config, projection.clone(), metrics);
         tokio::spawn(async move {
-            if let Err(error) = serve_webhook(
-                webhook,
-                &pki.serving_cert,
-                &pki.serving_key,
-                config,
-                webhook_projection,
-            )
-            .await
-            {
+            if let Err(error) = serve_webhook(webhook, files, handler).await {
                 panic!("webhook stopped: {error:#}");
             }
         });
@@ -113,7 +110,7 @@ impl Cluster {
         .unwrap();
     }
 
-    /// The extender's `/metrics` text.
+    /// The extender's `/metrics` text (webhook counters included).
     pub async fn metrics(&self) -> String {
         scrape(self.extender_port).await
     }

@@ -1,0 +1,270 @@
+//! The gauges the alerts read, set from watch events fed by hand.
+
+use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
+use kube::runtime::watcher::Event;
+use serde_json::json;
+use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
+
+use super::*;
+use crate::projection::Feeder;
+
+const NOW: &str = "2026-03-01T12:00:00Z";
+
+/// `NOW` minus `seconds`, as the API server writes it.
+fn ago(seconds: i64) -> String {
+    let now: Timestamp = NOW.parse().unwrap();
+    (now - k8s_openapi::jiff::SignedDuration::from_secs(seconds)).to_string()
+}
+
+fn setup() -> (Arc<Metrics>, Feeder) {
+    let (projection, feeder) = Projection::new();
+    (Metrics::new(projection), feeder)
+}
+
+fn render(metrics: &Metrics) -> String {
+    metrics.render_at(NOW.parse().unwrap())
+}
+
+#[track_caller]
+fn assert_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            text.lines().any(|l| l == *line),
+            "no line {line:?} in:\n{text}"
+        );
+    }
+}
+
+fn gpu_node(name: &str, ready: Option<bool>) -> GpuNode {
+    let conditions: Vec<serde_json::Value> = ready
+        .map(|ready| {
+            json!({
+                "type": "Ready", "status": if ready { "True" } else { "False" },
+                "reason": if ready { "Registered" } else { "NotRegistered" },
+                "message": "test", "lastTransitionTime": ago(60),
+            })
+        })
+        .into_iter()
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": name}, "spec": {},
+        "status": {"devices": [{
+            "uuid": format!("GPU-{name}"), "index": 0, "model": "A100", "memoryMiB": 1000,
+            "capacity": {"memoryMiB": 1000, "cores": 100}, "splitCount": 10,
+            "health": "Healthy", "mode": "hami-core",
+        }], "conditions": conditions},
+    }))
+    .unwrap()
+}
+
+fn allocation(name: &str, created_ago: i64, phase: Option<&str>) -> VgpuAllocation {
+    let mut object = json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "VgpuAllocation",
+        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": ago(created_ago)},
+        "spec": {
+            "podName": name, "podUid": format!("uid-{name}"), "nodeName": "n1",
+            "containers": [{"name": "c", "devices": [{"uuid": "GPU-n1", "index": 0, "memoryMiB": 100, "cores": 10}]}],
+            "gpuPolicy": "spread", "nodePolicy": "binpack",
+            "totals": {"devices": "GPU-n1", "memoryMiB": 100, "cores": 10},
+        },
+    });
+    if let Some(phase) = phase {
+        object["status"] = json!({ "phase": phase });
+    }
+    serde_json::from_value(object).unwrap()
+}
+
+fn lock(node: &str, acquired_ago: i64, ttl: i64) -> NodeLock {
+    serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "NodeLock",
+        "metadata": {"name": node, "uid": format!("lock-{node}")},
+        "spec": {
+            "holder": {"namespace": "ns", "name": "p", "uid": "u"}, "allocation": "p",
+            "acquiredAt": ago(acquired_ago), "ttlSeconds": ttl,
+            "expiresAt": ago(acquired_ago - ttl),
+        },
+    }))
+    .unwrap()
+}
+
+fn lease(name: &str, renewed_ago: i64) -> Lease {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": "agent", "leaseDurationSeconds": 40, "renewTime": ago(renewed_ago)},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn each_gpu_node_reports_whether_its_agent_says_ready() {
+    let (metrics, feeder) = setup();
+    let mut relist = Vec::new();
+    for (name, ready) in [("up", Some(true)), ("down", Some(false)), ("old", None)] {
+        feeder.node_event(Event::Apply(gpu_node(name, ready)), &mut relist);
+    }
+    let text = render(&metrics);
+    assert_lines(
+        &text,
+        &[
+            "# TYPE tessera_gpu_node_ready gauge",
+            "tessera_gpu_node_ready{node=\"up\"} 1",
+            "tessera_gpu_node_ready{node=\"down\"} 0",
+            // An agent that reports no condition is taken at its word (Filter does the same).
+            "tessera_gpu_node_ready{node=\"old\"} 1",
+            "tessera_gpu_nodes 3",
+        ],
+    );
+    feeder.node_event(Event::Delete(gpu_node("down", Some(false))), &mut relist);
+    feeder.node_event(Event::Apply(gpu_node("up", Some(false))), &mut relist);
+    let text = render(&metrics);
+    assert!(!text.contains("node=\"down\""), "{text}");
+    assert_lines(&text, &["tessera_gpu_node_ready{node=\"up\"} 0"]);
+}
+
+#[test]
+fn every_known_label_value_is_exported_from_the_start() {
+    let (metrics, _feeder) = setup();
+    assert_lines(
+        &render(&metrics),
+        &[
+            "tessera_extender_request_duration_seconds_count{verb=\"bind\",outcome=\"error\"} 0",
+            "tessera_extender_request_duration_seconds_count{verb=\"filter\",outcome=\"ok\"} 0",
+            "tessera_bind_rollbacks_total{reason=\"lock_busy\"} 0",
+            "tessera_bind_rollbacks_total{reason=\"api\"} 0",
+            "tessera_allocations{phase=\"Bound\"} 0",
+            "tessera_allocations{phase=\"Failed\"} 0",
+        ],
+    );
+}
+
+#[test]
+fn agent_leases_report_their_age_and_duration() {
+    let (metrics, feeder) = setup();
+    let text = render(&metrics);
+    assert!(!text.contains("tessera_agent_lease_age_seconds{"), "{text}");
+
+    let mut relist = Vec::new();
+    feeder.lease_event(Event::Init, &mut relist);
+    for l in [
+        lease("tessera-agent-fresh", 5),
+        lease("tessera-agent-dead", 125),
+        // The kubelet's own Lease in the same namespace.
+        lease("fresh", 1),
+    ] {
+        feeder.lease_event(Event::InitApply(l), &mut relist);
+    }
+    feeder.lease_event(Event::InitDone, &mut relist);
+    let text = render(&metrics);
+    assert_lines(
+        &text,
+        &[
+            "tessera_agent_lease_age_seconds{node=\"fresh\"} 5.0",
+            "tessera_agent_lease_age_seconds{node=\"dead\"} 125.0",
+            "tessera_agent_lease_duration_seconds{node=\"dead\"} 40",
+        ],
+    );
+    assert_eq!(
+        text.matches("tessera_agent_lease_age_seconds{").count(),
+        2,
+        "{text}"
+    );
+    feeder.lease_event(Event::Delete(lease("tessera-agent-dead", 125)), &mut relist);
+    assert!(!render(&metrics).contains("node=\"dead\""));
+}
+
+#[test]
+fn the_oldest_bound_allocation_is_measured_from_its_creation() {
+    let (metrics, feeder) = setup();
+    assert_lines(
+        &render(&metrics),
+        &["tessera_allocations_bound_oldest_seconds 0.0"],
+    );
+    let mut relist = Vec::new();
+    for a in [
+        allocation("waiting", 90, Some("Bound")),
+        allocation("just-bound", 2, Some("Bound")),
+        // Older, but served or done: not waiting for the node.
+        allocation("running", 600, Some("Allocated")),
+        allocation("done", 900, Some("Released")),
+        allocation("binding", 700, None),
+    ] {
+        feeder.allocation_event(Event::Apply(a), &mut relist);
+    }
+    let text = render(&metrics);
+    assert_lines(
+        &text,
+        &[
+            "tessera_allocations_bound_oldest_seconds 90.0",
+            "tessera_allocations{phase=\"Bound\"} 2",
+            "tessera_allocations{phase=\"Pending\"} 1",
+        ],
+    );
+    feeder.allocation_event(
+        Event::Apply(allocation("waiting", 90, Some("Allocated"))),
+        &mut relist,
+    );
+    assert_lines(
+        &render(&metrics),
+        &["tessera_allocations_bound_oldest_seconds 2.0"],
+    );
+}
+
+#[test]
+fn node_locks_report_their_oldest_age_and_those_past_their_ttl() {
+    let (metrics, feeder) = setup();
+    assert_lines(
+        &render(&metrics),
+        &[
+            "tessera_node_locks 0",
+            "tessera_node_locks_expired 0",
+            "tessera_node_lock_oldest_age_seconds 0.0",
+        ],
+    );
+    let mut relist = Vec::new();
+    // Taken 90 s ago with a 60 s TTL (expired), and 10 s ago.
+    feeder.lock_event(Event::Apply(lock("stuck", 90, 60)), &mut relist);
+    feeder.lock_event(Event::Apply(lock("busy", 10, 60)), &mut relist);
+    assert_lines(
+        &render(&metrics),
+        &[
+            "tessera_node_locks 2",
+            "tessera_node_locks_expired 1",
+            "tessera_node_lock_oldest_age_seconds 90.0",
+        ],
+    );
+    feeder.lock_event(Event::Delete(lock("stuck", 90, 60)), &mut relist);
+    assert_lines(
+        &render(&metrics),
+        &[
+            "tessera_node_locks 1",
+            "tessera_node_locks_expired 0",
+            "tessera_node_lock_oldest_age_seconds 10.0",
+        ],
+    );
+}
+
+#[test]
+fn webhook_reviews_are_counted_by_outcome() {
+    let (metrics, _feeder) = setup();
+    assert_lines(
+        &render(&metrics),
+        &[
+            "# TYPE tessera_webhook_requests counter",
+            "tessera_webhook_requests_total{outcome=\"allowed\"} 0",
+            "tessera_webhook_requests_total{outcome=\"mutated\"} 0",
+            "tessera_webhook_requests_total{outcome=\"denied\"} 0",
+            "tessera_webhook_requests_total{outcome=\"error\"} 0",
+        ],
+    );
+    metrics.count_review("mutated");
+    metrics.count_review("mutated");
+    metrics.count_review("error");
+    assert_lines(
+        &render(&metrics),
+        &[
+            "tessera_webhook_requests_total{outcome=\"mutated\"} 2",
+            "tessera_webhook_requests_total{outcome=\"error\"} 1",
+        ],
+    );
+}
