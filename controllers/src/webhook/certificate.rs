@@ -5,10 +5,7 @@
 //! that cannot be used (unreadable, not PEM, key not matching the
 //! certificate) is logged and the certificate in use is kept.
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use axum_server::tls_rustls::RustlsConfig;
 
@@ -55,11 +52,6 @@ impl CertificateFiles {
     pub fn checked_every(mut self, every: Duration) -> Self {
         self.every = every;
         self
-    }
-
-    /// The certificate file.
-    pub fn cert(&self) -> &Path {
-        &self.cert
     }
 
     fn error(&self, source: std::io::Error) -> Error {
