@@ -36,6 +36,19 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The interposer could not be installed on the host (`--install-interposer-from`).
+    #[error("installing the interposer {} as {}: {action}: {source}", .from.display(), .to.display())]
+    InstallInterposer {
+        /// The library in the agent's image.
+        from: std::path::PathBuf,
+        /// Where it goes on the host (`--interposer-library`).
+        to: std::path::PathBuf,
+        /// The step that failed.
+        action: String,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
     /// gRPC transport to or from the kubelet failed.
     #[error("{context}: {source}")]
     Grpc {

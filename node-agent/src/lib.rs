@@ -3,6 +3,7 @@
 //! - [`backend`]: the node's GPUs from NVML or from a file of fake GPUs.
 //! - [`settings`]: the node's settings (GpuNodeConfig) applied to them.
 //! - [`inventory`]: what the node offers, kept current.
+//! - [`install`]: the interposer copied from the image onto the host.
 //! - [`monitor`]: Prometheus metrics per GPU and per container.
 //! - [`publish`]: the node's GpuNode and its liveness Lease.
 //! - [`plugin`]: the kubelet device plugin (ListAndWatch, Allocate, ...).
@@ -10,6 +11,7 @@
 pub mod app;
 pub mod backend;
 mod error;
+pub mod install;
 pub mod inventory;
 pub mod monitor;
 pub mod plugin;

@@ -1,0 +1,158 @@
+//! Installing the interposer from the agent's image onto the host path that
+//! Allocate mounts into GPU containers (`--install-interposer-from`).
+//!
+//! Running containers have the installed library mapped, so it is never
+//! rewritten in place: the new contents go to a temporary file in the same
+//! directory, which is synced and renamed over the old one. Processes that
+//! have the old file open or mapped keep its contents (the old inode lives
+//! until they let go); containers started afterwards mount the new one.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::Write,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use crate::Error;
+
+/// Permissions of the installed library: every container user reads it.
+const MODE: u32 = 0o755;
+
+/// What [`install_interposer`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Installed {
+    /// The file was written (it was missing or different).
+    Copied,
+    /// The file already had the same contents; nothing was written.
+    AlreadyCurrent,
+}
+
+/// Copies `from` to `to` atomically, unless `to` already holds the same
+/// bytes; creates `to`'s directory when missing.
+pub fn install_interposer(from: &Path, to: &Path) -> Result<Installed, Error> {
+    let failed = |action: &str| {
+        let action = action.to_owned();
+        move |source: std::io::Error| Error::InstallInterposer {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            action,
+            source,
+        }
+    };
+    let contents = fs::read(from).map_err(failed("reading the source"))?;
+    if fs::read(to).is_ok_and(|current| current == contents) {
+        return Ok(Installed::AlreadyCurrent);
+    }
+    let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Err(failed("finding the target's directory")(
+            std::io::Error::other("the target has no directory"),
+        ));
+    };
+    fs::create_dir_all(dir).map_err(failed("creating the target's directory"))?;
+    let temporary = temporary_path(to);
+    let written = write_synced(&temporary, &contents)
+        .and_then(|()| fs::rename(&temporary, to))
+        .map_err(failed(
+            "writing the new file and renaming it over the target",
+        ));
+    if written.is_err() {
+        let _ = fs::remove_file(&temporary);
+    }
+    written?;
+    // Make the rename itself durable.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(failed("syncing the target's directory"))?;
+    Ok(Installed::Copied)
+}
+
+/// A name beside `to` that no other process uses: `.<name>.<pid>.tmp`.
+fn temporary_path(to: &Path) -> PathBuf {
+    let name = to.file_name().unwrap_or_default().to_string_lossy();
+    to.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+fn write_synced(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(MODE)
+        .open(path)?;
+    file.write_all(contents)?;
+    // The umask may have narrowed the mode given at creation.
+    file.set_permissions(fs::Permissions::from_mode(MODE))?;
+    file.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{io::Read, os::unix::fs::MetadataExt};
+
+    use super::*;
+
+    #[test]
+    fn copies_into_a_new_directory_readable_by_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("image/libtessera_vgpu.so");
+        fs::create_dir_all(from.parent().unwrap()).unwrap();
+        fs::write(&from, b"v1").unwrap();
+        let to = dir.path().join("host/usr/local/vgpu/libtessera_vgpu.so");
+        assert_eq!(install_interposer(&from, &to).unwrap(), Installed::Copied);
+        assert_eq!(fs::read(&to).unwrap(), b"v1");
+        assert_eq!(fs::metadata(&to).unwrap().mode() & 0o777, MODE);
+        let left: Vec<_> = fs::read_dir(to.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["libtessera_vgpu.so"], "no temporary file is left");
+    }
+
+    #[test]
+    fn identical_contents_are_not_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("src.so"), dir.path().join("dst.so"));
+        fs::write(&from, b"same").unwrap();
+        fs::write(&to, b"same").unwrap();
+        let inode = fs::metadata(&to).unwrap().ino();
+        assert_eq!(
+            install_interposer(&from, &to).unwrap(),
+            Installed::AlreadyCurrent
+        );
+        assert_eq!(fs::metadata(&to).unwrap().ino(), inode, "the same file");
+    }
+
+    #[test]
+    fn replacing_keeps_what_an_open_descriptor_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("src.so"), dir.path().join("dst.so"));
+        fs::write(&to, b"old library").unwrap();
+        let mut open = File::open(&to).unwrap(); // a running container's mapping
+        fs::write(&from, b"new").unwrap();
+        assert_eq!(install_interposer(&from, &to).unwrap(), Installed::Copied);
+        let mut seen = String::new();
+        open.read_to_string(&mut seen).unwrap();
+        assert_eq!(seen, "old library", "the old file was not truncated");
+        assert_eq!(fs::read(&to).unwrap(), b"new");
+    }
+
+    #[test]
+    fn failures_name_both_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("missing.so");
+        let to = dir.path().join("dst.so");
+        let error = install_interposer(&from, &to).unwrap_err().to_string();
+        assert!(error.contains(&from.display().to_string()), "{error}");
+        assert!(error.contains(&to.display().to_string()), "{error}");
+        assert!(error.contains("reading the source"), "{error}");
+
+        // The target's directory cannot be created: a file is in the way.
+        fs::write(&from, b"v1").unwrap();
+        let blocked = dir.path().join("file/libtessera_vgpu.so");
+        fs::write(dir.path().join("file"), b"").unwrap();
+        let error = install_interposer(&from, &blocked).unwrap_err().to_string();
+        assert!(error.contains("creating the target's directory"), "{error}");
+        assert!(error.contains(&blocked.display().to_string()), "{error}");
+    }
+}
