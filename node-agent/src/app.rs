@@ -1,15 +1,19 @@
 //! The `tessera-node-agent` process: flags and wiring.
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgAction, Parser, ValueEnum};
 use tessera_api::v1alpha1::{GpuNode, NodeLock, NodeSettings};
 
 use crate::{
     Error,
     backend::{self, Backend, FakeBackend, NvmlBackend},
-    inventory,
-    plugin::{self, CONTAINER_LIBRARY, Endpoint, HostPaths, PluginState, Service},
+    install, inventory,
+    plugin::{
+        self, CONTAINER_LIBRARY, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_CDI_KIND, DeviceList,
+        DeviceListStrategy, Endpoint, HostPaths, PluginState, Service, parse_cdi_annotation_prefix,
+        parse_cdi_kind,
+    },
     publish,
     view::NodeView,
 };
@@ -65,6 +69,32 @@ pub struct Args {
         default_value = "/usr/local/vgpu/libtessera_vgpu.so"
     )]
     pub interposer_library: PathBuf,
+    /// At start-up, before registering with the kubelet, copy this file
+    /// (the interposer in the agent's image) to `--interposer-library`:
+    /// atomically, and only when the contents differ.
+    #[arg(long, env = "TESSERA_INSTALL_INTERPOSER_FROM")]
+    pub install_interposer_from: Option<PathBuf>,
+    /// How Allocate passes the devices to the container runtime, a comma
+    /// list (NVIDIA's DEVICE_LIST_STRATEGY): `envvar`
+    /// (NVIDIA_VISIBLE_DEVICES, NVIDIA container runtime), `cdi-cri` (CDI
+    /// device names in the CRI request), `cdi-annotations` (CDI names in a
+    /// container annotation).
+    #[arg(
+        long,
+        env = "TESSERA_DEVICE_LIST_STRATEGY",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "envvar"
+    )]
+    pub device_list_strategy: Vec<DeviceListStrategy>,
+    /// The CDI kind (`vendor/class`) of the GPUs in the node's CDI specs;
+    /// `nvidia-ctk cdi generate` writes `nvidia.com/gpu`.
+    #[arg(long, env = "TESSERA_CDI_KIND", default_value = DEFAULT_CDI_KIND, value_parser = parse_cdi_kind)]
+    pub cdi_kind: String,
+    /// The prefix of the CDI annotation's key with `cdi-annotations`
+    /// (NVIDIA's `--cdi-annotation-prefix`).
+    #[arg(long, env = "TESSERA_CDI_ANNOTATION_PREFIX", default_value = DEFAULT_CDI_ANNOTATION_PREFIX, value_parser = parse_cdi_annotation_prefix)]
+    pub cdi_annotation_prefix: String,
     /// The agent's directory on the host: the preload list and one shared
     /// region directory per GPU container live here.
     #[arg(long, env = "TESSERA_STATE_DIR", default_value = "/var/lib/tessera")]
@@ -79,6 +109,20 @@ pub struct Args {
     /// Address of the Prometheus `/metrics` endpoint (HAMi's monitor port).
     #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = "0.0.0.0:9394")]
     pub metrics_addr: std::net::SocketAddr,
+    /// Also export HAMi's metric names from before v2.9
+    /// (`HostGPUMemoryUsage`, `vGPU_device_memory_usage_in_bytes`, ...) with
+    /// their labels, beside v2.9's (HAMi's `--legacy-metrics`).
+    #[arg(
+        long,
+        env = "TESSERA_LEGACY_METRICS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = ArgAction::Set
+    )]
+    pub legacy_metrics: bool,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
@@ -90,6 +134,18 @@ pub struct Args {
 }
 
 impl Args {
+    /// How Allocate passes the devices on, from the flags.
+    pub fn device_list(&self) -> DeviceList {
+        let mut strategies = self.device_list_strategy.clone();
+        strategies.sort();
+        strategies.dedup();
+        DeviceList {
+            strategies,
+            cdi_kind: self.cdi_kind.clone(),
+            cdi_annotation_prefix: self.cdi_annotation_prefix.clone(),
+        }
+    }
+
     /// Reads `--defaults`, or HAMi's defaults without it.
     pub fn load_defaults(&self) -> Result<NodeSettings, Error> {
         let Some(path) = &self.defaults else {
@@ -151,13 +207,22 @@ pub async fn client(args: &Args) -> anyhow::Result<kube::Client> {
 
 /// Runs the agent until the process is stopped.
 pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> anyhow::Result<()> {
-    let backend: Box<dyn Backend> = match args.backend {
-        BackendKind::Nvml => Box::new(NvmlBackend::new()?),
-        BackendKind::Fake => Box::new(FakeBackend::new(
+    if let Some(from) = &args.install_interposer_from {
+        let installed = install::install_interposer(from, &args.interposer_library)?;
+        tracing::info!(
+            from = %from.display(),
+            to = %args.interposer_library.display(),
+            ?installed,
+            "interposer installed"
+        );
+    }
+    let backend: Arc<dyn Backend> = match args.backend {
+        BackendKind::Nvml => Arc::new(NvmlBackend::new()?),
+        BackendKind::Fake => Arc::new(FakeBackend::new(
             args.fake_gpus_file.clone().unwrap_or_default(),
         )),
     };
-    let physical = backend::watch(backend, Duration::from_millis(args.gpu_poll_millis))?;
+    let physical = backend::watch(backend.clone(), Duration::from_millis(args.gpu_poll_millis))?;
     let view = NodeView::spawn(client.clone(), &args.node_name);
     let offers = inventory::track(view.clone(), defaults, physical).await;
 
@@ -203,15 +268,19 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
     ));
     tokio::spawn(crate::monitor::serve(
         metrics,
-        view.clone(),
-        offers.clone(),
-        paths.regions.clone(),
+        crate::monitor::Sources {
+            view: view.clone(),
+            offers: offers.clone(),
+            regions: paths.regions.clone(),
+            backend,
+            legacy: args.legacy_metrics,
+        },
     ));
     let endpoint = Endpoint {
         dir: args.device_plugin_dir.clone(),
         resource: args.resource_name.clone(),
     };
-    let service = Service::new(view, offers, paths);
+    let service = Service::new(view, offers, paths, args.device_list());
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.
     let plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));
@@ -334,5 +403,89 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("--gpu-poll-millis"), "{error}");
+    }
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(["agent", "--node-name", "n1"].iter().chain(extra))
+    }
+
+    #[test]
+    fn device_list_strategies_are_a_checked_comma_list() {
+        use DeviceListStrategy::{CdiAnnotations, CdiCri, Envvar};
+        let defaults = parse(&[]).unwrap().device_list();
+        assert_eq!(defaults, DeviceList::default());
+        assert_eq!(defaults.strategies, [Envvar]);
+        let list = parse(&["--device-list-strategy=cdi-annotations,envvar,cdi-cri,envvar"])
+            .unwrap()
+            .device_list();
+        assert_eq!(list.strategies, [Envvar, CdiCri, CdiAnnotations]);
+        let list = parse(&[
+            "--device-list-strategy",
+            "cdi-cri",
+            "--cdi-kind",
+            "k8s.device-plugin.nvidia.com/gpu",
+            "--cdi-annotation-prefix",
+            "nvidia.cdi.k8s.io/",
+        ])
+        .unwrap()
+        .device_list();
+        assert_eq!(list.strategies, [CdiCri]);
+        assert_eq!(list.cdi_kind, "k8s.device-plugin.nvidia.com/gpu");
+        assert_eq!(list.cdi_annotation_prefix, "nvidia.cdi.k8s.io/");
+
+        let error = parse(&["--device-list-strategy=envvar,volume-mounts"])
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "--device-list-strategy",
+            "volume-mounts",
+            "envvar",
+            "cdi-cri",
+            "cdi-annotations",
+        ] {
+            assert!(error.contains(needle), "{needle} not in {error}");
+        }
+        let error = parse(&["--cdi-kind=gpu"]).unwrap_err().to_string();
+        assert!(
+            error.contains("--cdi-kind") && error.contains("vendor/class"),
+            "{error}"
+        );
+        let error = parse(&["--cdi-annotation-prefix=cdi.k8s.io"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--cdi-annotation-prefix") && error.contains("'/'"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn legacy_metrics_is_a_switch_like_hamis() {
+        assert!(!parse(&[]).unwrap().legacy_metrics);
+        assert!(parse(&["--legacy-metrics"]).unwrap().legacy_metrics);
+        assert!(parse(&["--legacy-metrics=true"]).unwrap().legacy_metrics);
+        assert!(!parse(&["--legacy-metrics=false"]).unwrap().legacy_metrics);
+        let args = parse(&["--legacy-metrics", "--log", "debug"]).unwrap();
+        assert!(args.legacy_metrics);
+        assert_eq!(args.log, "debug");
+        let error = parse(&["--legacy-metrics=sometimes"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--legacy-metrics"), "{error}");
+    }
+
+    #[test]
+    fn the_interposer_is_installed_only_when_asked() {
+        assert_eq!(parse(&[]).unwrap().install_interposer_from, None);
+        let args =
+            parse(&["--install-interposer-from=/opt/tessera/lib/libtessera_vgpu.so"]).unwrap();
+        assert_eq!(
+            args.install_interposer_from,
+            Some(PathBuf::from("/opt/tessera/lib/libtessera_vgpu.so"))
+        );
+        assert_eq!(
+            args.interposer_library,
+            PathBuf::from("/usr/local/vgpu/libtessera_vgpu.so")
+        );
     }
 }

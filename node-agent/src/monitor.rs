@@ -1,58 +1,41 @@
 //! Prometheus `/metrics` for the node: per GPU (capacity, what the live
-//! allocations hold, health) and per container (its limits from the
-//! allocation, visible before the container's first CUDA call, and the
-//! memory its processes hold, read from its shared region once the
-//! interposer has created it). Per-container series carry HAMi's names and
-//! labels beside Tessera's, so HAMi dashboards keep working.
+//! allocations hold, health, and what NVML measures) and per container (its
+//! limits from the allocation, visible before the container's first CUDA
+//! call, and the memory its processes hold and when they last launched,
+//! read from its shared region once the interposer has created it). HAMi's
+//! series are exported under HAMi v2.9's names and labels ([`hami`]) beside
+//! Tessera's, so HAMi dashboards keep working.
 //!
 //! Everything is computed at scrape time from the node's offer, the
-//! node-scoped allocation watch and the region files: nothing is cached
-//! between scrapes, and nothing is exported that was not measured.
+//! node-scoped allocation watch, the region files and the backend: nothing
+//! is cached between scrapes, and nothing is exported that was not measured.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{collections::BTreeMap, path::Path, sync::Arc};
 
-use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
-    metrics::{family::Family, gauge::Gauge},
-    registry::Registry,
-};
-use tessera_api::v1alpha1::{AllocationPhase, DeviceHealth, GpuDevice, VgpuAllocation};
+use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation};
 
-use crate::plugin::REGION_FILE;
+use crate::{backend::Backend, plugin::REGION_FILE};
 
-/// Labels of a per-GPU series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct GpuLabels {
-    node: String,
-    uuid: String,
-    index: String,
-    model: String,
+pub mod arbiter;
+pub mod hami;
+mod scrape;
+
+pub use scrape::{Scrape, render};
+
+/// What a container's region says about one of its devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reading {
+    /// Bytes the container's processes hold on the device.
+    pub used: u64,
+    /// When a live process of the container last launched a kernel on the
+    /// device (`CLOCK_MONOTONIC` ns); `None` if none did, or launches are
+    /// not recorded (the interposer records them for containers with a
+    /// compute limit or high priority).
+    pub launched_at: Option<u64>,
 }
 
-/// Labels of a per-container Tessera series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ContainerLabels {
-    namespace: String,
-    pod: String,
-    container: String,
-    uuid: String,
-    device_index: String,
-}
-
-/// Labels of a per-container HAMi series (HAMi's vGPU monitor names them so).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct HamiLabels {
-    podnamespace: String,
-    podname: String,
-    ctrname: String,
-    vdeviceid: String,
-    deviceuuid: String,
-}
-
-const MIB: i64 = 1 << 20;
-
-/// Memory in use per container and CUDA ordinal, read from region files.
-pub type Usage = BTreeMap<(String, usize), u64>;
+/// Readings per container and CUDA ordinal, read from region files.
+pub type Usage = BTreeMap<(String, usize), Reading>;
 
 /// Reads the region of every container directory under `regions`
 /// (`<pod-uid>_<container>/region`): keyed by that directory name and ordinal.
@@ -66,190 +49,71 @@ pub fn read_usage(regions: &Path) -> Usage {
         let Ok(region) = tessera_vgpu_region::Region::open(&entry.path().join(REGION_FILE)) else {
             continue; // no CUDA call yet, or not a region
         };
-        for device in region.snapshot().devices {
-            usage.insert((dir.clone(), device.index), device.used);
+        let snapshot = region.snapshot();
+        for device in &snapshot.devices {
+            let bit = u32::try_from(device.index)
+                .ok()
+                .and_then(|i| 1u32.checked_shl(i))
+                .unwrap_or(0);
+            let launched_at = snapshot
+                .processes
+                .iter()
+                .filter(|p| p.active_devices & bit != 0)
+                .filter_map(|p| p.active_at)
+                .max();
+            usage.insert(
+                (dir.clone(), device.index),
+                Reading {
+                    used: device.used,
+                    launched_at,
+                },
+            );
         }
     }
     usage
 }
 
-/// The metrics text for the node's devices and live allocations.
-pub fn render(
-    node: &str,
-    devices: &[GpuDevice],
-    allocations: &[VgpuAllocation],
-    usage: &Usage,
-) -> String {
-    let mut registry = Registry::default();
-    let gpu = |registry: &mut Registry, name: &str, help: &str| {
-        let family = Family::<GpuLabels, Gauge>::default();
-        registry.register(name, help, family.clone());
-        family
-    };
-    let memory_total = gpu(
-        &mut registry,
-        "tessera_gpu_memory_total_bytes",
-        "Device memory the scheduler may hand out (after scaling)",
-    );
-    let memory_allocated = gpu(
-        &mut registry,
-        "tessera_gpu_memory_allocated_bytes",
-        "Device memory held by live allocations",
-    );
-    let cores_allocated = gpu(
-        &mut registry,
-        "tessera_gpu_cores_allocated_percent",
-        "Percent of SMs held by live allocations",
-    );
-    let slices_allocated = gpu(
-        &mut registry,
-        "tessera_gpu_slices_allocated",
-        "vGPU slices held by live allocations",
-    );
-    let healthy = gpu(
-        &mut registry,
-        "tessera_gpu_healthy",
-        "1 when the GPU can take work, 0 when not",
-    );
-
-    let container = |registry: &mut Registry, name: &str, help: &str| {
-        let family = Family::<ContainerLabels, Gauge>::default();
-        registry.register(name, help, family.clone());
-        family
-    };
-    let limit = container(
-        &mut registry,
-        "tessera_container_memory_limit_bytes",
-        "A container's device memory limit",
-    );
-    let core_limit = container(
-        &mut registry,
-        "tessera_container_core_limit_percent",
-        "A container's compute limit, percent of SMs",
-    );
-    let used = container(
-        &mut registry,
-        "tessera_container_memory_used_bytes",
-        "Device memory a container's processes hold (from its shared region)",
-    );
-    let hami = |registry: &mut Registry, name: &str, help: &str| {
-        let family = Family::<HamiLabels, Gauge>::default();
-        registry.register(name, help, family.clone());
-        family
-    };
-    let hami_limit = hami(
-        &mut registry,
-        "hami_vgpu_memory_limit_bytes",
-        "HAMi-compatible: a container's device memory limit",
-    );
-    let hami_core_limit = hami(
-        &mut registry,
-        "hami_vgpu_core_limit_percent",
-        "HAMi-compatible: a container's compute limit",
-    );
-    let hami_used = hami(
-        &mut registry,
-        "hami_vgpu_memory_used_bytes",
-        "HAMi-compatible: device memory a container's processes hold",
-    );
-
-    let labels: BTreeMap<&str, GpuLabels> = devices
-        .iter()
-        .map(|d| {
-            (
-                d.uuid.as_str(),
-                GpuLabels {
-                    node: node.to_owned(),
-                    uuid: d.uuid.clone(),
-                    index: d.index.to_string(),
-                    model: d.model.clone(),
-                },
-            )
-        })
-        .collect();
-    for device in devices {
-        let l = &labels[device.uuid.as_str()];
-        memory_total
-            .get_or_create(l)
-            .set(gauge(device.capacity.memory_mib) * MIB);
-        healthy
-            .get_or_create(l)
-            .set(i64::from(device.health == DeviceHealth::Healthy));
-        memory_allocated.get_or_create(l).set(0);
-        cores_allocated.get_or_create(l).set(0);
-        slices_allocated.get_or_create(l).set(0);
-    }
-    for allocation in allocations {
-        let phase = allocation.status.as_ref().and_then(|s| s.phase);
-        if matches!(
-            phase,
-            Some(AllocationPhase::Released | AllocationPhase::Failed)
-        ) {
-            continue;
-        }
-        let namespace = allocation.metadata.namespace.clone().unwrap_or_default();
-        for c in &allocation.spec.containers {
-            let dir = format!("{}_{}", allocation.spec.pod_uid, c.name);
-            for (i, slice) in c.devices.iter().enumerate() {
-                if let Some(l) = labels.get(slice.uuid.as_str()) {
-                    memory_allocated
-                        .get_or_create(l)
-                        .inc_by(gauge(slice.memory_mib) * MIB);
-                    cores_allocated
-                        .get_or_create(l)
-                        .inc_by(i64::from(slice.cores));
-                    slices_allocated.get_or_create(l).inc();
-                }
-                let ours = ContainerLabels {
-                    namespace: namespace.clone(),
-                    pod: allocation.spec.pod_name.clone(),
-                    container: c.name.clone(),
-                    uuid: slice.uuid.clone(),
-                    device_index: i.to_string(),
-                };
-                let theirs = HamiLabels {
-                    podnamespace: namespace.clone(),
-                    podname: allocation.spec.pod_name.clone(),
-                    ctrname: c.name.clone(),
-                    vdeviceid: i.to_string(),
-                    deviceuuid: slice.uuid.clone(),
-                };
-                let bytes = gauge(slice.memory_mib) * MIB;
-                limit.get_or_create(&ours).set(bytes);
-                hami_limit.get_or_create(&theirs).set(bytes);
-                core_limit.get_or_create(&ours).set(i64::from(slice.cores));
-                hami_core_limit
-                    .get_or_create(&theirs)
-                    .set(i64::from(slice.cores));
-                if let Some(in_use) = usage.get(&(dir.clone(), i)) {
-                    used.get_or_create(&ours).set(gauge(*in_use));
-                    hami_used.get_or_create(&theirs).set(gauge(*in_use));
-                }
-            }
-        }
-    }
-    let mut text = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut text, &registry);
-    text
+/// What `/metrics` reports from.
+#[derive(Clone)]
+pub struct Sources {
+    /// The node-scoped watches.
+    pub view: crate::view::NodeView,
+    /// The node's offer.
+    pub offers: tokio::sync::watch::Receiver<crate::inventory::Offer>,
+    /// The directory of the containers' region directories.
+    pub regions: std::path::PathBuf,
+    /// The GPU backend, asked for memory in use and utilisation.
+    pub backend: Arc<dyn Backend>,
+    /// Whether HAMi's legacy names are exported too (`--legacy-metrics`).
+    pub legacy: bool,
 }
 
 /// Serves `/metrics` and `/healthz` on `listener`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    view: crate::view::NodeView,
-    offers: tokio::sync::watch::Receiver<crate::inventory::Offer>,
-    regions: std::path::PathBuf,
-) {
+pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
     use axum::{Router, http::header, routing::get};
     let metrics = move || {
-        let (view, offers, regions) = (view.clone(), offers.clone(), regions.clone());
+        let sources = sources.clone();
         async move {
-            let devices = offers.borrow().devices.clone();
-            let usage = tokio::task::spawn_blocking(move || read_usage(&regions))
-                .await
-                .unwrap_or_default();
-            let text = render(view.node(), &devices, &view.allocations(), &usage);
+            let devices = sources.offers.borrow().devices.clone();
+            let (regions, backend) = (sources.regions.clone(), sources.backend.clone());
+            let (usage, host) = tokio::task::spawn_blocking(move || {
+                let host = backend.usage().unwrap_or_else(|error| {
+                    tracing::warn!(%error, "reading GPU usage for metrics failed");
+                    Vec::new()
+                });
+                (read_usage(&regions), host)
+            })
+            .await
+            .unwrap_or_default();
+            let text = render(&Scrape {
+                node: sources.view.node(),
+                devices: &devices,
+                allocations: &sources.view.allocations(),
+                usage: &usage,
+                host: &host,
+                now_ns: tessera_vgpu_region::priority::monotonic_now(),
+                legacy: sources.legacy,
+            });
             (
                 [(
                     header::CONTENT_TYPE,
@@ -396,12 +260,6 @@ pub async fn collect_regions(view: crate::view::NodeView, regions: std::path::Pa
         }
     }
 }
-
-fn gauge(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-pub mod arbiter;
 
 #[cfg(test)]
 mod tests;

@@ -257,7 +257,7 @@ async fn pods_get_their_slice_through_the_real_device_plugin_protocol() {
     // The monitor shows the container's limits before its first CUDA call.
     let metrics = host.metrics().await;
     let limit = format!(
-        r#"hami_vgpu_memory_limit_bytes{{podnamespace="default",podname="sliced",ctrname="main",vdeviceid="0",deviceuuid="{uuid}"}} {}"#,
+        r#"hami_vgpu_memory_limit_bytes{{container="main",device_uuid="{uuid}",namespace="default",pod="sliced",vdevice_index="0",zone="vGPU"}} {}"#,
         3000u64 << 20
     );
     assert!(

@@ -3,7 +3,7 @@
 //! the agent: options, registration, ListAndWatch, GetPreferredAllocation,
 //! Allocate's refusal without a NodeLock, PreStartContainer.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use serde_json::json;
 use tessera_deviceplugin::{
@@ -35,7 +35,7 @@ async fn run_plugin(
     tokio::sync::watch::Receiver<plugin::PluginState>,
 ) {
     let physical =
-        backend::watch(Box::new(FakeBackend::new(gpus)), Duration::from_millis(100)).unwrap();
+        backend::watch(Arc::new(FakeBackend::new(gpus)), Duration::from_millis(100)).unwrap();
     let view = NodeView::spawn(client, node);
     let offers = inventory::track(view.clone(), Default::default(), physical).await;
     let paths = HostPaths {
@@ -51,7 +51,7 @@ async fn run_plugin(
     let (state, states) = tokio::sync::watch::channel(plugin::PluginState::NotRegistered);
     tokio::spawn(plugin::run(
         endpoint,
-        Service::new(view, offers, paths),
+        Service::new(view, offers, paths, Default::default()),
         state,
     ));
     (socket, states)

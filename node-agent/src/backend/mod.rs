@@ -1,11 +1,13 @@
 //! Where the agent learns about the node's GPUs: NVML on a real node, or a
 //! file describing fake GPUs for tests and demos. Both produce the same
 //! [`PhysicalGpu`] list; [`watch`] polls a backend and publishes changes.
+//! A backend that measures the GPUs (NVML) also reports their memory in use
+//! and utilisation ([`HostUsage`]), read when the metrics are scraped.
 
 mod fake;
 mod nvml;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
 use tessera_api::v1alpha1::DeviceHealth;
@@ -48,18 +50,41 @@ fn healthy() -> DeviceHealth {
     DeviceHealth::Healthy
 }
 
+/// What a backend measured on one physical GPU just now (the host view:
+/// every process on the GPU, inside Tessera's containers or not).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostUsage {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// The GPU's index on the node.
+    pub index: u32,
+    /// The model name, e.g. `NVIDIA A100-SXM4-80GB`.
+    pub model: String,
+    /// Device memory in use, bytes; `None` when the GPU does not report it
+    /// (NVML answers "not supported" on unified-memory GPUs).
+    pub memory_used_bytes: Option<u64>,
+    /// Percent of the last sample period in which a kernel ran (NVML's
+    /// `utilization.gpu`), 0-100; `None` when the GPU does not report it.
+    pub utilization_percent: Option<u32>,
+}
+
 /// A source of the node's GPUs.
 pub trait Backend: Send + Sync + 'static {
     /// A short name for logs (`nvml`, `fake`).
     fn name(&self) -> &'static str;
     /// The GPUs as they are now, health included.
     fn devices(&self) -> Result<Vec<PhysicalGpu>, Error>;
+    /// Memory in use and utilisation per GPU, measured now; empty for a
+    /// backend that measures nothing (fake GPUs have no usage to report).
+    fn usage(&self) -> Result<Vec<HostUsage>, Error> {
+        Ok(Vec::new())
+    }
 }
 
 /// Reads the backend every `interval` and publishes the list whenever it
 /// changes. A read that fails keeps the last good list (and logs why).
 pub fn watch(
-    backend: Box<dyn Backend>,
+    backend: Arc<dyn Backend>,
     interval: Duration,
 ) -> Result<watch::Receiver<Vec<PhysicalGpu>>, Error> {
     let first = backend.devices()?;

@@ -14,7 +14,7 @@ use std::{
 use nvml_wrapper::Nvml;
 use tessera_api::v1alpha1::DeviceHealth;
 
-use super::{Backend, PhysicalGpu};
+use super::{Backend, HostUsage, PhysicalGpu};
 use crate::Error;
 
 /// XIDs that do not mean the GPU is broken (application errors), as the
@@ -117,6 +117,32 @@ impl Backend for NvmlBackend {
             }
         }
         Ok(devices)
+    }
+
+    fn usage(&self) -> Result<Vec<HostUsage>, Error> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| Error::Nvml(format!("counting GPUs: {e}")))?;
+        let mut usage = Vec::new();
+        for index in 0..count {
+            // A GPU that does not answer is reported by `devices` as
+            // unhealthy; here it is only left out.
+            let Ok(device) = self.nvml.device_by_index(index) else {
+                continue;
+            };
+            let (Ok(uuid), Ok(model)) = (device.uuid(), device.name()) else {
+                continue;
+            };
+            usage.push(HostUsage {
+                uuid,
+                index,
+                model,
+                memory_used_bytes: device.memory_info().ok().map(|m| m.used),
+                utilization_percent: device.utilization_rates().ok().map(|u| u.gpu),
+            });
+        }
+        Ok(usage)
     }
 }
 

@@ -1,12 +1,12 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_api::v1alpha1::{
-    AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceSlice, SchedulingPolicy,
-    VgpuAllocationSpec, VgpuAllocationStatus,
+    AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth, DeviceSlice, GpuDevice,
+    SchedulingPolicy, VgpuAllocationSpec, VgpuAllocationStatus,
 };
 
 use super::*;
 
-fn device(uuid: &str, index: u32, health: DeviceHealth) -> GpuDevice {
+pub(super) fn device(uuid: &str, index: u32, health: DeviceHealth) -> GpuDevice {
     GpuDevice {
         uuid: uuid.into(),
         index,
@@ -22,7 +22,12 @@ fn device(uuid: &str, index: u32, health: DeviceHealth) -> GpuDevice {
     }
 }
 
-fn allocation(pod: &str, uid: &str, mib: u64, phase: Option<AllocationPhase>) -> VgpuAllocation {
+pub(super) fn allocation(
+    pod: &str,
+    uid: &str,
+    mib: u64,
+    phase: Option<AllocationPhase>,
+) -> VgpuAllocation {
     let containers = vec![ContainerAllocation {
         priority: None,
         name: "main".into(),
@@ -63,6 +68,29 @@ fn has(text: &str, line: &str) -> bool {
     text.lines().any(|l| l == line)
 }
 
+fn reading(used: u64) -> Reading {
+    Reading {
+        used,
+        launched_at: None,
+    }
+}
+
+fn scrape<'a>(
+    devices: &'a [GpuDevice],
+    allocations: &'a [VgpuAllocation],
+    usage: &'a Usage,
+) -> Scrape<'a> {
+    Scrape {
+        node: "n1",
+        devices,
+        allocations,
+        usage,
+        host: &[],
+        now_ns: 0,
+        legacy: false,
+    }
+}
+
 #[test]
 fn devices_and_live_allocations_become_series() {
     let devices = [
@@ -75,8 +103,8 @@ fn devices_and_live_allocations_become_series() {
         allocation("gone", "uid-c", 5000, Some(AllocationPhase::Released)),
     ];
     let mut usage = Usage::new();
-    usage.insert(("uid-a_main".into(), 0), 512 << 20);
-    let text = render("n1", &devices, &allocations, &usage);
+    usage.insert(("uid-a_main".into(), 0), reading(512 << 20));
+    let text = render(&scrape(&devices, &allocations, &usage));
     let gpu0 = r#"node="n1",uuid="GPU-0",index="0",model="NVIDIA A100-SXM4-80GB""#;
     let gpu1 = r#"node="n1",uuid="GPU-1",index="1",model="NVIDIA A100-SXM4-80GB""#;
     for line in [
@@ -88,16 +116,16 @@ fn devices_and_live_allocations_become_series() {
         format!("tessera_gpu_healthy{{{gpu0}}} 1"),
         format!("tessera_gpu_healthy{{{gpu1}}} 0"),
         format!(
-            r#"hami_vgpu_memory_limit_bytes{{podnamespace="ml",podname="b",ctrname="main",vdeviceid="0",deviceuuid="GPU-0"}} {}"#,
+            r#"hami_vgpu_memory_limit_bytes{{container="main",device_uuid="GPU-0",namespace="ml",pod="b",vdevice_index="0",zone="vGPU"}} {}"#,
             3000i64 << 20
         ),
-        r#"hami_vgpu_core_limit_percent{podnamespace="ml",podname="a",ctrname="main",vdeviceid="0",deviceuuid="GPU-0"} 30"#.to_owned(),
+        r#"tessera_container_core_limit_percent{namespace="ml",pod="a",container="main",uuid="GPU-0",device_index="0"} 30"#.to_owned(),
         format!(
             r#"tessera_container_memory_used_bytes{{namespace="ml",pod="a",container="main",uuid="GPU-0",device_index="0"}} {}"#,
             512i64 << 20
         ),
         format!(
-            r#"hami_vgpu_memory_used_bytes{{podnamespace="ml",podname="a",ctrname="main",vdeviceid="0",deviceuuid="GPU-0"}} {}"#,
+            r#"hami_vgpu_memory_used_bytes{{container="main",device_uuid="GPU-0",namespace="ml",pod="a",vdevice_index="0",zone="vGPU"}} {}"#,
             512i64 << 20
         ),
     ] {
@@ -111,6 +139,17 @@ fn devices_and_live_allocations_become_series() {
         !text.contains(r#"tessera_container_memory_used_bytes{namespace="ml",pod="b""#),
         "no usage is invented before the container's first CUDA call"
     );
+    for absent in [
+        "hami_vgpu_core_limit_percent",
+        "hami_host_gpu_memory_used_bytes",
+        "hami_container_last_kernel_elapsed_seconds{",
+        "vGPU_device_memory_limit_in_bytes",
+    ] {
+        assert!(
+            !text.contains(absent),
+            "{absent}: not in HAMi, not measured, or legacy\n{text}"
+        );
+    }
 }
 
 #[test]
@@ -128,8 +167,21 @@ fn usage_is_read_from_the_containers_regions() {
         .claim_slot(me, tessera_vgpu_region::process_start_time(me).unwrap_or(0))
         .unwrap();
     region.try_reserve(slot, 0, 300 << 20).unwrap();
+    let before = tessera_vgpu_region::priority::monotonic_now();
+    region.record_launch(slot, 1, before);
     let usage = read_usage(root.path());
-    assert_eq!(usage.get(&("uid-a_main".into(), 0)), Some(&(300 << 20)));
+    assert_eq!(
+        usage.get(&("uid-a_main".into(), 0)),
+        Some(&reading(300 << 20)),
+        "no launch on ordinal 0"
+    );
+    assert_eq!(
+        usage.get(&("uid-a_main".into(), 1)),
+        Some(&Reading {
+            used: 0,
+            launched_at: Some(before)
+        })
+    );
     assert!(!usage.keys().any(|(dir, _)| dir == "uid-b_main"));
 }
 

@@ -14,7 +14,7 @@ use tessera_api::{
     v1alpha1::{CorePolicy, NodeLock, NodeSettings, VgpuAllocation},
 };
 
-use super::ids::uuid_of;
+use super::{DeviceList, ids::uuid_of};
 
 /// Where the interposer lives in a container.
 pub const CONTAINER_LIBRARY: &str = "/usr/local/vgpu/libtessera_vgpu.so";
@@ -56,8 +56,14 @@ pub struct Grant {
     pub allocation: String,
     /// The container served.
     pub container: String,
+    /// The GPUs' UUIDs, in the container's CUDA order.
+    pub devices: Vec<String>,
     /// Environment for the container.
     pub envs: BTreeMap<String, String>,
+    /// Container annotations (the `cdi-annotations` strategy).
+    pub annotations: BTreeMap<String, String>,
+    /// Fully-qualified CDI device names (the `cdi-cri` strategy).
+    pub cdi_devices: Vec<String>,
     /// Mounts for the container.
     pub mounts: Vec<MountSpec>,
     /// The container's region directory on the host (the agent creates it).
@@ -117,7 +123,8 @@ pub enum AllocateError {
     },
 }
 
-/// Decides the answer for one container of the lock holder.
+/// Decides the answer for one container of the lock holder; `list` says
+/// how the devices are passed to the container runtime.
 pub fn grant(
     node: &str,
     lock: Option<&NodeLock>,
@@ -125,6 +132,7 @@ pub fn grant(
     requested: &[String],
     settings: &NodeSettings,
     paths: &HostPaths,
+    list: &DeviceList,
 ) -> Result<Grant, AllocateError> {
     let lock = lock.ok_or_else(|| AllocateError::NoLock { node: node.into() })?;
     let holder = &lock.spec.holder;
@@ -173,9 +181,9 @@ pub fn grant(
         });
     }
 
-    let mut envs = BTreeMap::new();
     let uuids: Vec<&str> = container.devices.iter().map(|d| d.uuid.as_str()).collect();
-    envs.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
+    let listed = list.list(&uuids, &allocation.spec.pod_uid);
+    let mut envs = listed.envs;
     for (i, device) in container.devices.iter().enumerate() {
         envs.insert(
             env::memory_limit_var(i),
@@ -238,7 +246,10 @@ pub fn grant(
         namespace: holder.namespace.clone(),
         allocation: lock.spec.allocation.clone(),
         container: container.name.clone(),
+        devices: uuids.iter().map(|&u| u.to_owned()).collect(),
         envs,
+        annotations: listed.annotations,
+        cdi_devices: listed.cdi_devices,
         mounts,
         region_dir,
         last,

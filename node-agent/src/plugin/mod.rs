@@ -1,6 +1,8 @@
 //! The kubelet device plugin: pure decisions (which pod and container an
-//! Allocate serves, device IDs), the gRPC service and its registration.
+//! Allocate serves, device IDs, how the devices reach the container
+//! runtime), the gRPC service and its registration.
 mod allocate;
+mod device_list;
 mod ids;
 mod server;
 mod service;
@@ -8,6 +10,10 @@ mod service;
 pub use allocate::{
     AllocateError, CONTAINER_LIBRARY, CONTAINER_PRELOAD, CONTAINER_REGION_DIR, Grant, HostPaths,
     MountSpec, REGION_FILE, grant, preferred,
+};
+pub use device_list::{
+    CDI_ANNOTATION_PLUGIN, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_CDI_KIND, DeviceList,
+    DeviceListStrategy, Listed, parse_cdi_annotation_prefix, parse_cdi_kind,
 };
 pub use ids::{device_list, replica_id, uuid_of};
 pub use server::{Endpoint, PluginState, run};

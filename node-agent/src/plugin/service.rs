@@ -8,7 +8,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
 use tessera_api::v1alpha1::{NodeLock, VgpuAllocation};
 use tessera_deviceplugin::v1beta1::{
-    AllocateRequest, AllocateResponse, ContainerAllocateResponse,
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, ListAndWatchResponse, Mount,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse, device_plugin_server::DevicePlugin,
@@ -17,7 +17,7 @@ use tokio::sync::{Mutex, watch};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::{Grant, HostPaths, device_list, grant, preferred};
+use super::{DeviceList, Grant, HostPaths, device_list, grant, preferred};
 use crate::{Error, inventory::Offer, view::NodeView};
 
 /// What the service needs.
@@ -26,6 +26,7 @@ pub struct Service {
     view: NodeView,
     offers: watch::Receiver<Offer>,
     paths: HostPaths,
+    list: DeviceList,
     /// Allocate calls are served one at a time.
     serving: Arc<Mutex<()>>,
     /// Containers this agent recorded as served, by pod UID: the allocation
@@ -45,12 +46,19 @@ pub fn options() -> DevicePluginOptions {
 }
 
 impl Service {
-    /// A service for the node `view` watches, offering `offers`.
-    pub fn new(view: NodeView, offers: watch::Receiver<Offer>, paths: HostPaths) -> Self {
+    /// A service for the node `view` watches, offering `offers`, passing
+    /// devices to the container runtime as `list` says.
+    pub fn new(
+        view: NodeView,
+        offers: watch::Receiver<Offer>,
+        paths: HostPaths,
+        list: DeviceList,
+    ) -> Self {
         Self {
             view,
             offers,
             paths,
+            list,
             serving: Arc::default(),
             recorded: Arc::default(),
         }
@@ -80,6 +88,7 @@ impl Service {
             requested,
             &settings,
             &self.paths,
+            &self.list,
         )?;
         // `grant` succeeds only with both; this keeps the types honest.
         let (Some(lock), Some(allocation)) = (lock, allocation) else {
@@ -96,7 +105,7 @@ impl Service {
             namespace = %grant.namespace,
             pod = %grant.allocation,
             container = %grant.container,
-            devices = %grant.envs.get(tessera_api::env::NVIDIA_VISIBLE_DEVICES).map_or("", String::as_str),
+            devices = %grant.devices.join(","),
             last = grant.last,
             "served Allocate"
         );
@@ -410,6 +419,51 @@ fn response(grant: Grant) -> ContainerAllocateResponse {
                 read_only: m.read_only,
             })
             .collect(),
+        annotations: grant.annotations.into_iter().collect(),
+        cdi_devices: grant
+            .cdi_devices
+            .into_iter()
+            .map(|name| CdiDevice { name })
+            .collect(),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn the_answer_carries_cdi_devices_and_annotations() {
+        let grant = Grant {
+            namespace: "ml".into(),
+            allocation: "train".into(),
+            container: "main".into(),
+            devices: vec!["GPU-a".into()],
+            envs: BTreeMap::from([("CUDA_DEVICE_SM_LIMIT".into(), "30".into())]),
+            annotations: BTreeMap::from([(
+                "cdi.k8s.io/tessera-node-agent_uid-1".into(),
+                "nvidia.com/gpu=GPU-a".into(),
+            )]),
+            cdi_devices: vec!["nvidia.com/gpu=GPU-a".into()],
+            mounts: Vec::new(),
+            region_dir: "/var/lib/tessera/containers/uid-1_main".into(),
+            last: true,
+            mismatched: Vec::new(),
+        };
+        let answer = response(grant);
+        assert_eq!(answer.envs["CUDA_DEVICE_SM_LIMIT"], "30");
+        assert_eq!(
+            answer.annotations["cdi.k8s.io/tessera-node-agent_uid-1"],
+            "nvidia.com/gpu=GPU-a"
+        );
+        assert_eq!(
+            answer.cdi_devices,
+            [CdiDevice {
+                name: "nvidia.com/gpu=GPU-a".into()
+            }]
+        );
     }
 }

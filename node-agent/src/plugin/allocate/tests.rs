@@ -88,6 +88,7 @@ fn one_container_gets_its_devices_limits_and_mounts() {
         &ids(&["GPU-a"]),
         &NodeSettings::default(),
         &paths(),
+        &DeviceList::default(),
     )
     .unwrap();
     let env = |k: &str| grant.envs.get(k).map(String::as_str);
@@ -146,6 +147,7 @@ fn containers_are_served_in_order_and_gpu_less_ones_skipped() {
             &ids(request),
             &NodeSettings::default(),
             &paths(),
+            &DeviceList::default(),
         )
     };
     let first = serve(&[], &["GPU-a"]).unwrap();
@@ -178,6 +180,7 @@ fn settings_reach_the_environment() {
         &ids(&["GPU-a"]),
         &settings,
         &paths(),
+        &DeviceList::default(),
     )
     .unwrap();
     assert_eq!(grant.envs["GPU_CORE_UTILIZATION_POLICY"], "force");
@@ -195,6 +198,7 @@ fn the_allocation_decides_even_when_the_kubelet_picked_other_gpus() {
         &ids(&["GPU-z"]),
         &NodeSettings::default(),
         &paths(),
+        &DeviceList::default(),
     )
     .unwrap();
     assert_eq!(grant.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
@@ -252,6 +256,7 @@ fn refusals_say_what_is_wrong() {
             &request,
             &NodeSettings::default(),
             &paths(),
+            &DeviceList::default(),
         )
         .unwrap_err()
         .to_string();
@@ -300,6 +305,7 @@ fn the_containers_priority_reaches_the_interposer() {
             &ids(&["GPU-a"]),
             &NodeSettings::default(),
             &paths(),
+            &DeviceList::default(),
         )
         .unwrap()
     };
@@ -310,4 +316,85 @@ fn the_containers_priority_reaches_the_interposer() {
     );
     allocation.spec.containers[0].priority = Some(0);
     assert_eq!(serve(&allocation).envs["CUDA_TASK_PRIORITY"], "0");
+}
+
+#[test]
+fn each_device_list_strategy_shapes_the_answer() {
+    use crate::plugin::DeviceListStrategy::{CdiAnnotations, CdiCri, Envvar};
+    let allocation = allocation(
+        vec![(
+            "main",
+            vec![slice("GPU-a", 100, 10), slice("GPU-b", 100, 10)],
+        )],
+        &[],
+    );
+    let serve = |strategies: &[crate::plugin::DeviceListStrategy], kind: &str, prefix: &str| {
+        let list = DeviceList {
+            strategies: strategies.to_vec(),
+            cdi_kind: kind.to_owned(),
+            cdi_annotation_prefix: prefix.to_owned(),
+        };
+        grant(
+            NODE,
+            Some(&lock("uid-1")),
+            Some(&allocation),
+            &ids(&["GPU-a", "GPU-b"]),
+            &NodeSettings::default(),
+            &paths(),
+            &list,
+        )
+        .unwrap()
+    };
+
+    let envvar = serve(&[Envvar], "nvidia.com/gpu", "cdi.k8s.io/");
+    assert_eq!(envvar.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+    assert!(envvar.cdi_devices.is_empty());
+    assert!(envvar.annotations.is_empty());
+    assert_eq!(envvar.devices, ["GPU-a", "GPU-b"]);
+
+    let cri = serve(&[CdiCri], "nvidia.com/gpu", "cdi.k8s.io/");
+    assert_eq!(
+        cri.cdi_devices,
+        ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"]
+    );
+    assert_eq!(
+        cri.envs.get("NVIDIA_VISIBLE_DEVICES"),
+        None,
+        "as NVIDIA's plugin: no envvar without the envvar strategy"
+    );
+    assert!(cri.annotations.is_empty());
+    assert_eq!(
+        cri.envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "100m",
+        "limits stay"
+    );
+    assert_eq!(
+        cri.mounts.len(),
+        3,
+        "the interposer is mounted all the same"
+    );
+
+    let annotated = serve(
+        &[CdiAnnotations],
+        "k8s.device-plugin.nvidia.com/gpu",
+        "nvidia.cdi.k8s.io/",
+    );
+    assert_eq!(
+        annotated.annotations,
+        BTreeMap::from([(
+            "nvidia.cdi.k8s.io/tessera-node-agent_uid-1".to_owned(),
+            "k8s.device-plugin.nvidia.com/gpu=GPU-a,k8s.device-plugin.nvidia.com/gpu=GPU-b"
+                .to_owned()
+        )])
+    );
+    assert!(annotated.cdi_devices.is_empty());
+    assert_eq!(annotated.envs.get("NVIDIA_VISIBLE_DEVICES"), None);
+
+    let all = serve(
+        &[Envvar, CdiCri, CdiAnnotations],
+        "nvidia.com/gpu",
+        "cdi.k8s.io/",
+    );
+    assert_eq!(all.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+    assert_eq!(all.cdi_devices.len(), 2);
+    assert_eq!(all.annotations.len(), 1);
 }

@@ -1,0 +1,208 @@
+//! One scrape: the `/metrics` text from what the agent knows at that moment.
+
+use std::collections::BTreeMap;
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use tessera_api::v1alpha1::{DeviceHealth, GpuDevice, VgpuAllocation};
+
+use super::{
+    Usage,
+    hami::{ContainerKey, ContainerSeries, Hami, HostKey, HostSeries},
+    live_allocations,
+};
+use crate::backend::HostUsage;
+
+/// Labels of a per-GPU Tessera series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    node: String,
+    uuid: String,
+    index: String,
+    model: String,
+}
+
+/// Labels of a per-container Tessera series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ContainerLabels {
+    namespace: String,
+    pod: String,
+    container: String,
+    uuid: String,
+    device_index: String,
+}
+
+const MIB: i64 = 1 << 20;
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+/// Everything one scrape reports on.
+#[derive(Clone, Copy, Debug)]
+pub struct Scrape<'a> {
+    /// This node's name.
+    pub node: &'a str,
+    /// The devices the node offers (after its settings).
+    pub devices: &'a [GpuDevice],
+    /// The node's allocations (released and failed ones are skipped).
+    pub allocations: &'a [VgpuAllocation],
+    /// What the containers' shared regions say.
+    pub usage: &'a Usage,
+    /// What the backend measured on the GPUs (empty for fake GPUs).
+    pub host: &'a [HostUsage],
+    /// `CLOCK_MONOTONIC` now, ns: the clock of the regions' launch times.
+    pub now_ns: u64,
+    /// Whether HAMi's legacy names are exported too.
+    pub legacy: bool,
+}
+
+/// The metrics text for one scrape.
+pub fn render(scrape: &Scrape<'_>) -> String {
+    let mut registry = Registry::default();
+    let gpu = |registry: &mut Registry, name: &str, help: &str| {
+        let family = Family::<GpuLabels, Gauge>::default();
+        registry.register(name, help, family.clone());
+        family
+    };
+    let memory_total = gpu(
+        &mut registry,
+        "tessera_gpu_memory_total_bytes",
+        "Device memory the scheduler may hand out (after scaling)",
+    );
+    let memory_allocated = gpu(
+        &mut registry,
+        "tessera_gpu_memory_allocated_bytes",
+        "Device memory held by live allocations",
+    );
+    let cores_allocated = gpu(
+        &mut registry,
+        "tessera_gpu_cores_allocated_percent",
+        "Percent of SMs held by live allocations",
+    );
+    let slices_allocated = gpu(
+        &mut registry,
+        "tessera_gpu_slices_allocated",
+        "vGPU slices held by live allocations",
+    );
+    let healthy = gpu(
+        &mut registry,
+        "tessera_gpu_healthy",
+        "1 when the GPU can take work, 0 when not",
+    );
+    let container = |registry: &mut Registry, name: &str, help: &str| {
+        let family = Family::<ContainerLabels, Gauge>::default();
+        registry.register(name, help, family.clone());
+        family
+    };
+    let limit = container(
+        &mut registry,
+        "tessera_container_memory_limit_bytes",
+        "A container's device memory limit",
+    );
+    let core_limit = container(
+        &mut registry,
+        "tessera_container_core_limit_percent",
+        "A container's compute limit, percent of SMs",
+    );
+    let used = container(
+        &mut registry,
+        "tessera_container_memory_used_bytes",
+        "Device memory a container's processes hold (from its shared region)",
+    );
+    let hami = Hami::register(&mut registry, scrape.legacy);
+
+    for measured in scrape.host {
+        let key = HostKey {
+            index: measured.index,
+            uuid: &measured.uuid,
+            model: &measured.model,
+        };
+        if let Some(bytes) = measured.memory_used_bytes {
+            hami.host(&key, HostSeries::MemoryUsed, gauge(bytes));
+        }
+        if let Some(percent) = measured.utilization_percent {
+            hami.host(&key, HostSeries::Utilization, i64::from(percent));
+        }
+    }
+
+    let labels: BTreeMap<&str, GpuLabels> = scrape
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.uuid.as_str(),
+                GpuLabels {
+                    node: scrape.node.to_owned(),
+                    uuid: d.uuid.clone(),
+                    index: d.index.to_string(),
+                    model: d.model.clone(),
+                },
+            )
+        })
+        .collect();
+    for device in scrape.devices {
+        let l = &labels[device.uuid.as_str()];
+        memory_total
+            .get_or_create(l)
+            .set(gauge(device.capacity.memory_mib) * MIB);
+        healthy
+            .get_or_create(l)
+            .set(i64::from(device.health == DeviceHealth::Healthy));
+        memory_allocated.get_or_create(l).set(0);
+        cores_allocated.get_or_create(l).set(0);
+        slices_allocated.get_or_create(l).set(0);
+    }
+    for allocation in live_allocations(scrape.allocations) {
+        let namespace = allocation.metadata.namespace.as_deref().unwrap_or_default();
+        for c in &allocation.spec.containers {
+            let dir = format!("{}_{}", allocation.spec.pod_uid, c.name);
+            for (i, slice) in c.devices.iter().enumerate() {
+                if let Some(l) = labels.get(slice.uuid.as_str()) {
+                    memory_allocated
+                        .get_or_create(l)
+                        .inc_by(gauge(slice.memory_mib) * MIB);
+                    cores_allocated
+                        .get_or_create(l)
+                        .inc_by(i64::from(slice.cores));
+                    slices_allocated.get_or_create(l).inc();
+                }
+                let ours = ContainerLabels {
+                    namespace: namespace.to_owned(),
+                    pod: allocation.spec.pod_name.clone(),
+                    container: c.name.clone(),
+                    uuid: slice.uuid.clone(),
+                    device_index: i.to_string(),
+                };
+                let theirs = ContainerKey {
+                    namespace,
+                    pod: &allocation.spec.pod_name,
+                    container: &c.name,
+                    vdevice: i,
+                    uuid: &slice.uuid,
+                };
+                let bytes = gauge(slice.memory_mib) * MIB;
+                limit.get_or_create(&ours).set(bytes);
+                hami.container(&theirs, ContainerSeries::MemoryLimit, bytes);
+                core_limit.get_or_create(&ours).set(i64::from(slice.cores));
+                let Some(reading) = scrape.usage.get(&(dir.clone(), i)) else {
+                    continue; // no CUDA call yet
+                };
+                used.get_or_create(&ours).set(gauge(reading.used));
+                hami.container(&theirs, ContainerSeries::MemoryUsed, gauge(reading.used));
+                if let Some(at) = reading.launched_at {
+                    let seconds = scrape.now_ns.saturating_sub(at) / NANOS_PER_SECOND;
+                    hami.container(&theirs, ContainerSeries::LastKernel, gauge(seconds));
+                }
+            }
+        }
+    }
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    text
+}
+
+fn gauge(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
