@@ -208,9 +208,10 @@ impl Stack {
     }
 }
 
-/// The value of `metric` for the sample whose labels contain `podname="<pod>"`.
+/// The value of `metric` for the sample whose labels contain `pod="<pod>"`
+/// (HAMi v2.9's label; before v2.9 it was `podname`).
 fn sample(metrics: &str, metric: &str, pod: &str) -> Option<f64> {
-    let label = format!("podname=\"{pod}\"");
+    let label = format!(",pod=\"{pod}\"");
     metrics
         .lines()
         .find(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
