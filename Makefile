@@ -3,7 +3,7 @@ SHELL := bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help tools node-deps build demo demo-down test test-unit bench gpu-check fmt lint crds cluster cluster-down clean
+.PHONY: help tools node-deps build demo demo-down test test-unit bench gpu-check fmt lint crds cluster cluster-down clean images
 
 help: ## List the targets
 	@echo "Tessera: GPU sharing for Kubernetes. Targets:"
@@ -43,6 +43,11 @@ bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 gpu-check: ## On a machine with an NVIDIA GPU and PyTorch: check the interposer against the real driver
 	$(CARGO) build --release -p tessera-interposer
 	python3 interposer/gpu-check/check.py --library target/release/libtessera_vgpu.so
+
+images: tools ## Write OCI image archives (controller, node agent, kube-scheduler) to target/images; IMAGES_DIR=, REGISTRY= override
+	$(CARGO) build --release -p tessera-controllers -p tessera-node-agent -p tessera-interposer
+	$(CARGO) run -q -p tessera-e2e --bin tessera-images -- --artifacts "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release" \
+	  --tools "$$(hack/tools.sh --path)" $(if $(IMAGES_DIR),--out "$(IMAGES_DIR)") $(if $(REGISTRY),--registry "$(REGISTRY)")
 
 fmt: ## Format the code
 	$(CARGO) fmt --all

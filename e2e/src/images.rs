@@ -1,187 +1,129 @@
-//! The two images real nodes run, built from files on this machine:
+//! Container images built from files on this machine, as OCI image-layout
+//! archives ([`crate::oci`]), without a Docker daemon:
 //!
-//! - [`PAUSE_IMAGE`], the pod sandbox: a static `pause` compiled from
-//!   `e2e/images/pause.c`.
-//! - [`CUDA_IMAGE`], for GPU workloads: busybox (shell and tools), the fake
-//!   CUDA driver and NVML installed where the real ones would be
-//!   (`libcuda.so.1`, `libnvidia-ml.so.1`), the C library they need, and
-//!   `cuda-probe`, the interposer's test client built the way CUDA's runtime
-//!   finds the driver (dlopen + cuGetProcAddress_v2). The interposer itself is
-//!   not in the image: the node agent mounts it, as in production.
+//! - Tessera's own, which the Helm chart runs (`make images`,
+//!   [`build_components`]): `tessera-controller`, `tessera-node-agent` and
+//!   `kube-scheduler`. See `docs/images.md`.
+//! - The two the harness's real nodes need besides ([`build`]): the pod
+//!   sandbox [`PAUSE_IMAGE`] and the GPU workload [`CUDA_IMAGE`].
+//!
+//! [`build_all`] builds all five for a local cluster that installs the chart.
+
+mod components;
+mod demo;
+pub mod rootfs;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use crate::oci::Image;
+pub use components::{
+    CA_BUNDLE, ComponentInputs, DEFAULT_REGISTRY, INTERPOSER_PATH, ImageOptions,
+    KUBE_SCHEDULER_REPOSITORY, VERSION, build_components,
+};
+pub use demo::{CUDA_IMAGE, PAUSE_IMAGE};
+
+use crate::oci::Archive;
 use crate::{Error, artifacts::Artifacts, tools};
 
-/// The sandbox image every node's containerd is configured with.
-pub const PAUSE_IMAGE: &str = "tessera.local/pause:v1";
-/// The image GPU pods of the tests and the demo run.
-pub const CUDA_IMAGE: &str = "tessera.local/cuda-demo:v1";
-
-/// Archives ready for `ctr image import`.
+/// Archives ready for `ctr images import`.
 #[derive(Debug, Clone)]
 pub struct Archives {
-    /// Every archive, one image each.
+    /// Every archive, one image each, in import order.
     pub paths: Vec<PathBuf>,
+    /// The same archives with their references and manifest digests.
+    pub images: Vec<Archive>,
 }
 
-/// Builds both images into `out_dir` (reusing nothing: it takes a second).
+impl Archives {
+    fn new(images: Vec<Archive>) -> Self {
+        Self {
+            paths: images.iter().map(|a| a.path.clone()).collect(),
+            images,
+        }
+    }
+
+    /// The repository and tag of the image whose repository's last part is
+    /// `name` (`tessera-controller` → `("ghcr.io/tessera-gpu/tessera-controller",
+    /// "0.1.0")`), for chart values.
+    pub fn reference(&self, name: &str) -> Option<(String, String)> {
+        self.images.iter().find_map(|image| {
+            let (repository, tag) = split_reference(&image.reference)?;
+            (repository.rsplit('/').next() == Some(name))
+                .then(|| (repository.to_owned(), tag.to_owned()))
+        })
+    }
+}
+
+/// `registry/name:tag` split at the tag's colon (a registry's port is not a
+/// tag).
+fn split_reference(reference: &str) -> Option<(&str, &str)> {
+    let (repository, tag) = reference.rsplit_once(':')?;
+    (!tag.contains('/')).then_some((repository, tag))
+}
+
+/// Builds the pause and CUDA demo images into `out_dir` (reusing nothing: it
+/// takes a second).
 pub fn build(out_dir: &Path, artifacts: &Artifacts) -> Result<Archives, Error> {
-    std::fs::create_dir_all(out_dir).map_err(Error::io("create directory", out_dir))?;
+    let work = work_dir(out_dir)?;
+    Ok(Archives::new(demo::build(out_dir, &work, artifacts)?))
+}
+
+/// Builds every image a local cluster installing the chart needs into
+/// `out_dir`: the pause and CUDA demo images, and Tessera's three from
+/// `artifacts` and the tools' kube-scheduler, named with the default registry
+/// and tag.
+pub fn build_all(out_dir: &Path, artifacts: &Artifacts) -> Result<Archives, Error> {
+    let work = work_dir(out_dir)?;
+    let mut images = demo::build(out_dir, &work, artifacts)?;
+    let inputs = ComponentInputs::new(
+        artifacts.controller.clone(),
+        artifacts.agent.clone(),
+        artifacts.interposer.clone(),
+        tools::binary("kube-scheduler")?,
+    )?;
+    images.extend(build_components(
+        out_dir,
+        &inputs,
+        &ImageOptions::default(),
+    )?);
+    Ok(Archives::new(images))
+}
+
+fn work_dir(out_dir: &Path) -> Result<PathBuf, Error> {
     let work = out_dir.join("build");
     std::fs::create_dir_all(&work).map_err(Error::io("create directory", &work))?;
-
-    let pause = work.join("pause");
-    gcc(
-        &[tools::repo_root().join("e2e/images/pause.c")],
-        &pause,
-        &["-static", "-Os"],
-    )?;
-    let mut image = Image::new(PAUSE_IMAGE);
-    image.copy("/pause", &pause)?.command(&["/pause"]);
-    let pause_archive = out_dir.join("pause.tar");
-    image.write_archive(&pause_archive)?;
-
-    let probe = work.join("cuda-probe");
-    gcc(
-        std::slice::from_ref(&artifacts.probe_source),
-        &probe,
-        &["-std=c11", "-O1", "-pthread", "-DLOADER_PROCADDR", "-ldl"],
-    )?;
-    let cuda_archive = out_dir.join("cuda-demo.tar");
-    cuda_image(artifacts, &probe)?.write_archive(&cuda_archive)?;
-    Ok(Archives {
-        paths: vec![pause_archive, cuda_archive],
-    })
+    Ok(work)
 }
 
-fn cuda_image(artifacts: &Artifacts, probe: &Path) -> Result<Image, Error> {
-    let mut image = Image::new(CUDA_IMAGE);
-    // Merged /usr, as on current distributions.
-    for (link, target) in [
-        ("/bin", "usr/bin"),
-        ("/sbin", "usr/sbin"),
-        ("/lib", "usr/lib"),
-        ("/lib64", "usr/lib64"),
-    ] {
-        image.symlink(link, target);
-    }
-    image
-        .dir("/tmp")
-        .dir("/etc")
-        .dir("/proc")
-        .dir("/sys")
-        .dir("/dev");
-    image.bytes("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644);
-    image.bytes("/etc/group", "root:x:0:\n", 0o644);
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    let busybox = which("busybox")?;
-    image.copy("/usr/bin/busybox", &busybox)?;
-    for applet in busybox_applets(&busybox)? {
-        if applet != "busybox" {
-            image.symlink(&format!("/usr/bin/{applet}"), "busybox");
-        }
-    }
-    image.copy("/usr/local/bin/cuda-probe", probe)?;
-
-    let libc_dir = library_dir(&artifacts.fake_cuda)?;
-    let lib = |name: &str| format!("/usr{}/{name}", strip_usr(&libc_dir));
-    image.copy(&lib("libcuda.so.1"), &artifacts.fake_cuda)?;
-    image.copy(&lib("libnvidia-ml.so.1"), &artifacts.fake_nvml)?;
-    for binary in [
-        &busybox,
-        probe,
-        &artifacts.fake_cuda,
-        &artifacts.fake_nvml,
-        &artifacts.interposer,
-    ] {
-        for dependency in shared_libraries(binary)? {
-            let path = format!("/usr{}", strip_usr(&dependency.display().to_string()));
-            image.copy(&path, &dependency)?;
-        }
-    }
-    image.command(&["/bin/sh"]);
-    Ok(image)
-}
-
-fn strip_usr(path: &str) -> String {
-    path.strip_prefix("/usr").unwrap_or(path).to_owned()
-}
-
-fn gcc(sources: &[PathBuf], out: &Path, flags: &[&str]) -> Result<(), Error> {
-    let output = Command::new("gcc")
-        .args(sources)
-        .arg("-o")
-        .arg(out)
-        .args(flags)
-        .output()
-        .map_err(Error::io("run gcc", out))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "gcc failed building {}: {}",
-            out.display(),
-            String::from_utf8_lossy(&output.stderr)
-        )))
-    }
-}
-
-fn which(program: &str) -> Result<PathBuf, Error> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|path| path.is_file())
-        .ok_or_else(|| {
-            Error::Config(format!(
-                "{program} is not installed (Debian: apt-get install busybox-static)"
+    #[test]
+    fn references_split_at_the_tag_and_are_found_by_name() {
+        let archive = |reference: &str| Archive {
+            reference: reference.to_owned(),
+            path: PathBuf::from("x.tar"),
+            digest: String::new(),
+        };
+        let archives = Archives::new(vec![
+            archive("registry.local:5000/team/tessera-controller:dev"),
+            archive("tessera.local/kube-scheduler:v1.36.3"),
+        ]);
+        assert_eq!(
+            archives.reference("tessera-controller"),
+            Some((
+                "registry.local:5000/team/tessera-controller".to_owned(),
+                "dev".to_owned()
             ))
-        })
-}
-
-fn busybox_applets(busybox: &Path) -> Result<Vec<String>, Error> {
-    let output = Command::new(busybox)
-        .arg("--list")
-        .output()
-        .map_err(Error::io("run", busybox))?;
-    Ok(String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|l| !l.is_empty() && !l.contains('/'))
-        .map(str::to_owned)
-        .collect())
-}
-
-/// The shared libraries `binary` loads, by `ldd` (none for a static binary).
-fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, Error> {
-    let output = Command::new("ldd")
-        .arg(binary)
-        .output()
-        .map_err(Error::io("run ldd on", binary))?;
-    Ok(String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| {
-            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
-            // "/lib64/ld-linux-x86-64.so.2 (0x...)".
-            let path = line.split("=>").last()?.split_whitespace().next()?;
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .collect())
-}
-
-/// The directory of the C library `binary` loads: on the loader's default
-/// search path, so the fake driver goes there too.
-fn library_dir(binary: &Path) -> Result<String, Error> {
-    shared_libraries(binary)?
-        .into_iter()
-        .find(|p| p.file_name().is_some_and(|n| n == "libc.so.6"))
-        .and_then(|p| p.parent().map(|d| d.display().to_string()))
-        .ok_or_else(|| {
-            Error::Config(format!(
-                "cannot tell where {} finds libc.so.6",
-                binary.display()
+        );
+        assert_eq!(
+            archives.reference("kube-scheduler"),
+            Some((
+                "tessera.local/kube-scheduler".to_owned(),
+                "v1.36.3".to_owned()
             ))
-        })
+        );
+        assert_eq!(archives.reference("controller"), None);
+        assert_eq!(split_reference("registry.local:5000/x"), None);
+    }
 }
