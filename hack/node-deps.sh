@@ -18,6 +18,7 @@ else
   command -v nsenter >/dev/null || missing+=(util-linux)
   command -v ip >/dev/null || missing+=(iproute2)
   command -v iptables >/dev/null || missing+=(iptables)
+  command -v conntrack >/dev/null || missing+=(conntrack)
 fi
 ((${#missing[@]} == 0)) && exit 0
 

@@ -14,7 +14,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use serde_json::{Value, json};
 use tessera_e2e::artifacts::Artifacts;
-use tessera_e2e::node::{FakeGpu, NodeSpec, RealNode};
+use tessera_e2e::node::{AgentMode, FakeGpu, NodeSpec, RealNode};
 use tessera_e2e::stack::Tessera;
 use tessera_e2e::{ControlPlane, images};
 
@@ -104,6 +104,7 @@ async fn main() {
             name: name.into(),
             gpus: FakeGpu::many(name, 8, "NVIDIA A100-SXM4-80GB", 81920, 4),
             labels: BTreeMap::from([("gpu".to_owned(), "on".to_owned())]),
+            agent: AgentMode::Host,
         };
         nodes.push(
             RealNode::start(&plane, &spec, &artifacts, &archives)

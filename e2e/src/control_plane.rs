@@ -44,6 +44,12 @@ pub struct Options {
     pub lifetime: Lifetime,
     /// Install Tessera's CRDs and wait until they are Established.
     pub install_crds: bool,
+    /// Serve pods as a real cluster does: the API server listens on every
+    /// address and advertises the host's, so the `kubernetes` Service (routed
+    /// by [`ControlPlane::start_kube_proxy`]) reaches it from pod networks, and
+    /// the ServiceAccount admission plugin gives pods their tokens (needs
+    /// kube-controller-manager for the `default` accounts and `kube-root-ca.crt`).
+    pub serve_pods: bool,
 }
 
 impl Default for Options {
@@ -52,6 +58,7 @@ impl Default for Options {
             dir: None,
             lifetime: Lifetime::Tied,
             install_crds: true,
+            serve_pods: false,
         }
     }
 }
@@ -94,7 +101,9 @@ impl ControlPlane {
                 Some(dir) => (dir.clone(), false),
                 None => (fresh_temp_dir()?, true),
             };
-            match Self::start_once(&bin, dir, remove_dir, options.lifetime).await {
+            match Self::start_once(&bin, dir, remove_dir, options.lifetime, options.serve_pods)
+                .await
+            {
                 Ok(plane) => {
                     if options.install_crds {
                         plane.install_crds().await?;
@@ -115,6 +124,7 @@ impl ControlPlane {
         dir: PathBuf,
         remove_dir: bool,
         lifetime: Lifetime,
+        serve_pods: bool,
     ) -> Result<Self, Error> {
         fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
         let pki = Pki::create(&dir)?;
@@ -149,10 +159,15 @@ impl ControlPlane {
 
         let pki = &plane.pki;
         let path = |p: &Path| p.display().to_string();
-        let apiserver_args = vec![
+        let (bind, advertise) = if serve_pods {
+            ("0.0.0.0".to_owned(), host_ip()?)
+        } else {
+            ("127.0.0.1".to_owned(), "127.0.0.1".to_owned())
+        };
+        let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--bind-address={bind}"),
+            format!("--advertise-address={advertise}"),
             format!("--secure-port={apiserver_port}"),
             format!("--tls-cert-file={}", path(&pki.apiserver_cert)),
             format!("--tls-private-key-file={}", path(&pki.apiserver_key)),
@@ -164,10 +179,6 @@ impl ControlPlane {
             "--allow-privileged=true".to_owned(),
             format!("--token-auth-file={}", path(&pki.tokens)),
             "--authorization-mode=RBAC".to_owned(),
-            // No kubelet creates service-account token volumes here and no
-            // node-lifecycle controller lifts the not-ready taint from nodes.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_owned(),
-            "--endpoint-reconciler-type=none".to_owned(),
             "--enable-priority-and-fairness=false".to_owned(),
             "--max-requests-inflight=0".to_owned(),
             "--max-mutating-requests-inflight=0".to_owned(),
@@ -176,6 +187,18 @@ impl ControlPlane {
             "--kubelet-preferred-address-types=InternalIP".to_owned(),
             "--v=1".to_owned(),
         ];
+        if serve_pods {
+            // The `kubernetes` Service's endpoint: this API server.
+            apiserver_args.push("--endpoint-reconciler-type=lease".to_owned());
+            apiserver_args.push("--disable-admission-plugins=TaintNodesByCondition".to_owned());
+        } else {
+            // No kubelet creates service-account token volumes here and no
+            // node-lifecycle controller lifts the not-ready taint from nodes.
+            apiserver_args.push(
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".to_owned(),
+            );
+            apiserver_args.push("--endpoint-reconciler-type=none".to_owned());
+        }
         plane.spawn(
             "kube-apiserver",
             &bin.join("kube-apiserver"),
@@ -359,6 +382,26 @@ impl Drop for ControlPlane {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// This machine's address that pods and kubelets can reach (not loopback,
+/// which the kubelet refuses for `--node-ip`): the source address of the
+/// default route.
+pub fn host_ip() -> Result<String, Error> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").map_err(Error::io("bind", "0.0.0.0:0"))?;
+    // Connecting a UDP socket sends nothing; it only picks a route.
+    socket
+        .connect("192.0.2.1:9")
+        .or_else(|_| socket.connect("10.255.255.255:9"))
+        .map_err(Error::io("find the host address", "default route"))?;
+    let ip = socket
+        .local_addr()
+        .map_err(Error::io("find the host address", "default route"))?
+        .ip();
+    if ip.is_loopback() || ip.is_unspecified() {
+        return Err(Error::Config(format!("no usable host address (got {ip})")));
+    }
+    Ok(ip.to_string())
 }
 
 /// Picks `N` distinct free loopback ports.

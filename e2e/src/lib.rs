@@ -19,12 +19,14 @@
 //! ```
 
 pub mod artifacts;
+pub mod cluster;
 mod components;
 mod control_plane;
 mod error;
 pub mod helm;
 mod http;
 pub mod images;
+pub mod kube_proxy;
 mod kubeconfig;
 pub mod kubelet;
 pub mod node;
@@ -34,7 +36,7 @@ pub mod process;
 pub mod stack;
 pub mod tools;
 
-pub use control_plane::{ControlPlane, Options, free_port, remove_stale_dirs};
+pub use control_plane::{ControlPlane, Options, free_port, host_ip, remove_stale_dirs};
 pub use error::Error;
 pub use process::Lifetime;
 

@@ -97,6 +97,8 @@ impl Tessera {
         let args = vec![
             format!("--extender-addr=127.0.0.1:{extender_port}"),
             format!("--webhook-addr=127.0.0.1:{webhook_port}"),
+            // Not the default 0.0.0.0:9395: several controllers may run here.
+            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
             format!("--tls-cert-file={}", pki.serving_cert.display()),
             format!("--tls-key-file={}", pki.serving_key.display()),
             "--lease-namespace=kube-system".to_owned(),

@@ -18,7 +18,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation};
 use tessera_e2e::artifacts::Artifacts;
-use tessera_e2e::node::{FakeGpu, NodeSpec, RealNode};
+use tessera_e2e::node::{AgentMode, FakeGpu, NodeSpec, RealNode};
 use tessera_e2e::stack::Tessera;
 use tessera_e2e::{ControlPlane, images};
 
@@ -62,6 +62,7 @@ impl Stack {
                 name: (*name).to_owned(),
                 gpus: FakeGpu::many(name, *gpus, "NVIDIA A100-SXM4-80GB", 81920, 2),
                 labels: BTreeMap::from([("gpu".to_owned(), "on".to_owned())]),
+                agent: AgentMode::Host,
             };
             let node = RealNode::start(&plane, &spec, &artifacts, &archives)
                 .await

@@ -60,6 +60,7 @@ async fn up(dir: &Path) -> anyhow::Result<()> {
             dir: Some(dir.to_path_buf()),
             lifetime: Lifetime::Detached,
             install_crds: true,
+            serve_pods: false,
         };
         let cluster = ControlPlane::start_with(options)
             .await

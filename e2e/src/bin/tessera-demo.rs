@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tessera_e2e::artifacts::Artifacts;
-use tessera_e2e::node::{self, FakeGpu, NodeSpec, RealNode};
+use tessera_e2e::node::{self, AgentMode, FakeGpu, NodeSpec, RealNode};
 use tessera_e2e::stack::Tessera;
 use tessera_e2e::{ControlPlane, Lifetime, Options, images, tools};
 
@@ -54,11 +54,13 @@ fn nodes() -> Vec<NodeSpec> {
             name: "gpu-a100".into(),
             gpus: FakeGpu::many("a100", 2, "NVIDIA A100-SXM4-80GB", 81920, 1),
             labels: labels.clone(),
+            agent: AgentMode::Host,
         },
         NodeSpec {
             name: "gpu-h100".into(),
             gpus: FakeGpu::many("h100", 4, "NVIDIA H100 80GB HBM3", 81559, 2),
             labels,
+            agent: AgentMode::Host,
         },
     ]
 }
@@ -103,6 +105,7 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         dir: Some(dir.to_owned()),
         lifetime: Lifetime::Detached,
         install_crds: true,
+        serve_pods: false,
     })
     .await
     .context("starting the control plane")?;

@@ -40,10 +40,10 @@ impl FakeGpu {
     }
 }
 
-/// The agent's `--fake-gpus-file`.
-pub(crate) fn fake_gpus(gpus: &[FakeGpu]) -> String {
-    let devices: Vec<_> = gpus
-        .iter()
+/// The devices of the agent's `--fake-gpus-file` (also the chart's
+/// `agent.fakeGpus.<node>` value).
+pub fn fake_devices(gpus: &[FakeGpu]) -> Vec<serde_json::Value> {
+    gpus.iter()
         .enumerate()
         .map(|(index, gpu)| {
             json!({
@@ -51,8 +51,12 @@ pub(crate) fn fake_gpus(gpus: &[FakeGpu]) -> String {
                 "memoryMiB": gpu.memory_mib, "numaNode": gpu.numa_node, "health": "Healthy",
             })
         })
-        .collect();
-    serde_yaml_ng::to_string(&json!({ "devices": devices })).unwrap_or_default()
+        .collect()
+}
+
+/// The agent's `--fake-gpus-file`.
+pub(crate) fn fake_gpus(gpus: &[FakeGpu]) -> String {
+    serde_yaml_ng::to_string(&json!({ "devices": fake_devices(gpus) })).unwrap_or_default()
 }
 
 /// containerd 1.6+'s configuration: its own root, state and sockets, the CRI

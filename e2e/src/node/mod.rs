@@ -16,7 +16,7 @@ mod config;
 mod namespace;
 mod sysctl;
 
-pub use config::FakeGpu;
+pub use config::{FakeGpu, fake_devices};
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -29,7 +29,7 @@ use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 
 use crate::artifacts::Artifacts;
-use crate::control_plane::free_port;
+use crate::control_plane::{free_port, host_ip};
 use crate::images::Archives;
 use crate::process::{self, Lifetime, Process};
 use crate::{ControlPlane, Error};
@@ -44,15 +44,34 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// Where `stop_detached` finds what a detached node left running.
 const STATE_FILE: &str = "node.json";
 
+/// The pod network of this process's nodes (each node a /24 in it), for
+/// kube-proxy's `clusterCIDR`.
+pub fn cluster_cidr() -> String {
+    format!("10.{}.0.0/16", 100 + std::process::id() % 100)
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct NodeSpec {
     /// The Node's name.
     pub name: String,
-    /// Its fake GPUs.
+    /// Its fake GPUs (with [`AgentMode::Chart`], the chart's values carry them).
     pub gpus: Vec<FakeGpu>,
     /// Labels the kubelet registers the Node with.
     pub labels: BTreeMap<String, String>,
+    /// Who runs the node agent.
+    pub agent: AgentMode,
+}
+
+/// Who runs a real node's agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentMode {
+    /// The harness, as a host process that tests stop and start.
+    Host,
+    /// The Helm chart's DaemonSet, as a pod of this node; the harness runs
+    /// none, and the node's host paths for the agent (`/var/lib/tessera`,
+    /// `/usr/local/vgpu`) are the node's own.
+    Chart,
 }
 
 /// A running node.
@@ -73,6 +92,7 @@ pub struct RealNode {
     containerd: Option<Process>,
     kubelet: Option<Process>,
     agent: Option<Process>,
+    agent_mode: AgentMode,
 }
 
 /// What a node records in `<dir>/node.json` while it runs, for
@@ -86,6 +106,10 @@ struct NodeState {
     bridge: String,
     sysctls: sysctl::Saved,
 }
+
+/// The node agent's host paths, private to each node when the chart's
+/// DaemonSet runs the agent (the chart's defaults).
+const AGENT_PATHS: [(&str, &str); 2] = [("agent", "/var/lib/tessera"), ("vgpu", "/usr/local/vgpu")];
 
 /// Paths the kubelet or containerd use that are fixed, or shared between
 /// instances by default, and what each node has there instead (inside its
@@ -118,9 +142,10 @@ impl RealNode {
         let subnet = format!("10.{}.{index}.0/24", 100 + pid % 100);
         let dir = plane.dir().join("nodes").join(&spec.name);
         let _ = fs::remove_dir_all(&dir);
-        for sub in ["cni/conf", "kubelet", "pod-logs", "agent"]
+        for sub in ["cni/conf", "kubelet", "pod-logs"]
             .into_iter()
             .chain(PRIVATE_PATHS.map(|(sub, _)| sub))
+            .chain(AGENT_PATHS.map(|(sub, _)| sub))
         {
             let path = dir.join(sub);
             fs::create_dir_all(&path).map_err(Error::io("create directory", &path))?;
@@ -159,17 +184,24 @@ impl RealNode {
             containerd: None,
             kubelet: None,
             agent: None,
+            agent_mode: spec.agent,
         };
         sysctl::original();
         let namespace = MountNamespace::create(dir.join("namespace.log"), node.lifetime)?;
         node.namespace = Some(namespace);
         node.record()?;
-        for (sub, target) in PRIVATE_PATHS {
+        let agent_paths: &[(&str, &str)] = match spec.agent {
+            AgentMode::Host => &[],
+            AgentMode::Chart => &AGENT_PATHS,
+        };
+        for (sub, target) in PRIVATE_PATHS.iter().chain(agent_paths) {
             node.namespace()?.bind(&dir.join(sub), Path::new(target))?;
         }
         node.start_containerd(images).await?;
         node.start_kubelet().await?;
-        node.start_agent()?;
+        if spec.agent == AgentMode::Host {
+            node.start_agent()?;
+        }
         node.wait_ready(&plane.client().await?).await?;
         Ok(node)
     }
@@ -343,8 +375,19 @@ impl RealNode {
         }
     }
 
-    /// Waits until the Node is Ready and advertises its GPUs.
+    /// Waits until the Node is Ready and, unless the chart runs the agent
+    /// (not installed yet when a node starts), advertises its GPUs.
     pub async fn wait_ready(&mut self, client: &Client) -> Result<(), Error> {
+        let gpus = self.agent_mode == AgentMode::Host;
+        self.wait(client, gpus).await
+    }
+
+    /// Waits until the Node is Ready and advertises its GPUs.
+    pub async fn wait_gpus(&mut self, client: &Client) -> Result<(), Error> {
+        self.wait(client, true).await
+    }
+
+    async fn wait(&mut self, client: &Client, want_gpus: bool) -> Result<(), Error> {
         let nodes: Api<Node> = Api::all(client.clone());
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last = None;
@@ -361,7 +404,7 @@ impl RealNode {
                     .unwrap_or_default()
                     .get(tessera_api::names::resources::GPU)
                     .is_some_and(|q| q.0 != "0");
-                if ready && gpus {
+                if ready && (gpus || !want_gpus) {
                     return Ok(());
                 }
                 last = Some((ready, gpus));
@@ -487,23 +530,4 @@ fn cleanup(bridge: &str, dir: &Path) {
         let _ = Command::new("ip").args(["link", "delete", bridge]).output();
     }
     let _ = fs::remove_dir_all(dir);
-}
-
-/// This machine's address the kubelets register (not loopback, which the
-/// kubelet refuses): the source address of the default route.
-fn host_ip() -> Result<String, Error> {
-    let socket = std::net::UdpSocket::bind("0.0.0.0:0").map_err(Error::io("bind", "0.0.0.0:0"))?;
-    // Connecting a UDP socket sends nothing; it only picks a route.
-    socket
-        .connect("192.0.2.1:9")
-        .or_else(|_| socket.connect("10.255.255.255:9"))
-        .map_err(Error::io("find the host address", "default route"))?;
-    let ip = socket
-        .local_addr()
-        .map_err(Error::io("find the host address", "default route"))?
-        .ip();
-    if ip.is_loopback() || ip.is_unspecified() {
-        return Err(Error::Config(format!("no usable host address (got {ip})")));
-    }
-    Ok(ip.to_string())
 }

@@ -1,0 +1,218 @@
+//! A local cluster running Tessera the way users install it: a control plane
+//! serving pods (kube-controller-manager, the cluster's default kube-scheduler,
+//! kube-proxy routing Services), real nodes (containerd + kubelet) with the
+//! locally built images imported, and `helm install` of `charts/tessera`. The
+//! node agents run as the chart's DaemonSet pods, kube-scheduler and
+//! tessera-controller as the chart's Deployment; the only difference from a
+//! real cluster is in the values (fake GPUs, locally built images).
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, api::ListParams};
+use serde_json::{Value, json};
+
+use crate::{
+    ControlPlane, Error, Lifetime, Options,
+    artifacts::Artifacts,
+    helm, images,
+    kube_proxy::KubeProxy,
+    node::{self, AgentMode, FakeGpu, NodeSpec, RealNode},
+};
+
+/// The namespace and release Tessera is installed as.
+pub const NAMESPACE: &str = "tessera-system";
+/// The Helm release name (objects are named `tessera-…`).
+pub const RELEASE: &str = "tessera";
+/// How long `helm install --wait` may take (pods start from local images).
+const INSTALL_TIMEOUT: &str = "180s";
+
+/// One node to start: its name and fake GPUs.
+#[derive(Debug, Clone)]
+pub struct NodeGpus {
+    /// The Node's name.
+    pub name: String,
+    /// Its fake GPUs, given to the chart's agent through values.
+    pub gpus: Vec<FakeGpu>,
+}
+
+/// What runs: the real nodes, kube-proxy and the control plane (dropped in
+/// that order).
+#[derive(Debug)]
+pub struct LocalCluster {
+    /// The real nodes.
+    pub nodes: Vec<RealNode>,
+    proxy: Option<KubeProxy>,
+    /// The control plane (with kube-controller-manager and kube-scheduler).
+    pub plane: ControlPlane,
+    /// The values file the release was installed with.
+    pub values: PathBuf,
+}
+
+impl LocalCluster {
+    /// Starts the control plane, kube-proxy and `nodes`, imports the images
+    /// into every node and installs the chart with `--wait`; returns once
+    /// every node advertises its GPUs.
+    pub async fn start(
+        dir: Option<PathBuf>,
+        lifetime: Lifetime,
+        nodes: &[NodeGpus],
+        artifacts: &Artifacts,
+    ) -> Result<Self, Error> {
+        let plane = ControlPlane::start_with(Options {
+            dir,
+            lifetime,
+            install_crds: false,
+            serve_pods: true,
+        })
+        .await?;
+        plane.start_controller_manager().await?;
+        plane
+            .start_scheduler("profiles:\n- schedulerName: default-scheduler\n")
+            .await?;
+        let proxy = plane.start_kube_proxy(&node::cluster_cidr()).await?;
+        let archives = images::build_all(&plane.dir().join("images"), artifacts)?;
+        let mut running = Vec::new();
+        for spec in nodes {
+            let spec = NodeSpec {
+                name: spec.name.clone(),
+                gpus: spec.gpus.clone(),
+                labels: BTreeMap::from([("gpu".to_owned(), "on".to_owned())]),
+                agent: AgentMode::Chart,
+            };
+            running.push(RealNode::start(&plane, &spec, artifacts, &archives).await?);
+        }
+        let values = plane.dir().join("tessera-values.json");
+        let text = serde_json::to_string_pretty(&values_for(nodes, &archives))
+            .map_err(|e| Error::Config(e.to_string()))?;
+        std::fs::write(&values, text).map_err(Error::io("write", &values))?;
+        let mut cluster = Self {
+            nodes: running,
+            proxy: Some(proxy),
+            plane,
+            values,
+        };
+        cluster.helm_install(&[]).await?;
+        Ok(cluster)
+    }
+
+    /// `helm upgrade --install --wait` with the cluster's values plus `extra`
+    /// arguments, then waits until every node advertises its GPUs.
+    pub async fn helm_install(&mut self, extra: &[&str]) -> Result<String, Error> {
+        let mut command = helm::command(Some(self.plane.kubeconfig()))?;
+        command
+            .args(["upgrade", "--install", RELEASE])
+            .arg(helm::chart_dir())
+            .args(["--namespace", NAMESPACE, "--create-namespace"])
+            .arg("--values")
+            .arg(&self.values)
+            .args(["--wait", "--timeout", INSTALL_TIMEOUT])
+            .args(extra);
+        let out = helm::run(&mut command).map_err(|e| self.explain(e))?;
+        let client = self.plane.client().await?;
+        for node in &mut self.nodes {
+            node.wait_gpus(&client).await?;
+        }
+        Ok(out)
+    }
+
+    /// `helm uninstall --wait`.
+    pub fn helm_uninstall(&self) -> Result<String, Error> {
+        let mut command = helm::command(Some(self.plane.kubeconfig()))?;
+        command.args(["uninstall", RELEASE, "--namespace", NAMESPACE, "--wait"]);
+        helm::run(&mut command)
+    }
+
+    /// Tessera's pods in [`NAMESPACE`] with `component` (`scheduler` or
+    /// `node-agent`).
+    pub async fn pods(&self, component: &str) -> Result<Vec<Pod>, Error> {
+        let pods: Api<Pod> = Api::namespaced(self.plane.client().await?, NAMESPACE);
+        let selector =
+            format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}");
+        Ok(pods
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items)
+    }
+
+    /// The address of the node agent's `/metrics` on `node` (its pod's IP).
+    pub async fn agent_metrics(&self, node: &str) -> Result<String, Error> {
+        let pod = self
+            .pods("node-agent")
+            .await?
+            .into_iter()
+            .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .ok_or_else(|| Error::Config(format!("no node-agent pod on {node}")))?;
+        let ip = pod
+            .status
+            .and_then(|s| s.pod_ip)
+            .ok_or_else(|| Error::Config(format!("the node-agent pod on {node} has no IP")))?;
+        Ok(format!("{ip}:9394"))
+    }
+
+    /// Leaves everything running (`make demo`); `tessera-demo down` stops it.
+    pub fn detach(self) -> Result<PathBuf, Error> {
+        let Self {
+            nodes,
+            proxy,
+            plane,
+            values: _,
+        } = self;
+        if let Some(proxy) = proxy {
+            proxy.detach();
+        }
+        for node in nodes {
+            node.detach()?;
+        }
+        plane.detach()
+    }
+
+    /// Adds the state of Tessera's pods to an install error.
+    fn explain(&self, error: Error) -> Error {
+        let mut command = match self.plane.kubectl() {
+            Ok(command) => command,
+            Err(_) => return error,
+        };
+        let pods = command
+            .args(["get", "pods", "-A", "-o", "wide"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        Error::Config(format!("{error}\npods:\n{pods}"))
+    }
+}
+
+/// The chart values of the local cluster: fake GPUs per node and the locally
+/// built images. Everything else is the chart's defaults.
+pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
+    let fake: serde_json::Map<String, Value> = nodes
+        .iter()
+        .map(|n| (n.name.clone(), json!(node::fake_devices(&n.gpus))))
+        .collect();
+    let image = |name: &str| -> Value {
+        let (repository, tag) = archives.reference(name).unwrap_or_default();
+        json!({"repository": repository, "tag": tag})
+    };
+    let mut values = json!({
+        "scheduler": {
+            "replicas": 1,
+            "kubeScheduler": {"image": image("kube-scheduler")},
+            "controller": {"image": image("tessera-controller")},
+        },
+        "agent": {
+            "image": image("tessera-node-agent"),
+            "backend": "fake",
+            "fakeGpus": fake,
+            // Within the harness's 5 s between SIGTERM and SIGKILL.
+            "drainSeconds": 3,
+        },
+    });
+    // Traces go where the caller's OTLP settings say (as for any component).
+    if let Ok(endpoint) = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        values["otel"] = json!({"endpoint": endpoint});
+    }
+    values
+}
+
+/// How long tests wait for a pod of the chart.
+pub const POD_WAIT: Duration = Duration::from_secs(120);

@@ -1,0 +1,332 @@
+//! Tessera installed with `helm install` from `charts/tessera` on real nodes
+//! (containerd + kubelet v1.36), from the locally built images: the agents run
+//! as the chart's DaemonSet pods, kube-scheduler and tessera-controller as its
+//! Deployment; pods reach the API server through the `kubernetes` Service
+//! routed by a real kube-proxy, and the API server reaches the webhook through
+//! its Service. One cluster goes through a user's whole cycle:
+//!
+//! 1. `helm install --wait`: a GPU pod gets its slice, enforced in its container;
+//! 2. `helm upgrade` changing the split count keeps running pods and their
+//!    allocations, and the new count reaches the GpuNodes;
+//! 3. the webhook down: GPU pods are refused naming the webhook, other pods
+//!    are unaffected;
+//! 4. `helm uninstall` leaves no Tessera pod, webhook, NodeLock or agent Lease
+//!    (the CRDs and the guard stay) and GPU pods are refused saying Tessera is
+//!    absent; installing again works.
+//!
+//! Needs what the real-node tests need (root, containerd, runc, CNI plugins,
+//! iptables); `TESSERA_SKIP_REAL_NODES=1` skips it, never silently.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::{
+    admissionregistration::v1::MutatingWebhookConfiguration, coordination::v1::Lease, core::v1::Pod,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::json;
+use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
+use tessera_e2e::{
+    Lifetime,
+    artifacts::Artifacts,
+    cluster::{LocalCluster, NAMESPACE, NodeGpus},
+    images,
+    node::FakeGpu,
+};
+
+const WAIT: Duration = Duration::from_secs(120);
+const MIB: u64 = 1 << 20;
+
+fn skip() -> bool {
+    if std::env::var_os("TESSERA_SKIP_REAL_NODES").is_some() {
+        eprintln!("TESSERA_SKIP_REAL_NODES is set: real-node chart test skipped");
+        return true;
+    }
+    false
+}
+
+/// A GPU pod running `script` in the CUDA demo image.
+fn gpu_pod(name: &str, mem_mib: u64, script: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "cuda", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem_mib}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+fn plain_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "sleep 3600"],
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+fn logs(cluster: &LocalCluster, pod: &str) -> String {
+    let output = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["logs", "-n", "default", pod])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `key=value` lines after the line `section`, up to the next `---` line.
+fn section(output: &str, section: &str) -> Vec<(String, String)> {
+    output
+        .lines()
+        .skip_while(|l| *l != section)
+        .skip(1)
+        .take_while(|l| !l.starts_with("---"))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+fn value(pairs: &[(String, String)], key: &str) -> u64 {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no {key} in {pairs:?}"))
+        .1
+        .parse()
+        .unwrap()
+}
+
+fn refusal(result: Result<Pod, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => status.message,
+        other => panic!("the pod was not refused: {other:?}"),
+    }
+}
+
+/// Every GpuNode's devices have `split` slices.
+async fn split_count(client: &Client) -> Vec<u32> {
+    let nodes = Api::<GpuNode>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    nodes
+        .items
+        .iter()
+        .flat_map(|n| n.status.iter().flat_map(|s| s.devices.iter()))
+        .map(|d| d.split_count)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
+    if skip() {
+        return;
+    }
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let nodes = [NodeGpus {
+        name: "chart-node".into(),
+        gpus: FakeGpu::many("chart-node", 2, "NVIDIA A100-SXM4-80GB", 81920, 1),
+    }];
+    let mut cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
+        .await
+        .unwrap();
+    let client = cluster.plane.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // 1. A GPU pod gets its slice; the interposer enforces it in the container.
+    const CHUNK: u64 = 64 * MIB;
+    let script = format!(
+        "echo '--- meminfo'; cuda-probe meminfo 0; echo '--- alloc'; \
+         cuda-probe alloc plain {CHUNK} 1000; echo '--- end'; sleep 3600"
+    );
+    pods.create(&PostParams::default(), &gpu_pod("sliced", 1024, &script))
+        .await
+        .unwrap();
+    let out = wait_for("sliced to print its probe", async || {
+        let out = logs(&cluster, "sliced");
+        out.contains("--- end").then_some(out)
+    })
+    .await;
+    let meminfo = section(&out, "--- meminfo");
+    assert_eq!(value(&meminfo, "total"), 1024 * MIB, "{out}");
+    let alloc = section(&out, "--- alloc");
+    assert_eq!(
+        value(&alloc, "last_rc"),
+        2,
+        "stops with CUDA_ERROR_OUT_OF_MEMORY: {out}"
+    );
+    assert!(value(&alloc, "allocated") * CHUNK <= 1024 * MIB, "{out}");
+    let allocations: Api<VgpuAllocation> = Api::namespaced(client.clone(), "default");
+    let allocation = allocations.get("sliced").await.unwrap();
+    assert_eq!(
+        allocation.status.as_ref().and_then(|s| s.phase),
+        Some(AllocationPhase::Allocated)
+    );
+    // The agent pod's metrics, scraped over the pod network.
+    let metrics = cluster.agent_metrics("chart-node").await.unwrap();
+    let text = http_get(&metrics, "/metrics").await;
+    assert!(
+        text.contains("tessera_gpu_memory_allocated_bytes"),
+        "{text}"
+    );
+
+    // 2. An upgrade with a new split count: running pods and their
+    // allocations stay, the GpuNodes get the new count.
+    assert!(split_count(&client).await.iter().all(|&s| s == 10));
+    let uid = pods.get("sliced").await.unwrap().metadata.uid;
+    cluster
+        .helm_install(&["--set", "nodeDefaults.deviceSplitCount=4"])
+        .await
+        .unwrap();
+    wait_for("the GpuNodes to have split count 4", async || {
+        let counts = split_count(&client).await;
+        (!counts.is_empty() && counts.iter().all(|&s| s == 4)).then_some(())
+    })
+    .await;
+    let after = pods.get("sliced").await.unwrap();
+    assert_eq!(after.metadata.uid, uid, "the upgrade replaced the GPU pod");
+    assert_eq!(phase(&after), "Running");
+    assert_eq!(
+        allocations.get("sliced").await.unwrap().metadata.uid,
+        allocation.metadata.uid,
+        "the upgrade replaced the allocation"
+    );
+
+    // 3. The webhook down: GPU pods are refused naming it; other pods run.
+    scale_scheduler(&cluster, 0);
+    wait_for("the scheduler pods to go", async || {
+        cluster
+            .pods("scheduler")
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let message = refusal(
+        pods.create(
+            &PostParams::default(),
+            &gpu_pod("while-down", 512, "sleep 1"),
+        )
+        .await,
+    );
+    assert!(message.contains("pods.tessera.dev"), "{message}");
+    pods.create(&PostParams::default(), &plain_pod("plain"))
+        .await
+        .unwrap();
+    wait_for("the plain pod to run", async || {
+        (phase(&pods.get("plain").await.unwrap()) == "Running").then_some(())
+    })
+    .await;
+    scale_scheduler(&cluster, 1);
+
+    // 4. Uninstall: nothing of Tessera's is left but the CRDs and the guard,
+    // which refuses GPU pods saying why; installing again works.
+    pods.delete("sliced", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.helm_uninstall().unwrap();
+    wait_for("Tessera's pods to go", async || {
+        let left: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        left.is_empty().then_some(())
+    })
+    .await;
+    let webhooks = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(webhooks.items.is_empty(), "{webhooks:?}");
+    let locks = Api::<NodeLock>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(locks.items.is_empty(), "{locks:?}");
+    let message = refusal(
+        pods.create(&PostParams::default(), &gpu_pod("absent", 512, "sleep 1"))
+            .await,
+    );
+    assert!(message.contains("Tessera is not installed"), "{message}");
+
+    cluster.helm_install(&[]).await.unwrap();
+    pods.create(
+        &PostParams::default(),
+        &gpu_pod("again", 512, "cuda-probe meminfo 0; sleep 3600"),
+    )
+    .await
+    .unwrap();
+    wait_for("the pod after reinstalling to run", async || {
+        (phase(&pods.get("again").await.unwrap()) == "Running").then_some(())
+    })
+    .await;
+
+    // The agents' Leases belong to the release's agents: after uninstall
+    // they are not renewed; the reinstalled agent renews its own.
+    let lease: Lease = Api::namespaced(client.clone(), "kube-node-lease")
+        .get("tessera-agent-chart-node")
+        .await
+        .unwrap();
+    assert!(lease.spec.and_then(|s| s.renew_time).is_some());
+}
+
+fn scale_scheduler(cluster: &LocalCluster, replicas: u32) {
+    let output = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["-n", NAMESPACE, "scale", "deployment/tessera-scheduler"])
+        .arg(format!("--replicas={replicas}"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
