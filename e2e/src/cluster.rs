@@ -70,7 +70,6 @@ impl LocalCluster {
         plane
             .start_scheduler("profiles:\n- schedulerName: default-scheduler\n")
             .await?;
-        let proxy = plane.start_kube_proxy(&node::cluster_cidr()).await?;
         let archives = images::build_all(&plane.dir().join("images"), artifacts)?;
         let mut running = Vec::new();
         for spec in nodes {
@@ -82,6 +81,13 @@ impl LocalCluster {
             };
             running.push(RealNode::start(&plane, &spec, artifacts, &archives).await?);
         }
+        // kube-proxy waits for its own Node: the first node's name.
+        let first = nodes
+            .first()
+            .ok_or_else(|| Error::Config("a local cluster needs at least one node".into()))?;
+        let proxy = plane
+            .start_kube_proxy(&node::cluster_cidr(), &first.name)
+            .await?;
         let values = plane.dir().join("tessera-values.json");
         let text = serde_json::to_string_pretty(&values_for(nodes, &archives))
             .map_err(|e| Error::Config(e.to_string()))?;

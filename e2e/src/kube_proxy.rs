@@ -26,9 +26,13 @@ pub struct KubeProxy {
 }
 
 impl ControlPlane {
-    /// Starts kube-proxy (iptables mode) for pods in `cluster_cidr` and
-    /// waits until it is healthy.
-    pub async fn start_kube_proxy(&self, cluster_cidr: &str) -> Result<KubeProxy, Error> {
+    /// Starts kube-proxy (iptables mode) for pods in `cluster_cidr`, as the
+    /// proxy of the registered Node `node`, and waits until it is healthy.
+    pub async fn start_kube_proxy(
+        &self,
+        cluster_cidr: &str,
+        node: &str,
+    ) -> Result<KubeProxy, Error> {
         claim_lock()?;
         let [healthz, metrics] = [free_port()?, free_port()?];
         let config = self.dir.join("kube-proxy.yaml");
@@ -38,7 +42,7 @@ impl ControlPlane {
              clientConnection:\n  kubeconfig: {kubeconfig}\n\
              mode: iptables\n\
              clusterCIDR: {cluster_cidr}\n\
-             hostnameOverride: tessera-local\n\
+             hostnameOverride: {node}\n\
              bindAddress: 127.0.0.1\n\
              healthzBindAddress: 127.0.0.1:{healthz}\n\
              metricsBindAddress: 127.0.0.1:{metrics}\n\

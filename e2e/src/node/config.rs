@@ -98,7 +98,7 @@ pub(crate) fn cni(dir: &Path, bridge: &str, subnet: &str) -> String {
         "name": bridge,
         "plugins": [
             {
-                "type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
+                "type": "bridge", "bridge": bridge, "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": subnet}]],
