@@ -1,12 +1,13 @@
 //! `tessera-demo`: Tessera on this machine (`make demo` / `make demo-down`).
 //!
-//! Starts a control plane, Tessera's controller (extender, webhook, lifecycle
-//! controllers) with kube-scheduler and kube-controller-manager, and two real
-//! nodes (containerd + kubelet + node agent) with fake GPUs; applies the
-//! examples in `examples/demo/`, prints a short tour and leaves everything
-//! running.
+//! Starts a control plane (with kube-controller-manager, the default
+//! kube-scheduler and kube-proxy) and two real nodes (containerd + kubelet)
+//! with fake GPUs, imports the locally built images into the nodes and installs
+//! Tessera with `helm install` from `charts/tessera`, as a user does: the node
+//! agents run as a DaemonSet, kube-scheduler and tessera-controller as a
+//! Deployment. Then it applies the examples in `examples/demo/`, prints a short
+//! tour and leaves everything running.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,9 @@ use clap::{Parser, Subcommand};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tessera_e2e::artifacts::Artifacts;
-use tessera_e2e::node::{self, AgentMode, FakeGpu, NodeSpec, RealNode};
-use tessera_e2e::stack::Tessera;
-use tessera_e2e::{ControlPlane, Lifetime, Options, images, tools};
+use tessera_e2e::cluster::{LocalCluster, NAMESPACE, NodeGpus};
+use tessera_e2e::node::{self, FakeGpu};
+use tessera_e2e::{Lifetime, helm, kube_proxy, tools};
 
 /// Runs Tessera with two real nodes of fake GPUs on this machine.
 #[derive(Parser, Debug)]
@@ -47,20 +48,15 @@ enum Command {
 }
 
 /// The demo's nodes: two models, GPUs on different NUMA nodes.
-fn nodes() -> Vec<NodeSpec> {
-    let labels = BTreeMap::from([("gpu".to_owned(), "on".to_owned())]);
+fn nodes() -> Vec<NodeGpus> {
     vec![
-        NodeSpec {
+        NodeGpus {
             name: "gpu-a100".into(),
             gpus: FakeGpu::many("a100", 2, "NVIDIA A100-SXM4-80GB", 81920, 1),
-            labels: labels.clone(),
-            agent: AgentMode::Host,
         },
-        NodeSpec {
+        NodeGpus {
             name: "gpu-h100".into(),
             gpus: FakeGpu::many("h100", 4, "NVIDIA H100 80GB HBM3", 81559, 2),
-            labels,
-            agent: AgentMode::Host,
         },
     ]
 }
@@ -93,6 +89,7 @@ fn down(dir: &Path) -> anyhow::Result<()> {
                 .with_context(|| format!("stopping node {}", entry.path().display()))?;
         }
     }
+    kube_proxy::cleanup();
     tessera_e2e::stop_detached(dir).with_context(|| format!("stopping {}", dir.display()))?;
     Ok(())
 }
@@ -100,33 +97,22 @@ fn down(dir: &Path) -> anyhow::Result<()> {
 async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
     let started = Instant::now();
     let artifacts = Artifacts::locate()?;
-    step("control plane (etcd, kube-apiserver v1.36)");
-    let plane = ControlPlane::start_with(Options {
-        dir: Some(dir.to_owned()),
-        lifetime: Lifetime::Detached,
-        install_crds: true,
-        serve_pods: false,
-    })
-    .await
-    .context("starting the control plane")?;
-    step("images (sandbox, CUDA demo) from local files");
-    let archives = images::build(&dir.join("images"), &artifacts)?;
-    step("tessera-controller, kube-scheduler with the extender, kube-controller-manager");
-    let tessera = Tessera::deploy(&plane, &artifacts).await?;
-    let mut running = Vec::new();
-    for spec in nodes() {
+    let nodes = nodes();
+    for node in &nodes {
         step(&format!(
-            "node {} (containerd, kubelet, node agent; {} × {})",
-            spec.name,
-            spec.gpus.len(),
-            spec.gpus[0].model
+            "node {}: containerd, kubelet; {} × {}",
+            node.name,
+            node.gpus.len(),
+            node.gpus[0].model
         ));
-        running.push(RealNode::start(&plane, &spec, &artifacts, &archives).await?);
     }
-    let metrics: Vec<(String, u16)> = running
-        .iter()
-        .map(|n| (n.name().to_owned(), n.metrics_port()))
-        .collect();
+    step(
+        "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy v1.36), images, helm install tessera charts/tessera",
+    );
+    let cluster = LocalCluster::start(Some(dir.to_owned()), Lifetime::Detached, &nodes, &artifacts)
+        .await
+        .context("starting the cluster and installing Tessera")?;
+    let plane = &cluster.plane;
     step(&format!("examples from {}", examples.display()));
     let kubectl = |args: &[&str]| -> anyhow::Result<String> {
         let output = plane.kubectl()?.args(args).output()?;
@@ -143,17 +129,22 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
 
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin)?;
-    let link = bin.join("kubectl");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(tools::binary("kubectl")?, &link)?;
-
-    tour(&kubectl, &metrics, tessera.extender_port)?;
-    for node in running {
-        node.detach()?;
+    for tool in ["kubectl", "helm"] {
+        let link = bin.join(tool);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(tools::binary(tool)?, &link)?;
     }
-    plane.detach()?;
+    let mut metrics = Vec::new();
+    for node in &nodes {
+        metrics.push((node.name.clone(), cluster.agent_metrics(&node.name).await?));
+    }
+    let mut helm_list = helm::command(Some(plane.kubeconfig()))?;
+    helm_list.args(["list", "--namespace", NAMESPACE]);
+    let releases = helm::run(&mut helm_list)?;
+    tour(&kubectl, &metrics, &releases)?;
+    cluster.detach()?;
     println!(
-        "\nReady in {:.0} s. The cluster keeps running:\n\n  export KUBECONFIG={}\n  export PATH={}:$PATH   # kubectl v1.36\n\nLogs: {}/*.log, {}/nodes/*/*.log\nStop it with: make demo-down",
+        "\nReady in {:.0} s. The cluster keeps running:\n\n  export KUBECONFIG={}\n  export PATH={}:$PATH   # kubectl and helm\n\nLogs: kubectl -n {NAMESPACE} logs …; {}/*.log, {}/nodes/*/*.log\nStop it with: make demo-down",
         started.elapsed().as_secs_f64(),
         dir.join("kubeconfig").display(),
         bin.display(),
@@ -192,14 +183,20 @@ async fn wait_settled(pods: &Api<Pod>) {
 
 fn tour(
     kubectl: &dyn Fn(&[&str]) -> anyhow::Result<String>,
-    metrics: &[(String, u16)],
-    extender_port: u16,
+    metrics: &[(String, String)],
+    releases: &str,
 ) -> anyhow::Result<()> {
     let show = |title: &str, args: &[&str]| -> anyhow::Result<()> {
         println!("\n$ kubectl {}    # {title}", args.join(" "));
         print!("{}", kubectl(args)?);
         Ok(())
     };
+    println!("\n$ helm list -n {NAMESPACE}    # Tessera, installed from charts/tessera");
+    print!("{releases}");
+    show(
+        "Tessera's pods: kube-scheduler + controller, one agent per node",
+        &["-n", NAMESPACE, "get", "pods", "-o", "wide"],
+    )?;
     show("where each pod runs", &["get", "pods", "-o", "wide"])?;
     show(
         "what each pod holds: device, MiB, cores",
@@ -226,15 +223,20 @@ fn tour(
         "share-a's own view (cuDeviceTotalMem/cuMemGetInfo through the interposer)",
         &["logs", "share-a"],
     )?;
-    println!("\nMetrics (Prometheus text):");
-    for (node, port) in metrics {
+    println!("\nMetrics (Prometheus text, on the pod network):");
+    for (node, addr) in metrics {
         println!(
-            "  node agent of {node}: http://127.0.0.1:{port}/metrics   (hami_vgpu_*, tessera_gpu_*, tessera_container_*)"
+            "  node agent of {node}: http://{addr}/metrics   (hami_vgpu_*, tessera_gpu_*, tessera_container_*)"
         );
     }
-    println!("  scheduler extender:      http://127.0.0.1:{extender_port}/metrics");
     println!(
-        "Traces: every Bind and Allocate is a span; run `OTEL_EXPORTER_OTLP_ENDPOINT=http://<collector>:4317 make demo` to export them over OTLP."
+        "  controller: kubectl -n {NAMESPACE} get endpoints tessera-controller (port 9395, /metrics)"
+    );
+    println!(
+        "Dashboard: charts/tessera/files/dashboards/tessera.json, also in ConfigMap {NAMESPACE}/tessera-dashboard (label grafana_dashboard=1)"
+    );
+    println!(
+        "Traces: every Bind and Allocate is a span; install with --set otel.endpoint=http://<collector>:4317 to export them over OTLP."
     );
     Ok(())
 }
