@@ -59,6 +59,34 @@ fn kubectl(cluster: &ControlPlane, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// One line of `kubectl auth can-i --list`, with single spaces and the words
+/// inside each `[...]` sorted: when several rules grant one resource, kubectl
+/// merges their verbs in no fixed order.
+fn normalize(line: &str) -> String {
+    let mut out = Vec::new();
+    let mut group: Option<Vec<String>> = None;
+    for word in line.split_whitespace() {
+        match &mut group {
+            Some(words) => words.push(word.to_owned()),
+            None if word.starts_with('[') => group = Some(vec![word.to_owned()]),
+            None => out.push(word.to_owned()),
+        }
+        if word.ends_with(']')
+            && let Some(words) = group.take()
+        {
+            let joined = words.join(" ");
+            let mut items: Vec<&str> = joined
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .split_whitespace()
+                .collect();
+            items.sort_unstable();
+            out.push(format!("[{}]", items.join(" ")));
+        }
+    }
+    out.join(" ")
+}
+
 /// What `kubectl auth can-i --list` says `account` may do, per namespace.
 fn permissions(cluster: &ControlPlane, account: &str) -> String {
     let mut table = format!(
@@ -72,10 +100,7 @@ fn permissions(cluster: &ControlPlane, account: &str) -> String {
             cluster,
             &["auth", "can-i", "--list", &user, "-n", namespace],
         );
-        let mut lines: Vec<String> = listed
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-            .collect();
+        let mut lines: Vec<String> = listed.lines().map(normalize).collect();
         let header = lines.remove(0);
         lines.sort();
         table.push_str(&format!("\n## namespace {namespace}\n{header}\n"));
