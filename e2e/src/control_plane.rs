@@ -25,6 +25,7 @@ use crate::{
     pki::Pki,
     process::{Lifetime, Process},
     tools,
+    watchdog::Watchdog,
 };
 
 /// How long kube-apiserver may take to become ready (2 slow cores, parallel tests).
@@ -77,6 +78,9 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     pub(crate) lifetime: Lifetime,
     pub(crate) processes: Mutex<Vec<Process>>,
+    /// The test's deadline (tied control planes only); dropped after the
+    /// processes are stopped, so a hang while stopping is caught too.
+    watchdog: Option<Watchdog>,
 }
 
 /// What `tessera-cluster down` needs to stop a detached cluster.
@@ -132,6 +136,8 @@ impl ControlPlane {
         let server = format!("https://127.0.0.1:{apiserver_port}");
         let kubeconfig = dir.join("kubeconfig");
         kubeconfig::write(&kubeconfig, &server, &pki)?;
+        let watchdog = (lifetime == Lifetime::Tied)
+            .then(|| Watchdog::arm(&format!("component logs kept in {}", dir.display())));
         let plane = Self {
             dir,
             remove_dir,
@@ -140,6 +146,7 @@ impl ControlPlane {
             kubeconfig,
             lifetime,
             processes: Mutex::new(Vec::new()),
+            watchdog,
         };
 
         let etcd_url = format!("http://127.0.0.1:{etcd_client}");
@@ -206,6 +213,11 @@ impl ControlPlane {
         )?;
         plane.wait_ready("kube-apiserver /readyz", None).await?;
         Ok(plane)
+    }
+
+    /// Removes this control plane's deadline (one shared by many tests).
+    pub fn disarm_watchdog(&mut self) {
+        self.watchdog = None;
     }
 
     /// The API server's URL.

@@ -35,6 +35,7 @@ pub mod pki;
 pub mod process;
 pub mod stack;
 pub mod tools;
+pub mod watchdog;
 
 pub use control_plane::{ControlPlane, Options, free_port, host_ip, remove_stale_dirs};
 pub use error::Error;
@@ -49,7 +50,14 @@ use std::path::Path;
 /// [`Lifetime::Tied`]) and its directory is removed by the next harness run.
 pub async fn shared() -> Result<&'static ControlPlane, Error> {
     static SHARED: tokio::sync::OnceCell<ControlPlane> = tokio::sync::OnceCell::const_new();
-    SHARED.get_or_try_init(ControlPlane::start).await
+    SHARED
+        .get_or_try_init(async || {
+            let mut plane = ControlPlane::start().await?;
+            // Shared by every test of the binary: no single test's deadline.
+            plane.disarm_watchdog();
+            Ok(plane)
+        })
+        .await
 }
 
 /// Stops a control plane started with [`Lifetime::Detached`] and removes its
