@@ -75,7 +75,10 @@ mod tests {
     fn a_dropped_watchdog_never_fires() {
         // Fires only if the process is still alive 200 ms after the drop
         // would have let it time out; the test then dies with status 124.
-        drop(Watchdog::arm_for(Duration::from_millis(100), "logs: nowhere"));
+        drop(Watchdog::arm_for(
+            Duration::from_millis(100),
+            "logs: nowhere",
+        ));
         thread::sleep(Duration::from_millis(300));
     }
 
@@ -90,7 +93,11 @@ mod tests {
     #[test]
     fn a_hung_test_is_stopped_and_named() {
         let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "watchdog::tests::hangs_past_its_deadline"])
+            .args([
+                "--ignored",
+                "--exact",
+                "watchdog::tests::hangs_past_its_deadline",
+            ])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
