@@ -47,7 +47,38 @@ const STATE_FILE: &str = "node.json";
 /// The pod network of this process's nodes (each node a /24 in it), for
 /// kube-proxy's `clusterCIDR`.
 pub fn cluster_cidr() -> String {
-    format!("10.{}.0.0/16", 100 + std::process::id() % 100)
+    format!("10.{}.0.0/16", pod_network_octet())
+}
+
+/// The second octet of this process's pod network `10.<octet>.0.0/16`:
+/// chosen once, starting from one derived from the pid, as the first in
+/// 100..=199 that no route on this machine uses yet, so a second cluster on
+/// the machine (another checkout's `make demo`, a test run beside a demo)
+/// never routes pods into the first one's network.
+fn pod_network_octet() -> u32 {
+    static OCTET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *OCTET.get_or_init(|| {
+        let routes = Command::new("ip")
+            .args(["-4", "route", "show"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        first_free_octet(100 + std::process::id() % 100, &routes)
+    })
+}
+
+/// The first octet from `start` (wrapping within 100..=199) whose
+/// `10.<octet>.` prefix appears in no line of `routes` (`ip -4 route`).
+fn first_free_octet(start: u32, routes: &str) -> u32 {
+    (0..100)
+        .map(|step| 100 + (start - 100 + step) % 100)
+        .find(|octet| {
+            let prefix = format!("10.{octet}.");
+            !routes
+                .split_whitespace()
+                .any(|word| word.starts_with(&prefix))
+        })
+        .unwrap_or(start)
 }
 
 /// What to start.
@@ -135,11 +166,12 @@ impl RealNode {
     ) -> Result<Self, Error> {
         static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let index = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 250 + 1;
-        // Pod subnets and bridges differ between nodes of this process and,
-        // by pid, from those of another harness process on this machine.
+        // Pod subnets and bridges differ between nodes of this process and
+        // from those of another harness process on this machine (bridges by
+        // pid, subnets by the routes already present).
         let pid = std::process::id();
         let bridge = format!("tsr{}n{index}", pid % 100_000);
-        let subnet = format!("10.{}.{index}.0/24", 100 + pid % 100);
+        let subnet = format!("10.{}.{index}.0/24", pod_network_octet());
         let dir = plane.dir().join("nodes").join(&spec.name);
         let _ = fs::remove_dir_all(&dir);
         for sub in ["cni/conf", "kubelet", "pod-logs"]
@@ -159,12 +191,7 @@ impl RealNode {
             config::cni(&dir, &bridge, &subnet),
         )?;
         write("gpus.yaml", config::fake_gpus(&spec.gpus))?;
-        let unique = dir
-            .parent()
-            .and_then(Path::parent)
-            .and_then(Path::file_name)
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let cgroup = Subtree::create(&format!("tessera-{unique}-{}", spec.name))?;
+        let cgroup = Subtree::create(&cgroup_name(plane.dir(), &spec.name))?;
         let mut node = Self {
             name: spec.name.clone(),
             dir: dir.clone(),
@@ -530,4 +557,64 @@ fn cleanup(bridge: &str, dir: &Path) {
         let _ = Command::new("ip").args(["link", "delete", bridge]).output();
     }
     let _ = fs::remove_dir_all(dir);
+}
+
+/// The cgroup of node `node` of the cluster in `plane_dir`: unique per
+/// cluster directory, so two clusters (two `make demo` checkouts, whose
+/// directories share the base name `.tessera-demo`) never share a node's
+/// cgroup, whose creation kills what it holds.
+fn cgroup_name(plane_dir: &Path, node: &str) -> String {
+    let absolute = fs::canonicalize(plane_dir).unwrap_or_else(|_| plane_dir.to_owned());
+    // FNV-1a: stable across runs and builds (std's hasher is not).
+    let hash = absolute
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let base = plane_dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    format!("tessera-{base}-{:08x}-{node}", hash >> 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cgroup_name, first_free_octet};
+    use std::path::Path;
+
+    #[test]
+    fn clusters_with_the_same_directory_name_get_different_cgroups() {
+        let one = cgroup_name(Path::new("/home/a/tessera/.tessera-demo"), "gpu-a");
+        let other = cgroup_name(Path::new("/home/b/tessera/.tessera-demo"), "gpu-a");
+        assert_ne!(one, other);
+        assert!(
+            one.starts_with("tessera-.tessera-demo-") && one.ends_with("-gpu-a"),
+            "{one}"
+        );
+        assert_eq!(
+            one,
+            cgroup_name(Path::new("/home/a/tessera/.tessera-demo"), "gpu-a"),
+            "stable for one cluster"
+        );
+        assert_ne!(
+            one,
+            cgroup_name(Path::new("/home/a/tessera/.tessera-demo"), "gpu-b")
+        );
+    }
+
+    #[test]
+    fn a_pod_network_in_use_is_skipped() {
+        let routes = "default via 172.17.0.1 dev eth0\n\
+                      10.142.1.0/24 dev tsr4242n1 proto kernel scope link src 10.142.1.1\n\
+                      10.143.2.0/24 dev tsr4343n2 proto kernel scope link src 10.143.2.1\n";
+        assert_eq!(first_free_octet(142, routes), 144);
+        assert_eq!(first_free_octet(150, routes), 150);
+        assert_eq!(
+            first_free_octet(199, "10.199.1.0/24 dev x\n"),
+            100,
+            "wraps within 100..=199"
+        );
+    }
 }
