@@ -24,7 +24,7 @@ mod components;
 mod control_plane;
 mod error;
 pub mod helm;
-mod http;
+pub mod http;
 pub mod images;
 pub mod kube_proxy;
 mod kubeconfig;

@@ -197,7 +197,9 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
     );
     // The agent pod's metrics, scraped over the pod network.
     let metrics = cluster.agent_metrics("chart-node").await.unwrap();
-    let text = http_get(&metrics, "/metrics").await;
+    let text = tessera_e2e::http::get_body(&metrics, "/metrics")
+        .await
+        .unwrap();
     assert!(
         text.contains("tessera_gpu_memory_allocated_bytes"),
         "{text}"
@@ -319,14 +321,4 @@ fn scale_scheduler(cluster: &LocalCluster, replicas: u32) {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-async fn http_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
 }

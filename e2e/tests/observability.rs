@@ -493,20 +493,6 @@ fn dashboard_queries_parse_and_read_only_tessera_series() {
 // ---------------------------------------------------------------------------
 // Against the running components
 
-/// `GET http://127.0.0.1:<port><path>`: status line and body.
-async fn get(port: u16, path: &str) -> std::io::Result<(String, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.lines().next().unwrap_or_default().to_owned();
-    Ok((status, body.to_owned()))
-}
-
 /// Waits until `GET path` answers 200 with a body for which `check` holds.
 async fn wait_for_body(
     port: u16,
@@ -517,8 +503,7 @@ async fn wait_for_body(
 ) -> String {
     let deadline = Instant::now() + WAIT;
     loop {
-        if let Ok((status, body)) = get(port, path).await
-            && status.contains(" 200")
+        if let Ok(body) = tessera_e2e::http::get_body(&format!("127.0.0.1:{port}"), path).await
             && check(&body)
         {
             return body;

@@ -194,18 +194,10 @@ impl Stack {
 
     /// The node agent's metrics text.
     async fn metrics(&self, node: usize) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let port = self.nodes[node].metrics_port();
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        let addr = format!("127.0.0.1:{}", self.nodes[node].metrics_port());
+        tessera_e2e::http::get_body(&addr, "/metrics")
             .await
-            .unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .await
-            .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        response
+            .unwrap()
     }
 }
 
