@@ -34,6 +34,7 @@ pub mod oci;
 pub mod pki;
 pub mod process;
 pub mod stack;
+pub mod testkit;
 pub mod tools;
 pub mod watchdog;
 

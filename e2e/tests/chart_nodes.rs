@@ -28,6 +28,7 @@ use kube::{
 };
 use serde_json::json;
 use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
+use tessera_e2e::testkit::{gpu_pod, number, phase, section, skip_real_nodes};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -39,28 +40,9 @@ use tessera_e2e::{
 const WAIT: Duration = Duration::from_secs(120);
 const MIB: u64 = 1 << 20;
 
-fn skip() -> bool {
-    if std::env::var_os("TESSERA_SKIP_REAL_NODES").is_some() {
-        eprintln!("TESSERA_SKIP_REAL_NODES is set: real-node chart test skipped");
-        return true;
-    }
-    false
-}
-
-/// A GPU pod running `script` in the CUDA demo image.
-fn gpu_pod(name: &str, mem_mib: u64, script: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "cuda", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", script],
-                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem_mib}},
-            }],
-        },
-    }))
-    .unwrap()
+/// A manifest as a typed Pod.
+fn pod(manifest: serde_json::Value) -> Pod {
+    serde_json::from_value(manifest).unwrap()
 }
 
 fn plain_pod(name: &str) -> Pod {
@@ -88,13 +70,6 @@ async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T
     }
 }
 
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
-}
-
 fn logs(cluster: &LocalCluster, pod: &str) -> String {
     let output = cluster
         .plane
@@ -104,28 +79,6 @@ fn logs(cluster: &LocalCluster, pod: &str) -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// `key=value` lines after the line `section`, up to the next `---` line.
-fn section(output: &str, section: &str) -> Vec<(String, String)> {
-    output
-        .lines()
-        .skip_while(|l| *l != section)
-        .skip(1)
-        .take_while(|l| !l.starts_with("---"))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
-
-fn value(pairs: &[(String, String)], key: &str) -> u64 {
-    pairs
-        .iter()
-        .find(|(k, _)| k == key)
-        .unwrap_or_else(|| panic!("no {key} in {pairs:?}"))
-        .1
-        .parse()
-        .unwrap()
 }
 
 fn refusal(result: Result<Pod, kube::Error>) -> String {
@@ -151,7 +104,7 @@ async fn split_count(client: &Client) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
-    if skip() {
+    if skip_real_nodes("real-node chart test") {
         return;
     }
     tessera_e2e::remove_stale_dirs();
@@ -172,23 +125,26 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
         "echo '--- meminfo'; cuda-probe meminfo 0; echo '--- alloc'; \
          cuda-probe alloc plain {CHUNK} 1000; echo '--- end'; sleep 3600"
     );
-    pods.create(&PostParams::default(), &gpu_pod("sliced", 1024, &script))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod(gpu_pod("sliced", 1024, None, &script)),
+    )
+    .await
+    .unwrap();
     let out = wait_for("sliced to print its probe", async || {
         let out = logs(&cluster, "sliced");
         out.contains("--- end").then_some(out)
     })
     .await;
     let meminfo = section(&out, "--- meminfo");
-    assert_eq!(value(&meminfo, "total"), 1024 * MIB, "{out}");
+    assert_eq!(number(&meminfo, "total"), 1024 * MIB, "{out}");
     let alloc = section(&out, "--- alloc");
     assert_eq!(
-        value(&alloc, "last_rc"),
+        number(&alloc, "last_rc"),
         2,
         "stops with CUDA_ERROR_OUT_OF_MEMORY: {out}"
     );
-    assert!(value(&alloc, "allocated") * CHUNK <= 1024 * MIB, "{out}");
+    assert!(number(&alloc, "allocated") * CHUNK <= 1024 * MIB, "{out}");
     let allocations: Api<VgpuAllocation> = Api::namespaced(client.clone(), "default");
     let allocation = allocations.get("sliced").await.unwrap();
     assert_eq!(
@@ -241,7 +197,7 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
     let message = refusal(
         pods.create(
             &PostParams::default(),
-            &gpu_pod("while-down", 512, "sleep 1"),
+            &pod(gpu_pod("while-down", 512, None, "sleep 1")),
         )
         .await,
     );
@@ -281,15 +237,23 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
         .unwrap();
     assert!(locks.items.is_empty(), "{locks:?}");
     let message = refusal(
-        pods.create(&PostParams::default(), &gpu_pod("absent", 512, "sleep 1"))
-            .await,
+        pods.create(
+            &PostParams::default(),
+            &pod(gpu_pod("absent", 512, None, "sleep 1")),
+        )
+        .await,
     );
     assert!(message.contains("Tessera is not installed"), "{message}");
 
     cluster.helm_install(&[]).await.unwrap();
     pods.create(
         &PostParams::default(),
-        &gpu_pod("again", 512, "cuda-probe meminfo 0; sleep 3600"),
+        &pod(gpu_pod(
+            "again",
+            512,
+            None,
+            "cuda-probe meminfo 0; sleep 3600",
+        )),
     )
     .await
     .unwrap();

@@ -20,6 +20,7 @@ use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation};
 use tessera_e2e::artifacts::Artifacts;
 use tessera_e2e::node::{AgentMode, FakeGpu, NodeSpec, RealNode};
 use tessera_e2e::stack::Tessera;
+use tessera_e2e::testkit::{gpu_pod, number, phase, sample, section, skip_real_nodes};
 use tessera_e2e::{ControlPlane, images};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -37,14 +38,6 @@ struct Stack {
     client: Client,
     plane: ControlPlane,
     _turn: tokio::sync::MutexGuard<'static, ()>,
-}
-
-fn skip() -> bool {
-    if std::env::var_os("TESSERA_SKIP_REAL_NODES").is_some() {
-        eprintln!("TESSERA_SKIP_REAL_NODES is set: real-node test skipped");
-        return true;
-    }
-    false
 }
 
 impl Stack {
@@ -201,64 +194,9 @@ impl Stack {
     }
 }
 
-/// The value of `metric` for the sample whose labels contain `pod="<pod>"`
-/// (HAMi v2.9's label; before v2.9 it was `podname`).
-fn sample(metrics: &str, metric: &str, pod: &str) -> Option<f64> {
-    let label = format!(",pod=\"{pod}\"");
-    metrics
-        .lines()
-        .find(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
-}
-
-/// A GPU pod running `script` in the CUDA demo image.
-fn gpu_pod(name: &str, mem_mib: u64, cores: u32, script: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "cuda", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", script],
-                "resources": {"limits": {
-                    "nvidia.com/gpu": 1, "nvidia.com/gpumem": mem_mib, "nvidia.com/gpucores": cores,
-                }},
-            }],
-        },
-    })
-}
-
-/// `key=value` lines after the line `section`, up to the next `---` line.
-fn values(output: &str, section: &str) -> BTreeMap<String, String> {
-    output
-        .lines()
-        .skip_while(|l| *l != section)
-        .skip(1)
-        .take_while(|l| !l.starts_with("---"))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
-
-fn number(map: &BTreeMap<String, String>, key: &str) -> u64 {
-    map.get(key)
-        .unwrap_or_else(|| panic!("no {key} in {map:?}"))
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container() {
-    if skip() {
+    if skip_real_nodes("real-node test") {
         return;
     }
     let stack = Stack::start(&[("node-a", 2)]).await;
@@ -268,11 +206,13 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
          echo '--- meminfo'; cuda-probe meminfo 0; \
          echo '--- alloc'; cuda-probe alloc plain {CHUNK} 1000; echo '--- end'; sleep 3600"
     );
-    stack.create(gpu_pod("slice", 1024, 30, &script)).await;
+    stack
+        .create(gpu_pod("slice", 1024, Some(30), &script))
+        .await;
     stack.wait_running("slice").await;
     let out = stack.wait_output("slice", "--- end").await;
 
-    let env = values(&out, "--- env");
+    let env = section(&out, "--- env");
     let allocation: VgpuAllocation = Api::namespaced(stack.client.clone(), "default")
         .get("slice")
         .await
@@ -308,13 +248,13 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
         "{region_dir} not in {mounts}"
     );
 
-    let meminfo = values(&out, "--- meminfo");
+    let meminfo = section(&out, "--- meminfo");
     assert_eq!(number(&meminfo, "total"), 1024 * MIB, "{out}");
     assert_eq!(number(&meminfo, "devtotal"), 1024 * MIB, "{out}");
     let free = number(&meminfo, "free");
     assert!(free <= 1024 * MIB && free > 1024 * MIB - 2 * CHUNK, "{out}");
 
-    let alloc = values(&out, "--- alloc");
+    let alloc = section(&out, "--- alloc");
     assert_eq!(
         alloc.get("last_rc").map(String::as_str),
         Some("2"),
@@ -346,7 +286,7 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metrics() {
-    if skip() {
+    if skip_real_nodes("real-node test") {
         return;
     }
     let stack = Stack::start(&[("node-s", 1)]).await;
@@ -355,14 +295,14 @@ async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metric
         let script = format!(
             "echo '--- meminfo'; cuda-probe meminfo 0; echo '--- hold'; cuda-probe hold {hold}"
         );
-        stack.create(gpu_pod(name, limit, 20, &script)).await;
+        stack.create(gpu_pod(name, limit, Some(20), &script)).await;
     }
     let mut devices = Vec::new();
     for (name, limit, _) in pods {
         stack.wait_running(name).await;
         let out = stack.wait_output(name, "ready=1").await;
         assert_eq!(
-            number(&values(&out, "--- meminfo"), "total"),
+            number(&section(&out, "--- meminfo"), "total"),
             limit * MIB,
             "{name} sees its own limit: {out}"
         );
@@ -404,12 +344,12 @@ async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metric
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deleting_a_pod_or_completing_a_job_releases_its_allocation() {
-    if skip() {
+    if skip_real_nodes("real-node test") {
         return;
     }
     let stack = Stack::start(&[("node-r", 1)]).await;
     stack
-        .create(gpu_pod("doomed", 1024, 10, "sleep 3600"))
+        .create(gpu_pod("doomed", 1024, Some(10), "sleep 3600"))
         .await;
     stack.wait_running("doomed").await;
     stack.assert_no_locks().await;
@@ -459,7 +399,7 @@ async fn deleting_a_pod_or_completing_a_job_releases_its_allocation() {
     let name = kube::ResourceExt::name_any(&pod);
     let out = stack.logs(&name);
     assert_eq!(
-        number(&values(&format!("---\n{out}"), "---"), "total"),
+        number(&section(&format!("---\n{out}"), "---"), "total"),
         512 * MIB,
         "{out}"
     );
@@ -474,7 +414,7 @@ fn stream_pod(name: &str) -> Value {
         "echo '--- env'; env; echo '--- meminfo'; cuda-probe meminfo 0; \
          echo '--- alloc'; cuda-probe alloc plain {CHUNK} 1000; echo '--- end'; sleep 3600"
     );
-    gpu_pod(name, 512, 10, &script)
+    gpu_pod(name, 512, Some(10), &script)
 }
 
 impl Stack {
@@ -545,7 +485,7 @@ impl Stack {
             );
             // The container got exactly its allocation's slice.
             let out = self.wait_output(name, "--- end").await;
-            let env = values(&out, "--- env");
+            let env = section(&out, "--- env");
             let uuid = &allocation.spec.containers[0].devices[0].uuid;
             assert_eq!(
                 env.get("NVIDIA_VISIBLE_DEVICES"),
@@ -553,12 +493,12 @@ impl Stack {
                 "{name}: {out}"
             );
             assert_eq!(
-                number(&values(&out, "--- meminfo"), "total"),
+                number(&section(&out, "--- meminfo"), "total"),
                 limit_mib * MIB,
                 "{name}: {out}"
             );
             // I4: the container's processes never got past the limit.
-            let alloc = values(&out, "--- alloc");
+            let alloc = section(&out, "--- alloc");
             assert_eq!(
                 alloc.get("last_rc").map(String::as_str),
                 Some("2"),
@@ -584,7 +524,7 @@ fn admission_rejection(pod: &Pod) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn restarts_during_a_stream_of_pods_leave_every_pod_served_and_the_invariants_intact() {
-    if skip() {
+    if skip_real_nodes("real-node test") {
         return;
     }
     let mut stack = Stack::start(&[("node-x", 2), ("node-y", 2)]).await;
@@ -680,15 +620,15 @@ fn region_of(stack: &Stack, pod: &Pod) -> tessera_vgpu_region::Snapshot {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_high_priority_pod_holds_a_low_priority_one_back_on_their_gpu() {
-    if skip() {
+    if skip_real_nodes("real-node test") {
         return;
     }
     let stack = Stack::start(&[("node-p", 1)]).await;
     // Both pods launch kernels on the node's one GPU for a while; the one
     // asking for nvidia.com/priority 0 holds the other back.
     let launching = "cuda-probe launch kernel 20 64; echo '--- end'; sleep 3600";
-    let mut low = gpu_pod("low", 2000, 60, launching);
-    let mut high = gpu_pod("high", 2000, 30, launching);
+    let mut low = gpu_pod("low", 2000, Some(60), launching);
+    let mut high = gpu_pod("high", 2000, Some(30), launching);
     high["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/priority"] = json!(0);
     low["spec"]["containers"][0]["env"] =
         json!([{"name": "FAKE_CUDA_NS_PER_BLOCK", "value": "20000"}]);

@@ -1,0 +1,111 @@
+//! What the real-node tests share: pod manifests, reading a probe's output,
+//! pod phases and `/metrics` samples.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+
+use crate::images;
+
+/// Whether `TESSERA_SKIP_REAL_NODES` asks to skip tests on real nodes
+/// (printing which was skipped).
+pub fn skip_real_nodes(what: &str) -> bool {
+    if std::env::var_os("TESSERA_SKIP_REAL_NODES").is_some() {
+        eprintln!("TESSERA_SKIP_REAL_NODES is set: {what} skipped");
+        return true;
+    }
+    false
+}
+
+/// A bare pod in `default` running `script` in the CUDA demo image, with one
+/// GPU, `mem_mib` of its memory and, when given, `cores` percent of its SMs.
+pub fn gpu_pod(name: &str, mem_mib: u64, cores: Option<u32>, script: &str) -> Value {
+    let mut limits = json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem_mib});
+    if let Some(cores) = cores {
+        limits["nvidia.com/gpucores"] = json!(cores);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "cuda", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+                "resources": {"limits": limits},
+            }],
+        },
+    })
+}
+
+/// The pod's phase, `""` before it has one.
+pub fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+/// The `key=value` lines of a probe's output after the line `section`, up
+/// to the next `---` line.
+pub fn section(output: &str, section: &str) -> BTreeMap<String, String> {
+    output
+        .lines()
+        .skip_while(|l| *l != section)
+        .skip(1)
+        .take_while(|l| !l.starts_with("---"))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The number under `key` in a [`section`], panicking with the section when
+/// it is missing or not a number.
+pub fn number(values: &BTreeMap<String, String>, key: &str) -> u64 {
+    values
+        .get(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number {key} in {values:?}"))
+}
+
+/// The value of `metric` for the sample whose labels contain `pod="<pod>"`
+/// (HAMi v2.9's label; before v2.9 it was `podname`).
+pub fn sample(metrics: &str, metric: &str, pod: &str) -> Option<f64> {
+    let label = format!(",pod=\"{pod}\"");
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_numbers_and_samples_are_read_exactly() {
+        let out = "--- env\nA=1\n--- meminfo\ntotal=1024\nfree=x\n--- alloc\nlast_rc=2\n";
+        let meminfo = section(out, "--- meminfo");
+        assert_eq!(meminfo.len(), 2);
+        assert_eq!(number(&meminfo, "total"), 1024);
+        assert!(std::panic::catch_unwind(|| number(&meminfo, "free")).is_err());
+        let metrics = "m{node=\"n\",pod=\"a\"} 5\nm{node=\"n\",pod=\"ab\"} 7\n";
+        assert_eq!(sample(metrics, "m", "ab"), Some(7.0));
+        assert_eq!(sample(metrics, "m", "b"), None);
+    }
+
+    #[test]
+    fn a_gpu_pod_asks_for_cores_only_when_given() {
+        let limits = |pod: Value| pod["spec"]["containers"][0]["resources"]["limits"].clone();
+        assert_eq!(
+            limits(gpu_pod("p", 512, None, "true")),
+            json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 512})
+        );
+        assert_eq!(
+            limits(gpu_pod("p", 512, Some(30), "true"))["nvidia.com/gpucores"],
+            30
+        );
+    }
+}
