@@ -28,6 +28,32 @@ pub const CUDA_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 /// Comma list of the GPU UUIDs visible to the container.
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
+/// Whether the node agent sets `name` to enforce a container's slice: the
+/// limits, the shared region, the policy and priority, the enforcement
+/// switch and the visible devices. A pod that sets one of these itself would
+/// override the agent's value (the kubelet puts the container's own `env`
+/// after the device plugin's), so the webhook refuses it.
+pub fn is_enforcement_var(name: &str) -> bool {
+    const EXACT: [&str; 8] = [
+        CUDA_DEVICE_MEMORY_LIMIT,
+        CUDA_DEVICE_SM_LIMIT,
+        CUDA_DEVICE_MEMORY_SHARED_CACHE,
+        GPU_CORE_UTILIZATION_POLICY,
+        CUDA_DISABLE_CONTROL,
+        CUDA_TASK_PRIORITY,
+        CUDA_OVERSUBSCRIBE,
+        NVIDIA_VISIBLE_DEVICES,
+    ];
+    EXACT.contains(&name)
+        || [CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT]
+            .iter()
+            .any(|prefix| {
+                name.strip_prefix(prefix)
+                    .and_then(|rest| rest.strip_prefix('_'))
+                    .is_some_and(|index| !index.is_empty())
+            })
+}
+
 /// Highest device index that may carry its own memory limit variable.
 pub const MAX_DEVICES: usize = 16;
 
@@ -233,6 +259,36 @@ mod tests {
         assert!(parse_switch(CUDA_DISABLE_CONTROL, "TRUE").unwrap());
         assert!(!parse_switch(CUDA_DISABLE_CONTROL, "0").unwrap());
         assert!(parse_switch(CUDA_DISABLE_CONTROL, "yes").is_err());
+    }
+
+    #[test]
+    fn enforcement_variables_are_the_agents_and_only_those() {
+        for name in [
+            "CUDA_DEVICE_MEMORY_LIMIT",
+            "CUDA_DEVICE_MEMORY_LIMIT_0",
+            "CUDA_DEVICE_MEMORY_LIMIT_15",
+            "CUDA_DEVICE_MEMORY_LIMIT_x",
+            "CUDA_DEVICE_SM_LIMIT",
+            "CUDA_DEVICE_SM_LIMIT_3",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            "GPU_CORE_UTILIZATION_POLICY",
+            "CUDA_DISABLE_CONTROL",
+            "CUDA_TASK_PRIORITY",
+            "CUDA_OVERSUBSCRIBE",
+            "NVIDIA_VISIBLE_DEVICES",
+        ] {
+            assert!(is_enforcement_var(name), "{name}");
+        }
+        for name in [
+            "LIBCUDA_LOG_LEVEL",
+            "CUDA_VISIBLE_DEVICES",
+            "CUDA_DEVICE_MEMORY_LIMIT_",
+            "CUDA_DEVICE_MEMORY_LIMITS",
+            "cuda_device_memory_limit",
+            "PATH",
+        ] {
+            assert!(!is_enforcement_var(name), "{name}");
+        }
         assert_eq!(
             CoreUtilizationPolicy::parse("Force").unwrap(),
             CoreUtilizationPolicy::Force

@@ -26,6 +26,11 @@ pub struct Config {
     pub node_lock_ttl_seconds: u32,
     /// How long Bind waits for another pod's NodeLock before giving up, in milliseconds.
     pub node_lock_wait_millis: u64,
+    /// Let GPU pods set the variables the node agent enforces their slice
+    /// with (`CUDA_DEVICE_MEMORY_LIMIT…`, `CUDA_DISABLE_CONTROL`, …) in their
+    /// containers' `env`, overriding the agent's values. Off: such a pod is
+    /// refused at admission, since it could lift its own limits.
+    pub allow_enforcement_env: bool,
 }
 
 impl Default for Config {
@@ -37,6 +42,7 @@ impl Default for Config {
             scheduler_name: names::DEFAULT_SCHEDULER_NAME.to_owned(),
             node_lock_ttl_seconds: 60,
             node_lock_wait_millis: 20_000,
+            allow_enforcement_env: false,
         }
     }
 }

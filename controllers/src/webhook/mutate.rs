@@ -60,6 +60,11 @@ pub fn mutate(pod: &Pod, config: &Config, largest_device_mib: Option<u64>) -> Ve
             privileged.name
         ));
     }
+    if !config.allow_enforcement_env
+        && let Some(denial) = all.clone().find_map(enforcement_env)
+    {
+        return Verdict::Denied(denial);
+    }
     if let Some(largest) = largest_device_mib
         && let Some(too_big) = request
             .containers
@@ -119,6 +124,21 @@ fn fill_defaults(pod: &mut Pod, request: &PodRequest, config: &Config) {
             }
         }
     }
+}
+
+/// The refusal for a container that sets a variable the node agent enforces
+/// its slice with, naming the first one.
+fn enforcement_env(container: &Container) -> Option<String> {
+    let (index, var) = container
+        .env
+        .iter()
+        .flatten()
+        .enumerate()
+        .find(|(_, var)| tessera_api::env::is_enforcement_var(&var.name))?;
+    Some(format!(
+        "container {:?}: env[{index}] {}: the node agent sets this variable to enforce the container's GPU slice, and a value set here would override it; remove it (the controller's allowEnforcementEnv lets pods set it)",
+        container.name, var.name
+    ))
 }
 
 fn is_privileged(container: &Container) -> bool {
@@ -237,5 +257,44 @@ mod tests {
             let message = denied(mutate(&pod, &Config::default(), Some(81920)));
             assert!(message.contains(needle), "{message:?} lacks {needle:?}");
         }
+    }
+
+    #[test]
+    fn a_gpu_pod_may_not_set_the_variables_that_enforce_its_slice() {
+        let setting = |container: &str, env: Value| {
+            pod(json!({"containers": [
+                {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}},
+                {"name": container, "env": env},
+            ]}))
+        };
+        let lifting = setting(
+            "side",
+            json!([{"name": "HOME", "value": "/"}, {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"}]),
+        );
+        assert_eq!(
+            denied(mutate(&lifting, &Config::default(), None)),
+            "container \"side\": env[1] CUDA_DEVICE_MEMORY_LIMIT_0: the node agent sets this variable to enforce the container's GPU slice, and a value set here would override it; remove it (the controller's allowEnforcementEnv lets pods set it)"
+        );
+        let disabling = setting(
+            "side",
+            json!([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]),
+        );
+        assert!(
+            denied(mutate(&disabling, &Config::default(), None))
+                .contains("env[0] CUDA_DISABLE_CONTROL")
+        );
+
+        let allowed = Config {
+            allow_enforcement_env: true,
+            ..Config::default()
+        };
+        mutated(mutate(&lifting, &allowed, None));
+        let harmless = setting("side", json!([{"name": "LIBCUDA_LOG_LEVEL", "value": "4"}]));
+        mutated(mutate(&harmless, &Config::default(), None));
+        // Pods without GPUs may set anything.
+        let plain = pod(
+            json!({"containers": [{"name": "c", "env": [{"name": "CUDA_DISABLE_CONTROL", "value": "1"}]}]}),
+        );
+        assert_eq!(mutate(&plain, &Config::default(), None), Verdict::Untouched);
     }
 }
