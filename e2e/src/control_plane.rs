@@ -299,6 +299,26 @@ impl ControlPlane {
         }
     }
 
+    /// Kills the named component (newest instance) with SIGKILL and starts
+    /// it again as it was started; for kube-apiserver, waits until it is
+    /// ready again. Chaos tests use it on etcd and kube-apiserver.
+    pub async fn kill_and_restart(&self, name: &str) -> Result<(), Error> {
+        {
+            let mut processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+            let i = processes
+                .iter()
+                .rposition(|p| p.name() == name)
+                .ok_or_else(|| Error::Config(format!("no component {name} runs")))?;
+            processes[i].kill();
+            let again = processes[i].respawn()?;
+            processes[i] = again;
+        }
+        if name == "kube-apiserver" {
+            self.wait_ready("kube-apiserver /readyz", None).await?;
+        }
+        Ok(())
+    }
+
     /// Pids of every running component, oldest first.
     pub fn pids(&self) -> Vec<(String, u32)> {
         let processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());

@@ -43,6 +43,16 @@ pub struct Process {
     pid: u32,
     child: Option<Child>,
     log: PathBuf,
+    started: Started,
+}
+
+/// How a process was started, to start it again.
+#[derive(Debug, Clone)]
+struct Started {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    lifetime: Lifetime,
 }
 
 impl Process {
@@ -101,6 +111,15 @@ impl Process {
             pid: child.id(),
             child: Some(child),
             log,
+            started: Started {
+                program: program.to_owned(),
+                args: args.to_vec(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                lifetime,
+            },
         })
     }
 
@@ -135,6 +154,29 @@ impl Process {
     pub fn release(mut self) -> u32 {
         self.child = None;
         self.pid
+    }
+
+    /// Kills the process with SIGKILL (no chance to clean up, as a crash or
+    /// the OOM killer) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            tracing::debug!(name = %self.name, pid = self.pid, "killed");
+        }
+    }
+
+    /// Starts the program again exactly as it was started, appending to the
+    /// same log.
+    pub fn respawn(&self) -> Result<Self, Error> {
+        let Started {
+            program,
+            args,
+            env,
+            lifetime,
+        } = &self.started;
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Self::spawn_with_env(&self.name, program, args, &env, self.log.clone(), *lifetime)
     }
 
     /// SIGTERM, then SIGKILL after a grace period; waits for the exit.

@@ -136,3 +136,42 @@ fn tempdir() -> std::path::PathBuf {
     fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Chaos tests kill etcd and kube-apiserver and start them again: what was
+/// stored survives, and the API server serves again.
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_and_the_api_server_restart_after_sigkill_and_keep_what_was_stored() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::PostParams;
+
+    let plane = ControlPlane::start().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), "default");
+    let map: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kept"}, "data": {"k": "v"},
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &map).await.unwrap();
+    let pids = plane.pids();
+    for name in ["etcd", "kube-apiserver"] {
+        plane.kill_and_restart(name).await.unwrap();
+    }
+    let restarted = plane.pids();
+    for name in ["etcd", "kube-apiserver"] {
+        let pid = |all: &[(String, u32)]| all.iter().find(|(n, _)| n == name).map(|p| p.1);
+        assert_ne!(pid(&pids), pid(&restarted), "{name} is a new process");
+    }
+    // The API server may answer before it has reconnected to etcd.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let kept = loop {
+        match maps.get("kept").await {
+            Ok(map) => break map,
+            Err(error) => {
+                assert!(std::time::Instant::now() < deadline, "{error}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert_eq!(kept.data.unwrap()["k"], "v");
+    assert!(plane.kill_and_restart("kube-nothing").await.is_err());
+}
