@@ -292,9 +292,15 @@ pub fn spawn_allocate_stand_in(client: Client) {
     // The allocations, from a watch as the agent will have them.
     let (allocation_store, writer) = kube::runtime::reflector::store::<VgpuAllocation>();
     let all_allocations: Api<VgpuAllocation> = Api::all(client.clone());
+    // With a backoff: without one a failing watch (the control plane gone
+    // at the end of a test) is retried in a loop that never yields, and the
+    // runtime's shutdown waits on that worker forever (it hung CI).
     tokio::spawn(
-        kube::runtime::reflector(writer, watcher(all_allocations, watcher::Config::default()))
-            .for_each(|_| async {}),
+        kube::runtime::reflector(
+            writer,
+            watcher(all_allocations, watcher::Config::default()).default_backoff(),
+        )
+        .for_each(|_| async {}),
     );
     tokio::spawn(async move {
         let locks: Api<NodeLock> = Api::all(client.clone());
