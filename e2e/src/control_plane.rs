@@ -413,6 +413,10 @@ impl Drop for ControlPlane {
         if self.remove_dir {
             let _ = fs::remove_dir_all(&self.dir);
         }
+        // The test is not over until its runtime has shut down.
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.until_thread_exit();
+        }
     }
 }
 
