@@ -19,6 +19,7 @@
 //! ```
 
 pub mod artifacts;
+pub mod chaos;
 pub mod cluster;
 mod components;
 mod control_plane;

@@ -155,6 +155,11 @@ pub(crate) fn kubelet(
         "syncFrequency": "10s",
         "fileCheckFrequency": "5s",
         "maxPods": 250,
+        // A container that dies (the node agent killed by a chaos test) is
+        // started again within a second instead of after up to 5 minutes of
+        // CrashLoopBackOff (KEP-5593, beta in 1.35).
+        "featureGates": {"KubeletCrashLoopBackOffMax": true},
+        "crashLoopBackOff": {"maxContainerRestartPeriod": "1s"},
     });
     serde_yaml_ng::to_string(&config).unwrap_or_default()
 }
