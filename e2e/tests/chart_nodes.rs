@@ -161,14 +161,53 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
         "{text}"
     );
 
+    // A GPU pod may not lift its own limit through its env: the kubelet
+    // puts the container's env after the device plugin's.
+    let mut lifting = gpu_pod("lifting", 512, None, "cuda-probe meminfo 0; sleep 3600");
+    lifting["spec"]["containers"][0]["env"] =
+        json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "8g"}]);
+    let message = refusal(
+        pods.create(&PostParams::default(), &pod(lifting.clone()))
+            .await,
+    );
+    assert!(
+        message.contains("env[0] CUDA_DEVICE_MEMORY_LIMIT_0: the node agent sets this variable"),
+        "{message}"
+    );
+
     // 2. An upgrade with a new split count: running pods and their
-    // allocations stay, the GpuNodes get the new count.
+    // allocations stay, the GpuNodes get the new count. It also lets pods
+    // set the enforcement variables, which shows why they are refused by
+    // default: the container's value wins over the agent's.
     assert!(split_count(&client).await.iter().all(|&s| s == 10));
     let uid = pods.get("sliced").await.unwrap().metadata.uid;
     cluster
-        .helm_install(&["--set", "nodeDefaults.deviceSplitCount=4"])
+        .helm_install(&[
+            "--set",
+            "nodeDefaults.deviceSplitCount=4",
+            "--set",
+            "config.allowEnforcementEnv=true",
+        ])
         .await
         .unwrap();
+    // Until the old controller pod, still behind the Service for a moment
+    // after the rollout, is gone.
+    wait_for("the upgraded webhook to admit the pod", async || {
+        pods.create(&PostParams::default(), &pod(lifting.clone()))
+            .await
+            .ok()
+    })
+    .await;
+    let out = wait_for("the lifting pod's meminfo", async || {
+        let out = logs(&cluster, "lifting");
+        out.contains("total=").then_some(out)
+    })
+    .await;
+    assert_eq!(
+        number(&section(&format!("---\n{out}"), "---"), "total"),
+        8 << 30,
+        "the pod's own CUDA_DEVICE_MEMORY_LIMIT_0 replaced the agent's 512 MiB: {out}"
+    );
     wait_for("the GpuNodes to have split count 4", async || {
         let counts = split_count(&client).await;
         (!counts.is_empty() && counts.iter().all(|&s| s == 4)).then_some(())
