@@ -33,6 +33,7 @@
 )]
 
 mod compute;
+mod file;
 pub mod priority;
 mod process;
 mod slots;
@@ -47,6 +48,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
+pub use file::RegionFile;
 pub use priority::Priority;
 pub use process::{process_alive, process_start_time};
 pub use snapshot::{DeviceUsage, ProcessUsage, Snapshot};
@@ -119,6 +121,97 @@ pub enum Error {
     /// Every process slot is taken by a live process.
     #[error("shared region: all {SLOTS} process slots are in use by live processes")]
     SlotsFull,
+    /// The region's name is not one path component.
+    #[error("shared region {path}: the name must be one path component")]
+    Name {
+        /// The region file.
+        path: PathBuf,
+    },
+    /// The path names something other than a regular file.
+    #[error("shared region {path}: is a {kind}, not a regular file")]
+    NotAFile {
+        /// The region file.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// The file has other names (hard links).
+    #[error("shared region {path}: has {links} links, a region has exactly one")]
+    Links {
+        /// The region file.
+        path: PathBuf,
+        /// Its link count.
+        links: u64,
+    },
+    /// The file was replaced between its check and its opening.
+    #[error("shared region {path}: replaced while being opened")]
+    Replaced {
+        /// The region file.
+        path: PathBuf,
+    },
+    /// The file shrank while it was read.
+    #[error("shared region {path}: read {read} of {REGION_SIZE} bytes (the file shrank)")]
+    ShortRead {
+        /// The region file.
+        path: PathBuf,
+        /// Bytes read before the end of the file.
+        read: usize,
+    },
+    /// The file is all zeroes where the magic goes: created, not initialised.
+    #[error("shared region {path}: not initialised (magic is 0)")]
+    Uninitialised {
+        /// The region file.
+        path: PathBuf,
+    },
+    /// A header field is not the value this layout fixes.
+    #[error("shared region {path}: header field {field} is {found}, expected {expected}")]
+    Header {
+        /// The region file.
+        path: PathBuf,
+        /// The field.
+        field: &'static str,
+        /// Its value in the file.
+        found: u64,
+        /// The only value this crate accepts.
+        expected: u64,
+    },
+    /// The region's limits or priority are not the ones the process's
+    /// environment gives (the environment, set by the node agent from the
+    /// allocation, is authoritative).
+    #[error(
+        "shared region {path}: holds other limits than this process's environment \
+         (memory {found_memory:?}, compute {found_sm:?}, priority {found_priority:?}; \
+         the environment says {memory:?}, {sm:?}, {priority:?})"
+    )]
+    LimitsDiffer {
+        /// The region file.
+        path: PathBuf,
+        /// Memory limits in the region, bytes per device.
+        found_memory: Box<[u64; MAX_DEVICES]>,
+        /// Compute limits in the region, percent per device.
+        found_sm: [u8; MAX_DEVICES],
+        /// The region's priority.
+        found_priority: Priority,
+        /// Memory limits of the environment.
+        memory: Box<[u64; MAX_DEVICES]>,
+        /// Compute limits of the environment.
+        sm: [u8; MAX_DEVICES],
+        /// The environment's priority.
+        priority: Priority,
+    },
+}
+
+impl Error {
+    /// Whether the error is a region that does not exist yet or is being
+    /// created (missing, empty, or all zeroes before its magic): what a
+    /// container before its first CUDA call has, not an offence.
+    pub fn is_pending(&self) -> bool {
+        match self {
+            Self::Io { source, .. } => source.kind() == io::ErrorKind::NotFound,
+            Self::Size { found: 0, .. } | Self::Uninitialised { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 /// Result with this crate's [`Error`].
@@ -362,16 +455,23 @@ impl Region {
                 source,
             }
         };
+        // No symbolic link is followed at the last component, a FIFO or a
+        // device node is refused before anything maps it, and a file of any
+        // size but the region's (or 0, not created yet) is refused: a
+        // process of the container attaches to nothing it cannot use.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o666)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
             .open(path)
             .map_err(io("open"))?;
         let _lock = FileLock::exclusive(&file).map_err(io("lock"))?;
-        let len = file.metadata().map_err(io("stat"))?.len();
+        let metadata = file.metadata().map_err(io("stat"))?;
+        check_type(path, &metadata)?;
+        let len = metadata.len();
         if len == 0 {
             file.set_len(REGION_SIZE as u64).map_err(io("resize"))?;
             // Every process of the container must be able to map it, whatever
@@ -379,7 +479,7 @@ impl Region {
             // had created).
             file.set_permissions(std::fs::Permissions::from_mode(0o666))
                 .map_err(io("chmod"))?;
-        } else if len < REGION_SIZE as u64 {
+        } else if len != REGION_SIZE as u64 {
             return Err(Error::Size {
                 path: path.to_owned(),
                 found: len,
@@ -427,7 +527,10 @@ impl Region {
         Ok((region, Opened::Attached { limits_differ }))
     }
 
-    /// Opens an existing, initialised region (the node agent's entry point).
+    /// Opens an existing, initialised region and maps it: for a process of
+    /// the container (and tests). Not for a reader outside the container:
+    /// whoever can truncate the file can make any access to the mapping a
+    /// `SIGBUS`; the node agent uses [`RegionFile`], which never maps.
     pub fn open(path: &Path) -> Result<Self> {
         let io = |op| {
             move |source| Error::Io {
@@ -439,10 +542,13 @@ impl Region {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
             .open(path)
             .map_err(io("open"))?;
-        let len = file.metadata().map_err(io("stat"))?.len();
-        if len < REGION_SIZE as u64 {
+        let metadata = file.metadata().map_err(io("stat"))?;
+        check_type(path, &metadata)?;
+        let len = metadata.len();
+        if len != REGION_SIZE as u64 {
             return Err(Error::Size {
                 path: path.to_owned(),
                 found: len,
@@ -532,6 +638,18 @@ impl Region {
             .map_or(0, |d| d.used.load(Ordering::Acquire))
     }
 
+    /// The limits the region holds (written by the process that created it).
+    pub fn limits(&self) -> Limits {
+        let devices = &self.layout().devices;
+        Limits {
+            memory: std::array::from_fn(|d| devices[d].limit.load(Ordering::Relaxed)),
+            sm_percent: std::array::from_fn(|d| {
+                u8::try_from(devices[d].sm_limit.load(Ordering::Relaxed)).unwrap_or(u8::MAX)
+            }),
+            priority: self.priority(),
+        }
+    }
+
     /// Records the host pid of a slot's process (the node agent knows it).
     pub fn set_host_pid(&self, slot: SlotId, host_pid: u32) {
         self.layout().slots[slot.0]
@@ -548,6 +666,22 @@ impl Drop for Region {
             libc::munmap(self.map.as_ptr().cast(), REGION_SIZE);
         }
     }
+}
+
+/// Refuses anything but a regular file (a directory, FIFO, socket or device
+/// node where the region should be).
+fn check_type(path: &Path, metadata: &std::fs::Metadata) -> Result<()> {
+    if metadata.file_type().is_file() {
+        return Ok(());
+    }
+    Err(Error::NotAFile {
+        path: path.to_owned(),
+        kind: if metadata.is_dir() {
+            "directory"
+        } else {
+            "special file"
+        },
+    })
 }
 
 fn saturating_sub(counter: &AtomicU64, bytes: u64) {

@@ -48,7 +48,7 @@ impl Priority {
         }
     }
 
-    fn from_raw(raw: u32) -> Self {
+    pub(crate) fn from_raw(raw: u32) -> Self {
         if raw == 1 { Self::High } else { Self::Low }
     }
 }
@@ -147,8 +147,83 @@ pub struct Member<'a, G> {
     pub gpus: Vec<Option<G>>,
 }
 
+/// What [`holds`] needs to know of a container's launches.
+pub trait Launches {
+    /// Whether a live process launched on ordinal `dev` at or after `since`.
+    fn launched_since(&self, dev: usize, since: u64) -> bool;
+}
+
+impl Launches for Region {
+    fn launched_since(&self, dev: usize, since: u64) -> bool {
+        Region::launched_since(self, dev, since)
+    }
+}
+
+impl Launches for crate::Snapshot {
+    fn launched_since(&self, dev: usize, since: u64) -> bool {
+        crate::Snapshot::launched_since(self, dev, since)
+    }
+}
+
+/// One container for [`holds`]: its priority (the node agent takes it from
+/// the container's allocation, never from the region the container can
+/// write), its launches, and the GPU of each of its ordinals.
+pub struct Contender<'a, G> {
+    /// The container's priority.
+    pub priority: Priority,
+    /// Its launches (a region or a snapshot of one).
+    pub launches: &'a dyn Launches,
+    /// The GPU of each ordinal.
+    pub gpus: &'a [Option<G>],
+}
+
+/// Decides the hold of every container at `now` (see the module docs): for
+/// each, the ordinals to hold (bit `i` = ordinal `i`; always 0 for a
+/// high-priority container). Writes nothing.
+pub fn holds<G: PartialEq>(
+    contenders: &[Contender<'_, G>],
+    now: u64,
+    active_window: u64,
+) -> Vec<u32> {
+    let since = now.saturating_sub(active_window);
+    let mut active: Vec<(usize, &G)> = Vec::new();
+    for (index, member) in contenders.iter().enumerate() {
+        if member.priority != Priority::High {
+            continue;
+        }
+        for (dev, gpu) in member.gpus.iter().enumerate().take(MAX_DEVICES) {
+            if let Some(gpu) = gpu
+                && member.launches.launched_since(dev, since)
+            {
+                active.push((index, gpu));
+            }
+        }
+    }
+    contenders
+        .iter()
+        .enumerate()
+        .map(|(index, member)| {
+            if member.priority == Priority::High {
+                return 0;
+            }
+            let mut devices = 0u32;
+            for (dev, gpu) in member.gpus.iter().enumerate().take(MAX_DEVICES) {
+                if let Some(gpu) = gpu
+                    && active.iter().any(|&(other, g)| other != index && g == gpu)
+                {
+                    devices |= 1 << dev;
+                }
+            }
+            devices
+        })
+        .collect()
+}
+
 /// Decides the holds of every container at `now` (see the module docs) and
-/// writes them; returns how many containers are held.
+/// writes them; returns how many containers are held. Each container's
+/// priority is the one in its region: for callers that trust the regions
+/// (tests, one tenant's own processes). The node agent uses [`holds`] with
+/// the priorities of the allocations.
 ///
 /// A low-priority container's ordinal is held while another container of
 /// high priority launched on the same GPU within `active_window`; the hold
@@ -159,32 +234,19 @@ pub fn arbitrate<G: PartialEq>(
     active_window: u64,
     hold_for: u64,
 ) -> usize {
-    let since = now.saturating_sub(active_window);
-    let mut active: Vec<(usize, &G)> = Vec::new();
-    for (index, member) in members.iter().enumerate() {
-        if member.region.priority() != Priority::High {
-            continue;
-        }
-        for (dev, gpu) in member.gpus.iter().enumerate() {
-            if let Some(gpu) = gpu
-                && member.region.launched_since(dev, since)
-            {
-                active.push((index, gpu));
-            }
-        }
-    }
+    let contenders: Vec<Contender<'_, G>> = members
+        .iter()
+        .map(|m| Contender {
+            priority: m.region.priority(),
+            launches: m.region,
+            gpus: &m.gpus,
+        })
+        .collect();
+    let decided = holds(&contenders, now, active_window);
     let mut held = 0;
-    for (index, member) in members.iter().enumerate() {
+    for (member, devices) in members.iter().zip(decided) {
         if member.region.priority() == Priority::High {
             continue;
-        }
-        let mut devices = 0u32;
-        for (dev, gpu) in member.gpus.iter().enumerate().take(MAX_DEVICES) {
-            if let Some(gpu) = gpu
-                && active.iter().any(|&(other, g)| other != index && g == gpu)
-            {
-                devices |= 1 << dev;
-            }
         }
         member.region.set_hold(devices, now + hold_for);
         held += usize::from(devices != 0);

@@ -408,3 +408,286 @@ fn arbitration_holds_low_priority_containers_on_a_busy_high_priority_gpu() {
     arbitrate(&members, 20 * s, s / 2, s);
     assert!(low.held(1, 20 * s) && !low.held(1, 21 * s));
 }
+
+mod hostile {
+    //! The node agent's reader against everything a tenant can put where
+    //! its region should be.
+
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn region_in(dir: &Path) -> Region {
+        let (region, _) = Region::create_or_open(&dir.join("region"), &limits(MIB)).unwrap();
+        region
+    }
+
+    fn refused(dir: &Path) -> Error {
+        RegionFile::open_beneath(dir, "region").expect_err("refused")
+    }
+
+    #[test]
+    fn a_region_reads_as_the_interposer_wrote_it_and_takes_the_agents_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let region = region_in(dir.path());
+        let (pid, start) = me();
+        let slot = region.claim_slot(pid, start).unwrap();
+        region.try_reserve(slot, 0, MIB / 2).unwrap();
+        region.record_launch(slot, 2, 77);
+        let file = RegionFile::open_beneath(dir.path(), "region").unwrap();
+        assert_eq!(file.snapshot().unwrap(), region.snapshot());
+        assert!(file.snapshot().unwrap().launched_since(2, 77));
+        assert!(!file.snapshot().unwrap().launched_since(2, 78));
+        file.set_sharing(1, Sharing::Shared).unwrap();
+        file.set_sharing(MAX_DEVICES, Sharing::Shared).unwrap();
+        file.set_hold(0b100, 1234).unwrap();
+        file.set_host_pid(slot, 4242).unwrap();
+        assert_eq!(region.sharing(1), Sharing::Shared);
+        assert!(region.held(2, 1000) && !region.held(2, 1234));
+        assert_eq!(region.host_pid(slot), Some(4242));
+        assert_eq!(file.snapshot().unwrap(), region.snapshot());
+        file.set_hold(0, 0).unwrap();
+        assert_eq!(region.hold(), None);
+    }
+
+    #[test]
+    fn links_fifos_directories_and_devices_are_refused_without_being_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let host_file = dir.path().join("host-file");
+        std::fs::write(&host_file, vec![0u8; REGION_SIZE]).unwrap();
+        let tenant = dir.path().join("tenant");
+        std::fs::create_dir(&tenant).unwrap();
+        let region = tenant.join("region");
+
+        symlink(&host_file, &region).unwrap();
+        let err = refused(&tenant);
+        assert!(
+            matches!(
+                err,
+                Error::NotAFile {
+                    kind: "symbolic link",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("tenant/region"), "{err}");
+        std::fs::remove_file(&region).unwrap();
+
+        std::fs::hard_link(&host_file, &region).unwrap();
+        assert!(matches!(refused(&tenant), Error::Links { links: 2, .. }));
+        std::fs::remove_file(&region).unwrap();
+
+        std::fs::create_dir(&region).unwrap();
+        assert!(matches!(
+            refused(&tenant),
+            Error::NotAFile {
+                kind: "directory",
+                ..
+            }
+        ));
+        std::fs::remove_dir(&region).unwrap();
+
+        let c = std::ffi::CString::new(region.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            refused(&tenant),
+            Error::NotAFile { kind: "FIFO", .. }
+        ));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "never blocks"
+        );
+        std::fs::remove_file(&region).unwrap();
+
+        // A device node (root only): refused from its O_PATH handle, never
+        // opened (opening some devices has effects).
+        // SAFETY: mknod with a NUL-terminated path; /dev/null's numbers.
+        if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
+            assert!(matches!(
+                refused(&tenant),
+                Error::NotAFile {
+                    kind: "character device",
+                    ..
+                }
+            ));
+            std::fs::remove_file(&region).unwrap();
+        }
+
+        // The directory itself given as a link is refused too.
+        symlink(&tenant, dir.path().join("linked")).unwrap();
+        region_in(&tenant);
+        assert!(RegionFile::open_beneath(&dir.path().join("linked"), "region").is_err());
+        for name in ["", ".", "..", "a/region"] {
+            assert!(matches!(
+                RegionFile::open_beneath(&tenant, name),
+                Err(Error::Name { .. })
+            ));
+        }
+        assert_eq!(std::fs::read(&host_file).unwrap(), vec![0u8; REGION_SIZE]);
+    }
+
+    #[test]
+    fn sizes_other_than_the_regions_are_refused_and_pending_ones_say_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("region");
+        let missing = refused(dir.path());
+        assert!(missing.is_pending(), "{missing}");
+
+        std::fs::File::create(&path).unwrap();
+        assert!(refused(dir.path()).is_pending(), "created, not sized yet");
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(REGION_SIZE as u64).unwrap();
+        let zeroes = RegionFile::open_beneath(dir.path(), "region").unwrap();
+        let err = zeroes.snapshot().unwrap_err();
+        assert!(
+            matches!(err, Error::Uninitialised { .. }) && err.is_pending(),
+            "{err}"
+        );
+
+        for size in [1, REGION_SIZE as u64 - 1, REGION_SIZE as u64 + 1, 8 << 30] {
+            file.set_len(size).unwrap(); // sparse: 8 GiB costs nothing
+            let err = refused(dir.path());
+            assert!(
+                matches!(err, Error::Size { found, .. } if found == size),
+                "{err}"
+            );
+            assert!(!err.is_pending());
+        }
+    }
+
+    #[test]
+    fn a_file_that_shrinks_after_the_check_is_a_short_read_and_takes_no_write() {
+        let dir = tempfile::tempdir().unwrap();
+        region_in(dir.path());
+        let file = RegionFile::open_beneath(dir.path(), "region").unwrap();
+        let raw = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("region"))
+            .unwrap();
+        raw.set_len(100).unwrap();
+        assert!(matches!(
+            file.snapshot(),
+            Err(Error::ShortRead { read: 100, .. })
+        ));
+        assert!(matches!(
+            file.set_hold(1, 5),
+            Err(Error::Size { found: 100, .. })
+        ));
+        assert_eq!(raw.metadata().unwrap().len(), 100, "the agent grew nothing");
+        raw.set_len(0).unwrap();
+        assert!(matches!(
+            file.snapshot(),
+            Err(Error::ShortRead { read: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn truncating_and_restoring_the_file_while_it_is_read_never_faults() {
+        // The measured failure: a pod restored and truncated its region in
+        // a loop, and the agent (which mapped it) died of SIGBUS. Reading
+        // through RegionFile races the same loop in this process: a fault
+        // would kill the test binary.
+        let dir = tempfile::tempdir().unwrap();
+        region_in(dir.path());
+        let path = dir.path().join("region");
+        let copy = std::fs::read(&path).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let attacker = {
+            let (stop, path) = (stop.clone(), path.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::fs::write(&path, &copy).unwrap();
+                    std::fs::File::create(&path).unwrap(); // truncate to 0
+                }
+            })
+        };
+        let (mut read, mut refused) = (0, 0);
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(800);
+        while std::time::Instant::now() < until {
+            match RegionFile::open_beneath(dir.path(), "region").and_then(|f| f.snapshot()) {
+                Ok(snapshot) => {
+                    read += 1;
+                    assert_eq!(snapshot.devices.len(), MAX_DEVICES);
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        attacker.join().unwrap();
+        assert!(read + refused > 10, "read {read}, refused {refused}");
+    }
+
+    /// Bytes from a seed (xorshift), fast for a region-sized input.
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn valid_bytes() -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let region = region_in(dir.path());
+        let (pid, start) = me();
+        let slot = region.claim_slot(pid, start).unwrap();
+        region.try_reserve(slot, 0, MIB).unwrap();
+        std::fs::read(dir.path().join("region")).unwrap()
+    }
+
+    proptest::proptest! {
+        // The case count is proptest's default (256), or PROPTEST_CASES.
+
+        #[test]
+        fn arbitrary_bytes_parse_or_are_refused_never_panic(seed: u64, len in 0usize..REGION_SIZE * 2) {
+            let bytes = noise(seed, len);
+            let parsed = Snapshot::parse(&bytes, Path::new("r"));
+            if len != REGION_SIZE {
+                proptest::prop_assert!(matches!(parsed, Err(Error::Size { .. })), "{parsed:?}");
+            }
+        }
+
+        #[test]
+        fn a_valid_region_with_arbitrary_words_overwritten_parses_within_bounds(
+            writes in proptest::collection::vec((0usize..REGION_SIZE / 4, proptest::prelude::any::<u32>()), 1..64),
+            header_seed: u64,
+            scramble_header: bool,
+        ) {
+            let mut bytes = valid_bytes();
+            for (word, value) in writes {
+                bytes[word * 4..word * 4 + 4].copy_from_slice(&value.to_ne_bytes());
+            }
+            if scramble_header {
+                bytes[..64].copy_from_slice(&noise(header_seed, 64));
+            }
+            match Snapshot::parse(&bytes, Path::new("r")) {
+                Ok(snapshot) => {
+                    proptest::prop_assert_eq!(snapshot.devices.len(), MAX_DEVICES);
+                    proptest::prop_assert!(snapshot.processes.len() <= SLOTS);
+                    proptest::prop_assert!(snapshot.devices.iter().all(|d| d.sm_limit.is_none_or(|p| p > 0 && p < 100)));
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    proptest::prop_assert!(text.starts_with("shared region r:"), "{}", text);
+                }
+            }
+        }
+
+        #[test]
+        fn a_valid_header_with_absurd_counts_is_refused(field in 0usize..4, value: u32) {
+            // size (u64 at 16), device_count (12), slot_count (24), slot_size (28).
+            let mut bytes = valid_bytes();
+            let (at, fixed) = [(16, REGION_SIZE as u32), (12, MAX_DEVICES as u32), (24, SLOTS as u32), (28, 192)][field];
+            proptest::prop_assume!(value != fixed);
+            bytes[at..at + 4].copy_from_slice(&value.to_ne_bytes());
+            let err = Snapshot::parse(&bytes, Path::new("r")).unwrap_err();
+            proptest::prop_assert!(matches!(err, Error::Header { .. }), "{}", err);
+        }
+    }
+}
