@@ -97,7 +97,13 @@ impl MemoryRequest {
     pub fn resolve(self, capacity_mib: u64) -> u64 {
         match self {
             Self::Mib(mib) => mib,
-            Self::Percent(percent) => capacity_mib * u64::from(percent) / 100,
+            // In 128 bits: a capacity above u64::MAX / 100 (any u64 a
+            // GpuNode may carry) must not overflow. The result is at most
+            // `capacity_mib`, so it fits back in a u64.
+            Self::Percent(percent) => {
+                let mib = u128::from(capacity_mib) * u128::from(percent.min(100)) / 100;
+                u64::try_from(mib).unwrap_or(capacity_mib)
+            }
         }
     }
 
