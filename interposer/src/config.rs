@@ -188,6 +188,9 @@ fn parse_device_sm_limit(name: &str, value: &str) -> Result<u8, Error> {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
