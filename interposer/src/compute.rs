@@ -287,7 +287,8 @@ impl Limiter {
             let wait = if region.held(dev, now) {
                 HOLD_POLL_NS
             } else if tokens < 0 {
-                (tokens.unsigned_abs() * 100 / u64::from(percent)).clamp(MIN_WAIT_NS, MAX_WAIT_NS)
+                (tokens.unsigned_abs().saturating_mul(100) / u64::from(percent))
+                    .clamp(MIN_WAIT_NS, MAX_WAIT_NS)
             } else if unmeasured {
                 BOOTSTRAP_POLL_NS
             } else {

@@ -57,25 +57,41 @@ fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
         log!(INFO, "CUDA_DISABLE_CONTROL is set: not enforcing");
         return State::Disabled;
     }
+    // The region is the container's to write: whatever is in it, this
+    // process either attaches to a region whose header and limits are the
+    // ones its environment gives (the environment comes from the node
+    // agent's allocation and is authoritative), or refuses CUDA, saying
+    // why. It never rebuilds a region: the container's other processes
+    // hold reservations in it. See docs/interposer.md ("A corrupted region").
     let region = match Region::create_or_open_with(&config.region_path, &config.region_limits()) {
-        Ok((region, opened)) => {
-            if opened
-                == (Opened::Attached {
-                    limits_differ: true,
+        Ok((
+            region,
+            Opened::Attached {
+                limits_differ: true,
+            },
+        )) => {
+            let found = region.limits();
+            let wanted = config.region_limits();
+            log!(
+                ERROR,
+                "refusing CUDA, not rebuilding the region: {}",
+                Error::from(tessera_vgpu_region::Error::LimitsDiffer {
+                    path: config.region_path.clone(),
+                    found_memory: Box::new(found.memory),
+                    found_sm: found.sm_percent,
+                    found_priority: found.priority,
+                    memory: Box::new(wanted.memory),
+                    sm: wanted.sm_percent,
+                    priority: wanted.priority,
                 })
-            {
-                log!(
-                    WARN,
-                    "{} holds other limits than this process's environment; the region's limits apply",
-                    config.region_path.display()
-                );
-            }
-            Some(region)
+            );
+            return State::Refused;
         }
+        Ok((region, _)) => Some(region),
         Err(e) if config.any_limit() || config.any_sm_limit() => {
             log!(
                 ERROR,
-                "limits are set but the shared region is unusable, refusing CUDA: {}",
+                "limits are set but the shared region is unusable, refusing CUDA (not rebuilding it): {}",
                 Error::from(e)
             );
             return State::Refused;

@@ -57,7 +57,9 @@ impl Region {
                 .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            let credit = i64::try_from((now - last) * u64::from(percent) / 100).unwrap_or(cap);
+            // `refilled_at` is the container's to write: saturate, never overflow.
+            let credit =
+                i64::try_from((now - last).saturating_mul(u64::from(percent)) / 100).unwrap_or(cap);
             let _ = d
                 .tokens
                 .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| {
