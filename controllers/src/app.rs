@@ -53,6 +53,18 @@ pub struct Args {
         default_value = "kube-node-lease"
     )]
     pub agent_lease_namespace: String,
+    /// Namespace of the node agents' DaemonSet pods. A node whose agent pod
+    /// is not Ready (its container died: the kubelet reports it within about
+    /// a second) takes no GPU pod. Empty: not watched.
+    #[arg(long, env = "TESSERA_AGENT_NAMESPACE", default_value = "")]
+    pub agent_namespace: String,
+    /// Label selector of the node agents' pods in `--agent-namespace`.
+    #[arg(
+        long,
+        env = "TESSERA_AGENT_SELECTOR",
+        default_value = "app.kubernetes.io/component=node-agent"
+    )]
+    pub agent_selector: String,
     /// This replica's identity in the election (in a pod: its name).
     #[arg(long, env = "POD_NAME", default_value = "tessera-controller")]
     pub identity: String,
@@ -89,15 +101,20 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Re
         tls_key_file,
         lease_namespace,
         agent_lease_namespace,
+        agent_namespace,
+        agent_selector,
         identity,
         log: _,
     } = &args;
     let config = Arc::new(config);
-    let projection = if agent_lease_namespace.is_empty() {
-        Projection::spawn(client.clone())
-    } else {
-        Projection::spawn_with_agent_leases(client.clone(), agent_lease_namespace)
+    let agent_lease_namespace =
+        Some(agent_lease_namespace.clone()).filter(|namespace| !namespace.is_empty());
+    let watches = crate::projection::Watches {
+        agent_leases: agent_lease_namespace.clone(),
+        agent_pods: Some((agent_namespace.clone(), agent_selector.clone()))
+            .filter(|(namespace, _)| !namespace.is_empty()),
     };
+    let projection = Projection::spawn_watching(client.clone(), &watches);
     let metrics = Metrics::new(projection.clone());
     let election = crate::leader::Election {
         namespace: lease_namespace.clone(),
@@ -109,7 +126,7 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Re
     tokio::spawn(async move {
         election
             .run(lifecycle_client.clone(), move || {
-                crate::lifecycle::run(lifecycle_client.clone())
+                crate::lifecycle::run_with(lifecycle_client.clone(), agent_lease_namespace.clone())
             })
             .await
     });
@@ -187,6 +204,11 @@ mod tests {
         assert_eq!(args.extender_addr.to_string(), "127.0.0.1:8888");
         assert_eq!(args.metrics_addr.to_string(), "0.0.0.0:9395");
         assert_eq!(args.agent_lease_namespace, "kube-node-lease");
+        assert!(args.agent_namespace.is_empty(), "agent pods: not watched");
+        assert_eq!(
+            args.agent_selector,
+            "app.kubernetes.io/component=node-agent"
+        );
 
         let args = Args::try_parse_from([
             "tessera-controller",

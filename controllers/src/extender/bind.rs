@@ -258,6 +258,19 @@ impl Binder {
                 reason: format!("{NOT_READY}{reason}"),
             });
         }
+        // The agent's pod may have died since Filter (the GpuNode still says
+        // what the dead agent wrote): the watch of agent pods knows.
+        let agent_down = self
+            .projection
+            .read()
+            .not_ready(&args.node)
+            .map(str::to_owned);
+        if let Some(reason) = agent_down {
+            return Err(Error::NoLongerFits {
+                node: args.node.clone(),
+                reason: format!("{NOT_READY}{reason}"),
+            });
+        }
         let mut fold = NodeGpus::new(devices.to_vec());
         for allocation in &on_node.items {
             let ours = allocation.namespace().as_deref() == Some(args.pod_namespace.as_str())

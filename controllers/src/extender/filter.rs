@@ -65,6 +65,11 @@ pub fn filter(
             },
         }
     }
+    // Recorded under the read lock: a release applied after this decision
+    // finds the record and tells kube-scheduler (see projection::Waiters).
+    projection
+        .waiters()
+        .record(failed.keys().chain(unresolvable.keys()).map(String::as_str));
     drop(ledger);
     answer(args, feasible, failed, unresolvable)
 }

@@ -1,6 +1,10 @@
 //! What the lifecycle controllers decide: pure functions of the objects.
 
-use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use k8s_openapi::{
+    api::core::v1::Pod,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::{SignedDuration, Timestamp},
+};
 use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation};
 
 /// Why an allocation's slices are free again, if they are.
@@ -107,6 +111,89 @@ pub fn lock_action(
         return LockAction::Release("the lock expired".into());
     }
     LockAction::KeepUntil(lock.spec.expires_at.0)
+}
+
+/// How long an agent Lease counts as held when it does not say.
+pub const DEFAULT_LEASE_SECONDS: i32 = 40;
+
+/// What an agent's Lease says at a moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseVerdict {
+    /// Renewed in time; it lapses at `until` unless renewed again.
+    Held {
+        /// When it lapses.
+        until: Timestamp,
+    },
+    /// Not renewed in time: the agent is gone or cut off since `since`.
+    Lapsed {
+        /// When it lapsed.
+        since: Timestamp,
+    },
+}
+
+/// Whether a Lease last renewed at `renewed` for `duration_seconds` still
+/// holds at `now` (like the node lifecycle controller's view of kubelets'
+/// Leases). A Lease never renewed has lapsed.
+pub fn lease_verdict(
+    renewed: Option<Timestamp>,
+    duration_seconds: Option<i32>,
+    now: Timestamp,
+) -> LeaseVerdict {
+    let Some(renewed) = renewed else {
+        return LeaseVerdict::Lapsed {
+            since: Timestamp::UNIX_EPOCH,
+        };
+    };
+    let seconds = duration_seconds
+        .filter(|s| *s > 0)
+        .unwrap_or(DEFAULT_LEASE_SECONDS);
+    let until = renewed
+        .saturating_add(SignedDuration::from_secs(seconds.into()))
+        .unwrap_or(renewed);
+    if until > now {
+        LeaseVerdict::Held { until }
+    } else {
+        LeaseVerdict::Lapsed { since: until }
+    }
+}
+
+/// The reason on a GpuNode's `Ready` condition when its agent's Lease lapsed.
+pub const AGENT_LEASE_EXPIRED: &str = "AgentLeaseExpired";
+
+/// The conditions a GpuNode should have once its agent's Lease lapsed at
+/// `since` (`Ready` Unknown, the others kept), or `None` when its `Ready`
+/// already says Unknown. The agent replaces it when it writes again.
+pub fn lease_lapsed_conditions(
+    current: &[Condition],
+    lease: &str,
+    since: Timestamp,
+    now: Timestamp,
+) -> Option<Vec<Condition>> {
+    if current
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "Unknown")
+    {
+        return None;
+    }
+    let whole_seconds = Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let unknown = Condition {
+        type_: "Ready".into(),
+        status: "Unknown".into(),
+        reason: AGENT_LEASE_EXPIRED.into(),
+        message: format!(
+            "the node agent stopped renewing its Lease {lease}; it lapsed at {}",
+            Timestamp::from_second(since.as_second()).unwrap_or(since)
+        ),
+        last_transition_time: Time(whole_seconds),
+        observed_generation: None,
+    };
+    let mut conditions: Vec<Condition> = current
+        .iter()
+        .filter(|c| c.type_ != "Ready")
+        .cloned()
+        .collect();
+    conditions.push(unknown);
+    Some(conditions)
 }
 
 #[cfg(test)]
@@ -293,6 +380,86 @@ mod tests {
                 now
             )),
             "the lock expired"
+        );
+    }
+
+    #[test]
+    fn an_agent_lease_lapses_after_its_duration() {
+        let at = |t: &str| -> Timestamp { t.parse().unwrap() };
+        let renewed = Some(at("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            lease_verdict(renewed, Some(40), at("2026-01-01T00:00:39Z")),
+            LeaseVerdict::Held {
+                until: at("2026-01-01T00:00:40Z")
+            }
+        );
+        assert_eq!(
+            lease_verdict(renewed, Some(40), at("2026-01-01T00:00:40Z")),
+            LeaseVerdict::Lapsed {
+                since: at("2026-01-01T00:00:40Z")
+            }
+        );
+        assert_eq!(
+            lease_verdict(renewed, None, at("2026-01-01T00:00:10Z")),
+            LeaseVerdict::Held {
+                until: at("2026-01-01T00:00:40Z")
+            },
+            "the agents' 40 s when the Lease does not say"
+        );
+        assert!(matches!(
+            lease_verdict(None, Some(40), at("2026-01-01T00:00:10Z")),
+            LeaseVerdict::Lapsed { .. }
+        ));
+    }
+
+    #[test]
+    fn a_lapsed_lease_makes_ready_unknown_once() {
+        let at = |t: &str| -> Timestamp { t.parse().unwrap() };
+        let ready: Condition = serde_json::from_value(json!({
+            "type": "Ready", "status": "True", "reason": "AllGpusHealthy", "message": "1 of 1 GPUs healthy",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+        .unwrap();
+        let other: Condition = serde_json::from_value(json!({
+            "type": "Other", "status": "True", "reason": "R", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+        .unwrap();
+        let now = at("2026-01-01T00:01:00.250Z");
+        let written = lease_lapsed_conditions(
+            &[other.clone(), ready],
+            "tessera-agent-n1",
+            at("2026-01-01T00:00:40Z"),
+            now,
+        )
+        .unwrap();
+        assert_eq!(written[0], other, "other conditions are kept");
+        let unknown = &written[1];
+        assert_eq!(
+            (
+                unknown.type_.as_str(),
+                unknown.status.as_str(),
+                unknown.reason.as_str()
+            ),
+            ("Ready", "Unknown", AGENT_LEASE_EXPIRED)
+        );
+        assert_eq!(unknown.last_transition_time.0, at("2026-01-01T00:01:00Z"));
+        assert!(
+            unknown.message.contains("tessera-agent-n1"),
+            "{}",
+            unknown.message
+        );
+        assert_eq!(
+            lease_lapsed_conditions(
+                &written,
+                "tessera-agent-n1",
+                at("2026-01-01T00:00:40Z"),
+                now
+            ),
+            None,
+            "written once"
+        );
+        assert!(
+            lease_lapsed_conditions(&[], "l", now, now).is_some(),
+            "a GpuNode without conditions is marked too"
         );
     }
 }

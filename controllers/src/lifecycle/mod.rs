@@ -5,7 +5,11 @@
 //! - locks: a NodeLock is deleted as soon as its holder is deleted, finished,
 //!   bound elsewhere, or served, and at its expiry otherwise;
 //! - configs: each GpuNodeConfig's status lists the nodes it selects and its
-//!   conflicts with configs of equal priority.
+//!   conflicts with configs of equal priority;
+//! - agent leases: a GpuNode whose agent stopped renewing its Lease
+//!   (`tessera-agent-<node>`) gets `Ready=Unknown` (`AgentLeaseExpired`) at
+//!   the moment the Lease lapses, as the node lifecycle controller does for
+//!   kubelets; the agent's next write replaces it.
 
 mod decide;
 
@@ -13,7 +17,10 @@ use std::{sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::{
+        coordination::v1::Lease,
+        core::v1::{Node, Pod},
+    },
     jiff::Timestamp,
 };
 use kube::{
@@ -29,23 +36,107 @@ use kube::{
 use serde_json::json;
 use tessera_api::{
     node_config::resolve,
-    v1alpha1::{GpuNodeConfig, GpuNodeConfigStatus, NodeLock, NodeSettings, VgpuAllocation},
+    v1alpha1::{
+        GpuNode, GpuNodeConfig, GpuNodeConfigStatus, NodeLock, NodeSettings, VgpuAllocation,
+    },
 };
 
-pub use decide::{LockAction, admitted, lock_action, release_reason, served_unrecorded};
+pub use decide::{
+    AGENT_LEASE_EXPIRED, DEFAULT_LEASE_SECONDS, LeaseVerdict, LockAction, admitted,
+    lease_lapsed_conditions, lease_verdict, lock_action, release_reason, served_unrecorded,
+};
 
 use crate::Error;
 
 /// How long a failed reconcile waits before trying again.
 const RETRY: Duration = Duration::from_secs(5);
 
-/// Runs the three controllers until the process stops.
+/// Runs the controllers until the process stops, with the agents' Leases
+/// in `kube-node-lease`.
 pub async fn run(client: Client) {
+    run_with(client, Some("kube-node-lease".to_owned())).await;
+}
+
+/// Runs the controllers until the process stops; the agents' Leases are
+/// watched in `agent_lease_namespace` (`None`: not watched).
+pub async fn run_with(client: Client, agent_lease_namespace: Option<String>) {
+    let leases = async {
+        if let Some(namespace) = agent_lease_namespace {
+            agent_leases(client.clone(), namespace).await;
+        }
+    };
     tokio::join!(
         allocations(client.clone()),
         locks(client.clone()),
-        configs(client)
+        configs(client.clone()),
+        leases,
     );
+}
+
+async fn agent_leases(client: Client, namespace: String) {
+    let (leases, lease_events) = cached(Api::<Lease>::namespaced(client.clone(), &namespace));
+    Controller::for_stream(lease_events, leases)
+        .run(
+            reconcile_agent_lease,
+            |_, error, _| {
+                tracing::warn!(%error, "marking a GpuNode whose agent Lease lapsed failed; retrying");
+                Action::requeue(RETRY)
+            },
+            Arc::new(client),
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn reconcile_agent_lease(lease: Arc<Lease>, client: Arc<Client>) -> Result<Action, Error> {
+    let name = lease.name_any();
+    let Some(node) = crate::projection::agent_node(&name) else {
+        return Ok(Action::await_change()); // a kubelet's, or another Lease
+    };
+    let seen = crate::projection::AgentLease::of(&lease);
+    let now = Timestamp::now();
+    let since = match lease_verdict(seen.renewed, seen.duration_seconds, now) {
+        LeaseVerdict::Held { until } => {
+            let wait = until.duration_since(now).unsigned_abs();
+            return Ok(Action::requeue(wait + Duration::from_millis(100)));
+        }
+        LeaseVerdict::Lapsed { since } => since,
+    };
+    let api: Api<GpuNode> = Api::all((*client).clone());
+    let Some(gpu_node) = api
+        .get_opt(node)
+        .await
+        .map_err(Error::kube("reading the GpuNode"))?
+    else {
+        return Ok(Action::await_change());
+    };
+    let current = gpu_node
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let Some(conditions) = lease_lapsed_conditions(current, &name, since, now) else {
+        return Ok(Action::await_change());
+    };
+    // Guarded by the version read: an agent that writes meanwhile is alive.
+    let patch = json!({
+        "metadata": {"resourceVersion": gpu_node.metadata.resource_version},
+        "status": {"conditions": conditions},
+    });
+    match api
+        .patch_status(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::warn!(%node, lease = %name, lapsed = %since, "node agent Lease lapsed: GpuNode Ready=Unknown");
+            Ok(Action::await_change())
+        }
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Action::await_change()),
+        Err(kube::Error::Api(s)) if s.is_conflict() => {
+            Ok(Action::requeue(Duration::from_millis(200)))
+        }
+        Err(e) => Err(Error::kube("marking the GpuNode Ready=Unknown")(e)),
+    }
 }
 
 /// A watch of every `K`, kept in a store that is updated before each event

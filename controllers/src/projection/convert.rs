@@ -28,9 +28,10 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
         .collect()
 }
 
-/// Why the node takes no pod now: its agent's `Ready` condition is False
-/// (the kubelet would reject GPU pods at admission). `None` when Ready, or
-/// when the agent reports no condition (older agents).
+/// Why the node takes no pod now: its `Ready` condition is False (the agent
+/// says the kubelet would reject GPU pods at admission) or Unknown (the
+/// lifecycle controller found the agent's Lease lapsed). `None` when True,
+/// or when the GpuNode has no condition (older agents).
 pub fn not_ready(node: &GpuNode) -> Option<String> {
     let condition = node
         .status
@@ -38,7 +39,7 @@ pub fn not_ready(node: &GpuNode) -> Option<String> {
         .conditions
         .iter()
         .find(|c| c.type_ == "Ready")?;
-    (condition.status == "False").then(|| format!("{}: {}", condition.reason, condition.message))
+    (condition.status != "True").then(|| format!("{}: {}", condition.reason, condition.message))
 }
 
 /// The ledger key of an allocation.

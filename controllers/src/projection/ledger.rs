@@ -47,6 +47,9 @@ pub struct Ledger {
     /// Why a node takes no pod now although it has GPUs (its agent says it
     /// is not Ready: not registered with the kubelet, or stopping).
     not_ready: HashMap<String, String>,
+    /// Why a node's agent is down although its GpuNode may still say Ready:
+    /// its DaemonSet pod is not ready (the kubelet saw its container die).
+    agent_down: HashMap<String, String>,
     allocations: HashMap<AllocationKey, LiveAllocation>,
     by_node: HashMap<String, BTreeSet<AllocationKey>>,
 }
@@ -100,6 +103,20 @@ impl Ledger {
         self.not_ready.remove(name);
     }
 
+    /// Records why a node's agent pod is down, or that it is up (`None`).
+    /// Kept apart from the GpuNode's verdict: either one keeps pods away.
+    pub fn set_agent_down(&mut self, name: &str, reason: Option<String>) {
+        match reason {
+            Some(reason) => self.agent_down.insert(name.to_owned(), reason),
+            None => self.agent_down.remove(name),
+        };
+    }
+
+    /// Replaces every agent-pod verdict after a relist.
+    pub fn replace_agent_down(&mut self, down: impl IntoIterator<Item = (String, String)>) {
+        self.agent_down = down.into_iter().collect();
+    }
+
     /// Records why a node takes no pod now, or that it does (`None`).
     pub fn set_not_ready(&mut self, name: &str, reason: Option<String>) {
         match reason {
@@ -108,9 +125,13 @@ impl Ledger {
         };
     }
 
-    /// Why a node takes no pod now, if it does not.
+    /// Why a node takes no pod now, if it does not: its GpuNode's `Ready`
+    /// condition is not True, or its agent's pod is down.
     pub fn not_ready(&self, name: &str) -> Option<&str> {
-        self.not_ready.get(name).map(String::as_str)
+        self.not_ready
+            .get(name)
+            .or_else(|| self.agent_down.get(name))
+            .map(String::as_str)
     }
 
     /// Every GPU node with whether it takes pods now (its agent's `Ready`
@@ -119,7 +140,7 @@ impl Ledger {
         let mut nodes: Vec<(&str, bool)> = self
             .nodes
             .keys()
-            .map(|name| (name.as_str(), !self.not_ready.contains_key(name)))
+            .map(|name| (name.as_str(), self.not_ready(name).is_none()))
             .collect();
         nodes.sort_unstable();
         nodes
@@ -300,6 +321,25 @@ mod tests {
         assert_eq!(ledger.readiness(), [("n1", true), ("n2", true)]);
         ledger.remove_node("n1");
         assert_eq!(ledger.readiness(), [("n2", true)]);
+    }
+
+    #[test]
+    fn a_down_agent_pod_keeps_pods_away_whatever_the_gpunode_says() {
+        let mut ledger = Ledger::default();
+        ledger.set_node("n1", vec![device("GPU-1")]);
+        ledger.set_agent_down("n1", Some("agent pod a-1 is not running".into()));
+        assert_eq!(ledger.not_ready("n1"), Some("agent pod a-1 is not running"));
+        assert_eq!(ledger.readiness(), [("n1", false)]);
+        // The GpuNode's own verdict is named first.
+        ledger.set_not_ready("n1", Some("NotRegistered: x".into()));
+        assert_eq!(ledger.not_ready("n1"), Some("NotRegistered: x"));
+        ledger.set_not_ready("n1", None);
+        ledger.set_agent_down("n1", None);
+        assert_eq!(ledger.not_ready("n1"), None);
+        ledger.replace_agent_down([("n1".to_owned(), "gone".to_owned())]);
+        assert_eq!(ledger.not_ready("n1"), Some("gone"));
+        ledger.replace_agent_down([]);
+        assert_eq!(ledger.readiness(), [("n1", true)]);
     }
 
     #[test]

@@ -11,28 +11,45 @@
 //! allocation's phase and creation time, and the node agents' Leases
 //! ([`AgentLeases`], watched only when asked for).
 
+mod agents;
 mod ages;
 mod convert;
 mod leases;
 mod ledger;
 mod locks;
+mod nudge;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
+use k8s_openapi::{
+    api::{coordination::v1::Lease, core::v1::Pod},
+    jiff::Timestamp,
+};
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
 use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
+pub use agents::{AgentPods, agent_pod_down};
 pub use ages::{LockAges, LockTimes, lock_ages, oldest_age_seconds, seconds_since};
 pub use convert::{devices, key, live, not_ready};
 pub use leases::{AGENT_LEASE_PREFIX, AgentLease, AgentLeases, agent_node};
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 pub use locks::LockTable;
+pub use nudge::{GPU_FREED, Waiters, nudge_nodes};
+
+/// What a projection watches beyond GpuNodes, VgpuAllocations and NodeLocks.
+#[derive(Clone, Debug, Default)]
+pub struct Watches {
+    /// The namespace of the node agents' Leases, for the metrics.
+    pub agent_leases: Option<String>,
+    /// The node agents' DaemonSet pods: namespace and label selector. A
+    /// node whose agent pods are all down takes no GPU pod.
+    pub agent_pods: Option<(String, String)>,
+}
 
 /// The shared ledger and whether its first list has completed.
 #[derive(Clone, Debug)]
@@ -40,6 +57,7 @@ pub struct Projection {
     ledger: Arc<RwLock<Ledger>>,
     locks: Arc<LockTable>,
     leases: Arc<AgentLeases>,
+    waiters: Arc<Waiters>,
     phases: Phases,
     synced: watch::Receiver<bool>,
 }
@@ -73,17 +91,26 @@ impl AllocationSeen {
 type Phases = Arc<std::sync::Mutex<std::collections::HashMap<AllocationKey, AllocationSeen>>>;
 
 impl Projection {
-    /// A projection kept current by `spawn`'s tasks, or by hand in tests.
+    /// A projection kept current by `spawn`'s tasks, or by hand in tests
+    /// (which then nudge no Node).
     pub fn new() -> (Self, Feeder) {
+        Self::with_nudges(None)
+    }
+
+    fn with_nudges(nudges: Option<mpsc::UnboundedSender<String>>) -> (Self, Feeder) {
         let ledger = Arc::new(RwLock::new(Ledger::default()));
         let (tx, synced) = watch::channel(false);
         let phases = Phases::default();
         let locks = Arc::new(LockTable::default());
         let leases = Arc::new(AgentLeases::default());
+        let waiters = Arc::new(Waiters::default());
         let feeder = Feeder {
             ledger: ledger.clone(),
             locks: locks.clone(),
             leases: leases.clone(),
+            waiters: waiters.clone(),
+            nudges,
+            agent_pods: Arc::default(),
             phases: phases.clone(),
             synced: Arc::new(tx),
             nodes_synced: Arc::default(),
@@ -94,6 +121,7 @@ impl Projection {
                 ledger,
                 locks,
                 leases,
+                waiters,
                 phases,
                 synced,
             },
@@ -104,25 +132,46 @@ impl Projection {
     /// Watches GpuNodes, VgpuAllocations and NodeLocks cluster-wide and
     /// keeps the ledger and the lock table current.
     pub fn spawn(client: Client) -> Self {
-        Self::spawn_watches(client, None)
+        Self::spawn_watching(client, &Watches::default())
     }
 
     /// Like [`Projection::spawn`], and also watches the node agents' Leases
     /// in `lease_namespace` (see [`AgentLeases`]).
     pub fn spawn_with_agent_leases(client: Client, lease_namespace: &str) -> Self {
-        Self::spawn_watches(client, Some(lease_namespace))
+        Self::spawn_watching(
+            client,
+            &Watches {
+                agent_leases: Some(lease_namespace.to_owned()),
+                agent_pods: None,
+            },
+        )
     }
 
-    fn spawn_watches(client: Client, lease_namespace: Option<&str>) -> Self {
-        let (projection, feeder) = Self::new();
+    /// Like [`Projection::spawn`], with what `watches` adds. Nodes that GPU
+    /// pods were turned away from are annotated when capacity appears on
+    /// them (see [`Waiters`]).
+    pub fn spawn_watching(client: Client, watches: &Watches) -> Self {
+        let (nudges, nudged) = mpsc::unbounded_channel();
+        tokio::spawn(nudge_nodes(client.clone(), nudged));
+        let (projection, feeder) = Self::with_nudges(Some(nudges));
         tokio::spawn(feeder.clone().watch_nodes(Api::all(client.clone())));
         tokio::spawn(feeder.clone().watch_locks(Api::all(client.clone())));
-        if let Some(namespace) = lease_namespace {
+        if let Some(namespace) = &watches.agent_leases {
             let leases = Api::namespaced(client.clone(), namespace);
             tokio::spawn(feeder.clone().watch_leases(leases));
         }
+        if let Some((namespace, selector)) = &watches.agent_pods {
+            let pods = Api::namespaced(client.clone(), namespace);
+            tokio::spawn(feeder.clone().watch_agent_pods(pods, selector.clone()));
+        }
         tokio::spawn(feeder.watch_allocations(Api::all(client)));
         projection
+    }
+
+    /// The nodes GPU pods were turned away from since capacity last appeared
+    /// on them. Filter records into it while holding [`Projection::read`].
+    pub fn waiters(&self) -> &Waiters {
+        &self.waiters
     }
 
     /// The node agents' Leases as last seen, by node name (empty unless
@@ -200,6 +249,9 @@ pub struct Feeder {
     ledger: Arc<RwLock<Ledger>>,
     locks: Arc<LockTable>,
     leases: Arc<AgentLeases>,
+    waiters: Arc<Waiters>,
+    nudges: Option<mpsc::UnboundedSender<String>>,
+    agent_pods: Arc<std::sync::Mutex<AgentPods>>,
     phases: Phases,
     synced: Arc<watch::Sender<bool>>,
     nodes_synced: Arc<std::sync::atomic::AtomicBool>,
@@ -209,6 +261,27 @@ pub struct Feeder {
 impl Feeder {
     fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
         self.ledger.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Capacity may have appeared on `node` (the ledger already holds it):
+    /// if pods were turned away from it, tell kube-scheduler.
+    fn freed(&self, node: &str) {
+        if self.waiters.take(node) {
+            self.nudge(node.to_owned());
+        }
+    }
+
+    /// After a relist anything may have changed: every waiting node.
+    fn freed_all(&self) {
+        for node in self.waiters.take_all() {
+            self.nudge(node);
+        }
+    }
+
+    fn nudge(&self, node: String) {
+        if let Some(nudges) = &self.nudges {
+            let _ = nudges.send(node);
+        }
     }
 
     /// Declares both initial lists done: for callers that fill the ledger
@@ -245,9 +318,15 @@ impl Feeder {
         use kube::ResourceExt;
         match event {
             watcher::Event::Apply(node) => {
+                let name = node.name_any();
                 let mut ledger = self.write();
-                ledger.set_node(&node.name_any(), devices(&node));
-                ledger.set_not_ready(&node.name_any(), convert::not_ready(&node));
+                ledger.set_node(&name, devices(&node));
+                ledger.set_not_ready(&name, convert::not_ready(&node));
+                let ready = ledger.not_ready(&name).is_none();
+                drop(ledger);
+                if ready {
+                    self.freed(&name);
+                }
             }
             watcher::Event::Delete(node) => self.write().remove_node(&node.name_any()),
             watcher::Event::Init => relist.clear(),
@@ -264,6 +343,7 @@ impl Feeder {
                 }
                 drop(ledger);
                 self.mark_synced(&self.nodes_synced);
+                self.freed_all();
             }
         }
     }
@@ -330,6 +410,52 @@ impl Feeder {
         }
     }
 
+    async fn watch_agent_pods(self, api: Api<Pod>, selector: String) {
+        let mut events = watcher(api, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed();
+        loop {
+            match events.try_next().await {
+                Ok(Some(event)) => self.agent_pod_event(event),
+                Ok(None) => return,
+                Err(error) => tracing::warn!(%error, "node agent pod watch failed; retrying"),
+            }
+        }
+    }
+
+    /// Applies one event of the node agents' pods.
+    pub fn agent_pod_event(&self, event: watcher::Event<Pod>) {
+        let mut pods = self.agent_pods.lock().unwrap_or_else(|e| e.into_inner());
+        let node = match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => pods.record(&pod),
+            watcher::Event::Delete(pod) => pods.forget(&pod),
+            watcher::Event::Init => {
+                pods.clear();
+                return;
+            }
+            watcher::Event::InitDone => {
+                self.write().replace_agent_down(pods.all_down());
+                drop(pods);
+                self.freed_all();
+                return;
+            }
+        };
+        let Some(node) = node else { return };
+        let down = pods.down(&node);
+        drop(pods);
+        let up = down.is_none();
+        if let Some(reason) = &down {
+            tracing::info!(%node, %reason, "node agent down: no GPU pod goes there");
+        }
+        let mut ledger = self.write();
+        ledger.set_agent_down(&node, down);
+        let ready = up && ledger.not_ready(&node).is_none();
+        drop(ledger);
+        if ready {
+            self.freed(&node);
+        }
+    }
+
     fn record_phase(&self, event: &watcher::Event<VgpuAllocation>) {
         let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
         match event {
@@ -372,13 +498,21 @@ impl Feeder {
             watcher::Event::Apply(allocation) => match live(&allocation) {
                 Some(entry) => self.write().insert_allocation(key(&allocation), entry),
                 None => {
-                    self.write()
+                    let removed = self
+                        .write()
                         .remove_allocation(&key(&allocation), Some(&allocation.spec.pod_uid));
+                    if removed {
+                        self.freed(&allocation.spec.node_name);
+                    }
                 }
             },
             watcher::Event::Delete(allocation) => {
-                self.write()
+                let removed = self
+                    .write()
                     .remove_allocation(&key(&allocation), Some(&allocation.spec.pod_uid));
+                if removed {
+                    self.freed(&allocation.spec.node_name);
+                }
             }
             watcher::Event::Init => relist.clear(),
             watcher::Event::InitApply(allocation) => {
@@ -389,6 +523,7 @@ impl Feeder {
             watcher::Event::InitDone => {
                 self.write().replace_allocations(relist.drain(..));
                 self.mark_synced(&self.allocations_synced);
+                self.freed_all();
             }
         }
     }

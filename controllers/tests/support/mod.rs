@@ -17,7 +17,7 @@ use tessera_controllers::{
     app::{serve_extender, serve_webhook},
     config::Config,
     metrics::Metrics,
-    projection::Projection,
+    projection::{Projection, Watches},
     webhook::{Webhook, certificate::CertificateFiles},
 };
 use tessera_e2e::ControlPlane;
@@ -51,10 +51,19 @@ impl Cluster {
         config: Config,
         extender_client: impl AsyncFnOnce(&ControlPlane) -> Client,
     ) -> Self {
+        Self::start_watching(config, Watches::default(), extender_client).await
+    }
+
+    /// Like `start_with`, the projection also watching what `watches` names.
+    pub async fn start_watching(
+        config: Config,
+        watches: Watches,
+        extender_client: impl AsyncFnOnce(&ControlPlane) -> Client,
+    ) -> Self {
         let plane = ControlPlane::start().await.expect("control plane");
         let client = plane.client().await.unwrap();
         let extender = extender_client(&plane).await;
-        let projection = Projection::spawn(client.clone());
+        let projection = Projection::spawn_watching(client.clone(), &watches);
         tokio::spawn(tessera_controllers::lifecycle::run(client.clone()));
         let config = Arc::new(config);
         let metrics = Metrics::new(projection.clone());

@@ -1,0 +1,213 @@
+//! The node agents' DaemonSet pods, as the kubelets report them: the fast
+//! path of noticing a dead agent. When an agent's container dies (SIGKILL,
+//! crash, OOM kill) its kubelet sees it at its next PLEG relist (about 1 s)
+//! and reports the pod not Ready with the container terminated or waiting;
+//! the GpuNode still says what the dead agent last wrote. Pure: the watch in
+//! [`super::Feeder`] feeds it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+/// Why an agent pod cannot serve its node now, or `None` when it can: it is
+/// Running, Ready, every container running, and not being deleted.
+pub fn agent_pod_down(pod: &Pod) -> Option<String> {
+    let name = pod.name_any();
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some(format!("node agent pod {name} is being deleted"));
+    }
+    let Some(status) = pod.status.as_ref() else {
+        return Some(format!("node agent pod {name} has no status yet"));
+    };
+    let phase = status.phase.as_deref().unwrap_or("Pending");
+    if phase != "Running" {
+        return Some(format!("node agent pod {name} is {phase}"));
+    }
+    for container in status.container_statuses.iter().flatten() {
+        let state = container.state.as_ref();
+        if state.is_some_and(|s| s.running.is_some()) {
+            continue;
+        }
+        let why = state
+            .and_then(|s| {
+                s.terminated
+                    .as_ref()
+                    .map(|t| {
+                        format!(
+                            "terminated ({})",
+                            t.reason.as_deref().unwrap_or("no reason")
+                        )
+                    })
+                    .or_else(|| {
+                        s.waiting.as_ref().map(|w| {
+                            format!("waiting ({})", w.reason.as_deref().unwrap_or("no reason"))
+                        })
+                    })
+            })
+            .unwrap_or_else(|| "not running".to_owned());
+        return Some(format!(
+            "node agent pod {name}: container {} is {why}",
+            container.name
+        ));
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready");
+    match ready {
+        Some(c) if c.status == "True" => None,
+        Some(c) => Some(format!(
+            "node agent pod {name} is not Ready ({})",
+            c.reason.as_deref().unwrap_or("no reason")
+        )),
+        None => Some(format!("node agent pod {name} reports no Ready condition")),
+    }
+}
+
+/// Every agent pod bound to a node, by pod UID, with its verdict.
+#[derive(Debug, Default)]
+pub struct AgentPods {
+    pods: BTreeMap<String, (String, Option<String>)>,
+}
+
+impl AgentPods {
+    /// Records a pod; returns its node (`None` while it is not bound).
+    pub fn record(&mut self, pod: &Pod) -> Option<String> {
+        let node = pod.spec.as_ref()?.node_name.clone()?;
+        let uid = pod.metadata.uid.clone().unwrap_or_else(|| pod.name_any());
+        self.pods.insert(uid, (node.clone(), agent_pod_down(pod)));
+        Some(node)
+    }
+
+    /// Forgets a deleted pod; returns its node.
+    pub fn forget(&mut self, pod: &Pod) -> Option<String> {
+        let uid = pod.metadata.uid.clone().unwrap_or_else(|| pod.name_any());
+        self.pods.remove(&uid).map(|(node, _)| node)
+    }
+
+    /// Forgets every pod (a relist follows).
+    pub fn clear(&mut self) {
+        self.pods.clear();
+    }
+
+    /// Why `node`'s agent is down: every agent pod on it is down (during a
+    /// rollout the old and the new pod overlap; one serving is enough).
+    /// `None` when one is up, or when no agent pod is known there (agents
+    /// not run as pods of the watched DaemonSet: no opinion).
+    pub fn down(&self, node: &str) -> Option<String> {
+        let mut reasons = self
+            .pods
+            .values()
+            .filter(|(n, _)| n == node)
+            .map(|(_, r)| r);
+        let first = reasons.next()?.clone()?;
+        reasons.all(Option::is_some).then_some(first)
+    }
+
+    /// Every node with a down agent and why.
+    pub fn all_down(&self) -> Vec<(String, String)> {
+        let mut nodes: Vec<&String> = self.pods.values().map(|(n, _)| n).collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+            .into_iter()
+            .filter_map(|n| Some((n.clone(), self.down(n)?)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn pod(uid: &str, node: Option<&str>, status: Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("agent-{uid}"), "namespace": "tessera-system", "uid": uid},
+            "spec": {"nodeName": node, "containers": [{"name": "node-agent"}]},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn running(ready: bool) -> Value {
+        json!({
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }, "reason": "ContainersNotReady"}],
+            "containerStatuses": [{"name": "node-agent", "ready": ready, "restartCount": 0, "image": "i", "imageID": "",
+                                   "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+        })
+    }
+
+    fn killed() -> Value {
+        json!({
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+            "containerStatuses": [{"name": "node-agent", "ready": false, "restartCount": 1, "image": "i", "imageID": "",
+                                   "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}],
+        })
+    }
+
+    #[test]
+    fn an_agent_pod_serves_only_while_running_and_ready() {
+        assert_eq!(agent_pod_down(&pod("1", Some("n1"), running(true))), None);
+        assert_eq!(
+            agent_pod_down(&pod("1", Some("n1"), killed())).as_deref(),
+            Some("node agent pod agent-1: container node-agent is terminated (Error)")
+        );
+        let mut crashlooping = killed();
+        crashlooping["containerStatuses"][0]["state"] =
+            json!({"waiting": {"reason": "CrashLoopBackOff"}});
+        assert_eq!(
+            agent_pod_down(&pod("1", Some("n1"), crashlooping)).as_deref(),
+            Some("node agent pod agent-1: container node-agent is waiting (CrashLoopBackOff)")
+        );
+        assert_eq!(
+            agent_pod_down(&pod("1", Some("n1"), running(false))).as_deref(),
+            Some("node agent pod agent-1 is not Ready (ContainersNotReady)")
+        );
+        assert_eq!(
+            agent_pod_down(&pod("1", Some("n1"), json!({"phase": "Pending"}))).as_deref(),
+            Some("node agent pod agent-1 is Pending")
+        );
+        let mut deleting = pod("1", Some("n1"), running(true));
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(agent_pod_down(&deleting).is_some_and(|r| r.contains("being deleted")));
+    }
+
+    #[test]
+    fn a_node_is_down_only_while_every_agent_pod_on_it_is() {
+        let mut pods = AgentPods::default();
+        assert_eq!(
+            pods.record(&pod("u0", None, json!({}))),
+            None,
+            "not bound yet"
+        );
+        assert_eq!(pods.down("n1"), None, "no agent pod known: no opinion");
+        pods.record(&pod("old", Some("n1"), killed()));
+        assert!(pods.down("n1").is_some());
+        pods.record(&pod("new", Some("n1"), running(true)));
+        assert_eq!(pods.down("n1"), None, "the new pod of a rollout serves");
+        pods.record(&pod("new", Some("n1"), running(false)));
+        assert_eq!(
+            pods.all_down(),
+            [(
+                "n1".to_owned(),
+                "node agent pod agent-new is not Ready (ContainersNotReady)".to_owned()
+            )]
+        );
+        assert_eq!(
+            pods.forget(&pod("old", Some("n1"), json!({}))).as_deref(),
+            Some("n1")
+        );
+        assert!(pods.down("n1").is_some_and(|r| r.contains("agent-new")));
+        pods.clear();
+        assert!(pods.all_down().is_empty());
+    }
+}
