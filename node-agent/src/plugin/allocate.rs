@@ -172,6 +172,17 @@ pub fn grant(
         });
     };
     let last = waiting.next().is_none();
+    // The region directory is named after the pod and the container: both
+    // come from the allocation object, so a `/` in either (`../../etc`,
+    // `/etc`) would put a host directory, mounted read-write into the
+    // container, outside the regions root.
+    let region_name = format!("{}_{}", allocation.spec.pod_uid, container.name);
+    if region_name.contains(['/', '\0']) {
+        return Err(no_allocation(format!(
+            "{} has pod UID {:?} and container {:?}, which do not make one directory name under the regions root",
+            lock.spec.allocation, allocation.spec.pod_uid, container.name
+        )));
+    }
     if requested.len() != container.devices.len() {
         return Err(AllocateError::CountMismatch {
             pod,
@@ -216,9 +227,7 @@ pub fn grant(
         envs.insert(env::CUDA_OVERSUBSCRIBE.to_owned(), "true".to_owned());
     }
 
-    let region_dir = paths
-        .regions
-        .join(format!("{}_{}", allocation.spec.pod_uid, container.name));
+    let region_dir = paths.regions.join(region_name);
     let mounts = vec![
         MountSpec {
             container_path: CONTAINER_LIBRARY.to_owned(),
