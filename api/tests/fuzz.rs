@@ -984,3 +984,10 @@ fn fuzz_memory_request_resolve() {
         },
     );
 }
+
+/// Fixed corpus: inputs the targets found, kept as plain cases.
+#[test]
+fn fuzz_corpus_percent_of_the_largest_capacity() {
+    assert_eq!(MemoryRequest::Percent(100).resolve(u64::MAX), u64::MAX);
+    assert_eq!(MemoryRequest::Percent(50).resolve(u64::MAX), u64::MAX / 2);
+}
