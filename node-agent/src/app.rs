@@ -244,7 +244,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
         offers.clone(),
         plugin_states,
     ));
-    tokio::spawn(publish::lease(
+    let lease = tokio::spawn(publish::lease(
         client.clone(),
         args.lease_namespace.clone(),
         args.node_name.clone(),
@@ -293,6 +293,10 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
     )
     .await;
     plugin.abort();
+    // A clean stop leaves no Lease behind (uninstall removes everything).
+    lease.abort();
+    let _ = lease.await;
+    publish::delete_lease(&client, &args.lease_namespace, &args.node_name).await;
     Ok(())
 }
 

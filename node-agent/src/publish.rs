@@ -111,6 +111,7 @@ pub async fn gpu_node(
     let api: Api<GpuNode> = Api::all(client.clone());
     let mut written: Option<GpuNodeStatus> = None;
     let mut announced: Option<String> = None;
+    let mut owned = false;
     let mut recheck = tokio::time::interval(RECHECK);
     recheck.tick().await;
     loop {
@@ -135,6 +136,11 @@ pub async fn gpu_node(
         let unannounced = announced.as_ref() != Some(&now);
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(2)), if unannounced => {}
+            // Until the kubelet has registered the Node, look for it every
+            // second to add the owner reference the GpuNode lacks.
+            () = tokio::time::sleep(Duration::from_secs(1)), if !owned && written.is_some() => {
+                owned = adopt(&client, &api, &node).await;
+            }
             changed = offers.changed() => if changed.is_err() { return },
             changed = plugin.changed() => if changed.is_err() { return },
             _ = recheck.tick() => {
@@ -142,6 +148,7 @@ pub async fn gpu_node(
                 if current.and_then(|n| n.status) != written {
                     tracing::info!(node, "the GpuNode is gone or changed; writing it again");
                     written = None;
+                    owned = false;
                 }
             }
         }
@@ -177,6 +184,51 @@ async fn write(
     .map_err(Error::kube("writing the GpuNode status"))?;
     tracing::info!(node, gpus = status.gpu_count, "GpuNode status written");
     Ok(())
+}
+
+/// Gives a GpuNode created before the kubelet registered its Node the
+/// owner reference it could not have then, so deleting the Node deletes it.
+/// Returns whether the GpuNode is owned now.
+async fn adopt(client: &Client, api: &Api<GpuNode>, node: &str) -> bool {
+    let current = match api.get_opt(node).await {
+        Ok(Some(current)) => current,
+        Ok(None) => return false,
+        Err(error) => {
+            tracing::warn!(node, %error, "could not read the GpuNode");
+            return false;
+        }
+    };
+    if current
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| !o.is_empty())
+    {
+        return true;
+    }
+    match owner(client, node).await {
+        Ok(Some(owner)) => {
+            let patch = json!({"metadata": {"ownerReferences": [owner]}});
+            match api
+                .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(node, "GpuNode now owned by its Node");
+                    true
+                }
+                Err(error) => {
+                    tracing::warn!(node, %error, "could not set the GpuNode's owner");
+                    false
+                }
+            }
+        }
+        Ok(None) => false, // the Node is not registered yet
+        Err(error) => {
+            tracing::warn!(node, %error, "could not read the Node");
+            false
+        }
+    }
 }
 
 /// The `Ready` condition as the Node annotation states it.
@@ -241,6 +293,19 @@ pub async fn lease(client: Client, namespace: String, node: String, identity: St
     }
 }
 
+/// Deletes the Lease `tessera-agent-<node>` (the agent stops cleanly: its
+/// GpuNode says `AgentStopping`, and nothing should wait for the Lease to
+/// lapse). Stop [`lease`]'s task first.
+pub async fn delete_lease(client: &Client, namespace: &str, node: &str) {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let name = format!("tessera-agent-{node}");
+    match api.delete(&name, &Default::default()).await {
+        Ok(_) => tracing::info!(lease = %name, "agent Lease deleted"),
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(error) => tracing::warn!(lease = %name, %error, "could not delete the agent Lease"),
+    }
+}
+
 async fn renew(
     client: &Client,
     api: &Api<Lease>,
@@ -254,19 +319,25 @@ async fn renew(
         "leaseDurationSeconds": LEASE_SECONDS,
         "renewTime": now,
     });
-    if api
+    if let Some(existing) = api
         .get_opt(name)
         .await
         .map_err(Error::kube("reading the agent Lease"))?
-        .is_some()
     {
-        api.patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": spec })),
-        )
-        .await
-        .map_err(Error::kube("renewing the agent Lease"))?;
+        let mut patch = json!({ "spec": spec });
+        // Created before the kubelet registered the Node: owned once it is.
+        if existing
+            .metadata
+            .owner_references
+            .as_ref()
+            .is_none_or(Vec::is_empty)
+            && let Some(owner) = owner(client, node).await?
+        {
+            patch["metadata"] = json!({"ownerReferences": [owner]});
+        }
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(Error::kube("renewing the agent Lease"))?;
         return Ok(());
     }
     let owner = owner(client, node).await?;
