@@ -9,15 +9,29 @@
 //! Everything is computed at scrape time from the node's offer, the
 //! node-scoped allocation watch, the region files and the backend: nothing
 //! is cached between scrapes, and nothing is exported that was not measured.
+//!
+//! The region files are the tenants' (their directory is mounted writable
+//! into their containers), so the agent trusts nothing in them:
+//! - it reads and writes them only through [`regions`] (no mapping, no link
+//!   followed, no special file opened, exact size, validated header; a
+//!   refused region is warned about once per container per 10 minutes and
+//!   counted in `tessera_container_region_refused_total`);
+//! - limits, priorities and which GPU each ordinal is come from the
+//!   container's `VgpuAllocation`, never from its region;
+//! - what a region says about usage (memory held, launch times, pids) is
+//!   the container's claim: exported as that container's usage, clamped to
+//!   its allocation's limit, used for nothing else, and never for another
+//!   container or the node's accounting.
 
 use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation};
 
-use crate::{backend::Backend, plugin::REGION_FILE};
+use crate::backend::Backend;
 
 pub mod arbiter;
 pub mod hami;
+pub mod regions;
 mod scrape;
 
 pub use scrape::{Scrape, render};
@@ -39,17 +53,20 @@ pub type Usage = BTreeMap<(String, usize), Reading>;
 
 /// Reads the region of every container directory under `regions`
 /// (`<pod-uid>_<container>/region`): keyed by that directory name and ordinal.
+/// Regions that do not exist yet or are refused ([`regions::read`]) give no
+/// readings.
 pub fn read_usage(regions: &Path) -> Usage {
     let mut usage = Usage::new();
     let Ok(entries) = std::fs::read_dir(regions) else {
         return usage;
     };
     for entry in entries.flatten() {
-        let dir = entry.file_name().to_string_lossy().into_owned();
-        let Ok(region) = tessera_vgpu_region::Region::open(&entry.path().join(REGION_FILE)) else {
-            continue; // no CUDA call yet, or not a region
+        let Some(dir) = entry.file_name().to_str().map(str::to_owned) else {
+            continue; // the agent names them from pod uids and container names
         };
-        let snapshot = region.snapshot();
+        let Some((_, snapshot)) = self::regions::read(regions, &dir) else {
+            continue; // no CUDA call yet, or refused
+        };
         for device in &snapshot.devices {
             let bit = u32::try_from(device.index)
                 .ok()
@@ -96,12 +113,13 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
         async move {
             let devices = sources.offers.borrow().devices.clone();
             let (regions, backend) = (sources.regions.clone(), sources.backend.clone());
-            let (usage, host) = tokio::task::spawn_blocking(move || {
+            let (usage, host, refused) = tokio::task::spawn_blocking(move || {
                 let host = backend.usage().unwrap_or_else(|error| {
                     tracing::warn!(%error, "reading GPU usage for metrics failed");
                     Vec::new()
                 });
-                (read_usage(&regions), host)
+                let usage = read_usage(&regions);
+                (usage, host, self::regions::refusals(&regions))
             })
             .await
             .unwrap_or_default();
@@ -110,6 +128,7 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
                 devices: &devices,
                 allocations: &sources.view.allocations(),
                 usage: &usage,
+                refused: &refused,
                 host: &host,
                 now_ns: tessera_vgpu_region::priority::monotonic_now(),
                 legacy: sources.legacy,
@@ -171,31 +190,40 @@ pub fn sharing_marks(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<boo
     marks
 }
 
+/// Writes the sharing marks into the regions that exist and are valid
+/// (only where a mark differs from what the region holds).
+pub fn write_sharing(root: &Path, marks: BTreeMap<String, Vec<bool>>) {
+    use tessera_vgpu_region::Sharing;
+    for (dir, shared) in marks {
+        let Some((file, snapshot)) = regions::read(root, &dir) else {
+            continue; // no CUDA call yet, or refused
+        };
+        for (ordinal, shared) in shared.into_iter().enumerate() {
+            let mark = if shared {
+                Sharing::Shared
+            } else {
+                Sharing::Exclusive
+            };
+            if snapshot.devices.get(ordinal).map(|d| d.sharing) == Some(mark) {
+                continue;
+            }
+            if let Err(error) = file.set_sharing(ordinal, mark) {
+                regions::refused(&root.join(&dir), &error);
+                break;
+            }
+        }
+    }
+}
+
 /// Writes the sharing marks into the regions that exist, every two seconds.
 pub async fn mark_sharing(view: crate::view::NodeView, regions: std::path::PathBuf) {
-    use tessera_vgpu_region::{Region, Sharing};
     let mut ticks = tokio::time::interval(std::time::Duration::from_secs(2));
     loop {
         ticks.tick().await;
         view.ready().await;
         let marks = sharing_marks(&view.allocations());
         let root = regions.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            for (dir, shared) in marks {
-                let Ok(region) = Region::open(&root.join(dir).join(REGION_FILE)) else {
-                    continue; // no CUDA call yet
-                };
-                for (ordinal, shared) in shared.into_iter().enumerate() {
-                    let mark = if shared {
-                        Sharing::Shared
-                    } else {
-                        Sharing::Exclusive
-                    };
-                    region.set_sharing(ordinal, mark);
-                }
-            }
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || write_sharing(&root, marks)).await;
     }
 }
 
@@ -248,9 +276,12 @@ pub async fn collect_regions(view: crate::view::NodeView, regions: std::path::Pa
             .collect();
         let root = regions.clone();
         let removed = tokio::task::spawn_blocking(move || {
+            // remove_dir_all does not follow the links a tenant may have
+            // left in its directory (it unlinks them).
             stale_regions(&root, &live)
                 .into_iter()
                 .filter(|dir| std::fs::remove_dir_all(dir).is_ok())
+                .inspect(|dir| self::regions::forget(dir))
                 .count()
         })
         .await

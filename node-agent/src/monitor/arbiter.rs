@@ -20,11 +20,12 @@ use std::time::Duration;
 
 use tessera_api::v1alpha1::VgpuAllocation;
 use tessera_vgpu_region::{
-    Region, SlotId,
-    priority::{self, Member},
+    Priority, SlotId,
+    priority::{self, Contender},
     process_start_time,
 };
 
+use super::regions;
 use crate::plugin::{CONTAINER_REGION_DIR, REGION_FILE};
 
 /// How often holds are decided (a hold lasts [`priority::HOLD_NS`]).
@@ -32,15 +33,32 @@ pub const ARBITRATE_EVERY: Duration = Duration::from_millis(200);
 /// Host pids are looked up every this many arbitration rounds.
 const HOST_PID_ROUNDS: u32 = 10;
 
-/// The GPU UUID behind each CUDA ordinal of every live GPU container, by
-/// region directory name (`<pod-uid>_<container>`).
-pub fn container_gpus(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<Option<String>>> {
+/// What the arbiter knows of a live GPU container, from its allocation
+/// (never from its region, which the container can write).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Container {
+    /// `nvidia.com/priority` as the allocation granted it.
+    pub priority: Priority,
+    /// The GPU UUID behind each CUDA ordinal.
+    pub gpus: Vec<Option<String>>,
+}
+
+/// Every live GPU container, by region directory name
+/// (`<pod-uid>_<container>`).
+pub fn container_gpus(allocations: &[VgpuAllocation]) -> BTreeMap<String, Container> {
     super::live_allocations(allocations)
         .flat_map(|a| {
             a.spec.containers.iter().map(|c| {
                 (
                     format!("{}_{}", a.spec.pod_uid, c.name),
-                    c.devices.iter().map(|d| Some(d.uuid.clone())).collect(),
+                    Container {
+                        priority: if c.priority == Some(0) {
+                            Priority::High
+                        } else {
+                            Priority::Low
+                        },
+                        gpus: c.devices.iter().map(|d| Some(d.uuid.clone())).collect(),
+                    },
                 )
             })
         })
@@ -48,30 +66,38 @@ pub fn container_gpus(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<Op
 }
 
 /// One arbitration round over the regions under `root`; returns how many
-/// containers are held. Containers without a region yet (no CUDA call) are
-/// skipped.
-pub fn arbitrate_once(root: &Path, containers: &BTreeMap<String, Vec<Option<String>>>) -> usize {
-    let regions: Vec<(Region, &Vec<Option<String>>)> = containers
+/// containers are held. Containers without a valid region (no CUDA call yet,
+/// or refused) are skipped. Priorities and GPUs are the allocations'; from
+/// a region only its launch times are read (a container claiming launches
+/// can only hold others if its allocation made it high priority, and then
+/// its real launches would hold them too).
+pub fn arbitrate_once(root: &Path, containers: &BTreeMap<String, Container>) -> usize {
+    let now = priority::monotonic_now();
+    let read: Vec<(&String, &Container, _)> = containers
         .iter()
-        .filter_map(|(dir, gpus)| {
-            Region::open(&root.join(dir).join(REGION_FILE))
-                .ok()
-                .map(|r| (r, gpus))
+        .filter_map(|(dir, c)| regions::read(root, dir).map(|r| (dir, c, r)))
+        .collect();
+    let contenders: Vec<Contender<'_, String>> = read
+        .iter()
+        .map(|(_, c, (_, snapshot))| Contender {
+            priority: c.priority,
+            launches: snapshot,
+            gpus: &c.gpus,
         })
         .collect();
-    let members: Vec<Member<'_, String>> = regions
-        .iter()
-        .map(|(region, gpus)| Member {
-            region,
-            gpus: (*gpus).clone(),
-        })
-        .collect();
-    priority::arbitrate(
-        &members,
-        priority::monotonic_now(),
-        priority::ACTIVE_WINDOW_NS,
-        priority::HOLD_NS,
-    )
+    let decided = priority::holds(&contenders, now, priority::ACTIVE_WINDOW_NS);
+    let mut held = 0;
+    for ((dir, _, (file, snapshot)), devices) in read.iter().zip(decided) {
+        if devices == 0 && snapshot.hold.is_none() {
+            continue; // nothing to hold, nothing to release
+        }
+        if let Err(error) = file.set_hold(devices, now + priority::HOLD_NS) {
+            regions::refused(&root.join(dir), &error);
+            continue;
+        }
+        held += usize::from(devices != 0);
+    }
+    held
 }
 
 /// Candidate host pids by (innermost namespace pid, start time), from
@@ -105,10 +131,14 @@ pub fn host_pids(proc_root: &Path) -> HashMap<(u32, u64), Vec<u32>> {
     found
 }
 
-/// Identifies a file: (device, inode).
+/// Identifies a file: (device, inode). The last component is not followed
+/// (the region a process sees is a regular file, never a link); nothing is
+/// opened.
 fn file_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// Which candidate is the slot's process: the one that sees this very
@@ -143,12 +173,11 @@ pub fn fill_host_pids(
 ) -> usize {
     let mut written = 0;
     for dir in dirs {
-        let path = root.join(dir).join(REGION_FILE);
-        let Ok(region) = Region::open(&path) else {
+        let Some((region, snapshot)) = regions::read(root, &dir) else {
             continue;
         };
-        let region_id = file_id(&path);
-        for process in region.snapshot().processes {
+        let region_id = Some(region.id());
+        for process in snapshot.processes {
             if process.host_pid.is_some() {
                 continue;
             }
@@ -162,12 +191,22 @@ pub fn fill_host_pids(
                 continue;
             };
             // The slot may have changed hands since the snapshot.
-            let still = region.snapshot().processes.iter().any(|p| {
-                p.slot == process.slot && p.pid == process.pid && p.start_time == process.start_time
+            let still = region.snapshot().is_ok_and(|now| {
+                now.processes.iter().any(|p| {
+                    p.slot == process.slot
+                        && p.pid == process.pid
+                        && p.start_time == process.start_time
+                })
             });
-            if still {
-                region.set_host_pid(slot, host);
-                written += 1;
+            if !still {
+                continue;
+            }
+            match region.set_host_pid(slot, host) {
+                Ok(()) => written += 1,
+                Err(error) => {
+                    regions::refused(&root.join(&dir), &error);
+                    break;
+                }
             }
         }
     }
@@ -185,13 +224,8 @@ fn any_high_priority(allocations: &[VgpuAllocation]) -> bool {
 /// scanned).
 fn missing_host_pids<'a>(root: &Path, dirs: impl IntoIterator<Item = &'a String>) -> bool {
     dirs.into_iter().any(|dir| {
-        Region::open(&root.join(dir).join(REGION_FILE)).is_ok_and(|region| {
-            region
-                .snapshot()
-                .processes
-                .iter()
-                .any(|p| p.host_pid.is_none())
-        })
+        regions::read(root, dir)
+            .is_some_and(|(_, snapshot)| snapshot.processes.iter().any(|p| p.host_pid.is_none()))
     })
 }
 
@@ -233,7 +267,7 @@ pub async fn run(view: crate::view::NodeView, regions: PathBuf) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_vgpu_region::{Limits, MAX_DEVICES, Priority};
+    use tessera_vgpu_region::{Limits, MAX_DEVICES, Priority, Region};
 
     fn region(root: &Path, dir: &str, priority: Priority, sm: u8) -> Region {
         std::fs::create_dir_all(root.join(dir)).unwrap();
@@ -248,8 +282,18 @@ mod tests {
             .0
     }
 
-    fn gpus(uuid: &str) -> Vec<Option<String>> {
-        vec![Some(uuid.to_owned())]
+    fn gpus(uuid: &str) -> Container {
+        Container {
+            priority: Priority::Low,
+            gpus: vec![Some(uuid.to_owned())],
+        }
+    }
+
+    fn high_priority(uuid: &str) -> Container {
+        Container {
+            priority: Priority::High,
+            ..gpus(uuid)
+        }
     }
 
     #[test]
@@ -261,11 +305,16 @@ mod tests {
         let me = process_start_time(std::process::id()).unwrap();
         let slot = high.claim_slot(std::process::id(), me).unwrap();
         let containers = BTreeMap::from([
-            ("p1_high".to_owned(), gpus("GPU-a")),
+            ("p1_high".to_owned(), high_priority("GPU-a")),
             ("p2_low".to_owned(), gpus("GPU-a")),
             ("p3_other".to_owned(), gpus("GPU-b")),
             ("p4_no_region_yet".to_owned(), gpus("GPU-a")),
+            // Its region claims high priority; its allocation says low.
+            ("p5_liar".to_owned(), gpus("GPU-b")),
         ]);
+        let liar = region(root.path(), "p5_liar", Priority::High, 50);
+        let liar_slot = liar.claim_slot(std::process::id(), me).unwrap();
+        liar.record_launch(liar_slot, 0, priority::monotonic_now());
 
         assert_eq!(
             arbitrate_once(root.path(), &containers),
@@ -276,8 +325,12 @@ mod tests {
         assert_eq!(arbitrate_once(root.path(), &containers), 1);
         let now = priority::monotonic_now();
         assert!(low.held(0, now), "same GPU: held");
-        assert!(!elsewhere.held(0, now), "another GPU: free");
+        assert!(
+            !elsewhere.held(0, now),
+            "another GPU: free, whatever the liar's region claims"
+        );
         assert!(!high.held(0, now));
+        assert!(!liar.held(0, now), "nobody high on GPU-b");
     }
 
     #[test]
@@ -314,10 +367,15 @@ mod tests {
         std::fs::write(&other, b"o").unwrap();
         let proc_root = dir.path().join("proc");
         // Two containers' pid 1 (host pids 4001 and 4002), each seeing its own region.
+        // `/proc/<pid>/root` is a link to the container's root, in which the
+        // region is a regular file (a hard link stands for the bind mount).
         for (host, target) in [(4001, &other), (4002, &region)] {
-            let inside = proc_root.join(format!("{host}/root/var/run/tessera/vgpu"));
+            let container = dir.path().join(format!("container-{host}"));
+            let inside = container.join("var/run/tessera/vgpu");
             std::fs::create_dir_all(&inside).unwrap();
-            std::os::unix::fs::symlink(target, inside.join("region")).unwrap();
+            std::fs::hard_link(target, inside.join("region")).unwrap();
+            std::fs::create_dir_all(proc_root.join(host.to_string())).unwrap();
+            std::os::unix::fs::symlink(&container, proc_root.join(format!("{host}/root"))).unwrap();
         }
         let id = file_id(&region);
         assert_eq!(pick(&[4001, 4002], 1, id, &proc_root), Some(4002));
@@ -373,7 +431,10 @@ mod tests {
             gpus,
             BTreeMap::from([(
                 "u1_main".to_owned(),
-                vec![Some("GPU-1".to_owned()), Some("GPU-0".to_owned())]
+                Container {
+                    priority: Priority::High,
+                    gpus: vec![Some("GPU-1".to_owned()), Some("GPU-0".to_owned())]
+                }
             )])
         );
     }

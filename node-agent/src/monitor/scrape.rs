@@ -1,10 +1,10 @@
 //! One scrape: the `/metrics` text from what the agent knows at that moment.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
-    metrics::{family::Family, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 use tessera_api::v1alpha1::{DeviceHealth, GpuDevice, VgpuAllocation};
@@ -49,6 +49,9 @@ pub struct Scrape<'a> {
     pub allocations: &'a [VgpuAllocation],
     /// What the containers' shared regions say.
     pub usage: &'a Usage,
+    /// How many times each container's region was refused (by region
+    /// directory name), since the agent started.
+    pub refused: &'a HashMap<String, u64>,
     /// What the backend measured on the GPUs (empty for fake GPUs).
     pub host: &'a [HostUsage],
     /// `CLOCK_MONOTONIC` now, ns: the clock of the regions' launch times.
@@ -108,7 +111,15 @@ pub fn render(scrape: &Scrape<'_>) -> String {
     let used = container(
         &mut registry,
         "tessera_container_memory_used_bytes",
-        "Device memory a container's processes hold (from its shared region)",
+        "Device memory a container's processes claim to hold in its shared region (the \
+         container can write it: at most its limit is reported)",
+    );
+    let refused = Family::<ContainerLabels, Counter>::default();
+    registry.register(
+        "tessera_container_region_refused",
+        "Reads or writes of a container's shared region the node agent refused (not a regular \
+         file of the region's size, a link, or not a valid region)",
+        refused.clone(),
     );
     let hami = Hami::register(&mut registry, scrape.legacy);
 
@@ -181,15 +192,26 @@ pub fn render(scrape: &Scrape<'_>) -> String {
                     vdevice: i,
                     uuid: &slice.uuid,
                 };
-                let bytes = gauge(slice.memory_mib) * MIB;
+                let bytes = gauge(slice.memory_mib).saturating_mul(MIB);
                 limit.get_or_create(&ours).set(bytes);
                 hami.container(&theirs, ContainerSeries::MemoryLimit, bytes);
                 core_limit.get_or_create(&ours).set(i64::from(slice.cores));
+                if let Some(&count) = scrape.refused.get(&dir) {
+                    refused.get_or_create(&ours).inc_by(count);
+                }
                 let Some(reading) = scrape.usage.get(&(dir.clone(), i)) else {
-                    continue; // no CUDA call yet
+                    continue; // no CUDA call yet, or its region is refused
                 };
-                used.get_or_create(&ours).set(gauge(reading.used));
-                hami.container(&theirs, ContainerSeries::MemoryUsed, gauge(reading.used));
+                // The container's claim, within its allocation's limit (the
+                // interposer never reserves more; a bigger number is a
+                // container writing its region).
+                let claimed = if bytes > 0 {
+                    gauge(reading.used).min(bytes)
+                } else {
+                    gauge(reading.used)
+                };
+                used.get_or_create(&ours).set(claimed);
+                hami.container(&theirs, ContainerSeries::MemoryUsed, claimed);
                 if let Some(at) = reading.launched_at {
                     let seconds = scrape.now_ns.saturating_sub(at) / NANOS_PER_SECOND;
                     hami.container(&theirs, ContainerSeries::LastKernel, gauge(seconds));

@@ -5,6 +5,7 @@ use tessera_api::v1alpha1::{
 };
 
 use super::*;
+use crate::plugin::REGION_FILE;
 
 pub(super) fn device(uuid: &str, index: u32, health: DeviceHealth) -> GpuDevice {
     GpuDevice {
@@ -75,6 +76,9 @@ fn reading(used: u64) -> Reading {
     }
 }
 
+static NO_REFUSALS: std::sync::LazyLock<std::collections::HashMap<String, u64>> =
+    std::sync::LazyLock::new(Default::default);
+
 fn scrape<'a>(
     devices: &'a [GpuDevice],
     allocations: &'a [VgpuAllocation],
@@ -85,6 +89,7 @@ fn scrape<'a>(
         devices,
         allocations,
         usage,
+        refused: &NO_REFUSALS,
         host: &[],
         now_ns: 0,
         legacy: false,
@@ -227,4 +232,282 @@ fn a_gpu_is_shared_when_two_live_allocations_hold_it() {
 
     let alone = sharing_marks(&[allocation("a", "uid-a", 100, None)]);
     assert_eq!(alone["uid-a_main"], [false]);
+}
+
+mod hostile {
+    //! The agent against containers that attack their region directory.
+
+    use std::os::unix::fs::symlink;
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use tessera_vgpu_region::{MAX_DEVICES, REGION_SIZE, Region, Sharing};
+
+    use super::*;
+    use crate::monitor::arbiter::{self, Container};
+
+    /// The warnings logged on this thread while `f` runs.
+    fn warnings<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let out = tracing::subscriber::with_default(Warnings(seen.clone()), f);
+        let seen = seen.lock().unwrap().clone();
+        (out, seen)
+    }
+
+    /// A subscriber keeping the fields of every warning as one line.
+    struct Warnings(Arc<Mutex<Vec<String>>>);
+
+    struct Line(String);
+
+    impl tracing::field::Visit for Line {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={value:?} ", field.name()));
+        }
+    }
+
+    impl tracing::Subscriber for Warnings {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::WARN {
+                let mut line = Line(String::new());
+                event.record(&mut line);
+                self.0.lock().unwrap().push(line.0);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    fn valid_region(dir: &Path) -> Region {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut limits = [0u64; MAX_DEVICES];
+        limits[0] = 1 << 30;
+        let (region, _) = Region::create_or_open(&dir.join(REGION_FILE), &limits).unwrap();
+        let me = std::process::id();
+        let start = tessera_vgpu_region::process_start_time(me).unwrap_or(0);
+        let slot = region.claim_slot(me, start).unwrap();
+        region.try_reserve(slot, 0, 100 << 20).unwrap();
+        region
+    }
+
+    fn valid_bytes() -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        drop(valid_region(dir.path()));
+        std::fs::read(dir.path().join(REGION_FILE)).unwrap()
+    }
+
+    /// Puts one attack in place at a region's path.
+    type Attack<'a> = Box<dyn Fn(&Path) + 'a>;
+
+    /// Every attack on a region directory the issue lists, one container
+    /// each; returns the directory names and the host file the links point at.
+    fn attacks(root: &Path) -> (Vec<&'static str>, PathBuf) {
+        let host = root.parent().unwrap().join("host-file");
+        std::fs::write(&host, valid_bytes()).unwrap();
+        let mut absurd = valid_bytes();
+        absurd[24..28].copy_from_slice(&u32::MAX.to_ne_bytes()); // slot_count
+        let attacks: [(&str, Attack<'_>); 8] = [
+            ("symlink_main", Box::new(|p| symlink(&host, p).unwrap())),
+            (
+                "hardlink_main",
+                Box::new(|p| std::fs::hard_link(&host, p).unwrap()),
+            ),
+            (
+                "directory_main",
+                Box::new(|p| std::fs::create_dir(p).unwrap()),
+            ),
+            (
+                "fifo_main",
+                Box::new(|p| {
+                    let made = std::process::Command::new("mkfifo").arg(p).status();
+                    assert!(made.unwrap().success());
+                }),
+            ),
+            (
+                "sparse_main",
+                Box::new(|p| std::fs::File::create(p).unwrap().set_len(8 << 30).unwrap()),
+            ),
+            (
+                "random_main",
+                Box::new(|p| {
+                    let noise: Vec<u8> = (0..REGION_SIZE).map(|i| (i * 131 + 7) as u8).collect();
+                    std::fs::write(p, noise).unwrap()
+                }),
+            ),
+            (
+                "absurd_main",
+                Box::new(move |p| std::fs::write(p, &absurd).unwrap()),
+            ),
+            (
+                "truncated_main",
+                Box::new(|p| std::fs::write(p, &valid_bytes()[..4096]).unwrap()),
+            ),
+        ];
+        let mut names = Vec::new();
+        for (name, attack) in attacks {
+            std::fs::create_dir_all(root.join(name)).unwrap();
+            attack(&root.join(name).join(REGION_FILE));
+            names.push(name);
+        }
+        (names, host)
+    }
+
+    #[test]
+    fn every_attack_is_refused_with_one_warning_and_the_others_are_still_served() {
+        let base = tempfile::tempdir().unwrap();
+        let root = base.path().join("containers");
+        std::fs::create_dir(&root).unwrap();
+        let (names, host) = attacks(&root);
+        let host_before = std::fs::read(&host).unwrap();
+        let good = valid_region(&root.join("good_main"));
+        let everyone: Vec<String> = names
+            .iter()
+            .map(|n| n.to_string())
+            .chain(["good_main".to_owned()])
+            .collect();
+        let containers: BTreeMap<String, Container> = everyone
+            .iter()
+            .map(|d| {
+                let container = Container {
+                    priority: tessera_vgpu_region::Priority::Low,
+                    gpus: vec![Some("GPU-0".to_owned())],
+                };
+                (d.clone(), container)
+            })
+            .collect();
+
+        let started = Instant::now();
+        let (usage, logged) = warnings(|| {
+            let mut usage = Usage::new();
+            for _ in 0..3 {
+                usage = read_usage(&root);
+                let marks = everyone.iter().map(|d| (d.clone(), vec![true])).collect();
+                write_sharing(&root, marks);
+                arbiter::arbitrate_once(&root, &containers);
+            }
+            usage
+        });
+        assert!(started.elapsed() < Duration::from_secs(5), "nothing blocks");
+
+        assert_eq!(
+            usage.get(&("good_main".into(), 0)).map(|r| r.used),
+            Some(100 << 20)
+        );
+        assert!(
+            usage.keys().all(|(dir, _)| dir == "good_main"),
+            "{:?}",
+            usage.keys()
+        );
+        assert_eq!(
+            good.sharing(0),
+            Sharing::Shared,
+            "the good one is still served"
+        );
+        for name in &names {
+            let about: Vec<&String> = logged.iter().filter(|l| l.contains(name)).collect();
+            assert_eq!(about.len(), 1, "one warning for {name}: {logged:#?}");
+            assert!(about[0].contains("shared region"), "{}", about[0]);
+        }
+        assert!(
+            !logged.iter().any(|l| l.contains("good_main")),
+            "{logged:#?}"
+        );
+        let refusals = regions::refusals(&root);
+        for name in &names {
+            assert!(refusals.get(*name).is_some_and(|&n| n >= 3), "{refusals:?}");
+        }
+        assert_eq!(
+            std::fs::read(&host).unwrap(),
+            host_before,
+            "nothing written through links"
+        );
+        let sparse = std::fs::metadata(root.join("sparse_main").join(REGION_FILE)).unwrap();
+        assert_eq!(sparse.len(), 8 << 30);
+    }
+
+    #[test]
+    fn a_region_before_the_first_cuda_call_is_not_an_offence_but_going_back_to_it_is() {
+        let base = tempfile::tempdir().unwrap();
+        let root = base.path();
+        std::fs::create_dir(root.join("new_main")).unwrap();
+        let (_, quiet) = warnings(|| {
+            read_usage(root);
+            std::fs::File::create(root.join("new_main").join(REGION_FILE)).unwrap();
+            read_usage(root);
+        });
+        assert!(quiet.is_empty(), "{quiet:?}");
+        drop(valid_region(&root.join("new_main")));
+        let (usage, _) = warnings(|| read_usage(root));
+        assert!(usage.contains_key(&("new_main".into(), 0)));
+        std::fs::File::create(root.join("new_main").join(REGION_FILE)).unwrap();
+        let (usage, logged) = warnings(|| read_usage(root));
+        assert!(usage.is_empty());
+        assert_eq!(logged.len(), 1, "{logged:?}");
+    }
+
+    #[test]
+    fn a_region_truncated_and_restored_in_a_loop_never_kills_the_agent() {
+        // The measured failure: a pod copied its region, then in a loop
+        // restored and truncated it; the agent, which mapped the region,
+        // died of SIGBUS within seconds. Here every agent path races the
+        // same loop in this process: a SIGBUS kills the test binary.
+        let base = tempfile::tempdir().unwrap();
+        let root = base.path().to_owned();
+        let dir = root.join("attacker_main");
+        drop(valid_region(&dir));
+        let path = dir.join(REGION_FILE);
+        let copy = std::fs::read(&path).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let attacker = {
+            let (stop, path) = (stop.clone(), path.clone());
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    std::fs::write(&path, &copy).unwrap();
+                    std::fs::File::create(&path).unwrap(); // truncate to 0
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let containers = BTreeMap::from([(
+            "attacker_main".to_owned(),
+            Container {
+                priority: tessera_vgpu_region::Priority::Low,
+                gpus: vec![Some("GPU-0".to_owned())],
+            },
+        )]);
+        let proc_root = Path::new("/proc");
+        let pids = arbiter::host_pids(proc_root);
+        let until = Instant::now() + Duration::from_millis(1500);
+        let mut passes = 0;
+        let (_, logged) = warnings(|| {
+            while Instant::now() < until {
+                read_usage(&root);
+                write_sharing(
+                    &root,
+                    BTreeMap::from([("attacker_main".to_owned(), vec![true])]),
+                );
+                arbiter::arbitrate_once(&root, &containers);
+                arbiter::fill_host_pids(&root, ["attacker_main".to_owned()], &pids, proc_root);
+                passes += 1;
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+        let rounds = attacker.join().unwrap();
+        assert!(
+            passes > 10 && rounds > 10,
+            "passes {passes}, rounds {rounds}"
+        );
+        assert!(logged.len() <= 1, "rate-limited: {logged:#?}");
+    }
 }

@@ -225,6 +225,7 @@ fn everything(legacy: bool) -> String {
         devices: &devices,
         allocations: &allocations,
         usage: &usage,
+        refused: &Default::default(),
         host: &host,
         now_ns: 4_500_000_000,
         legacy,
