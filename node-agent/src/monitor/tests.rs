@@ -158,6 +158,33 @@ fn devices_and_live_allocations_become_series() {
 }
 
 #[test]
+fn region_usage_is_a_claim_clamped_to_the_limit_and_refusals_are_counted() {
+    let devices = [device("GPU-0", 0, DeviceHealth::Healthy)];
+    let allocations = [allocation("a", "uid-a", 1000, None)];
+    let mut usage = Usage::new();
+    usage.insert(("uid-a_main".into(), 0), reading(u64::MAX));
+    let refused = std::collections::HashMap::from([("uid-a_main".to_owned(), 7)]);
+    let text = render(&Scrape {
+        refused: &refused,
+        ..scrape(&devices, &allocations, &usage)
+    });
+    let labels = r#"namespace="ml",pod="a",container="main",uuid="GPU-0",device_index="0""#;
+    for line in [
+        format!(
+            "tessera_container_memory_used_bytes{{{labels}}} {}",
+            1000i64 << 20
+        ),
+        format!("tessera_container_region_refused_total{{{labels}}} 7"),
+        format!(
+            r#"hami_vgpu_memory_used_bytes{{container="main",device_uuid="GPU-0",namespace="ml",pod="a",vdevice_index="0",zone="vGPU"}} {}"#,
+            1000i64 << 20
+        ),
+    ] {
+        assert!(has(&text, &line), "missing {line}\n{text}");
+    }
+}
+
+#[test]
 fn usage_is_read_from_the_containers_regions() {
     use tessera_vgpu_region::{MAX_DEVICES, Region};
     let root = tempfile::tempdir().unwrap();
