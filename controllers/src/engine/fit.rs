@@ -203,10 +203,19 @@ fn check(
     if used.slices >= device.split_count {
         return Err(Cause::NoFreeSlice);
     }
-    if used.memory_mib + slice.memory_mib > device.memory_mib {
+    // A sum past the integer's range does not fit either.
+    if used
+        .memory_mib
+        .checked_add(slice.memory_mib)
+        .is_none_or(|total| total > device.memory_mib)
+    {
         return Err(Cause::Memory);
     }
-    if used.cores + slice.cores > device.cores {
+    if used
+        .cores
+        .checked_add(slice.cores)
+        .is_none_or(|total| total > device.cores)
+    {
         return Err(Cause::Cores);
     }
     Ok(())

@@ -41,12 +41,15 @@ pub struct DeviceUsage {
 }
 
 impl DeviceUsage {
-    /// Adds a slice.
+    /// Adds a slice (saturating: slices come from VgpuAllocation objects,
+    /// whose amounts may be any u64/u32; a device they overflow is full).
     pub fn add(&mut self, slice: &Slice) {
-        self.memory_mib += slice.memory_mib;
-        self.cores += slice.cores;
-        self.slices += 1;
-        self.exclusive += u32::from(slice.is_exclusive());
+        self.memory_mib = self.memory_mib.saturating_add(slice.memory_mib);
+        self.cores = self.cores.saturating_add(slice.cores);
+        self.slices = self.slices.saturating_add(1);
+        self.exclusive = self
+            .exclusive
+            .saturating_add(u32::from(slice.is_exclusive()));
     }
 
     /// Removes a slice (never below zero).
