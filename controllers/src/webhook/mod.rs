@@ -86,7 +86,7 @@ impl Webhook {
     }
 
     /// Answers a request body that is not a readable AdmissionReview.
-    fn unreadable(&self, error: &serde_json::Error) -> AdmissionReview<DynamicObject> {
+    fn unreadable(&self, error: &str) -> AdmissionReview<DynamicObject> {
         tracing::warn!(%error, "unreadable admission review");
         self.metrics.count_review(Outcome::Error.label());
         AdmissionResponse::invalid(format!("unreadable AdmissionReview: {error}")).into_review()
@@ -146,8 +146,28 @@ async fn handle(
 ) -> Json<AdmissionReview<DynamicObject>> {
     match serde_json::from_slice::<AdmissionReview<Pod>>(&body) {
         Ok(review) => Json(webhook.review(review)),
-        Err(error) => Json(webhook.unreadable(&error)),
+        Err(error) => Json(webhook.unreadable(&unreadable_reason(&body, &error))),
     }
+}
+
+/// Why a body is not an AdmissionReview, naming the field at fault (e.g.
+/// `request.object.spec.containers[0].name: invalid type: ...`) when the
+/// body is JSON. `AdmissionReview` flattens its type fields, which hides the
+/// path from serde, so the request is decoded again on its own to find it.
+fn unreadable_reason(body: &[u8], error: &serde_json::Error) -> String {
+    let request = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|mut review| review.get_mut("request").map(serde_json::Value::take));
+    if let Some(request) = request
+        && let Err(found) = serde_path_to_error::deserialize::<_, AdmissionRequest<Pod>>(request)
+    {
+        let path = found.path().to_string();
+        return match path.as_str() {
+            "." => format!("request: {}", found.inner()),
+            _ => format!("request.{path}: {}", found.inner()),
+        };
+    }
+    error.to_string()
 }
 
 #[cfg(test)]
