@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::ResourceExt;
 
 /// Why an agent pod cannot serve its node now, or `None` when it can: it is
@@ -66,10 +66,30 @@ pub fn agent_pod_down(pod: &Pod) -> Option<String> {
     }
 }
 
+/// When the pod's containers last started (the latest `running.startedAt`),
+/// by the kubelet's clock.
+pub fn agent_pod_started(pod: &Pod) -> Option<Timestamp> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| Some(c.state.as_ref()?.running.as_ref()?.started_at.as_ref()?.0))
+        .max()
+}
+
+/// One agent pod: its node, why it is down, when its containers started.
+#[derive(Debug)]
+struct Seen {
+    node: String,
+    down: Option<String>,
+    started: Option<Timestamp>,
+}
+
 /// Every agent pod bound to a node, by pod UID, with its verdict.
 #[derive(Debug, Default)]
 pub struct AgentPods {
-    pods: BTreeMap<String, (String, Option<String>)>,
+    pods: BTreeMap<String, Seen>,
 }
 
 impl AgentPods {
@@ -77,14 +97,19 @@ impl AgentPods {
     pub fn record(&mut self, pod: &Pod) -> Option<String> {
         let node = pod.spec.as_ref()?.node_name.clone()?;
         let uid = pod.metadata.uid.clone().unwrap_or_else(|| pod.name_any());
-        self.pods.insert(uid, (node.clone(), agent_pod_down(pod)));
+        let seen = Seen {
+            node: node.clone(),
+            down: agent_pod_down(pod),
+            started: agent_pod_started(pod),
+        };
+        self.pods.insert(uid, seen);
         Some(node)
     }
 
     /// Forgets a deleted pod; returns its node.
     pub fn forget(&mut self, pod: &Pod) -> Option<String> {
         let uid = pod.metadata.uid.clone().unwrap_or_else(|| pod.name_any());
-        self.pods.remove(&uid).map(|(node, _)| node)
+        self.pods.remove(&uid).map(|seen| seen.node)
     }
 
     /// Forgets every pod (a relist follows).
@@ -100,20 +125,30 @@ impl AgentPods {
         let mut reasons = self
             .pods
             .values()
-            .filter(|(n, _)| n == node)
-            .map(|(_, r)| r);
+            .filter(|s| s.node == node)
+            .map(|s| &s.down);
         let first = reasons.next()?.clone()?;
         reasons.all(Option::is_some).then_some(first)
     }
 
-    /// Every node with a down agent and why.
-    pub fn all_down(&self) -> Vec<(String, String)> {
-        let mut nodes: Vec<&String> = self.pods.values().map(|(n, _)| n).collect();
+    /// When the containers of `node`'s serving agent pod started (the
+    /// latest among serving pods); `None` when none serves.
+    pub fn started(&self, node: &str) -> Option<Timestamp> {
+        self.pods
+            .values()
+            .filter(|s| s.node == node && s.down.is_none())
+            .filter_map(|s| s.started)
+            .max()
+    }
+
+    /// Every node with an agent pod: why it is down and when it started.
+    pub fn all(&self) -> Vec<(String, Option<String>, Option<Timestamp>)> {
+        let mut nodes: Vec<&String> = self.pods.values().map(|s| &s.node).collect();
         nodes.sort();
         nodes.dedup();
         nodes
             .into_iter()
-            .filter_map(|n| Some((n.clone(), self.down(n)?)))
+            .map(|n| (n.clone(), self.down(n), self.started(n)))
             .collect()
     }
 }
@@ -196,10 +231,11 @@ mod tests {
         assert_eq!(pods.down("n1"), None, "the new pod of a rollout serves");
         pods.record(&pod("new", Some("n1"), running(false)));
         assert_eq!(
-            pods.all_down(),
+            pods.all(),
             [(
                 "n1".to_owned(),
-                "node agent pod agent-new is not Ready (ContainersNotReady)".to_owned()
+                Some("node agent pod agent-new is not Ready (ContainersNotReady)".to_owned()),
+                None
             )]
         );
         assert_eq!(
@@ -207,7 +243,13 @@ mod tests {
             Some("n1")
         );
         assert!(pods.down("n1").is_some_and(|r| r.contains("agent-new")));
+        pods.record(&pod("new", Some("n1"), running(true)));
+        assert_eq!(
+            pods.started("n1"),
+            Some("2026-01-01T00:00:00Z".parse().unwrap()),
+            "the serving container's start"
+        );
         pods.clear();
-        assert!(pods.all_down().is_empty());
+        assert!(pods.all().is_empty());
     }
 }

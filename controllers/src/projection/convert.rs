@@ -42,6 +42,16 @@ pub fn not_ready(node: &GpuNode) -> Option<String> {
     (condition.status != "True").then(|| format!("{}: {}", condition.reason, condition.message))
 }
 
+/// Since when the GpuNode's `Ready` condition says True, if it does.
+pub fn ready_since(node: &GpuNode) -> Option<k8s_openapi::jiff::Timestamp> {
+    node.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")
+        .map(|c| c.last_transition_time.0)
+}
+
 /// The ledger key of an allocation.
 pub fn key(allocation: &VgpuAllocation) -> AllocationKey {
     AllocationKey {

@@ -7,6 +7,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use k8s_openapi::jiff::Timestamp;
+
 use crate::engine::{GpuDevice, NodeGpus, Slice};
 
 /// Identifies an allocation (named after its pod).
@@ -48,8 +50,18 @@ pub struct Ledger {
     /// is not Ready: not registered with the kubelet, or stopping).
     not_ready: HashMap<String, String>,
     /// Why a node's agent is down although its GpuNode may still say Ready:
-    /// its DaemonSet pod is not ready (the kubelet saw its container die).
+    /// its DaemonSet pod is not ready (the kubelet saw its container die),
+    /// or it was restarted after the GpuNode last became Ready (derived from
+    /// the three maps below by `refresh_agent`).
     agent_down: HashMap<String, String>,
+    /// Why the agent's pod is down, as the kubelet reports it.
+    agent_pod_down: HashMap<String, String>,
+    /// When the serving agent pod's container started (the kubelet's clock).
+    agent_started: HashMap<String, Timestamp>,
+    /// Since when the GpuNode says Ready=True (the agent's clock, the same
+    /// node's): a condition older than the running agent was written by a
+    /// dead one.
+    ready_since: HashMap<String, Timestamp>,
     allocations: HashMap<AllocationKey, LiveAllocation>,
     by_node: HashMap<String, BTreeSet<AllocationKey>>,
 }
@@ -107,14 +119,60 @@ impl Ledger {
     /// Kept apart from the GpuNode's verdict: either one keeps pods away.
     pub fn set_agent_down(&mut self, name: &str, reason: Option<String>) {
         match reason {
+            Some(reason) => self.agent_pod_down.insert(name.to_owned(), reason),
+            None => self.agent_pod_down.remove(name),
+        };
+        self.refresh_agent(name);
+    }
+
+    /// Records when the node's serving agent container started.
+    pub fn set_agent_started(&mut self, name: &str, started: Option<Timestamp>) {
+        match started {
+            Some(started) => self.agent_started.insert(name.to_owned(), started),
+            None => self.agent_started.remove(name),
+        };
+        self.refresh_agent(name);
+    }
+
+    /// Records since when the node's GpuNode says Ready=True (`None`: it
+    /// does not).
+    pub fn set_ready_since(&mut self, name: &str, since: Option<Timestamp>) {
+        match since {
+            Some(since) => self.ready_since.insert(name.to_owned(), since),
+            None => self.ready_since.remove(name),
+        };
+        self.refresh_agent(name);
+    }
+
+    /// Forgets every agent pod verdict and start (a relist follows).
+    pub fn clear_agents(&mut self) {
+        let nodes: Vec<String> = self
+            .agent_pod_down
+            .keys()
+            .chain(self.agent_started.keys())
+            .cloned()
+            .collect();
+        self.agent_pod_down.clear();
+        self.agent_started.clear();
+        for node in nodes {
+            self.refresh_agent(&node);
+        }
+    }
+
+    fn refresh_agent(&mut self, name: &str) {
+        let reason = self.agent_pod_down.get(name).cloned().or_else(|| {
+            let started = self.agent_started.get(name)?;
+            let since = self.ready_since.get(name)?;
+            (since < started).then(|| {
+                format!(
+                    "node agent restarted at {started} and has not reported since (its GpuNode's Ready dates from {since})"
+                )
+            })
+        });
+        match reason {
             Some(reason) => self.agent_down.insert(name.to_owned(), reason),
             None => self.agent_down.remove(name),
         };
-    }
-
-    /// Replaces every agent-pod verdict after a relist.
-    pub fn replace_agent_down(&mut self, down: impl IntoIterator<Item = (String, String)>) {
-        self.agent_down = down.into_iter().collect();
     }
 
     /// Records why a node takes no pod now, or that it does (`None`).
@@ -336,10 +394,41 @@ mod tests {
         ledger.set_not_ready("n1", None);
         ledger.set_agent_down("n1", None);
         assert_eq!(ledger.not_ready("n1"), None);
-        ledger.replace_agent_down([("n1".to_owned(), "gone".to_owned())]);
+        ledger.set_agent_down("n1", Some("gone".to_owned()));
         assert_eq!(ledger.not_ready("n1"), Some("gone"));
-        ledger.replace_agent_down([]);
+        ledger.clear_agents();
         assert_eq!(ledger.readiness(), [("n1", true)]);
+    }
+
+    #[test]
+    fn a_ready_condition_older_than_the_running_agent_was_written_by_a_dead_one() {
+        let at = |t: &str| -> Timestamp { t.parse().unwrap() };
+        let mut ledger = Ledger::default();
+        ledger.set_node("n1", vec![device("GPU-1")]);
+        ledger.set_ready_since("n1", Some(at("2026-01-01T00:00:00Z")));
+        ledger.set_agent_started("n1", Some(at("2026-01-01T00:00:00Z")));
+        assert_eq!(
+            ledger.not_ready("n1"),
+            None,
+            "the agent reported Ready after it started"
+        );
+        // Killed and restarted by the kubelet: the container runs again,
+        // the GpuNode still says what the dead agent wrote.
+        ledger.set_agent_started("n1", Some(at("2026-01-01T00:05:00Z")));
+        assert!(
+            ledger
+                .not_ready("n1")
+                .is_some_and(|r| r.starts_with("node agent restarted at 2026-01-01T00:05:00Z")),
+            "{:?}",
+            ledger.not_ready("n1")
+        );
+        // The new agent registers and writes Ready again.
+        ledger.set_ready_since("n1", Some(at("2026-01-01T00:05:01Z")));
+        assert_eq!(ledger.not_ready("n1"), None);
+        // Without a known start (agents not run as watched pods): no opinion.
+        ledger.set_agent_started("n1", None);
+        ledger.set_ready_since("n1", Some(at("2025-01-01T00:00:00Z")));
+        assert_eq!(ledger.not_ready("n1"), None);
     }
 
     #[test]

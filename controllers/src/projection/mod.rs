@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use agents::{AgentPods, agent_pod_down};
 pub use ages::{LockAges, LockTimes, lock_ages, oldest_age_seconds, seconds_since};
-pub use convert::{devices, key, live, not_ready};
+pub use convert::{devices, key, live, not_ready, ready_since};
 pub use leases::{AGENT_LEASE_PREFIX, AgentLease, AgentLeases, agent_node};
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 pub use locks::LockTable;
@@ -241,6 +241,7 @@ pub struct NodeEntry {
     name: String,
     devices: Vec<crate::engine::GpuDevice>,
     not_ready: Option<String>,
+    ready_since: Option<Timestamp>,
 }
 
 /// Applies watch events to the ledger.
@@ -322,6 +323,7 @@ impl Feeder {
                 let mut ledger = self.write();
                 ledger.set_node(&name, devices(&node));
                 ledger.set_not_ready(&name, convert::not_ready(&node));
+                ledger.set_ready_since(&name, convert::ready_since(&node));
                 let ready = ledger.not_ready(&name).is_none();
                 drop(ledger);
                 if ready {
@@ -334,12 +336,14 @@ impl Feeder {
                 name: node.name_any(),
                 devices: devices(&node),
                 not_ready: convert::not_ready(&node),
+                ready_since: convert::ready_since(&node),
             }),
             watcher::Event::InitDone => {
                 let mut ledger = self.write();
                 ledger.replace_nodes(relist.iter().map(|e| (e.name.clone(), e.devices.clone())));
                 for entry in relist.drain(..) {
                     ledger.set_not_ready(&entry.name, entry.not_ready);
+                    ledger.set_ready_since(&entry.name, entry.ready_since);
                 }
                 drop(ledger);
                 self.mark_synced(&self.nodes_synced);
@@ -434,22 +438,29 @@ impl Feeder {
                 return;
             }
             watcher::Event::InitDone => {
-                self.write().replace_agent_down(pods.all_down());
+                let all = pods.all();
                 drop(pods);
+                let mut ledger = self.write();
+                ledger.clear_agents();
+                for (node, down, started) in all {
+                    ledger.set_agent_down(&node, down);
+                    ledger.set_agent_started(&node, started);
+                }
+                drop(ledger);
                 self.freed_all();
                 return;
             }
         };
         let Some(node) = node else { return };
-        let down = pods.down(&node);
+        let (down, started) = (pods.down(&node), pods.started(&node));
         drop(pods);
-        let up = down.is_none();
         if let Some(reason) = &down {
             tracing::info!(%node, %reason, "node agent down: no GPU pod goes there");
         }
         let mut ledger = self.write();
         ledger.set_agent_down(&node, down);
-        let ready = up && ledger.not_ready(&node).is_none();
+        ledger.set_agent_started(&node, started);
+        let ready = ledger.not_ready(&node).is_none();
         drop(ledger);
         if ready {
             self.freed(&node);

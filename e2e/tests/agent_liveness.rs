@@ -1,0 +1,199 @@
+//! Issue 12 B on real nodes (containerd + kubelet v1.36, Tessera from its
+//! chart): an agent that dies (SIGKILL, as a crash or the OOM killer) stops
+//! GPU pods from being bound to its node within 5 s, and a GPU pod waiting
+//! meanwhile is bound within 5 s of the agent being back, and served (not
+//! rejected by the kubelet at admission).
+//!
+//! The agent is kept down by killing it again whenever the kubelet restarts
+//! it (a crash-looping agent), so that the window is long enough to create a
+//! pod inside it. Also measured: how long the kubelet takes to report the
+//! dead container (its PLEG), which bounds the fast path.
+//!
+//! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips
+//! it, never silently.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::{
+    Api,
+    api::{ListParams, PostParams},
+};
+use tessera_api::v1alpha1::GpuNode;
+use tessera_e2e::testkit::{gpu_pod, phase, skip_real_nodes};
+use tessera_e2e::{
+    Lifetime,
+    artifacts::Artifacts,
+    chaos::kill_in_pod,
+    cluster::{LocalCluster, NodeGpus},
+    node::FakeGpu,
+};
+
+const NODE: &str = "liveness-node";
+const WAIT: Duration = Duration::from_secs(120);
+
+async fn agent_pod(cluster: &LocalCluster) -> Pod {
+    cluster
+        .pods("node-agent")
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE))
+        .expect("the agent pod")
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn gpu_node_ready(client: &kube::Client) -> bool {
+    let node = Api::<GpuNode>::all(client.clone()).get(NODE).await.unwrap();
+    node.status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+fn bound(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in_when_back() {
+    if skip_real_nodes("real-node agent liveness test") {
+        return;
+    }
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let nodes = [NodeGpus {
+        name: NODE.into(),
+        gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
+    }];
+    let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
+        .await
+        .unwrap();
+    let client = cluster.plane.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let create = async |name: &str| {
+        let manifest = gpu_pod(name, 512, None, "sleep 3600");
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(manifest).unwrap(),
+        )
+        .await
+        .unwrap();
+    };
+
+    // The agent pod Ready, its GpuNode Ready: a GPU pod runs.
+    let started = Instant::now();
+    loop {
+        if pod_ready(&agent_pod(&cluster).await) && gpu_node_ready(&client).await {
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "the agent never got Ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    create("before").await;
+    let started = Instant::now();
+    while phase(&pods.get("before").await.unwrap()) != "Running" {
+        assert!(started.elapsed() < WAIT, "the first GPU pod never ran");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Kill the agent, and again whenever the kubelet restarts it.
+    let uid = agent_pod(&cluster).await.metadata.uid.unwrap();
+    let killed_at = Instant::now();
+    let hold = Duration::from_secs(12);
+    let mut reported_down: Option<Duration> = None;
+    let mut kills = 0;
+    let mut during_created = false;
+    while killed_at.elapsed() < hold {
+        kills += kill_in_pod(&uid, "tessera-node-agent").unwrap().len();
+        if reported_down.is_none() && !pod_ready(&agent_pod(&cluster).await) {
+            reported_down = Some(killed_at.elapsed());
+        }
+        // 5 s after the first kill, a GPU pod must find the node closed.
+        if !during_created && killed_at.elapsed() >= Duration::from_secs(5) {
+            create("during").await;
+            during_created = true;
+        }
+        if during_created {
+            let pod = pods.get("during").await.unwrap();
+            assert_eq!(
+                bound(&pod),
+                None,
+                "bound {:?} after the agent was killed, while it was down",
+                killed_at.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reported_down = reported_down.expect("the kubelet never reported the agent pod down");
+    println!(
+        "SIGKILL → the kubelet reports the agent pod not Ready: {} ms ({kills} kills in {} s)",
+        reported_down.as_millis(),
+        hold.as_secs()
+    );
+    assert!(
+        reported_down < Duration::from_secs(5),
+        "the agent pod was reported down only after {reported_down:?}"
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let reasons: Vec<String> = events
+        .list(&ListParams::default().fields("involvedObject.name=during"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("node agent")),
+        "{reasons:?}"
+    );
+
+    // Let it come back: the waiting pod is bound within 5 s of the agent
+    // being back (its pod Ready and its GpuNode Ready), and runs.
+    let released = Instant::now();
+    let back = loop {
+        if pod_ready(&agent_pod(&cluster).await) && gpu_node_ready(&client).await {
+            break released.elapsed();
+        }
+        let pod = pods.get("during").await.unwrap();
+        assert_eq!(bound(&pod), None, "bound before the agent was back");
+        assert!(released.elapsed() < WAIT, "the agent never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let bound_after = loop {
+        let pod = pods.get("during").await.unwrap();
+        if bound(&pod).is_some() {
+            break released.elapsed().saturating_sub(back);
+        }
+        assert!(
+            released.elapsed() - back < Duration::from_secs(5),
+            "not bound within 5 s of the agent being back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!(
+        "kills stop → agent back (pod Ready, GpuNode Ready): {} ms; → waiting pod bound: {} ms later",
+        back.as_millis(),
+        bound_after.as_millis()
+    );
+    let started = Instant::now();
+    loop {
+        let pod = pods.get("during").await.unwrap();
+        match phase(&pod) {
+            "Running" => break,
+            "Failed" => panic!("the kubelet rejected the pod: {:?}", pod.status),
+            _ => {}
+        }
+        assert!(started.elapsed() < WAIT, "the waiting pod never ran");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
