@@ -3,7 +3,7 @@ SHELL := bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help tools node-deps build demo demo-down test test-unit bench gpu-check fmt lint crds cluster cluster-down clean images
+.PHONY: help tools node-deps build demo demo-down test test-unit fuzz bench gpu-check fmt lint crds cluster cluster-down clean images
 
 help: ## List the targets
 	@echo "Tessera: GPU sharing for Kubernetes. Targets:"
@@ -31,6 +31,10 @@ test: tools node-deps ## Run every test, including those against a real kube-api
 
 test-unit: ## Run only the tests that need no control plane
 	$(CARGO) test --workspace --lib --bins --test crds
+
+fuzz: ## Run every fuzz/property target for FUZZ_CASES cases each (default 50000; docs/fuzzing.md)
+	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-api -p tessera-controllers -p tessera-node-agent --test fuzz -- --nocapture
+	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-interposer --lib fuzz_ -- --nocapture
 
 bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 	$(CARGO) bench -p tessera-controllers --bench filter
