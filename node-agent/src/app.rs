@@ -238,17 +238,20 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
     };
 
     let (plugin_state, plugin_states) = tokio::sync::watch::channel(PluginState::NotRegistered);
+    let lease_lapsed = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(publish::gpu_node(
         client.clone(),
         args.node_name.clone(),
         offers.clone(),
-        plugin_states,
+        plugin_states.clone(),
+        lease_lapsed.clone(),
     ));
     let lease = tokio::spawn(publish::lease(
         client.clone(),
         args.lease_namespace.clone(),
         args.node_name.clone(),
         format!("tessera-node-agent/{}", args.node_name),
+        lease_lapsed,
     ));
     let metrics = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
@@ -274,6 +277,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
             regions: paths.regions.clone(),
             backend,
             legacy: args.legacy_metrics,
+            plugin: plugin_states.clone(),
         },
     ));
     let endpoint = Endpoint {

@@ -103,11 +103,34 @@ pub struct Sources {
     pub backend: Arc<dyn Backend>,
     /// Whether HAMi's legacy names are exported too (`--legacy-metrics`).
     pub legacy: bool,
+    /// The device plugin's registration with the kubelet (`/readyz`).
+    pub plugin: tokio::sync::watch::Receiver<crate::plugin::PluginState>,
 }
 
-/// Serves `/metrics` and `/healthz` on `listener`.
+/// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (the
+/// kubelet can hand out this node's GPUs: the device plugin is registered
+/// and not stopping) on `listener`. The chart's readiness probe reads
+/// `/readyz`, so a restarted agent's pod turns Ready, and the extender sends
+/// GPU pods to its node again, only once the kubelet would admit them.
 pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
-    use axum::{Router, http::header, routing::get};
+    use axum::{Router, http::StatusCode, http::header, routing::get};
+    let plugin = sources.plugin.clone();
+    let readyz = move || {
+        let state = *plugin.borrow();
+        async move {
+            match state {
+                crate::plugin::PluginState::Registered => (StatusCode::OK, "ok"),
+                crate::plugin::PluginState::NotRegistered => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the device plugin is not registered with the kubelet",
+                ),
+                crate::plugin::PluginState::Stopping => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the node agent is stopping",
+                ),
+            }
+        }
+    };
     let metrics = move || {
         let sources = sources.clone();
         async move {
@@ -144,7 +167,8 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
     };
     let router = Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz));
     if let Err(error) = axum::serve(listener, router).await {
         tracing::error!(%error, "metrics server stopped");
     }

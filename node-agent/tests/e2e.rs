@@ -194,6 +194,14 @@ async fn pods_get_their_slice_through_the_real_device_plugin_protocol() {
         })
         .await
         .unwrap();
+    // Registered: the readiness probe's endpoint says so.
+    let readyz = async || {
+        tessera_e2e::http::get(&format!("127.0.0.1:{}", host.metrics_port), "/readyz")
+            .await
+            .map(|r| r.status)
+            .unwrap_or(0)
+    };
+    eventually("/readyz to answer 200", async || readyz().await == 200).await;
     let gpu_node = Api::<GpuNode>::all(cluster.client.clone())
         .get("agent-1")
         .await
