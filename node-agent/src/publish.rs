@@ -107,6 +107,7 @@ pub async fn gpu_node(
     node: String,
     mut offers: watch::Receiver<Offer>,
     mut plugin: watch::Receiver<PluginState>,
+    lease_lapsed: std::sync::Arc<tokio::sync::Notify>,
 ) {
     let api: Api<GpuNode> = Api::all(client.clone());
     let mut written: Option<GpuNodeStatus> = None;
@@ -143,6 +144,10 @@ pub async fn gpu_node(
             }
             changed = offers.changed() => if changed.is_err() { return },
             changed = plugin.changed() => if changed.is_err() { return },
+            () = lease_lapsed.notified() => {
+                // The controller may have marked it Ready=Unknown meanwhile.
+                written = None;
+            }
             _ = recheck.tick() => {
                 let current = api.get_opt(&node).await.ok().flatten();
                 if current.and_then(|n| n.status) != written {
@@ -281,16 +286,42 @@ pub const LEASE_SECONDS: i32 = 40;
 
 /// Renews the Lease `tessera-agent-<node>` in `namespace` every
 /// `LEASE_SECONDS / 4`: liveness without status rewrites.
-pub async fn lease(client: Client, namespace: String, node: String, identity: String) {
+///
+/// When a renewal succeeds after the Lease may have lapsed meanwhile (the
+/// agent was cut off or stalled for longer than the Lease lasts), the
+/// lifecycle controller may have marked the GpuNode `Ready=Unknown`:
+/// `lapsed` is notified so [`gpu_node`] writes its status again at once.
+pub async fn lease(
+    client: Client,
+    namespace: String,
+    node: String,
+    identity: String,
+    lapsed: std::sync::Arc<tokio::sync::Notify>,
+) {
     let api: Api<Lease> = Api::namespaced(client.clone(), &namespace);
     let name = format!("tessera-agent-{node}");
     let every = Duration::from_secs(u64::try_from(LEASE_SECONDS / 4).unwrap_or(10));
+    let mut last_renewed: Option<tokio::time::Instant> = None;
     loop {
-        if let Err(error) = renew(&client, &api, &name, &node, &identity).await {
-            tracing::warn!(%error, lease = %name, "renewing the agent Lease failed");
+        match renew(&client, &api, &name, &node, &identity).await {
+            Ok(()) => {
+                let now = tokio::time::Instant::now();
+                if lapsed_meanwhile(last_renewed.map(|t| now - t)) {
+                    tracing::info!(lease = %name, "the agent Lease may have lapsed; writing the GpuNode again");
+                    lapsed.notify_one();
+                }
+                last_renewed = Some(now);
+            }
+            Err(error) => tracing::warn!(%error, lease = %name, "renewing the agent Lease failed"),
         }
         tokio::time::sleep(every).await;
     }
+}
+
+/// Whether a Lease renewed `since_last` after its previous renewal may have
+/// lapsed in between (the first renewal of a process: no).
+fn lapsed_meanwhile(since_last: Option<Duration>) -> bool {
+    since_last.is_some_and(|d| d >= Duration::from_secs(u64::try_from(LEASE_SECONDS).unwrap_or(40)))
 }
 
 /// Deletes the Lease `tessera-agent-<node>` (the agent stops cleanly: its
@@ -418,6 +449,15 @@ mod tests {
             let c = ready_condition(&all, state);
             assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
         }
+    }
+
+    #[test]
+    fn a_renewal_after_a_gap_as_long_as_the_lease_rewrites_the_gpunode() {
+        assert!(!lapsed_meanwhile(None), "the first renewal");
+        assert!(!lapsed_meanwhile(Some(Duration::from_secs(10))));
+        assert!(!lapsed_meanwhile(Some(Duration::from_secs(39))));
+        assert!(lapsed_meanwhile(Some(Duration::from_secs(40))));
+        assert!(lapsed_meanwhile(Some(Duration::from_secs(300))));
     }
 
     #[test]
