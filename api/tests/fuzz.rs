@@ -629,7 +629,7 @@ fn fuzz_pod_request_hostile_json() {
             format!("{{\"spec\":{}1{}}}", open.repeat(depth), close.repeat(depth)).into_bytes()
         }),
     ];
-    fuzz("fuzz_pod_request_hostile_json", 1000, strategy, |bytes| {
+    fuzz("fuzz_pod_request_hostile_json", 500, strategy, |bytes| {
         // The webhook and the extender decode pods with serde_json; deep
         // nesting must be an error (recursion limit), not a stack overflow.
         if let Ok(pod) = serde_json::from_slice::<Pod>(&bytes) {
@@ -775,7 +775,7 @@ fn fuzz_gpu_node_config() {
     );
     fuzz(
         "fuzz_gpu_node_config",
-        1000,
+        500,
         strategy,
         |(specs, node, labels)| {
             let mut configs = Vec::new();
