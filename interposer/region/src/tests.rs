@@ -619,6 +619,40 @@ mod hostile {
         assert!(read + refused > 10, "read {read}, refused {refused}");
     }
 
+    #[test]
+    fn a_lease_on_the_file_fails_the_open_instead_of_stalling_it() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(region_in(dir.path()));
+        let path = dir.path().join("region");
+        // The tenant's read lease: a writer's open waits for the holder to
+        // give it up, up to /proc/sys/fs/lease-break-time (45 s), unless it
+        // does not block. The break notice (SIGIO, to this process) is
+        // ignored here.
+        // SAFETY: ignoring SIGIO process-wide; no test relies on it.
+        unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+        let holder = std::fs::File::open(&path).unwrap();
+        // SAFETY: fcntl on a descriptor `holder` owns.
+        let leased = unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+        if leased != 0 {
+            eprintln!(
+                "no lease on this file system: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        let started = std::time::Instant::now();
+        let err = RegionFile::open_beneath(dir.path(), "region").unwrap_err();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{err}"
+        );
+        assert!(
+            matches!(&err, Error::Io { source, .. } if source.kind() == io::ErrorKind::WouldBlock),
+            "{err}"
+        );
+        drop(holder);
+    }
+
     /// Bytes from a seed (xorshift), fast for a region-sized input.
     fn noise(seed: u64, len: usize) -> Vec<u8> {
         let mut x = seed | 1;
@@ -676,6 +710,30 @@ mod hostile {
                     let text = e.to_string();
                     proptest::prop_assert!(text.starts_with("shared region r:"), "{}", text);
                 }
+            }
+        }
+
+        #[test]
+        fn any_file_is_read_only_at_the_regions_exact_size(
+            seed: u64,
+            len in proptest::prop_oneof![0usize..REGION_SIZE * 2, proptest::strategy::Just(REGION_SIZE)],
+            valid_header: bool,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut bytes = noise(seed, len);
+            if valid_header && len >= 64 {
+                bytes[..64].copy_from_slice(&valid_bytes()[..64]);
+            }
+            std::fs::write(dir.path().join("region"), &bytes).unwrap();
+            let read = RegionFile::open_beneath(dir.path(), "region").and_then(|f| f.snapshot());
+            match read {
+                Ok(snapshot) => {
+                    proptest::prop_assert_eq!(len, REGION_SIZE);
+                    proptest::prop_assert!(valid_header);
+                    proptest::prop_assert!(snapshot.processes.len() <= SLOTS);
+                }
+                Err(Error::Size { found, .. }) => proptest::prop_assert_eq!(found, len as u64),
+                Err(e) => proptest::prop_assert_eq!(len, REGION_SIZE, "{}", e),
             }
         }
 
