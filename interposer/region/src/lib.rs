@@ -23,7 +23,11 @@
 //! usage is returned to the device counters.
 //!
 //! This crate has no CUDA in it: the node agent depends on it without the
-//! interposer's cdylib. [`Region::snapshot`] is the safe reader.
+//! interposer's cdylib. The processes of a container map the region
+//! ([`Region`]); the node agent, for which the file is a tenant's and may be
+//! anything, never maps it: [`RegionFile`] opens it without following links
+//! or opening special files, checks its type, links and size, and reads and
+//! writes it with `pread`/`pwrite` ([`Snapshot::parse`] validates the bytes).
 
 #![allow(unsafe_code)] // mmap and the view of the mapping as atomics; each block says why it is sound
 #![deny(
@@ -240,7 +244,7 @@ struct Header {
     /// region of minor version 0 or 1 (low priority).
     priority: AtomicU32,
     /// `CLOCK_MONOTONIC` ns until which the launches on `held_devices` wait,
-    /// written by the node agent ([`priority::arbitrate`]).
+    /// written by the node agent ([`priority::holds`], [`RegionFile::set_hold`]).
     hold_until: AtomicU64,
     /// Bit `i`: the node agent holds back launches on CUDA ordinal `i`
     /// (until `hold_until`), because a higher-priority container is active
