@@ -256,7 +256,7 @@ pub async fn mark_sharing(view: crate::view::NodeView, regions: std::path::PathB
 const REGION_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The region directories (`<pod-uid>_<container>`) under `regions` whose
-/// pod has no live allocation on the node, older than [`REGION_GRACE`].
+/// pod has no live allocation on the node, older than `REGION_GRACE` (10 minutes).
 pub fn stale_regions(
     regions: &Path,
     live_pods: &std::collections::BTreeSet<String>,

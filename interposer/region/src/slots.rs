@@ -54,7 +54,7 @@ impl Region {
     ///
     /// One compare-and-swap on the device counter decides; the slot's own
     /// counter (attribution and cleanup) follows. Devices beyond
-    /// [`MAX_DEVICES`] are refused with a zero limit.
+    /// [`MAX_DEVICES`](crate::MAX_DEVICES) are refused with a zero limit.
     pub fn try_reserve(&self, slot: SlotId, dev: usize, bytes: u64) -> Result<(), OverLimit> {
         let layout = self.layout();
         let Some(device) = layout.devices.get(dev) else {

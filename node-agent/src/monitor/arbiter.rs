@@ -230,7 +230,7 @@ fn missing_host_pids<'a>(root: &Path, dirs: impl IntoIterator<Item = &'a String>
 }
 
 /// Decides holds every [`ARBITRATE_EVERY`] and fills host pids every
-/// [`HOST_PID_ROUNDS`] rounds, for the containers of the node's live
+/// `HOST_PID_ROUNDS` rounds, for the containers of the node's live
 /// allocations.
 pub async fn run(view: crate::view::NodeView, regions: PathBuf) {
     let mut ticks = tokio::time::interval(ARBITRATE_EVERY);
