@@ -197,3 +197,103 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// What cannot be prevented from outside the kubelet, measured: a kubelet
+/// that restarts admits the pods already bound to it at once, possibly
+/// before the agent has registered with it again (the agent re-registers
+/// when the new kubelet re-creates `kubelet.sock`). Pods bound while the
+/// kubelet was down (the control plane cannot tell a stopped kubelet for
+/// 40 s) are admitted right after its restart; each one must either run or,
+/// rejected at admission, hold nothing. The outcome and its timing are
+/// printed for docs/install.md.
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_admitted_right_after_a_kubelet_restart_run_or_hold_nothing() {
+    if skip_real_nodes("real-node kubelet restart measurement") {
+        return;
+    }
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let nodes = [NodeGpus {
+        name: NODE.into(),
+        gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
+    }];
+    let mut cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
+        .await
+        .unwrap();
+    let client = cluster.plane.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let allocations: Api<tessera_api::v1alpha1::VgpuAllocation> =
+        Api::namespaced(client.clone(), "default");
+    let mut outcomes = Vec::new();
+    for round in 1..=3 {
+        let name = format!("kubelet-restart-{round}");
+        cluster.nodes[0].stop_kubelet();
+        let manifest = gpu_pod(&name, 512, None, "sleep 3600");
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(manifest).unwrap(),
+        )
+        .await
+        .unwrap();
+        let started = Instant::now();
+        while bound(&pods.get(&name).await.unwrap()).is_none() {
+            assert!(started.elapsed() < WAIT, "{name} never bound");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let restarted = Instant::now();
+        cluster.nodes[0].start_kubelet().await.unwrap();
+        let healthy = restarted.elapsed();
+        let outcome = loop {
+            let pod = pods.get(&name).await.unwrap();
+            let status = pod.status.clone().unwrap_or_default();
+            if phase(&pod) == "Running" {
+                break format!(
+                    "ran {} ms after the kubelet restart",
+                    restarted.elapsed().as_millis()
+                );
+            }
+            if status.reason.as_deref() == Some("UnexpectedAdmissionError") {
+                let at = restarted.elapsed();
+                // Rejected: it must hold nothing.
+                let released = Instant::now();
+                loop {
+                    let phase = allocations
+                        .get_opt(&name)
+                        .await
+                        .unwrap()
+                        .and_then(|a| a.status)
+                        .and_then(|s| s.phase);
+                    if phase.is_none_or(|p| p == tessera_api::v1alpha1::AllocationPhase::Released) {
+                        break;
+                    }
+                    assert!(
+                        released.elapsed() < Duration::from_secs(10),
+                        "{name} was rejected but its allocation was not released"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                break format!(
+                    "rejected at admission {} ms after the kubelet restart ({}); allocation released",
+                    at.as_millis(),
+                    status.message.unwrap_or_default()
+                );
+            }
+            assert!(
+                restarted.elapsed() < WAIT,
+                "{name} neither ran nor was rejected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        println!(
+            "round {round}: kubelet healthy after {} ms; {name} {outcome}",
+            healthy.as_millis()
+        );
+        outcomes.push(outcome);
+        pods.delete(&name, &Default::default()).await.unwrap();
+    }
+    let rejected = outcomes
+        .iter()
+        .filter(|o| o.starts_with("rejected"))
+        .count();
+    println!("pods bound during a kubelet restart: {rejected} of 3 rejected at admission");
+}
