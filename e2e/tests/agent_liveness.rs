@@ -88,6 +88,68 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         .unwrap();
     };
 
+    // The controller's account may bump tessera.dev/gpu-freed on a Node,
+    // and change nothing else there (the chart's admission policy).
+    let token = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args([
+            "create",
+            "token",
+            "tessera-scheduler",
+            "-n",
+            "tessera-system",
+        ])
+        .output()
+        .unwrap();
+    let mut config = cluster.plane.client_config().await.unwrap();
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(
+            String::from_utf8_lossy(&token.stdout)
+                .trim()
+                .to_owned()
+                .into(),
+        ),
+        ..Default::default()
+    };
+    let as_controller: Api<k8s_openapi::api::core::v1::Node> =
+        Api::all(kube::Client::try_from(config).unwrap());
+    let patch = |value: serde_json::Value| kube::api::Patch::Merge(value);
+    as_controller
+        .patch(
+            NODE,
+            &kube::api::PatchParams::default(),
+            &patch(
+                serde_json::json!({"metadata": {"annotations": {"tessera.dev/gpu-freed": "now"}}}),
+            ),
+        )
+        .await
+        .expect("the controller may bump tessera.dev/gpu-freed");
+    for forbidden in [
+        serde_json::json!({"metadata": {"labels": {"gpu": "off"}}}),
+        serde_json::json!({"metadata": {"annotations": {"other": "x"}}}),
+        serde_json::json!({"spec": {"unschedulable": true}}),
+    ] {
+        match as_controller
+            .patch(
+                NODE,
+                &kube::api::PatchParams::default(),
+                &patch(forbidden.clone()),
+            )
+            .await
+        {
+            Err(kube::Error::Api(status)) => assert!(
+                status
+                    .message
+                    .contains("may change only the tessera.dev/gpu-freed annotation"),
+                "{forbidden}: {}",
+                status.message
+            ),
+            other => panic!("{forbidden} was not refused: {other:?}"),
+        }
+    }
+
     // The agent pod Ready, its GpuNode Ready: a GPU pod runs.
     let started = Instant::now();
     loop {
