@@ -146,7 +146,11 @@ impl Binder {
                     .collect(),
             }),
             Err(error) => {
-                self.projection.write().remove_allocation(&key, Some(&uid));
+                let removed = self.projection.write().remove_allocation(&key, Some(&uid));
+                if removed {
+                    // Pods turned away because of this reservation may fit now.
+                    self.projection.freed(&args.node);
+                }
                 let reason = crate::metrics::ReasonLabels {
                     reason: error.metric_label(),
                 };

@@ -58,6 +58,7 @@ pub struct Projection {
     locks: Arc<LockTable>,
     leases: Arc<AgentLeases>,
     waiters: Arc<Waiters>,
+    nudges: Option<mpsc::UnboundedSender<String>>,
     phases: Phases,
     synced: watch::Receiver<bool>,
 }
@@ -109,7 +110,7 @@ impl Projection {
             locks: locks.clone(),
             leases: leases.clone(),
             waiters: waiters.clone(),
-            nudges,
+            nudges: nudges.clone(),
             agent_pods: Arc::default(),
             phases: phases.clone(),
             synced: Arc::new(tx),
@@ -122,6 +123,7 @@ impl Projection {
                 locks,
                 leases,
                 waiters,
+                nudges,
                 phases,
                 synced,
             },
@@ -166,6 +168,16 @@ impl Projection {
         }
         tokio::spawn(feeder.watch_allocations(Api::all(client)));
         projection
+    }
+
+    /// Capacity appeared on `node` outside the watches (Bind undid its
+    /// reservation): if pods were turned away from it, tell kube-scheduler.
+    pub fn freed(&self, node: &str) {
+        if self.waiters.take(node)
+            && let Some(nudges) = &self.nudges
+        {
+            let _ = nudges.send(node.to_owned());
+        }
     }
 
     /// The nodes GPU pods were turned away from since capacity last appeared
