@@ -23,7 +23,15 @@ pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.
 
 /// kube-scheduler's configuration: the default profile for other pods, and
 /// `tessera-scheduler` with only the extender scoring, binding through it.
-/// The extender is asked only about pods naming its resources.
+/// The extender is asked only about pods naming its resources. kube-scheduler
+/// ignores `nvidia.com/gpu` too, as the chart's configuration does: the
+/// kubelet publishes a dead plugin's withdrawn devices only at its next node
+/// status update (10 s), too late to help and late again when the agent is
+/// back (docs/install.md, "When a node agent dies"); the extender knows sooner.
+/// Pods it turns away are retried on Node changes (the `Extender` pseudo
+/// plugin of kube-scheduler v1.36 asks for every Node event), which is why
+/// the extender annotates a Node `tessera.dev/gpu-freed` when capacity
+/// appears there.
 pub fn scheduler_config(extender_port: u16) -> String {
     format!(
         r#"
