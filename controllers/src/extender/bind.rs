@@ -275,6 +275,16 @@ impl Binder {
                 reason: format!("{NOT_READY}{reason}"),
             });
         }
+        // And the agent itself, now: its kubelet may not have reported its
+        // death yet (see `probe`).
+        if let Some(endpoint) = self.projection.agent_endpoint(&args.node)
+            && let Err(reason) = super::probe::agent_ready(&endpoint).await
+        {
+            return Err(Error::NoLongerFits {
+                node: args.node.clone(),
+                reason: format!("{NOT_READY}{reason}"),
+            });
+        }
         let mut fold = NodeGpus::new(devices.to_vec());
         for allocation in &on_node.items {
             let ours = allocation.namespace().as_deref() == Some(args.pod_namespace.as_str())

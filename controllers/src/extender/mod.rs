@@ -7,6 +7,7 @@
 mod bind;
 mod filter;
 mod lock;
+mod probe;
 pub mod wire;
 
 use std::{sync::Arc, time::Instant};

@@ -78,12 +78,37 @@ pub fn agent_pod_started(pod: &Pod) -> Option<Timestamp> {
         .max()
 }
 
-/// One agent pod: its node, why it is down, when its containers started.
+/// Where an agent pod answers `/readyz`: its IP and the port its
+/// containers name [`PROBE_PORT_NAME`].
+pub fn agent_pod_endpoint(pod: &Pod) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
+    let port = pod
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(PROBE_PORT_NAME))?
+        .container_port;
+    Some(if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    })
+}
+
+/// The name of the agent container's port that serves `/readyz` (the
+/// chart's `http-metrics`).
+pub const PROBE_PORT_NAME: &str = "http-metrics";
+
+/// One agent pod: its node, why it is down, when its containers started,
+/// where it answers `/readyz`.
 #[derive(Debug)]
 struct Seen {
     node: String,
     down: Option<String>,
     started: Option<Timestamp>,
+    endpoint: Option<String>,
 }
 
 /// Every agent pod bound to a node, by pod UID, with its verdict.
@@ -101,6 +126,7 @@ impl AgentPods {
             node: node.clone(),
             down: agent_pod_down(pod),
             started: agent_pod_started(pod),
+            endpoint: agent_pod_endpoint(pod),
         };
         self.pods.insert(uid, seen);
         Some(node)
@@ -139,6 +165,15 @@ impl AgentPods {
             .filter(|s| s.node == node && s.down.is_none())
             .filter_map(|s| s.started)
             .max()
+    }
+
+    /// Where `node`'s serving agent pod answers `/readyz`, if one serves
+    /// and says where.
+    pub fn endpoint(&self, node: &str) -> Option<String> {
+        self.pods
+            .values()
+            .filter(|s| s.node == node && s.down.is_none())
+            .find_map(|s| s.endpoint.clone())
     }
 
     /// Every node with an agent pod: why it is down and when it started.
@@ -184,6 +219,35 @@ mod tests {
             "containerStatuses": [{"name": "node-agent", "ready": false, "restartCount": 1, "image": "i", "imageID": "",
                                    "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}],
         })
+    }
+
+    #[test]
+    fn a_serving_agent_pod_is_probed_at_its_ip_and_metrics_port() {
+        let mut serving = pod("1", Some("n1"), running(true));
+        let mut status = running(true);
+        status["podIP"] = json!("10.0.0.5");
+        serving.status = serde_json::from_value(status).unwrap();
+        assert_eq!(agent_pod_endpoint(&serving), None, "no named port");
+        serving.spec.as_mut().unwrap().containers[0].ports = Some(
+            serde_json::from_value(json!([
+                {"name": "other", "containerPort": 1},
+                {"name": "http-metrics", "containerPort": 9394},
+            ]))
+            .unwrap(),
+        );
+        assert_eq!(
+            agent_pod_endpoint(&serving).as_deref(),
+            Some("10.0.0.5:9394")
+        );
+        let mut pods = AgentPods::default();
+        pods.record(&serving);
+        assert_eq!(pods.endpoint("n1").as_deref(), Some("10.0.0.5:9394"));
+        assert_eq!(pods.endpoint("n2"), None);
+        // A pod that is down is not asked.
+        let mut dead = serving.clone();
+        dead.status = serde_json::from_value(killed()).unwrap();
+        pods.record(&dead);
+        assert_eq!(pods.endpoint("n1"), None);
     }
 
     #[test]

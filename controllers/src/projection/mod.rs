@@ -59,6 +59,7 @@ pub struct Projection {
     leases: Arc<AgentLeases>,
     waiters: Arc<Waiters>,
     nudges: Option<mpsc::UnboundedSender<String>>,
+    agent_pods: Arc<std::sync::Mutex<AgentPods>>,
     phases: Phases,
     synced: watch::Receiver<bool>,
 }
@@ -105,13 +106,14 @@ impl Projection {
         let locks = Arc::new(LockTable::default());
         let leases = Arc::new(AgentLeases::default());
         let waiters = Arc::new(Waiters::default());
+        let agent_pods = Arc::<std::sync::Mutex<AgentPods>>::default();
         let feeder = Feeder {
             ledger: ledger.clone(),
             locks: locks.clone(),
             leases: leases.clone(),
             waiters: waiters.clone(),
             nudges: nudges.clone(),
-            agent_pods: Arc::default(),
+            agent_pods: agent_pods.clone(),
             phases: phases.clone(),
             synced: Arc::new(tx),
             nodes_synced: Arc::default(),
@@ -124,6 +126,7 @@ impl Projection {
                 leases,
                 waiters,
                 nudges,
+                agent_pods,
                 phases,
                 synced,
             },
@@ -190,6 +193,15 @@ impl Projection {
     /// watched, see [`Projection::spawn_with_agent_leases`]).
     pub fn agent_leases(&self) -> std::collections::BTreeMap<String, AgentLease> {
         self.leases.snapshot()
+    }
+
+    /// Where `node`'s serving agent pod answers `/readyz` (only when agent
+    /// pods are watched, see [`Watches::agent_pods`]).
+    pub fn agent_endpoint(&self, node: &str) -> Option<String> {
+        self.agent_pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .endpoint(node)
     }
 
     /// The NodeLocks as last seen.
