@@ -15,7 +15,7 @@ mod decide;
 
 use std::{sync::Arc, time::Duration};
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::{
     api::{
         coordination::v1::Lease,
@@ -75,6 +75,11 @@ pub async fn run_with(client: Client, agent_lease_namespace: Option<String>) {
 
 async fn agent_leases(client: Client, namespace: String) {
     let (leases, lease_events) = cached(Api::<Lease>::namespaced(client.clone(), &namespace));
+    // The namespace also holds every kubelet's Lease (renewed every 10 s):
+    // only the agents' reach the reconciler.
+    let lease_events = lease_events.try_filter(|lease| {
+        std::future::ready(crate::projection::agent_node(&lease.name_any()).is_some())
+    });
     Controller::for_stream(lease_events, leases)
         .run(
             reconcile_agent_lease,
