@@ -137,8 +137,8 @@ impl NodeView {
 
     /// The node's NodeLock, if any.
     pub async fn lock(&self) -> Result<Option<NodeLock>, Error> {
-        Api::<NodeLock>::all(self.client.clone())
-            .get_opt(&self.node)
+        let api = Api::<NodeLock>::all(self.client.clone());
+        through_outages(OUTAGE_PATIENCE, || api.get_opt(&self.node))
             .await
             .map_err(Error::kube(format!("reading NodeLock {}", self.node)))
     }
@@ -161,12 +161,96 @@ impl NodeView {
         &self,
         lock: &NodeLock,
     ) -> Result<Option<VgpuAllocation>, Error> {
-        Api::<VgpuAllocation>::namespaced(self.client.clone(), &lock.spec.holder.namespace)
-            .get_opt(&lock.spec.allocation)
+        let api =
+            Api::<VgpuAllocation>::namespaced(self.client.clone(), &lock.spec.holder.namespace);
+        through_outages(OUTAGE_PATIENCE, || api.get_opt(&lock.spec.allocation))
             .await
             .map_err(Error::kube(format!(
                 "reading VgpuAllocation {}/{}",
                 lock.spec.holder.namespace, lock.spec.allocation
             )))
+    }
+}
+
+/// How long a read Allocate depends on is retried while the API server is
+/// unreachable or overloaded: a kube-apiserver restart takes a few seconds,
+/// and an Allocate that fails loses its pod for good (the kubelet rejects it
+/// at admission).
+const OUTAGE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `read` again, every 200 ms for up to `patience`, while it
+/// fails in a way that passes (no connection, 5xx, 429); any other error
+/// and the last one are returned.
+async fn through_outages<T, F: Future<Output = Result<T, kube::Error>>>(
+    patience: std::time::Duration,
+    mut read: impl FnMut() -> F,
+) -> Result<T, kube::Error> {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match read().await {
+            Err(error) if transient(&error) && tokio::time::Instant::now() < deadline => {
+                tracing::warn!(%error, "the API server is unreachable; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Whether an error is the API server being away rather than an answer.
+fn transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(
+            serde_json::json!({"status": "Failure", "code": code, "message": "m", "reason": "r"}),
+        )
+        .unwrap();
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[tokio::test]
+    async fn reads_wait_out_an_api_server_restart_but_not_an_answer() {
+        let mut calls = 0;
+        let patience = std::time::Duration::from_secs(5);
+        let result = through_outages(patience, || {
+            calls += 1;
+            let answer = if calls < 4 {
+                Err(api_error(503))
+            } else {
+                Ok(calls)
+            };
+            async move { answer }
+        })
+        .await;
+        assert_eq!(result.unwrap(), 4, "retried through three 503s");
+
+        let mut calls = 0;
+        let result: Result<(), _> = through_outages(patience, || {
+            calls += 1;
+            async { Err(api_error(403)) }
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(calls, 1, "a refusal is an answer, not an outage");
+
+        let mut calls = 0u32;
+        let short = std::time::Duration::from_millis(500);
+        let result: Result<(), _> = through_outages(short, || {
+            calls += 1;
+            async { Err(api_error(429)) }
+        })
+        .await;
+        assert!(result.is_err(), "gives up after its patience");
+        assert!((2..=4).contains(&calls), "every 200 ms for 500 ms: {calls}");
     }
 }
