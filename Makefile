@@ -3,7 +3,7 @@ SHELL := bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help tools node-deps build demo demo-down test test-unit fuzz bench gpu-check fmt lint crds cluster cluster-down clean images
+.PHONY: help tools node-deps build demo demo-down test test-unit soak fuzz bench gpu-check fmt lint crds cluster cluster-down clean images
 
 help: ## List the targets
 	@echo "Tessera: GPU sharing for Kubernetes. Targets:"
@@ -31,6 +31,12 @@ test: tools node-deps ## Run every test, including those against a real kube-api
 
 test-unit: ## Run only the tests that need no control plane
 	$(CARGO) test --workspace --lib --bins --test crds
+
+soak: tools node-deps ## Chaos for ~30 min on real nodes: 400 GPU pods, 60 kills of agents and controller (figures: docs/benchmarks.md)
+	$(CARGO) build --workspace
+	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" TESSERA_TEST_TIMEOUT_SECS=3600 TESSERA_CHAOS_PODS=400 \
+	  TESSERA_CHAOS_FAULTS=60 TESSERA_CHAOS_MAX_LIVE=40 TESSERA_CHAOS_PACE_MS=2000 \
+	  $(CARGO) test -p tessera-e2e --test chaos -- --nocapture
 
 fuzz: ## Run every fuzz/property target for FUZZ_CASES cases each (default 50000; docs/fuzzing.md)
 	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-api -p tessera-controllers -p tessera-node-agent --test fuzz -- --nocapture
