@@ -47,7 +47,14 @@ pub struct LocalCluster {
     pub plane: ControlPlane,
     /// The values file the release was installed with.
     pub values: PathBuf,
+    /// This process's turn: one local cluster at a time (below).
+    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
+
+/// A local cluster owns the machine's service rules (kube-proxy) while it
+/// runs, so the tests of one binary that start one take turns instead of
+/// failing on each other's kube-proxy lock.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl LocalCluster {
     /// Starts the control plane, kube-proxy and `nodes`, imports the images
@@ -59,6 +66,7 @@ impl LocalCluster {
         nodes: &[NodeGpus],
         artifacts: &Artifacts,
     ) -> Result<Self, Error> {
+        let turn = ONE_AT_A_TIME.lock().await;
         let plane = ControlPlane::start_with(Options {
             dir,
             lifetime,
@@ -97,6 +105,7 @@ impl LocalCluster {
             proxy: Some(proxy),
             plane,
             values,
+            _turn: turn,
         };
         cluster.helm_install(&[]).await?;
         Ok(cluster)
@@ -163,6 +172,7 @@ impl LocalCluster {
             proxy,
             plane,
             values: _,
+            _turn,
         } = self;
         if let Some(proxy) = proxy {
             proxy.detach();
