@@ -156,9 +156,21 @@ fn default_values_render_a_working_install() {
         "--device-list-strategy=envvar",
         "--interposer-library=/usr/local/vgpu/libtessera_vgpu.so",
         "--install-interposer-from=/opt/tessera/lib/libtessera_vgpu.so",
+        // Beside the agent pods, so each pod owns its Lease.
+        "--lease-namespace=tessera-system",
     ] {
         assert!(agent_args.contains(&expected.to_owned()), "{agent_args:?}");
     }
+    let env: Vec<&str> = container(daemonset, "node-agent")["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    for name in ["NODE_NAME", "POD_NAME", "POD_NAMESPACE", "POD_UID"] {
+        assert!(env.contains(&name), "{env:?}");
+    }
+    assert!(controller_args.contains(&"--agent-lease-namespace=tessera-system".to_owned()));
     assert!(!agent_args.iter().any(|a| a.starts_with("--fake-gpus-file")));
     assert!(!agent_args.contains(&"--legacy-metrics".to_owned()));
 

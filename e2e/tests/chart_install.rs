@@ -262,7 +262,7 @@ async fn node_agent_writes_only_its_own_node() {
         )
         .unwrap()
     };
-    let leases: Api<Lease> = Api::namespaced(agent.clone(), "kube-node-lease");
+    let leases: Api<Lease> = Api::namespaced(agent.clone(), NAMESPACE);
     leases
         .create(&PostParams::default(), &lease("tessera-agent-agent-node-a"))
         .await
@@ -270,6 +270,18 @@ async fn node_agent_writes_only_its_own_node() {
     refused(
         leases
             .create(&PostParams::default(), &lease("tessera-agent-agent-node-b"))
+            .await,
+        "may write only the Lease tessera-agent-agent-node-a",
+    );
+    // The agents' Leases share the release namespace with the scheduler
+    // pods' leader-election Leases, which RBAC alone would let them take.
+    refused(
+        leases
+            .patch(
+                "tessera-controller",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"holderIdentity": "agent"}})),
+            )
             .await,
         "may write only the Lease tessera-agent-agent-node-a",
     );

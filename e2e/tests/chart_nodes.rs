@@ -11,8 +11,8 @@
 //! 3. the webhook down: GPU pods are refused naming the webhook, other pods
 //!    are unaffected;
 //! 4. `helm uninstall` leaves no Tessera pod, webhook, NodeLock or agent Lease
-//!    (the CRDs and the guard stay) and GPU pods are refused saying Tessera is
-//!    absent; installing again works.
+//!    (the CRDs and the guard stay; each agent deletes its Lease as it stops)
+//!    and GPU pods are refused saying Tessera is absent; installing again works.
 //!
 //! Needs what the real-node tests need (root, containerd, runc, CNI plugins,
 //! iptables); `TESSERA_SKIP_REAL_NODES=1` skips it, never silently.
@@ -275,6 +275,17 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
         .await
         .unwrap();
     assert!(locks.items.is_empty(), "{locks:?}");
+    // The agent deletes its Lease when it stops (SIGTERM from the kubelet).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    wait_for("the agent's Lease to go", async || {
+        leases
+            .get_opt("tessera-agent-chart-node")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
     let message = refusal(
         pods.create(
             &PostParams::default(),
@@ -301,12 +312,11 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
     })
     .await;
 
-    // The agents' Leases belong to the release's agents: after uninstall
-    // they are not renewed; the reinstalled agent renews its own.
-    let lease: Lease = Api::namespaced(client.clone(), "kube-node-lease")
-        .get("tessera-agent-chart-node")
-        .await
-        .unwrap();
+    // The reinstalled agent creates and renews its Lease again.
+    let lease = wait_for("the reinstalled agent's Lease", async || {
+        leases.get_opt("tessera-agent-chart-node").await.unwrap()
+    })
+    .await;
     assert!(lease.spec.and_then(|s| s.renew_time).is_some());
 }
 

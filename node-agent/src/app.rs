@@ -9,6 +9,7 @@ use crate::{
     Error,
     backend::{self, Backend, FakeBackend, NvmlBackend},
     install, inventory,
+    lease::{self, LeaseSite},
     plugin::{
         self, CONTAINER_LIBRARY, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_CDI_KIND, DeviceList,
         DeviceListStrategy, Endpoint, HostPaths, PluginState, Service, parse_cdi_annotation_prefix,
@@ -106,6 +107,18 @@ pub struct Args {
         default_value = "kube-node-lease"
     )]
     pub lease_namespace: String,
+    /// The agent's pod name (in a DaemonSet: from the downward API). With
+    /// `--pod-namespace` equal to `--lease-namespace` and `--pod-uid`, the
+    /// pod owns the Lease, so it goes with the pod even when the agent
+    /// cannot delete it (helm uninstall removes the agent's RBAC first).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// The agent's pod namespace (downward API `metadata.namespace`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// The agent's pod UID (downward API `metadata.uid`).
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
     /// Address of the Prometheus `/metrics` endpoint (HAMi's monitor port).
     #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = "0.0.0.0:9394")]
     pub metrics_addr: std::net::SocketAddr,
@@ -134,6 +147,28 @@ pub struct Args {
 }
 
 impl Args {
+    /// The agent's Lease and its owner, from the flags.
+    pub fn lease_site(&self) -> LeaseSite {
+        let pod = lease::pod_owner(
+            self.pod_name.as_deref(),
+            self.pod_namespace.as_deref(),
+            self.pod_uid.as_deref(),
+            &self.lease_namespace,
+        );
+        if pod.is_none() && self.pod_namespace.is_some() {
+            tracing::info!(
+                lease_namespace = %self.lease_namespace,
+                pod_namespace = self.pod_namespace.as_deref().unwrap_or_default(),
+                "the agent Lease is owned by the Node, not the agent pod (another namespace, or no pod UID): an agent that cannot delete it on stop leaves it until the Node goes"
+            );
+        }
+        LeaseSite {
+            namespace: self.lease_namespace.clone(),
+            node: self.node_name.clone(),
+            pod,
+        }
+    }
+
     /// How Allocate passes the devices on, from the flags.
     pub fn device_list(&self) -> DeviceList {
         let mut strategies = self.device_list_strategy.clone();
@@ -246,10 +281,10 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
         plugin_states.clone(),
         lease_lapsed.clone(),
     ));
-    let lease = tokio::spawn(publish::lease(
+    let lease_site = args.lease_site();
+    let lease = tokio::spawn(lease::keep(
         client.clone(),
-        args.lease_namespace.clone(),
-        args.node_name.clone(),
+        lease_site.clone(),
         format!("tessera-node-agent/{}", args.node_name),
         lease_lapsed,
     ));
@@ -300,7 +335,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
     // A clean stop leaves no Lease behind (uninstall removes everything).
     lease.abort();
     let _ = lease.await;
-    publish::delete_lease(&client, &args.lease_namespace, &args.node_name).await;
+    lease::delete(&client, &lease_site).await;
     Ok(())
 }
 

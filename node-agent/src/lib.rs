@@ -5,7 +5,8 @@
 //! - [`inventory`]: what the node offers, kept current.
 //! - [`install`]: the interposer copied from the image onto the host.
 //! - [`monitor`]: Prometheus metrics per GPU and per container.
-//! - [`publish`]: the node's GpuNode and its liveness Lease.
+//! - [`publish`]: the node's GpuNode.
+//! - [`lease`]: the agent's liveness Lease.
 //! - [`plugin`]: the kubelet device plugin (ListAndWatch, Allocate, ...).
 //! - [`view`]: node-scoped watches and Allocate's reads.
 pub mod app;
@@ -13,6 +14,7 @@ pub mod backend;
 mod error;
 pub mod install;
 pub mod inventory;
+pub mod lease;
 pub mod monitor;
 pub mod plugin;
 pub mod publish;

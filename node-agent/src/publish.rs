@@ -1,12 +1,12 @@
-//! The node's GpuNode (inventory, capacity, settings applied) and its
-//! liveness Lease. The GpuNode is written only when its content changes;
-//! liveness is the Lease, renewed on its own schedule.
+//! The node's GpuNode (inventory, capacity, settings applied). It is
+//! written only when its content changes; liveness is the Lease
+//! ([`crate::lease`]), renewed on its own schedule.
 
 use std::time::Duration;
 
 use k8s_openapi::{
-    api::{coordination::v1::Lease, core::v1::Node},
-    apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, OwnerReference, Time},
+    api::core::v1::Node,
+    apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time},
     jiff::Timestamp,
 };
 use kube::{
@@ -268,7 +268,7 @@ async fn announce(client: &Client, node: &str, readiness: &str) -> bool {
 }
 
 /// An owner reference to the Node, so the GpuNode is deleted with it.
-async fn owner(client: &Client, node: &str) -> Result<Option<OwnerReference>, Error> {
+pub(crate) async fn owner(client: &Client, node: &str) -> Result<Option<OwnerReference>, Error> {
     let found = Api::<Node>::all(client.clone())
         .get_opt(node)
         .await
@@ -279,111 +279,6 @@ async fn owner(client: &Client, node: &str) -> Result<Option<OwnerReference>, Er
             o
         })
     }))
-}
-
-/// How long the Lease says the agent is alive without renewing.
-pub const LEASE_SECONDS: i32 = 40;
-
-/// Renews the Lease `tessera-agent-<node>` in `namespace` every
-/// `LEASE_SECONDS / 4`: liveness without status rewrites.
-///
-/// When a renewal succeeds after the Lease may have lapsed meanwhile (the
-/// agent was cut off or stalled for longer than the Lease lasts), the
-/// lifecycle controller may have marked the GpuNode `Ready=Unknown`:
-/// `lapsed` is notified so [`gpu_node`] writes its status again at once.
-pub async fn lease(
-    client: Client,
-    namespace: String,
-    node: String,
-    identity: String,
-    lapsed: std::sync::Arc<tokio::sync::Notify>,
-) {
-    let api: Api<Lease> = Api::namespaced(client.clone(), &namespace);
-    let name = format!("tessera-agent-{node}");
-    let every = Duration::from_secs(u64::try_from(LEASE_SECONDS / 4).unwrap_or(10));
-    let mut last_renewed: Option<tokio::time::Instant> = None;
-    loop {
-        match renew(&client, &api, &name, &node, &identity).await {
-            Ok(()) => {
-                let now = tokio::time::Instant::now();
-                if lapsed_meanwhile(last_renewed.map(|t| now - t)) {
-                    tracing::info!(lease = %name, "the agent Lease may have lapsed; writing the GpuNode again");
-                    lapsed.notify_one();
-                }
-                last_renewed = Some(now);
-            }
-            Err(error) => tracing::warn!(%error, lease = %name, "renewing the agent Lease failed"),
-        }
-        tokio::time::sleep(every).await;
-    }
-}
-
-/// Whether a Lease renewed `since_last` after its previous renewal may have
-/// lapsed in between (the first renewal of a process: no).
-fn lapsed_meanwhile(since_last: Option<Duration>) -> bool {
-    since_last.is_some_and(|d| d >= Duration::from_secs(u64::try_from(LEASE_SECONDS).unwrap_or(40)))
-}
-
-/// Deletes the Lease `tessera-agent-<node>` (the agent stops cleanly: its
-/// GpuNode says `AgentStopping`, and nothing should wait for the Lease to
-/// lapse). Stop [`lease`]'s task first.
-pub async fn delete_lease(client: &Client, namespace: &str, node: &str) {
-    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let name = format!("tessera-agent-{node}");
-    match api.delete(&name, &Default::default()).await {
-        Ok(_) => tracing::info!(lease = %name, "agent Lease deleted"),
-        Err(kube::Error::Api(s)) if s.is_not_found() => {}
-        Err(error) => tracing::warn!(lease = %name, %error, "could not delete the agent Lease"),
-    }
-}
-
-async fn renew(
-    client: &Client,
-    api: &Api<Lease>,
-    name: &str,
-    node: &str,
-    identity: &str,
-) -> Result<(), Error> {
-    let now = MicroTime(Timestamp::now());
-    let spec = json!({
-        "holderIdentity": identity,
-        "leaseDurationSeconds": LEASE_SECONDS,
-        "renewTime": now,
-    });
-    if let Some(existing) = api
-        .get_opt(name)
-        .await
-        .map_err(Error::kube("reading the agent Lease"))?
-    {
-        let mut patch = json!({ "spec": spec });
-        // Created before the kubelet registered the Node: owned once it is.
-        if existing
-            .metadata
-            .owner_references
-            .as_ref()
-            .is_none_or(Vec::is_empty)
-            && let Some(owner) = owner(client, node).await?
-        {
-            patch["metadata"] = json!({"ownerReferences": [owner]});
-        }
-        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map_err(Error::kube("renewing the agent Lease"))?;
-        return Ok(());
-    }
-    let owner = owner(client, node).await?;
-    let lease: Lease = serde_json::from_value(json!({
-        "metadata": {"name": name, "ownerReferences": owner.map(|o| vec![o]).unwrap_or_default()},
-        "spec": spec,
-    }))
-    .map_err(|e| Error::Io {
-        context: "building the agent Lease".into(),
-        source: std::io::Error::other(e),
-    })?;
-    api.create(&PostParams::default(), &lease)
-        .await
-        .map_err(Error::kube("creating the agent Lease"))?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -449,15 +344,6 @@ mod tests {
             let c = ready_condition(&all, state);
             assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
         }
-    }
-
-    #[test]
-    fn a_renewal_after_a_gap_as_long_as_the_lease_rewrites_the_gpunode() {
-        assert!(!lapsed_meanwhile(None), "the first renewal");
-        assert!(!lapsed_meanwhile(Some(Duration::from_secs(10))));
-        assert!(!lapsed_meanwhile(Some(Duration::from_secs(39))));
-        assert!(lapsed_meanwhile(Some(Duration::from_secs(40))));
-        assert!(lapsed_meanwhile(Some(Duration::from_secs(300))));
     }
 
     #[test]

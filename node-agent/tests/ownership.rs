@@ -3,11 +3,17 @@
 //! Lease without an owner, and gives them the Node as owner once it exists,
 //! so deleting the Node (the garbage collector of a real
 //! kube-controller-manager) deletes them; an agent stopped cleanly deletes
-//! its Lease.
+//! its Lease; an agent running in a pod in the Lease's namespace has the pod
+//! own the Lease, so the Lease goes with the pod even when the agent could
+//! not delete it (killed, or refused because helm uninstall removed its
+//! RBAC first).
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Node, Pod},
+};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, PostParams},
@@ -31,6 +37,15 @@ async fn eventually<F: AsyncFn() -> bool>(what: &str, check: F) -> Duration {
 }
 
 fn start_agent(plane: &ControlPlane, dir: &std::path::Path, node: &str) -> Process {
+    start_agent_with(plane, dir, node, &[])
+}
+
+fn start_agent_with(
+    plane: &ControlPlane,
+    dir: &std::path::Path,
+    node: &str,
+    extra: &[&str],
+) -> Process {
     std::fs::write(
         dir.join("gpus.yaml"),
         "devices:\n- {uuid: GPU-o-0, index: 0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, health: Healthy}\n",
@@ -57,6 +72,7 @@ fn start_agent(plane: &ControlPlane, dir: &std::path::Path, node: &str) -> Proce
         "2",
     ]
     .iter()
+    .chain(extra)
     .map(|s| (*s).to_owned())
     .collect();
     std::fs::create_dir_all(dir.join("device-plugins")).unwrap();
@@ -145,4 +161,86 @@ async fn the_node_owns_what_its_agent_made_before_it_registered_and_a_clean_stop
     })
     .await;
     println!("Node deleted → GpuNode deleted: {} ms", took.as_millis());
+}
+
+#[tokio::test]
+async fn an_agent_in_a_pod_has_the_pod_own_its_lease_so_it_goes_with_the_pod() {
+    let plane = ControlPlane::start().await.expect("control plane");
+    plane
+        .start_controller_manager()
+        .await
+        .expect("kube-controller-manager");
+    let client = plane.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The agent's pod as the API server knows it (never scheduled here:
+    // only its identity matters for ownership).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "tessera-node-agent-x1"},
+        "spec": {"containers": [{"name": "node-agent", "image": "tessera-node-agent"}]},
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let pod_uid = pod.metadata.uid.clone().unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "pod-node"}})).unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+
+    let mut agent = start_agent_with(
+        &plane,
+        dir.path(),
+        "pod-node",
+        &[
+            "--pod-name",
+            "tessera-node-agent-x1",
+            "--pod-namespace",
+            "default",
+            "--pod-uid",
+            &pod_uid,
+        ],
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let gpu_nodes: Api<GpuNode> = Api::all(client.clone());
+    eventually("the Lease is created, owned by the pod alone", async || {
+        leases
+            .get_opt("tessera-agent-pod-node")
+            .await
+            .unwrap()
+            .is_some_and(|lease| {
+                matches!(lease.owner_references(), [o] if o.kind == "Pod" && o.uid == pod_uid)
+            })
+    })
+    .await;
+    eventually("the GpuNode is still owned by the Node", async || {
+        gpu_nodes
+            .get_opt("pod-node")
+            .await
+            .unwrap()
+            .is_some_and(|g| matches!(g.owner_references(), [o] if o.kind == "Node"))
+    })
+    .await;
+
+    // Killed: no clean stop, the Lease stays...
+    agent.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        leases
+            .get_opt("tessera-agent-pod-node")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // ...until its pod goes.
+    pods.delete("tessera-node-agent-x1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let took = eventually("the Lease goes with the agent's pod", async || {
+        leases
+            .get_opt("tessera-agent-pod-node")
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    println!("agent pod deleted → Lease deleted: {} ms", took.as_millis());
 }

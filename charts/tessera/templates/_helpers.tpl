@@ -40,6 +40,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "tessera.schedulerServiceAccount" -}}{{ include "tessera.fullname" . }}-scheduler{{- end -}}
+{{- /* The agents' Leases (tessera-agent-<node>): in the release namespace unless set, so each is owned by its agent pod and goes with it. */ -}}
+{{- define "tessera.agentLeaseNamespace" -}}{{ default .Release.Namespace .Values.agent.leaseNamespace }}{{- end -}}
 {{- define "tessera.agentServiceAccount" -}}{{ include "tessera.fullname" . }}-node-agent{{- end -}}
 {{- define "tessera.webhookService" -}}{{ include "tessera.fullname" . }}-controller{{- end -}}
 {{- define "tessera.webhookSecret" -}}{{ include "tessera.fullname" . }}-webhook-tls{{- end -}}
