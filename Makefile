@@ -40,7 +40,7 @@ soak: tools node-deps ## Chaos for ~30 min on real nodes: 400 GPU pods, 60 kills
 
 fuzz: ## Run every fuzz/property target for FUZZ_CASES cases each (default 50000; docs/fuzzing.md)
 	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-api -p tessera-controllers -p tessera-node-agent --test fuzz -- --nocapture
-	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-interposer --lib fuzz_ -- --nocapture
+	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-interposer -p tessera-vgpu-region --lib fuzz_ -- --nocapture
 
 bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 	$(CARGO) bench -p tessera-controllers --bench filter

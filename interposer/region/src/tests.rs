@@ -679,7 +679,7 @@ mod hostile {
         // The case count is proptest's default (256), or PROPTEST_CASES.
 
         #[test]
-        fn arbitrary_bytes_parse_or_are_refused_never_panic(seed: u64, len in 0usize..REGION_SIZE * 2) {
+        fn fuzz_region_bytes_parse_or_are_refused_never_panic(seed: u64, len in 0usize..REGION_SIZE * 2) {
             let bytes = noise(seed, len);
             let parsed = Snapshot::parse(&bytes, Path::new("r"));
             if len != REGION_SIZE {
@@ -688,7 +688,7 @@ mod hostile {
         }
 
         #[test]
-        fn a_valid_region_with_arbitrary_words_overwritten_parses_within_bounds(
+        fn fuzz_region_words_overwritten_parse_within_bounds(
             writes in proptest::collection::vec((0usize..REGION_SIZE / 4, proptest::prelude::any::<u32>()), 1..64),
             header_seed: u64,
             scramble_header: bool,
@@ -714,7 +714,7 @@ mod hostile {
         }
 
         #[test]
-        fn any_file_is_read_only_at_the_regions_exact_size(
+        fn fuzz_region_file_read_only_at_the_exact_size(
             seed: u64,
             len in proptest::prop_oneof![0usize..REGION_SIZE * 2, proptest::strategy::Just(REGION_SIZE)],
             valid_header: bool,
@@ -738,7 +738,7 @@ mod hostile {
         }
 
         #[test]
-        fn a_valid_header_with_absurd_counts_is_refused(field in 0usize..4, value: u32) {
+        fn fuzz_region_header_with_absurd_counts_is_refused(field in 0usize..4, value: u32) {
             // size (u64 at 16), device_count (12), slot_count (24), slot_size (28).
             let mut bytes = valid_bytes();
             let (at, fixed) = [(16, REGION_SIZE as u32), (12, MAX_DEVICES as u32), (24, SLOTS as u32), (28, 192)][field];
