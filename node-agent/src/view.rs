@@ -5,13 +5,13 @@
 //! holder's VgpuAllocation straight from the API server (a cache could still
 //! show the lock of the pod served a moment ago).
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
-    runtime::{WatchStreamExt, reflector, watcher},
+    runtime::{reflector, watcher},
 };
 use tessera_api::v1alpha1::{GpuNodeConfig, NodeLock, VgpuAllocation};
+use tessera_kubekit::Watch;
 use tokio::sync::watch;
 
 use crate::Error;
@@ -30,67 +30,28 @@ pub struct NodeView {
 impl NodeView {
     /// Starts the watches of `node` and of every GpuNodeConfig.
     pub fn spawn(client: Client, node: &str) -> Self {
-        let (changed_tx, changed) = watch::channel(0u64);
-        let changed_tx = std::sync::Arc::new(changed_tx);
-        let (nodes, writer) = reflector::store();
+        // One signal for both: the offer depends on the node and the configs.
+        let changed = watch::channel(0u64).0;
         let by_name = watcher::Config::default().fields(&format!("metadata.name={node}"));
-        let bump = {
-            let tx = changed_tx.clone();
-            move || tx.send_modify(|g| *g += 1)
-        };
-        let on_node = bump.clone();
-        tokio::spawn(
-            reflector(writer, watcher(Api::<Node>::all(client.clone()), by_name))
-                .default_backoff()
-                .for_each(move |event| {
-                    if let Err(error) = &event {
-                        tracing::warn!(%error, "Node watch failed; retrying");
-                    }
-                    on_node();
-                    async {}
-                }),
-        );
-        let (configs, writer) = reflector::store();
-        let on_config = bump;
-        tokio::spawn(
-            reflector(
-                writer,
-                watcher(
-                    Api::<GpuNodeConfig>::all(client.clone()),
-                    watcher::Config::default(),
-                ),
-            )
-            .default_backoff()
-            .for_each(move |event| {
-                if let Err(error) = &event {
-                    tracing::warn!(%error, "GpuNodeConfig watch failed; retrying");
-                }
-                on_config();
-                async {}
-            }),
-        );
-        let (allocations, writer) = reflector::store();
+        let nodes = Watch::new(Api::<Node>::all(client.clone()), by_name)
+            .signal(&changed)
+            .spawn();
+        let configs = Watch::new(
+            Api::<GpuNodeConfig>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .signal(&changed)
+        .spawn();
         let on_node_only = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        tokio::spawn(
-            reflector(
-                writer,
-                watcher(Api::<VgpuAllocation>::all(client.clone()), on_node_only),
-            )
-            .default_backoff()
-            .for_each(|event| {
-                if let Err(error) = &event {
-                    tracing::warn!(%error, "VgpuAllocation watch failed; retrying");
-                }
-                async {}
-            }),
-        );
+        let allocations =
+            Watch::new(Api::<VgpuAllocation>::all(client.clone()), on_node_only).spawn();
         Self {
             client,
             node: node.to_owned(),
-            nodes,
-            configs,
-            allocations,
-            changed,
+            nodes: nodes.store(),
+            configs: configs.store(),
+            allocations: allocations.store(),
+            changed: changed.subscribe(),
         }
     }
 

@@ -1,0 +1,269 @@
+//! One watch of a kind, shared: a reflector [`Store`] kept current, a change
+//! signal, and any number of event streams fed from that one watch.
+//!
+//! ```text
+//!                        ┌─> Store (updated first)
+//! list+watch ─ backoff ──┼─> change signal (bumped after the store)
+//!                        └─> events() / touched() of each subscriber
+//! ```
+//!
+//! kube-runtime's own shared reflector (`reflector::store_shared`) is not
+//! enough here: its subscribers hear of applied objects only (never of a
+//! deletion, which the lifecycle controllers act on), and one that joins
+//! late starts from the next change without the objects already listed. A
+//! subscriber of a [`Watched`] gets every event in order, a late one first
+//! a list made of the store, so it sees what a watch of its own would have
+//! shown; the only cost is a channel per subscriber instead of a request.
+
+use std::{
+    fmt::Debug,
+    future::Future,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use futures::{Stream, StreamExt};
+use kube::{
+    Api, Resource,
+    runtime::{
+        WatchStreamExt,
+        reflector::{Store, store::Writer},
+        watcher::{self, Event},
+    },
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+/// What a kind must be to be watched here (every Kubernetes or Tessera
+/// object type).
+pub trait Watchable:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
+{
+}
+
+impl<K> Watchable for K where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
+{
+}
+
+/// A watch to start: what to watch, and which change signal to bump.
+#[derive(Debug)]
+pub struct Watch<K> {
+    api: Api<K>,
+    config: watcher::Config,
+    changes: watch::Sender<u64>,
+}
+
+impl<K: Watchable> Watch<K> {
+    /// A watch of what `api` reaches, narrowed by `config`'s selectors.
+    pub fn new(api: Api<K>, config: watcher::Config) -> Self {
+        Self {
+            api,
+            config,
+            changes: watch::channel(0).0,
+        }
+    }
+
+    /// Bumps `changes` after each event reaches the store (several watches
+    /// may share one signal), instead of a signal of its own.
+    pub fn signal(mut self, changes: &watch::Sender<u64>) -> Self {
+        self.changes = changes.clone();
+        self
+    }
+
+    /// Starts the watch on a task of its own that runs as long as the
+    /// runtime does.
+    pub fn spawn(self) -> Watched<K> {
+        let (watched, run) = self.start();
+        tokio::spawn(run);
+        watched
+    }
+
+    /// The handle, and the future that runs the watch (retrying with
+    /// kube-runtime's default backoff): the watch stops when the future is
+    /// dropped, and every subscriber's stream then ends.
+    pub fn start(self) -> (Watched<K>, impl Future<Output = ()> + Send + 'static) {
+        let Self {
+            api,
+            config,
+            changes,
+        } = self;
+        let (watched, mut writer) = Watched::unstarted(&changes);
+        // Moved into the future, so dropped with it even if never polled.
+        let hub = Hangup(watched.hub.clone());
+        let run = async move {
+            let selectors = (config.label_selector.clone(), config.field_selector.clone());
+            let mut events = watcher::watcher(api, config).default_backoff().boxed();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => {
+                        lock(&hub.0).deliver(&mut writer, event);
+                        changes.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    Err(error) => tracing::warn!(
+                        %error,
+                        kind = %K::kind(&()),
+                        labels = selectors.0.as_deref().unwrap_or_default(),
+                        fields = selectors.1.as_deref().unwrap_or_default(),
+                        "watch failed; retrying"
+                    ),
+                }
+            }
+        };
+        (watched, run)
+    }
+}
+
+/// A running watch of `K`; clones share it.
+#[derive(Clone)]
+pub struct Watched<K: Watchable> {
+    store: Store<K>,
+    changes: watch::Receiver<u64>,
+    hub: Arc<Mutex<Hub<K>>>,
+}
+
+impl<K: Watchable> std::fmt::Debug for Watched<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched")
+            .field("kind", &K::kind(&()))
+            .field("objects", &self.store.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Watchable> Watched<K> {
+    /// A handle and the writer of its store, before any event.
+    fn unstarted(changes: &watch::Sender<u64>) -> (Self, Writer<K>) {
+        let writer = Writer::<K>::default();
+        let hub = Hub {
+            store: writer.as_reader(),
+            subscribers: Vec::new(),
+            listing: false,
+            listed: false,
+        };
+        let watched = Self {
+            store: writer.as_reader(),
+            changes: changes.subscribe(),
+            hub: Arc::new(Mutex::new(hub)),
+        };
+        (watched, writer)
+    }
+
+    /// The objects as last seen (updated before anyone hears of a change).
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// A receiver whose value changes after each event reaches the store.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+
+    /// Every event from now on, in order, as a watch of its own would show
+    /// them: a subscriber that joins after a list has completed first gets
+    /// one made of the store (`Init`, `InitApply` of each object,
+    /// `InitDone`); one that joins during a list gets the whole list when
+    /// it completes.
+    pub fn events(&self) -> impl Stream<Item = Event<K>> + Send + 'static {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        lock(&self.hub).subscribe(tx);
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+    }
+
+    /// The objects [`Watched::events`] touches (applied, listed or
+    /// deleted), as `Controller::for_stream` and `watches_stream` take them.
+    pub fn touched(&self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+        self.events().filter_map(|event| {
+            std::future::ready(match event {
+                Event::Apply(object) | Event::InitApply(object) | Event::Delete(object) => {
+                    Some(Ok(object))
+                }
+                Event::Init | Event::InitDone => None,
+            })
+        })
+    }
+}
+
+/// The subscribers of one watch, and where its list stands.
+struct Hub<K: Watchable> {
+    store: Store<K>,
+    subscribers: Vec<Subscriber<K>>,
+    /// Between `Init` and `InitDone`.
+    listing: bool,
+    /// A list has completed: the store holds what it listed.
+    listed: bool,
+}
+
+struct Subscriber<K> {
+    events: mpsc::UnboundedSender<Event<K>>,
+    /// Joined during a list: hears nothing until the list is done, then
+    /// all of it at once.
+    waiting: bool,
+}
+
+impl<K: Watchable> Hub<K> {
+    fn subscribe(&mut self, events: mpsc::UnboundedSender<Event<K>>) {
+        let waiting = self.listing;
+        if self.listed && !waiting {
+            self.replay(&events);
+        }
+        self.subscribers.push(Subscriber { events, waiting });
+    }
+
+    /// A list made of the store.
+    fn replay(&self, to: &mpsc::UnboundedSender<Event<K>>) {
+        list_from(&self.store, to);
+        let _ = to.send(Event::InitDone);
+    }
+
+    /// Applies `event` to the store, then passes it on: under the hub's
+    /// lock, so a subscriber joining meanwhile gets all of it or none.
+    fn deliver(&mut self, writer: &mut Writer<K>, event: Event<K>) {
+        writer.apply_watcher_event(&event);
+        self.subscribers.retain(|s| !s.events.is_closed());
+        match &event {
+            Event::Init => self.listing = true,
+            Event::InitDone => {
+                self.listing = false;
+                self.listed = true;
+                // The store holds the completed list now; the InitDone that
+                // ends it is the one passed on below.
+                for subscriber in self.subscribers.iter_mut().filter(|s| s.waiting) {
+                    subscriber.waiting = false;
+                    list_from(&self.store, &subscriber.events);
+                }
+            }
+            Event::Apply(_) | Event::InitApply(_) | Event::Delete(_) => {}
+        }
+        let hearing: Vec<_> = self.subscribers.iter().filter(|s| !s.waiting).collect();
+        if let Some((last, others)) = hearing.split_last() {
+            for subscriber in others {
+                let _ = subscriber.events.send(event.clone());
+            }
+            let _ = last.events.send(event);
+        }
+    }
+}
+
+/// `Init` and an `InitApply` of each object in `store`.
+fn list_from<K: Watchable>(store: &Store<K>, to: &mpsc::UnboundedSender<Event<K>>) {
+    let _ = to.send(Event::Init);
+    for object in store.state() {
+        let _ = to.send(Event::InitApply((*object).clone()));
+    }
+}
+
+fn lock<K: Watchable>(hub: &Mutex<Hub<K>>) -> MutexGuard<'_, Hub<K>> {
+    hub.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ends every subscriber's stream when the watch stops.
+struct Hangup<K: Watchable>(Arc<Mutex<Hub<K>>>);
+
+impl<K: Watchable> Drop for Hangup<K> {
+    fn drop(&mut self) {
+        lock(&self.0).subscribers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests;
