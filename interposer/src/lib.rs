@@ -2,19 +2,43 @@
 //! GPU memory limits inside each of its processes.
 //!
 //! ```text
-//!  application ──cuMemAlloc_v2──▶ exports (hooks.rs) ──reserve (CAS)──▶ shared region (mmap)
-//!       │                              │                                 one per container
-//!       │ dlopen + dlsym               └──real call──▶ libcuda.so.1 (dlopen'ed by soname,
-//!       └──▶ dlsym (dlsym.rs) ── hooked name on libcuda's handle? ──▶ our export    never linked)
+//!  application ──cuMemAlloc_v2──▶ exports ──policy──▶ accounting: reserve (CAS) in the shared region (mmap)
+//!       │                            │                            one per container
+//!       │ dlopen + dlsym             └──real call──▶ driver: libcuda.so.1 (dlopen'ed by soname,
+//!       └──▶ exports/dlsym.rs ── hooked name on libcuda's handle? ──▶ our export      never linked)
 //!            cuGetProcAddress(_v2) ── real lookup, then our export for the same address
 //! ```
 //!
-//! - [`hooks`] (CUDA driver) and [`nvml`] declare every hooked function once;
-//!   the `driver_api!` macro generates the exported symbols and the table of
-//!   real functions.
+//! # Layers
+//!
+//! `sys → driver → accounting → policy → exports`, with `log` and `config`
+//! beside `sys`. Each layer uses only those to its left; no module or file
+//! depends on one that depends back on it (`hack/module-cycles.py` checks
+//! it, and `tests/module_cycles.rs` runs it).
+//!
+//! - [`sys`]: the C types and constants of `cuda.h` and `nvml.h`; `log`:
+//!   the stderr logger; [`config`]: the environment, parsed once.
+//! - `driver`: the real libraries, loaded on first use; the tables of their
+//!   functions, generated from one declaration list per library
+//!   (`cuda_api!`, `nvml_api!`); `real!` to call them; the driver queries
+//!   the policies share (current device, what a pool holds, which NVML
+//!   device is which CUDA ordinal).
+//! - `accounting`: pure bookkeeping in the container's shared region
+//!   (reservations, tracked allocations, stores, this process's slot); it
+//!   never calls the driver.
+//! - `policy`: the rules. `process.rs` decides once what the hooks do in
+//!   this process; `memory/` charges every way the driver takes device
+//!   memory; `compute/` throttles every launch through one body; `nvml/`
+//!   filters NVML's answers to the container.
+//! - [`exports`]: the `#[no_mangle]` symbols, generated from the same
+//!   declaration lists, each a call into the policy layer under the panic
+//!   guard; our `dlsym`; `cuGetProcAddress`'s substitution.
+//!
+//! # Behaviour
+//!
 //! - Nothing happens at load time: no constructor, thread or file. The first
-//!   hooked call reads the environment ([`config`]) and maps the region
-//!   ([`enforce`]); a process that never calls CUDA never pays for either.
+//!   hooked call reads the environment ([`config`]) and maps the region; a
+//!   process that never calls CUDA never pays for either.
 //! - Every export runs under `catch_unwind` and answers `CUDA_ERROR_UNKNOWN`
 //!   if a hook panics.
 //! - An invalid configuration (e.g. a malformed `CUDA_DEVICE_MEMORY_LIMIT`)
@@ -32,37 +56,11 @@
 
 #[macro_use]
 mod log;
-#[macro_use]
-mod driver;
-
-mod compute;
 pub mod config;
-mod devices;
-// The trampoline is written for x86_64; on other targets `dlsym` is not
-// intercepted. Unit tests do not export it (they would intercept their own).
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-#[cfg_attr(test, allow(dead_code))]
-mod dlsym;
-pub mod enforce;
-pub mod hooks;
-mod memory;
-pub mod nvml;
-mod proc_address;
 pub mod sys;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-use sys::{CUDA_ERROR_UNKNOWN, CUresult};
-
-/// Runs a hook body, turning a panic into `CUDA_ERROR_UNKNOWN` (a panic must
-/// never unwind into C).
-///
-/// Inlined into every export: `catch_unwind` costs nothing until a panic, so
-/// a launch hook's fast path is one load and the driver call.
-#[inline(always)]
-fn guard(body: impl FnOnce() -> CUresult) -> CUresult {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
-        log!(log::ERROR, "a hook panicked; returning CUDA_ERROR_UNKNOWN");
-        CUDA_ERROR_UNKNOWN
-    })
-}
+#[macro_use]
+mod driver;
+mod accounting;
+pub mod exports;
+mod policy;

@@ -1,219 +1,25 @@
-//! The per-process enforcement state: the configuration, the container's
-//! shared region, this process's slot in it, and the allocations it made.
+//! One process's accounting in the container's region: the reservation
+//! made before each allocation, the allocations it became (sharded by
+//! [`Key`]), what freeing them gives back, and the stores (pools, graph
+//! memory) that keep bytes charged after their allocations are freed.
+//!
+//! No driver call is made here: what a store holds is asked through the
+//! [`Held`] function the enforcer is made with.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, Once, OnceLock};
+use std::hash::BuildHasherDefault;
+use std::sync::Mutex;
 
-use tessera_vgpu_region::{MAX_DEVICES, Opened, Region, SlotId, process_start_time};
+use tessera_vgpu_region::{MAX_DEVICES, Region, SlotId};
 
-use crate::compute::Limiter;
-use crate::config::{Config, Error};
-use crate::log::{DEBUG, ERROR, INFO, WARN};
-use crate::sys::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
-
-mod stores;
-
-pub(crate) use stores::StoreId;
-use stores::Stores;
-
-/// What the hooks do in this process.
-pub enum State {
-    /// `CUDA_DISABLE_CONTROL=true`: pass everything through.
-    Disabled,
-    /// The configuration is invalid: refuse CUDA (the reason was printed).
-    Refused,
-    /// Account and enforce.
-    Enforcing(Box<Enforcer>),
-}
-
-static STATE: OnceLock<State> = OnceLock::new();
-
-/// The process's state, set up by the first hooked call.
-pub fn state() -> &'static State {
-    STATE.get_or_init(|| {
-        let state = init(|name| std::env::var_os(name));
-        crate::compute::set_mode(&state);
-        state
-    })
-}
-
-fn init(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> State {
-    let config = match Config::from_vars(var) {
-        Ok((config, warning)) => {
-            crate::log::set_level(config.log_level);
-            if let Some(warning) = warning {
-                log!(WARN, "{warning}; using level 2");
-            }
-            config
-        }
-        Err(e) => {
-            log!(ERROR, "invalid configuration, refusing CUDA: {e}");
-            return State::Refused;
-        }
-    };
-    if config.disabled {
-        log!(INFO, "CUDA_DISABLE_CONTROL is set: not enforcing");
-        return State::Disabled;
-    }
-    // The region is the container's to write: whatever is in it, this
-    // process either attaches to a region whose header and limits are the
-    // ones its environment gives (the environment comes from the node
-    // agent's allocation and is authoritative), or refuses CUDA, saying
-    // why. It never rebuilds a region: the container's other processes
-    // hold reservations in it. See docs/interposer.md ("A corrupted region").
-    let region = match Region::create_or_open_with(&config.region_path, &config.region_limits()) {
-        Ok((
-            region,
-            Opened::Attached {
-                limits_differ: true,
-            },
-        )) => {
-            let found = region.limits();
-            let wanted = config.region_limits();
-            log!(
-                ERROR,
-                "refusing CUDA, not rebuilding the region: {}",
-                Error::from(tessera_vgpu_region::Error::LimitsDiffer {
-                    path: config.region_path.clone(),
-                    found_memory: Box::new(found.memory),
-                    found_sm: found.sm_percent,
-                    found_priority: found.priority,
-                    memory: Box::new(wanted.memory),
-                    sm: wanted.sm_percent,
-                    priority: wanted.priority,
-                })
-            );
-            return State::Refused;
-        }
-        Ok((region, _)) => Some(region),
-        Err(e) if config.any_limit() || config.any_sm_limit() => {
-            log!(
-                ERROR,
-                "limits are set but the shared region is unusable, refusing CUDA (not rebuilding it): {}",
-                Error::from(e)
-            );
-            return State::Refused;
-        }
-        Err(e) => {
-            log!(
-                WARN,
-                "no memory limit is set and the shared region is unusable, not accounting: {}",
-                Error::from(e)
-            );
-            None
-        }
-    };
-    let limits = match &region {
-        Some(region) => std::array::from_fn(|dev| region.limit(dev).unwrap_or(0)),
-        None => config.limits,
-    };
-    log!(DEBUG, "limits per device (bytes, 0 = none): {limits:?}");
-    let compute = region.as_ref().and_then(|region| {
-        let percent: [u8; MAX_DEVICES] =
-            std::array::from_fn(|dev| region.sm_limit(dev).unwrap_or(0));
-        Limiter::new(percent, config.core_policy, region.priority())
-    });
-    if let Some(limiter) = &compute {
-        log!(
-            DEBUG,
-            "compute limits per device (percent, 0 = none): {:?}, policy {}",
-            limiter.percent(),
-            config.core_policy.as_str()
-        );
-    }
-    State::Enforcing(Box::new(Enforcer {
-        compute,
-        any_limit: limits.iter().any(|&l| l != 0),
-        limits,
-        region,
-        owner: AtomicU64::new(0),
-        owner_pid: AtomicU32::new(0),
-        claim: Mutex::new(()),
-        allocations: std::array::from_fn(|_| Mutex::new(Allocations::default())),
-        stores: Stores::default(),
-    }))
-}
-
-/// What an allocation is known by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Key {
-    /// A device pointer (`cuMemAlloc*`), released by `cuMemFree` (or
-    /// `cuMemFreeAsync`).
-    Pointer(CUdeviceptr),
-    /// A physical allocation handle (`cuMemCreate`), released by `cuMemRelease`.
-    Handle(u64),
-    /// A CUDA array (`cuArrayCreate_v2`, `cuArray3DCreate_v2`), released by
-    /// `cuArrayDestroy`.
-    Array(u64),
-    /// A mipmapped array, released by `cuMipmappedArrayDestroy`.
-    Mipmap(u64),
-    /// A context made by `cuCtxCreate`, released by `cuCtxDestroy`.
-    Context(u64),
-    /// A device's primary context, released when its last retain is.
-    Primary(u64),
-    /// The graph allocations of an executable graph on one device, released
-    /// by `cuGraphExecDestroy`.
-    GraphExec(u64, u8),
-}
-
-impl Key {
-    fn value(self) -> u64 {
-        match self {
-            Self::Pointer(v)
-            | Self::Handle(v)
-            | Self::Array(v)
-            | Self::Mipmap(v)
-            | Self::Context(v)
-            | Self::Primary(v) => v,
-            Self::GraphExec(v, dev) => v ^ u64::from(dev),
-        }
-    }
-
-    fn shard(self) -> usize {
-        (self.value() >> 9) as usize % SHARDS
-    }
-}
-
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        // Keys of different kinds with the same value only collide; `Eq` tells them apart.
-        state.write_u64(self.value());
-    }
-}
-
-/// A multiplicative hash for addresses and handles: the default SipHash
-/// costs more than the rest of an allocation's bookkeeping together.
-#[derive(Default)]
-pub(crate) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = (self.0 ^ value ^ (value >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
+use crate::accounting::keys::{AddressHasher, Key, SHARDS};
+use crate::accounting::reclaim::reserve_after_reclaim;
+use crate::accounting::slot::OwnSlot;
+use crate::accounting::stores::{Held, StoreId, Stores, Taken};
+use crate::log::DEBUG;
+use crate::sys::{CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUresult};
 
 type Allocations = HashMap<Key, Allocation, BuildHasherDefault<AddressHasher>>;
-
-/// Incremented in the child of every `fork` (a `pthread_atfork` handler), so
-/// the allocation path notices a fork with one load instead of a `getpid`
-/// system call.
-static FORKS: AtomicU32 = AtomicU32::new(0);
-
-extern "C" fn forked_child() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
-}
 
 /// One tracked allocation.
 #[derive(Clone, Copy, Debug)]
@@ -248,36 +54,36 @@ pub(crate) struct Reservation {
     bytes: u64,
 }
 
-const SHARDS: usize = 16;
-
 /// Accounting and enforcement for one process.
-pub struct Enforcer {
-    /// The compute limiter, when a device has a compute limit that the
-    /// policy does not disable.
-    compute: Option<Limiter>,
+pub(crate) struct Enforcer {
     limits: [u64; MAX_DEVICES],
     any_limit: bool,
     region: Option<Region>,
-    /// `forks << 32 | slot + 1` when the slot was claimed (`forks` = [`FORKS`]
-    /// then); 0 before the first claim. Another fork count means we are a
-    /// fork child.
-    owner: AtomicU64,
-    /// The pid that claimed the slot, checked on slow paths (a raw `clone`
-    /// child runs no fork handler).
-    owner_pid: AtomicU32,
-    /// Serialises slot claims within the process.
-    claim: Mutex<()>,
+    /// This process's slot in the region.
+    slot: OwnSlot,
     /// Pointer or handle → allocation, sharded.
     allocations: [Mutex<Allocations>; SHARDS],
     /// Memory pools and graph memory: what they hold beyond their live
     /// allocations.
     stores: Stores,
+    /// What the driver holds for a store.
+    held: Held,
 }
 
 impl Enforcer {
-    /// The compute limiter and the region it budgets in, if any.
-    pub(crate) fn limiter(&self) -> Option<(&Limiter, &Region)> {
-        Some((self.compute.as_ref()?, self.region.as_ref()?))
+    /// Accounting in `region` (none: nothing is accounted) under `limits`
+    /// (bytes per CUDA ordinal, 0 for none); `held` tells what the driver
+    /// holds for a store.
+    pub(crate) fn new(limits: [u64; MAX_DEVICES], region: Option<Region>, held: Held) -> Self {
+        Self {
+            any_limit: limits.iter().any(|&l| l != 0),
+            limits,
+            region,
+            slot: OwnSlot::default(),
+            allocations: std::array::from_fn(|_| Mutex::new(Allocations::default())),
+            stores: Stores::default(),
+            held,
+        }
     }
 
     /// The container's region, if this process uses one.
@@ -292,13 +98,13 @@ impl Enforcer {
     }
 
     /// The limit of CUDA ordinal `dev` in bytes, if any.
-    pub fn limit(&self, dev: CUdevice) -> Option<u64> {
+    pub(crate) fn limit(&self, dev: CUdevice) -> Option<u64> {
         let limit = *self.limits.get(usize::try_from(dev).ok()?)?;
         (limit != 0).then_some(limit)
     }
 
     /// Bytes the container holds on `dev`.
-    pub fn used(&self, dev: CUdevice) -> u64 {
+    pub(crate) fn used(&self, dev: CUdevice) -> u64 {
         match (&self.region, usize::try_from(dev)) {
             (Some(region), Ok(dev)) => region.used(dev),
             _ => 0,
@@ -306,61 +112,37 @@ impl Enforcer {
     }
 
     /// This process's slot, claimed on first use and again in a fork child
-    /// (one load of the fork count on this path) or, from the slow paths, in a
-    /// `clone` child (`check_pid`).
+    /// (one load of the fork count on this path).
     fn slot(&self, region: &Region) -> Option<SlotId> {
-        let owner = self.owner.load(Ordering::Acquire);
-        if owner != 0 && owner >> 32 == u64::from(FORKS.load(Ordering::Relaxed)) {
-            return slot_of(owner);
-        }
-        self.claim_slot(region, false)
+        self.slot.get(region, || self.forget())
     }
 
-    /// Claims a slot unless this process already owns one; `check_pid`
-    /// also compares the pid (a system call), for slow paths.
-    fn claim_slot(&self, region: &Region, check_pid: bool) -> Option<SlotId> {
-        let _guard = self.claim.lock().unwrap_or_else(|e| e.into_inner());
-        let pid = std::process::id();
-        let forks = FORKS.load(Ordering::Relaxed);
-        let owner = self.owner.load(Ordering::Acquire);
-        let same_pid = self.owner_pid.load(Ordering::Relaxed) == pid;
-        if owner != 0 && owner >> 32 == u64::from(forks) && (!check_pid || same_pid) {
-            return slot_of(owner);
+    /// Forgets the parent's allocations and stores, in a child process.
+    fn forget(&self) {
+        for shard in &self.allocations {
+            shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
-        static ATFORK: Once = Once::new();
-        ATFORK.call_once(|| {
-            // SAFETY: registers a handler that only increments an atomic.
-            let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
-            if rc != 0 {
-                log!(
-                    ERROR,
-                    "pthread_atfork failed ({rc}); fork children are noticed on slow paths only"
-                );
-            }
-        });
-        if owner != 0 && !same_pid {
-            // A child: the parent's allocations are the parent's.
-            for shard in &self.allocations {
-                shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            }
-            self.stores.clear();
+        self.stores.clear();
+    }
+
+    /// The device index of CUDA ordinal `dev` and this process's slot, when
+    /// `dev` is accounted: `Ok(None)` when it is not (no region, or an
+    /// ordinal beyond the region's devices while no device has a limit),
+    /// `CUDA_ERROR_OUT_OF_MEMORY` when no slot can be had.
+    fn accounted(&self, dev: CUdevice) -> Result<Option<(&Region, usize, SlotId)>, CUresult> {
+        let Some(region) = &self.region else {
+            return Ok(None);
+        };
+        let Ok(index) = usize::try_from(dev) else {
+            return Ok(None);
+        };
+        if index >= MAX_DEVICES && !self.any_limit {
+            return Ok(None);
         }
-        let start_time = process_start_time(pid).unwrap_or(0);
-        match region.claim_slot(pid, start_time) {
-            Ok(slot) => {
-                log!(DEBUG, "claimed region slot {}", slot.index());
-                self.owner_pid.store(pid, Ordering::Relaxed);
-                self.owner.store(
-                    u64::from(forks) << 32 | (slot.index() as u64 + 1),
-                    Ordering::Release,
-                );
-                Some(slot)
-            }
-            Err(e) => {
-                log!(ERROR, "{e}");
-                None
-            }
-        }
+        let Some(slot) = self.slot(region) else {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        Ok(Some((region, index, slot)))
     }
 
     /// Reserves `bytes` on `dev` for an allocation about to be made.
@@ -374,22 +156,13 @@ impl Enforcer {
         dev: CUdevice,
         bytes: u64,
     ) -> Result<Option<Reservation>, CUresult> {
-        let Some(region) = &self.region else {
+        let Some((region, index, slot)) = self.accounted(dev)? else {
             return Ok(None);
-        };
-        let Ok(index) = usize::try_from(dev) else {
-            return Ok(None);
-        };
-        if index >= MAX_DEVICES && !self.any_limit {
-            return Ok(None);
-        }
-        let Some(slot) = self.slot(region) else {
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
         if let Err(rc) = self.reserve(region, slot, index, bytes) {
             // Slow path: a raw `clone` child still uses its parent's slot
             // until a pid check like this one.
-            match self.claim_slot(region, true) {
+            match self.slot.claim(region, true, || self.forget()) {
                 Some(own) if own != slot => {
                     self.reserve(region, own, index, bytes)?;
                     return Ok(Some(Reservation {
@@ -502,42 +275,12 @@ impl Enforcer {
         let Err(over) = region.try_reserve(slot, dev, bytes) else {
             return Ok(());
         };
-        if self.resync_stores(dev) > 0 && region.try_reserve(slot, dev, bytes).is_ok() {
+        if self.stores.resync_device(region, dev, self.held) > 0
+            && region.try_reserve(slot, dev, bytes).is_ok()
+        {
             return Ok(());
         }
-        self.reserve_after_reclaim(region, slot, dev, bytes, over)
-    }
-
-    /// The end of [`Enforcer::reserve`]'s slow path: reclaim dead processes,
-    /// retry once, else refuse.
-    fn reserve_after_reclaim(
-        &self,
-        region: &Region,
-        slot: SlotId,
-        dev: usize,
-        bytes: u64,
-        over: tessera_vgpu_region::OverLimit,
-    ) -> Result<(), CUresult> {
-        let reclaimed = region.reclaim_dead();
-        if reclaimed.slots > 0 {
-            log!(
-                INFO,
-                "reclaimed {} bytes of {} exited processes",
-                reclaimed.bytes,
-                reclaimed.slots
-            );
-            if region.try_reserve(slot, dev, bytes).is_ok() {
-                return Ok(());
-            }
-        }
-        log!(
-            INFO,
-            "device {dev}: out of memory: {} bytes requested, {} of {} in use",
-            over.requested,
-            over.used,
-            over.limit
-        );
-        Err(CUDA_ERROR_OUT_OF_MEMORY)
+        reserve_after_reclaim(region, slot, dev, bytes, over)
     }
 
     /// Frees `key` with `free` and returns its bytes when the driver
@@ -601,13 +344,68 @@ impl Enforcer {
             Owner::Region => region.release(a.slot, a.dev, a.bytes),
             Owner::Store(id) => {
                 log!(DEBUG, "{key:?}: {} bytes back to {id:?}", a.bytes);
-                self.store_give(id, a.bytes);
+                self.stores.give(region, id, a.bytes, self.held);
             }
         }
     }
-}
 
-fn slot_of(owner: u64) -> Option<SlotId> {
-    // The slot index is stored + 1 in the low half; see `Enforcer::owner`.
-    SlotId::from_index(((owner & 0xffff_ffff) as usize).checked_sub(1)?)
+    /// Adds `bytes` to store `id` on `dev` before the driver allocates them:
+    /// what the store holds beyond its live bytes is used first, the rest is
+    /// reserved in the region (`CUDA_ERROR_OUT_OF_MEMORY` if it does not
+    /// fit). `Ok(None)`: the device is not accounted.
+    pub(crate) fn store_take(
+        &self,
+        id: StoreId,
+        dev: CUdevice,
+        bytes: u64,
+    ) -> Result<Option<Taken>, CUresult> {
+        let Some((region, index, slot)) = self.accounted(dev)? else {
+            return Ok(None);
+        };
+        let reserve = |slot, rest| self.reserve(region, slot, index, rest);
+        self.stores
+            .take(region, id, index, slot, bytes, reserve)
+            .map(Some)
+    }
+
+    /// Gives back what [`Enforcer::store_take`] added when the driver did
+    /// not allocate.
+    pub(crate) fn store_untake(&self, taken: Taken) {
+        self.stores.untake(self.region.as_ref(), taken);
+    }
+
+    /// Tracks the allocation the taken bytes became; its free makes them
+    /// the store's (see [`Enforcer::freed`]).
+    pub(crate) fn store_track(&self, key: Key, taken: Taken) {
+        self.insert(
+            key,
+            Allocation {
+                dev: taken.dev,
+                bytes: taken.bytes,
+                slot: taken.slot,
+                owner: Owner::Store(taken.id),
+                refs: 1,
+            },
+        );
+    }
+
+    /// Charges store `id` what the driver now says it holds (at least its
+    /// live bytes); returns the bytes given back to the region, or
+    /// `CUDA_ERROR_OUT_OF_MEMORY` when the driver holds more than was
+    /// charged and the rest does not fit.
+    pub(crate) fn store_resync(&self, id: StoreId) -> Result<u64, CUresult> {
+        self.stores.resync(self.region.as_ref(), id, self.held)
+    }
+
+    /// After a synchronisation: resyncs every store charged more than its
+    /// live bytes (one relaxed load when there is none).
+    pub(crate) fn stores_synchronized(&self) {
+        self.stores.synchronized(self.region.as_ref(), self.held);
+    }
+
+    /// The pool behind store `id` was destroyed: its charge goes now if it
+    /// has no live allocations, else with the last of them.
+    pub(crate) fn store_close(&self, id: StoreId) {
+        self.stores.close(self.region.as_ref(), id);
+    }
 }

@@ -11,8 +11,9 @@
 //!   bytes (memory the driver keeps for reuse), and reserves only the rest in
 //!   the region, before the driver is called;
 //! - a free makes its bytes part of what the store holds: they stay charged;
-//! - a resync reads what the driver holds (`cuMemPoolGetAttribute`,
-//!   `cuDeviceGetGraphMemAttribute`) and charges exactly `max(live, held)`:
+//! - a resync asks what the driver holds (a [`Held`] function, given by the
+//!   policy layer: `cuMemPoolGetAttribute`, `cuDeviceGetGraphMemAttribute`)
+//!   and charges exactly `max(live, held)`:
 //!   after frees the driver released, a trim, a threshold change, and before
 //!   an allocation is refused.
 //!
@@ -23,11 +24,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tessera_vgpu_region::SlotId;
+use tessera_vgpu_region::{Region, SlotId};
 
-use super::{Allocation, Enforcer, Key, Owner};
+use crate::accounting::reclaim::reserve_after_reclaim;
 use crate::log::{DEBUG, WARN};
-use crate::sys::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult};
+use crate::sys::CUresult;
 
 /// A store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,6 +38,10 @@ pub(crate) enum StoreId {
     /// The graph memory of a device (CUDA ordinal).
     Graph(usize),
 }
+
+/// What the driver says it holds for a store, `None` when it cannot say;
+/// given to the stores by whoever asks the driver.
+pub(crate) type Held = fn(StoreId) -> Option<u64>;
 
 #[derive(Debug)]
 struct Store {
@@ -59,60 +64,50 @@ pub(crate) struct Stores {
     retaining: AtomicBool,
 }
 
+/// Bytes one allocation added to a store: the enforcer keeps them as the
+/// allocation's, or gives them back with [`Stores::untake`].
+#[must_use]
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub(crate) id: StoreId,
+    pub(crate) dev: usize,
+    pub(crate) slot: SlotId,
+    pub(crate) bytes: u64,
+    /// The part reserved in the region (the rest was the store's own).
+    from_region: u64,
+}
+
 impl Stores {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StoreId, Store>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Forgets every store (a fork child: the parent's are the parent's).
-    pub(super) fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.lock().clear();
     }
-}
 
-/// Bytes one allocation added to a store: [`Enforcer::store_track`] keeps
-/// them as the allocation's, [`Enforcer::store_untake`] gives them back.
-#[must_use]
-#[derive(Debug)]
-pub(crate) struct Taken {
-    id: StoreId,
-    dev: usize,
-    slot: SlotId,
-    bytes: u64,
-    /// The part reserved in the region (the rest was the store's own).
-    from_region: u64,
-}
-
-impl Enforcer {
-    /// Adds `bytes` to store `id` on `dev` before the driver allocates them:
-    /// what the store holds beyond its live bytes is used first, the rest is
-    /// reserved in the region (`CUDA_ERROR_OUT_OF_MEMORY` if it does not
-    /// fit). `Ok(None)`: the device is not accounted.
-    pub(crate) fn store_take(
+    /// Adds `bytes` to store `id` on device `dev` (whose slot in the region
+    /// is `slot`) before the driver allocates them: what the store holds
+    /// beyond its live bytes is used first, the rest is reserved with
+    /// `reserve(store's slot, bytes)` (`CUDA_ERROR_OUT_OF_MEMORY` if it does
+    /// not fit).
+    pub(crate) fn take(
         &self,
+        region: &Region,
         id: StoreId,
-        dev: CUdevice,
+        dev: usize,
+        slot: SlotId,
         bytes: u64,
-    ) -> Result<Option<Taken>, CUresult> {
-        let Some(region) = &self.region else {
-            return Ok(None);
-        };
-        let Ok(index) = usize::try_from(dev) else {
-            return Ok(None);
-        };
-        if index >= tessera_vgpu_region::MAX_DEVICES && !self.any_limit {
-            return Ok(None);
-        }
-        let Some(slot) = self.slot(region) else {
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
-        };
+        reserve: impl FnOnce(SlotId, u64) -> Result<(), CUresult>,
+    ) -> Result<Taken, CUresult> {
         // Take from what the store already holds, under the lock, so that two
         // threads never use the same bytes; reserve the rest outside it (the
         // slow path of a reservation resyncs stores, which takes the lock).
         let (slot, own) = {
-            let mut stores = self.stores.lock();
+            let mut stores = self.lock();
             let store = stores.entry(id).or_insert(Store {
-                dev: index,
+                dev,
                 slot,
                 live: 0,
                 charged: 0,
@@ -124,76 +119,61 @@ impl Enforcer {
         };
         let rest = bytes - own;
         if rest > 0
-            && let Err(rc) = self.reserve(region, slot, index, rest)
+            && let Err(rc) = reserve(slot, rest)
         {
-            if let Some(store) = self.stores.lock().get_mut(&id) {
+            if let Some(store) = self.lock().get_mut(&id) {
                 store.live -= own;
             }
             return Err(rc);
         }
-        let mut stores = self.stores.lock();
+        let mut stores = self.lock();
         match stores.get_mut(&id) {
             Some(store) => {
                 store.live += rest;
                 store.charged += rest;
             }
             // Cleared by a fork in between: nothing of it is ours.
-            None => region.release(slot, index, rest),
+            None => region.release(slot, dev, rest),
         }
-        Ok(Some(Taken {
+        Ok(Taken {
             id,
-            dev: index,
+            dev,
             slot,
             bytes,
             from_region: rest,
-        }))
+        })
     }
 
-    /// Gives back what [`Enforcer::store_take`] added when the driver did
-    /// not allocate.
-    pub(crate) fn store_untake(&self, taken: Taken) {
-        let mut stores = self.stores.lock();
+    /// Gives back what [`Stores::take`] added when the driver did not
+    /// allocate.
+    pub(crate) fn untake(&self, region: Option<&Region>, taken: Taken) {
+        let mut stores = self.lock();
         if let Some(store) = stores.get_mut(&taken.id) {
             store.live = store.live.saturating_sub(taken.bytes);
             let back = taken.from_region.min(store.charged - store.live);
             store.charged -= back;
-            if let Some(region) = &self.region {
+            if let Some(region) = region {
                 region.release(taken.slot, taken.dev, back);
             }
         }
     }
 
-    /// Tracks the allocation the taken bytes became; its free makes them
-    /// the store's (see [`Enforcer::freed`]).
-    pub(crate) fn store_track(&self, key: Key, taken: Taken) {
-        self.insert(
-            key,
-            Allocation {
-                dev: taken.dev,
-                bytes: taken.bytes,
-                slot: taken.slot,
-                owner: Owner::Store(taken.id),
-                refs: 1,
-            },
-        );
-    }
-
     /// A freed allocation's bytes stay charged to its store until a resync
     /// sees the driver release them; resyncs it now.
-    pub(super) fn store_give(&self, id: StoreId, bytes: u64) {
+    pub(crate) fn give(&self, region: &Region, id: StoreId, bytes: u64, held: Held) {
         let closed = {
-            let mut stores = self.stores.lock();
+            let mut stores = self.lock();
             let Some(store) = stores.get_mut(&id) else {
                 return;
             };
             store.live = store.live.saturating_sub(bytes);
             store.closed && store.live == 0
         };
-        self.stores.retaining.store(true, Ordering::Relaxed);
+        self.retaining.store(true, Ordering::Relaxed);
         if closed {
-            self.store_drop(id);
+            self.drop_store(Some(region), id);
         } else {
-            let _ = self.store_resync(id);
+            let _ = self.resync(Some(region), id, held);
         }
     }
 
@@ -201,20 +181,25 @@ impl Enforcer {
     /// live bytes); returns the bytes given back to the region, or
     /// `CUDA_ERROR_OUT_OF_MEMORY` when the driver holds more than was
     /// charged and the rest does not fit (it stays uncharged and is logged).
-    pub(crate) fn store_resync(&self, id: StoreId) -> Result<u64, CUresult> {
-        match crate::memory::store_held(id) {
-            Some(held) => self.store_set_held(id, held),
+    pub(crate) fn resync(
+        &self,
+        region: Option<&Region>,
+        id: StoreId,
+        held: Held,
+    ) -> Result<u64, CUresult> {
+        match held(id) {
+            Some(held) => self.set_held(region, id, held),
             None => Ok(0),
         }
     }
 
-    /// [`Enforcer::store_resync`] with the driver's answer, `held` bytes.
-    fn store_set_held(&self, id: StoreId, held: u64) -> Result<u64, CUresult> {
-        let Some(region) = &self.region else {
+    /// [`Stores::resync`] with the driver's answer, `held` bytes.
+    fn set_held(&self, region: Option<&Region>, id: StoreId, held: u64) -> Result<u64, CUresult> {
+        let Some(region) = region else {
             return Ok(0);
         };
         let (dev, slot, grow) = {
-            let mut stores = self.stores.lock();
+            let mut stores = self.lock();
             let Some(store) = stores.get_mut(&id) else {
                 return Ok(0);
             };
@@ -232,11 +217,11 @@ impl Enforcer {
         // allocation undoes it otherwise.
         let result = match region.try_reserve(slot, dev, grow) {
             Ok(()) => Ok(()),
-            Err(over) => self.reserve_after_reclaim(region, slot, dev, grow, over),
+            Err(over) => reserve_after_reclaim(region, slot, dev, grow, over),
         };
         match result {
             Ok(()) => {
-                match self.stores.lock().get_mut(&id) {
+                match self.lock().get_mut(&id) {
                     Some(store) => store.charged += grow,
                     None => region.release(slot, dev, grow),
                 }
@@ -254,9 +239,8 @@ impl Enforcer {
 
     /// Resyncs every store on device `dev` (the slow path of a reservation
     /// about to be refused); returns the bytes given back.
-    pub(super) fn resync_stores(&self, dev: usize) -> u64 {
+    pub(crate) fn resync_device(&self, region: &Region, dev: usize, held: Held) -> u64 {
         let ids: Vec<StoreId> = self
-            .stores
             .lock()
             .iter()
             .filter(|(_, s)| s.dev == dev)
@@ -264,7 +248,7 @@ impl Enforcer {
             .collect();
         let back = ids
             .into_iter()
-            .map(|id| self.store_resync(id).unwrap_or(0))
+            .map(|id| self.resync(Some(region), id, held).unwrap_or(0))
             .sum();
         if back > 0 {
             log!(DEBUG, "device {dev}: stores gave back {back} bytes");
@@ -275,31 +259,30 @@ impl Enforcer {
     /// After a synchronisation, when the driver gives back what pools hold
     /// beyond their release threshold: resyncs every store charged more
     /// than its live bytes. One relaxed load when there is none.
-    pub(crate) fn stores_synchronized(&self) {
-        if !self.stores.retaining.swap(false, Ordering::Relaxed) {
+    pub(crate) fn synchronized(&self, region: Option<&Region>, held: Held) {
+        if !self.retaining.swap(false, Ordering::Relaxed) {
             return;
         }
         let ids: Vec<StoreId> = self
-            .stores
             .lock()
             .iter()
             .filter(|(_, s)| s.charged > s.live)
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            let _ = self.store_resync(id);
+            let _ = self.resync(region, id, held);
         }
-        if self.stores.lock().values().any(|s| s.charged > s.live) {
+        if self.lock().values().any(|s| s.charged > s.live) {
             // Some keep memory (their release threshold): look again next time.
-            self.stores.retaining.store(true, Ordering::Relaxed);
+            self.retaining.store(true, Ordering::Relaxed);
         }
     }
 
     /// The pool behind store `id` was destroyed: its charge goes now if it
     /// has no live allocations, else with the last of them.
-    pub(crate) fn store_close(&self, id: StoreId) {
+    pub(crate) fn close(&self, region: Option<&Region>, id: StoreId) {
         let empty = {
-            let mut stores = self.stores.lock();
+            let mut stores = self.lock();
             let Some(store) = stores.get_mut(&id) else {
                 return;
             };
@@ -307,13 +290,13 @@ impl Enforcer {
             store.live == 0
         };
         if empty {
-            self.store_drop(id);
+            self.drop_store(region, id);
         }
     }
 
-    fn store_drop(&self, id: StoreId) {
-        let store = self.stores.lock().remove(&id);
-        if let (Some(store), Some(region)) = (store, &self.region) {
+    fn drop_store(&self, region: Option<&Region>, id: StoreId) {
+        let store = self.lock().remove(&id);
+        if let (Some(store), Some(region)) = (store, region) {
             region.release(store.slot, store.dev, store.charged);
         }
     }

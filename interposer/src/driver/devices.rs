@@ -56,7 +56,7 @@ fn ordinals() -> Option<&'static Ordinals> {
 }
 
 fn read_ordinals() -> Result<Ordinals, String> {
-    let fns = &crate::driver::driver().fns;
+    let fns = &crate::driver::cuda::driver().fns;
     if fns.cuDeviceGetUuid.is_none() && fns.cuDeviceGetUuid_v2.is_none() {
         return Err("the driver has no cuDeviceGetUuid".into());
     }

@@ -1,220 +1,218 @@
-//! The hooked CUDA driver functions, each declared once.
-//!
-//! Each `hooked` line generates the exported symbol (which runs the body
-//! under a panic guard) and the real function's slot in [`RealFns`]; `called`
-//! lines are driver functions the hooks call but do not intercept.
+//! The exported CUDA driver functions: every `hooked` function of
+//! `cuda_api!`, each a call of the policy function [`cuda_route!`] names
+//! for it, and the lookups the `dlsym` and `cuGetProcAddress` paths use.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
+use crate::driver::cuda::{RealFns, driver};
+use crate::exports::proc_address;
+use crate::policy::{compute, memory, process};
 use crate::sys::{
-    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_MEM_ALLOC_NODE_PARAMS, CUarray, CUcontext,
-    CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUfunction, CUgraph,
-    CUgraphExec, CUgraphNode, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle,
-    CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUresult, CUstream, cuuint64_t,
+    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
+    CUdriverProcAddressQueryResult, CUevent, CUfunction, CUgraph, CUgraphExec, CUgraphNode,
+    CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
+    CUmemoryPool, CUmipmappedArray, CUresult, CUstream, cuuint64_t,
 };
-use crate::{compute, memory, proc_address};
 
-driver_api! {
-    returns CUresult;
-    hooked {
-        fn cuInit(flags: c_uint) => memory::init;
-        fn cuGetProcAddress(
-            symbol: *const c_char,
-            pfn: *mut *mut c_void,
-            cuda_version: c_int,
-            flags: cuuint64_t,
-        ) => proc_address::get_proc_address;
-        fn cuGetProcAddress_v2(
-            symbol: *const c_char,
-            pfn: *mut *mut c_void,
-            cuda_version: c_int,
-            flags: cuuint64_t,
-            symbol_status: *mut CUdriverProcAddressQueryResult,
-        ) => proc_address::get_proc_address_v2;
-        fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => memory::context::ctx_create;
-        fn cuCtxCreate_v3(
-            pctx: *mut CUcontext,
-            params: *mut c_void,
-            count: c_int,
-            flags: c_uint,
-            dev: CUdevice,
-        ) => memory::context::ctx_create_v3;
-        fn cuCtxCreate_v4(
-            pctx: *mut CUcontext,
-            params: *mut c_void,
-            flags: c_uint,
-            dev: CUdevice,
-        ) => memory::context::ctx_create_v4;
-        fn cuCtxDestroy_v2(ctx: CUcontext) => memory::context::ctx_destroy;
-        fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => memory::context::primary_ctx_retain;
-        fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => memory::context::primary_ctx_release;
-        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) => memory::mem_alloc;
-        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) => memory::mem_alloc_managed;
-        fn cuMemAllocPitch_v2(
-            dptr: *mut CUdeviceptr,
-            pitch: *mut usize,
-            width: usize,
-            height: usize,
-            element_size: c_uint,
-        ) => memory::mem_alloc_pitch;
-        fn cuMemFree_v2(dptr: CUdeviceptr) => memory::mem_free;
-        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::pool::mem_alloc_async;
-        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::pool::mem_alloc_async_ptsz;
-        fn cuMemAllocFromPoolAsync(
-            dptr: *mut CUdeviceptr,
-            bytesize: usize,
-            pool: CUmemoryPool,
-            stream: CUstream,
-        ) => memory::pool::mem_alloc_from_pool_async;
-        fn cuMemAllocFromPoolAsync_ptsz(
-            dptr: *mut CUdeviceptr,
-            bytesize: usize,
-            pool: CUmemoryPool,
-            stream: CUstream,
-        ) => memory::pool::mem_alloc_from_pool_async_ptsz;
-        fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => memory::pool::mem_free_async;
-        fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => memory::pool::mem_free_async_ptsz;
-        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => memory::pool::pool_create;
-        fn cuMemPoolDestroy(pool: CUmemoryPool) => memory::pool::pool_destroy;
-        fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) => memory::pool::pool_trim_to;
-        fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) => memory::pool::pool_set_attribute;
-        fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) => memory::graph::instantiate_with_flags;
-        fn cuGraphInstantiateWithParams(
-            exec: *mut CUgraphExec,
-            graph: CUgraph,
-            params: *mut c_void,
-        ) => memory::graph::instantiate_with_params;
-        fn cuGraphInstantiate_v2(
-            exec: *mut CUgraphExec,
-            graph: CUgraph,
-            error_node: *mut CUgraphNode,
-            log: *mut c_char,
-            log_size: usize,
-        ) => memory::graph::instantiate_v2;
-        fn cuGraphExecDestroy(exec: CUgraphExec) => memory::graph::exec_destroy;
-        fn cuDeviceGraphMemTrim(dev: CUdevice) => memory::graph::graph_mem_trim;
-        fn cuStreamSynchronize(stream: CUstream) => memory::pool::stream_synchronize;
-        fn cuStreamSynchronize_ptsz(stream: CUstream) => memory::pool::stream_synchronize_ptsz;
-        fn cuCtxSynchronize() => memory::pool::ctx_synchronize;
-        fn cuEventSynchronize(event: CUevent) => memory::pool::event_synchronize;
-        fn cuMemCreate(
-            handle: *mut CUmemGenericAllocationHandle,
-            size: usize,
-            prop: *const CUmemAllocationProp,
-            flags: u64,
-        ) => memory::vmm::mem_create;
-        fn cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::vmm::mem_release;
-        fn cuMemRetainAllocationHandle(
-            handle: *mut CUmemGenericAllocationHandle,
-            addr: *mut c_void,
-        ) => memory::vmm::retain_allocation_handle;
-        fn cuMemMap(
-            ptr: CUdeviceptr,
-            size: usize,
-            offset: usize,
-            handle: CUmemGenericAllocationHandle,
-            flags: u64,
-        ) => memory::vmm::mem_map;
-        fn cuMemUnmap(ptr: CUdeviceptr, size: usize) => memory::vmm::mem_unmap;
-        fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) => memory::array::array_create;
-        fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) => memory::array::array_3d_create;
-        fn cuMipmappedArrayCreate(
-            array: *mut CUmipmappedArray,
-            desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-            levels: c_uint,
-        ) => memory::array::mipmapped_array_create;
-        fn cuArrayDestroy(array: CUarray) => memory::array::array_destroy;
-        fn cuMipmappedArrayDestroy(array: CUmipmappedArray) => memory::array::mipmapped_array_destroy;
-        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::mem_get_info;
-        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::device_total_mem;
-        fn cuLaunchKernel(
-            f: CUfunction,
-            grid_x: c_uint,
-            grid_y: c_uint,
-            grid_z: c_uint,
-            block_x: c_uint,
-            block_y: c_uint,
-            block_z: c_uint,
-            shared_mem_bytes: c_uint,
-            stream: CUstream,
-            params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) => compute::launch_kernel;
-        fn cuLaunchKernel_ptsz(
-            f: CUfunction,
-            grid_x: c_uint,
-            grid_y: c_uint,
-            grid_z: c_uint,
-            block_x: c_uint,
-            block_y: c_uint,
-            block_z: c_uint,
-            shared_mem_bytes: c_uint,
-            stream: CUstream,
-            params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) => compute::launch_kernel_ptsz;
-        fn cuLaunchKernelEx(
-            config: *const CUlaunchConfig,
-            f: CUfunction,
-            params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) => compute::launch_kernel_ex;
-        fn cuLaunchKernelEx_ptsz(
-            config: *const CUlaunchConfig,
-            f: CUfunction,
-            params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) => compute::launch_kernel_ex_ptsz;
-        fn cuLaunchCooperativeKernel(
-            f: CUfunction,
-            grid_x: c_uint,
-            grid_y: c_uint,
-            grid_z: c_uint,
-            block_x: c_uint,
-            block_y: c_uint,
-            block_z: c_uint,
-            shared_mem_bytes: c_uint,
-            stream: CUstream,
-            params: *mut *mut c_void,
-        ) => compute::launch_cooperative_kernel;
-        fn cuLaunchCooperativeKernel_ptsz(
-            f: CUfunction,
-            grid_x: c_uint,
-            grid_y: c_uint,
-            grid_z: c_uint,
-            block_x: c_uint,
-            block_y: c_uint,
-            block_z: c_uint,
-            shared_mem_bytes: c_uint,
-            stream: CUstream,
-            params: *mut *mut c_void,
-        ) => compute::launch_cooperative_kernel_ptsz;
-        fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => compute::graph_launch;
-        fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => compute::graph_launch_ptsz;
+/// The function behind each hooked CUDA driver function (a missing name is
+/// a compile error).
+macro_rules! cuda_route {
+    (cuInit) => {
+        process::init_driver
+    };
+    (cuGetProcAddress) => {
+        get_proc_address
+    };
+    (cuGetProcAddress_v2) => {
+        get_proc_address_v2
+    };
+    (cuCtxCreate_v2) => {
+        memory::context::ctx_create
+    };
+    (cuCtxCreate_v3) => {
+        memory::context::ctx_create_v3
+    };
+    (cuCtxCreate_v4) => {
+        memory::context::ctx_create_v4
+    };
+    (cuCtxDestroy_v2) => {
+        memory::context::ctx_destroy
+    };
+    (cuDevicePrimaryCtxRetain) => {
+        memory::context::primary_ctx_retain
+    };
+    (cuDevicePrimaryCtxRelease_v2) => {
+        memory::context::primary_ctx_release
+    };
+    (cuMemAlloc_v2) => {
+        memory::alloc::mem_alloc
+    };
+    (cuMemAllocManaged) => {
+        memory::alloc::mem_alloc_managed
+    };
+    (cuMemAllocPitch_v2) => {
+        memory::alloc::mem_alloc_pitch
+    };
+    (cuMemFree_v2) => {
+        memory::alloc::mem_free
+    };
+    (cuMemAllocAsync) => {
+        memory::pool::mem_alloc_async
+    };
+    (cuMemAllocAsync_ptsz) => {
+        memory::pool::mem_alloc_async_ptsz
+    };
+    (cuMemAllocFromPoolAsync) => {
+        memory::pool::mem_alloc_from_pool_async
+    };
+    (cuMemAllocFromPoolAsync_ptsz) => {
+        memory::pool::mem_alloc_from_pool_async_ptsz
+    };
+    (cuMemFreeAsync) => {
+        memory::pool::mem_free_async
+    };
+    (cuMemFreeAsync_ptsz) => {
+        memory::pool::mem_free_async_ptsz
+    };
+    (cuMemPoolCreate) => {
+        memory::pool::pool_create
+    };
+    (cuMemPoolDestroy) => {
+        memory::pool::pool_destroy
+    };
+    (cuMemPoolTrimTo) => {
+        memory::pool::pool_trim_to
+    };
+    (cuMemPoolSetAttribute) => {
+        memory::pool::pool_set_attribute
+    };
+    (cuGraphInstantiateWithFlags) => {
+        memory::graph::instantiate_with_flags
+    };
+    (cuGraphInstantiateWithParams) => {
+        memory::graph::instantiate_with_params
+    };
+    (cuGraphInstantiate_v2) => {
+        memory::graph::instantiate_v2
+    };
+    (cuGraphExecDestroy) => {
+        memory::graph::exec_destroy
+    };
+    (cuDeviceGraphMemTrim) => {
+        memory::graph::graph_mem_trim
+    };
+    (cuStreamSynchronize) => {
+        memory::pool::stream_synchronize
+    };
+    (cuStreamSynchronize_ptsz) => {
+        memory::pool::stream_synchronize_ptsz
+    };
+    (cuCtxSynchronize) => {
+        memory::pool::ctx_synchronize
+    };
+    (cuEventSynchronize) => {
+        memory::pool::event_synchronize
+    };
+    (cuMemCreate) => {
+        memory::vmm::mem_create
+    };
+    (cuMemRelease) => {
+        memory::vmm::mem_release
+    };
+    (cuMemRetainAllocationHandle) => {
+        memory::vmm::retain_allocation_handle
+    };
+    (cuMemMap) => {
+        memory::vmm::mem_map
+    };
+    (cuMemUnmap) => {
+        memory::vmm::mem_unmap
+    };
+    (cuArrayCreate_v2) => {
+        memory::array::array_create
+    };
+    (cuArray3DCreate_v2) => {
+        memory::array::array_3d_create
+    };
+    (cuMipmappedArrayCreate) => {
+        memory::array::mipmapped_array_create
+    };
+    (cuArrayDestroy) => {
+        memory::array::array_destroy
+    };
+    (cuMipmappedArrayDestroy) => {
+        memory::array::mipmapped_array_destroy
+    };
+    (cuMemGetInfo_v2) => {
+        memory::info::mem_get_info
+    };
+    (cuDeviceTotalMem_v2) => {
+        memory::info::device_total_mem
+    };
+    (cuLaunchKernel) => {
+        compute::launch::launch_kernel
+    };
+    (cuLaunchKernel_ptsz) => {
+        compute::launch::launch_kernel_ptsz
+    };
+    (cuLaunchKernelEx) => {
+        compute::launch::launch_kernel_ex
+    };
+    (cuLaunchKernelEx_ptsz) => {
+        compute::launch::launch_kernel_ex_ptsz
+    };
+    (cuLaunchCooperativeKernel) => {
+        compute::launch::launch_cooperative_kernel
+    };
+    (cuLaunchCooperativeKernel_ptsz) => {
+        compute::launch::launch_cooperative_kernel_ptsz
+    };
+    (cuGraphLaunch) => {
+        compute::launch::graph_launch
+    };
+    (cuGraphLaunch_ptsz) => {
+        compute::launch::graph_launch_ptsz
+    };
+}
+
+cuda_api!(hook_exports route cuda_route;);
+
+/// `cuGetProcAddress` (CUDA 11.3+), substituting our exports.
+///
+/// # Safety
+///
+/// As for `cuGetProcAddress`.
+unsafe fn get_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: cuuint64_t,
+) -> CUresult {
+    // SAFETY: the caller's arguments, as documented.
+    unsafe { proc_address::get_proc_address(symbol, pfn, cuda_version, flags, ours) }
+}
+
+/// `cuGetProcAddress_v2` (CUDA 12+), substituting our exports.
+///
+/// # Safety
+///
+/// As for `cuGetProcAddress_v2`.
+unsafe fn get_proc_address_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: cuuint64_t,
+    symbol_status: *mut CUdriverProcAddressQueryResult,
+) -> CUresult {
+    // SAFETY: the caller's arguments, as documented.
+    unsafe {
+        proc_address::get_proc_address_v2(symbol, pfn, cuda_version, flags, symbol_status, ours)
     }
-    called {
-        fn cuCtxGetDevice(*mut CUdevice);
-        fn cuCtxGetCurrent(*mut CUcontext);
-        fn cuCtxGetId(CUcontext, *mut u64);
-        fn cuEventCreate(*mut CUevent, c_uint);
-        fn cuEventRecord(CUevent, CUstream);
-        fn cuEventRecord_ptsz(CUevent, CUstream);
-        fn cuEventQuery(CUevent);
-        fn cuEventElapsedTime(*mut f32, CUevent, CUevent);
-        fn cuStreamIsCapturing(CUstream, *mut c_int);
-        fn cuStreamIsCapturing_ptsz(CUstream, *mut c_int);
-        fn cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void);
-        fn cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice);
-        fn cuGraphGetNodes(CUgraph, *mut CUgraphNode, *mut usize);
-        fn cuGraphNodeGetType(CUgraphNode, *mut c_int);
-        fn cuGraphMemAllocNodeGetParams(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS);
-        fn cuGraphChildGraphNodeGetGraph(CUgraphNode, *mut CUgraph);
-        fn cuDeviceGetGraphMemAttribute(CUdevice, c_int, *mut c_void);
-        fn cuDeviceGetCount(*mut c_int);
-        fn cuDeviceGet(*mut CUdevice, c_int);
-        fn cuDeviceGetUuid(*mut [u8; 16], CUdevice);
-        fn cuDeviceGetUuid_v2(*mut [u8; 16], CUdevice);
-    }
+}
+
+/// Our export for the real driver function at `real`, if we hook it.
+fn ours(real: *mut c_void) -> Option<*mut c_void> {
+    driver().fns.hook_for_real(real)
 }
 
 #[cfg(test)]
@@ -255,11 +253,12 @@ mod tests {
         unsafe extern "C" fn fake_free(_: CUdeviceptr) -> CUresult {
             0
         }
-        let fns = <RealFns as crate::driver::Table>::resolve(|name| match name.to_bytes() {
-            b"cuMemAlloc_v2" => fake_alloc as *mut c_void,
-            b"cuMemFree_v2" => fake_free as *mut c_void,
-            _ => std::ptr::null_mut(),
-        });
+        let fns =
+            <RealFns as crate::driver::library::Table>::resolve(|name| match name.to_bytes() {
+                b"cuMemAlloc_v2" => fake_alloc as *mut c_void,
+                b"cuMemFree_v2" => fake_free as *mut c_void,
+                _ => std::ptr::null_mut(),
+            });
         assert!(fns.cuMemAlloc_v2.is_some() && fns.cuInit.is_none());
         assert_eq!(
             fns.hook_for_real(fake_alloc as *mut c_void),

@@ -20,8 +20,10 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
-use crate::driver::{DlsymFn, driver_unless_loading, nvml_unless_loading, real_dlsym};
-use crate::enforce::{State, state};
+use crate::driver::cuda::driver_unless_loading;
+use crate::driver::library::{DlsymFn, real_dlsym};
+use crate::driver::nvml::nvml_unless_loading;
+use crate::policy::process::{State, state};
 
 /// What the trampoline does: return `found` if non-NULL, else jump to `real`.
 #[repr(C)]
@@ -55,11 +57,11 @@ fn hook(handle: *mut c_void, symbol: *const c_char, caller: *const c_void) -> Op
     let ours = |library_handle: usize, library_contains: &dyn Fn(*const c_void) -> bool| {
         library_handle == handle as usize && !library_contains(caller)
     };
-    let hook = if let Some(hook) = crate::hooks::hook_for(name) {
+    let hook = if let Some(hook) = crate::exports::cuda::hook_for(name) {
         let driver = driver_unless_loading()?;
         ours(driver.handle, &|a| driver.contains(a)).then_some(hook)?
     } else {
-        let hook = crate::nvml::hook_for(name)?;
+        let hook = crate::exports::nvml::hook_for(name)?;
         let nvml = nvml_unless_loading()?;
         ours(nvml.handle, &|a| nvml.contains(a)).then_some(hook)?
     };

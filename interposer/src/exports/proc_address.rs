@@ -9,28 +9,34 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use crate::enforce::{State, state};
+use crate::policy::process::{State, state};
 use crate::sys::{CUDA_SUCCESS, CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
-/// Replaces `*pfn` by our hook for the same function, when we hook it.
+/// Replaces `*pfn` by our hook for the same function (`ours`), when we hook
+/// it.
 ///
 /// # Safety
 ///
 /// `pfn` is NULL or valid for reads and writes.
-unsafe fn substitute(rc: CUresult, pfn: *mut *mut c_void) -> CUresult {
+unsafe fn substitute(
+    rc: CUresult,
+    pfn: *mut *mut c_void,
+    ours: impl Fn(*mut c_void) -> Option<*mut c_void>,
+) -> CUresult {
     if rc != CUDA_SUCCESS || pfn.is_null() || matches!(state(), State::Disabled) {
         return rc;
     }
     // SAFETY: non-NULL, and the driver just wrote it (caller's contract).
     let found = unsafe { *pfn };
-    if let Some(hook) = crate::driver::driver().fns.hook_for_real(found) {
+    if let Some(hook) = ours(found) {
         // SAFETY: as above.
         unsafe { *pfn = hook };
     }
     rc
 }
 
-/// `cuGetProcAddress` (CUDA 11.3+).
+/// `cuGetProcAddress` (CUDA 11.3+); `ours` finds our export for a real
+/// function.
 ///
 /// # Safety
 ///
@@ -40,10 +46,11 @@ pub(crate) unsafe fn get_proc_address(
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: cuuint64_t,
+    ours: impl Fn(*mut c_void) -> Option<*mut c_void>,
 ) -> CUresult {
     let rc = real!(cuGetProcAddress(symbol, pfn, cuda_version, flags));
     // SAFETY: `pfn` is the caller's, valid per cuGetProcAddress's contract.
-    unsafe { substitute(rc, pfn) }
+    unsafe { substitute(rc, pfn, ours) }
 }
 
 /// `cuGetProcAddress_v2` (CUDA 12+), with its `symbolStatus` untouched.
@@ -57,6 +64,7 @@ pub(crate) unsafe fn get_proc_address_v2(
     cuda_version: c_int,
     flags: cuuint64_t,
     symbol_status: *mut CUdriverProcAddressQueryResult,
+    ours: impl Fn(*mut c_void) -> Option<*mut c_void>,
 ) -> CUresult {
     let rc = real!(cuGetProcAddress_v2(
         symbol,
@@ -66,5 +74,5 @@ pub(crate) unsafe fn get_proc_address_v2(
         symbol_status
     ));
     // SAFETY: `pfn` is the caller's, valid per cuGetProcAddress_v2's contract.
-    unsafe { substitute(rc, pfn) }
+    unsafe { substitute(rc, pfn, ours) }
 }

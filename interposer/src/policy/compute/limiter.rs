@@ -1,64 +1,29 @@
-//! Compute limits: `CUDA_DEVICE_SM_LIMIT` on every launch path.
-//!
-//! The container has one budget per device in the shared region: a token
-//! bucket counted in nanoseconds of GPU time. It is refilled at `limit` % of
-//! wall time (whichever process launches next credits the time since the
-//! last refill, once) and capped at [`CAP_NS`]. A launch waits while the
-//! budget is negative, then is charged an estimate of its duration; the
-//! launch is bracketed by two events on its stream, and once they have
-//! completed the estimate is replaced by the measured time between them. The
-//! limit is therefore a share of measured GPU time: nothing depends on the
-//! SM count, the grid size or how many processes launch (HAMi-core's bucket
-//! counted blocks and was tuned with the SM count squared).
-//!
-//! Events also measure the time a launch waited for the device behind other
-//! processes' work; where NVML reports per-process utilisation, each process
-//! corrects its charges to its own GPU time every 100 ms ([`usage`]).
-//!
-//! Estimates are per kernel (or graph) handle, falling back to the device's
-//! running average; until the first launch on a device has been measured,
-//! launches wait for the one in flight, so a burst cannot run ahead of the
-//! budget. Work being captured into a graph is not charged: the graph is
-//! charged when it is launched.
-//!
-//! Task priority: every launch through the limiter records its time and
-//! device in the process's slot; while the node agent holds the device (a
-//! higher-priority container is active on its GPU, see
-//! `tessera_vgpu_region::priority`), limited launches wait.
-//!
-//! Cost: with no compute limit (unset, 0, 100, `CUDA_DISABLE_CONTROL`, or
-//! policy `disable`) and low priority a launch loads one process-wide atomic
-//! ([`MODE`]) and calls the driver. With a limit each launch also reads the
-//! current context, records its time, asks whether the stream is capturing,
-//! records two events and polls earlier launches' events.
+//! The compute limiter: a token bucket per device in the region, refilled
+//! at the limit's share of wall time; a launch waits while the budget is
+//! negative, is charged an estimate, and is measured by two events (see the
+//! module docs of `policy/compute`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tessera_api::env::CoreUtilizationPolicy;
 use tessera_vgpu_region::{MAX_DEVICES, Priority, Region, Sharing, SlotId};
 
-use crate::driver::driver;
-use crate::enforce::{State, state};
+use crate::driver::cuda::driver;
+use crate::driver::queries::current_device;
 use crate::log::{INFO, WARN};
-use crate::memory::current_device;
+use crate::policy::compute::usage::Usage;
 use crate::sys::{
-    CU_EVENT_DEFAULT, CU_STREAM_CAPTURE_STATUS_NONE, CUDA_ERROR_NOT_INITIALIZED,
-    CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUevent, CUresult, CUstream,
+    CU_EVENT_DEFAULT, CU_STREAM_CAPTURE_STATUS_NONE, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext,
+    CUevent, CUresult, CUstream,
 };
-
-mod exports;
-mod usage;
-
-pub(crate) use exports::*;
-use usage::Usage;
 
 /// The most GPU time a container can save up while it launches nothing: what
 /// it may then run at full speed before the limit bites again.
-pub const CAP_NS: i64 = 50_000_000;
+pub(crate) const CAP_NS: i64 = 50_000_000;
 /// Shortest and longest sleep while waiting for budget: the budget is checked
 /// again after each (other processes may have refilled or measured).
 const MIN_WAIT_NS: u64 = 50_000;
@@ -67,61 +32,6 @@ const MAX_WAIT_NS: u64 = 20_000_000;
 const BOOTSTRAP_POLL_NS: u64 = 200_000;
 /// How long a held launch sleeps before it looks at the hold again.
 const HOLD_POLL_NS: u64 = 2_000_000;
-
-/// Not configured yet: the first launch sets the process up.
-const UNKNOWN: u8 = 0;
-/// No compute limit in this process: launches go straight to the driver.
-const OFF: u8 = 1;
-/// A limiter exists (some device has a limit the policy applies).
-const ON: u8 = 2;
-
-/// What launches do, in one process-wide byte: the fast path's one load.
-static MODE: AtomicU8 = AtomicU8::new(UNKNOWN);
-
-/// Records what launches must do once the process state is known.
-pub(crate) fn set_mode(state: &State) {
-    let mode = match state {
-        State::Enforcing(enforcer) if enforcer.limiter().is_some() => ON,
-        // A refused process answers from the slow path.
-        State::Refused => ON,
-        State::Disabled | State::Enforcing(_) => OFF,
-    };
-    MODE.store(mode, Ordering::Relaxed);
-}
-
-/// Runs a launch (`call`) on `stream`, throttled when a compute limit applies.
-#[inline(always)]
-fn launch(
-    stream: CUstream,
-    handle: *mut c_void,
-    per_thread: bool,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    if MODE.load(Ordering::Relaxed) == OFF {
-        return call();
-    }
-    limited(stream, handle, per_thread, call)
-}
-
-#[cold]
-fn limited(
-    stream: CUstream,
-    handle: *mut c_void,
-    per_thread: bool,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    match state() {
-        State::Refused => CUDA_ERROR_NOT_INITIALIZED,
-        State::Disabled => call(),
-        State::Enforcing(enforcer) => match enforcer.limiter() {
-            Some((limiter, region)) => {
-                let slot = enforcer.own_slot();
-                limiter.launch(region, slot, stream, handle, per_thread, call)
-            }
-            None => call(),
-        },
-    }
-}
 
 /// A launch whose events have not been read yet.
 struct Pending {
@@ -136,7 +46,7 @@ struct Pending {
 }
 
 /// Per-process state of the compute limiter.
-pub struct Limiter {
+pub(crate) struct Limiter {
     percent: [u8; MAX_DEVICES],
     policy: CoreUtilizationPolicy,
     inner: Mutex<Inner>,
@@ -190,7 +100,9 @@ impl Limiter {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn launch(
+    /// Runs a launch (`call`) on `stream` under device `dev`'s limit: waits for
+    /// budget, charges an estimate, and brackets it with events to measure it.
+    pub(crate) fn launch(
         &self,
         region: &Region,
         slot: Option<SlotId>,
@@ -455,17 +367,5 @@ mod tests {
             assert_eq!(limiter.percent()[3], 30);
             assert_eq!(limiter.percent()[0], 0);
         }
-    }
-
-    #[test]
-    fn launches_pass_straight_through_once_the_mode_is_off() {
-        // The fast path: with MODE off, the driver call is made and nothing else.
-        MODE.store(OFF, Ordering::Relaxed);
-        let mut called = 0;
-        let rc = launch(std::ptr::null_mut(), std::ptr::null_mut(), false, || {
-            called += 1;
-            7
-        });
-        assert_eq!((rc, called), (7, 1));
     }
 }

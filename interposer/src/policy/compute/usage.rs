@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tessera_vgpu_region::{MAX_DEVICES, Region, SlotId};
 
+use crate::accounting::pids::in_host_pid_namespace;
 use crate::log::INFO;
-use crate::nvml::procs::in_host_pid_namespace;
 use crate::sys::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND, NVML_SUCCESS,
     nvmlProcessUtilizationSample_t,
@@ -199,8 +199,8 @@ impl Usage {
             slot.and_then(|slot| region.host_pid(slot))
                 .ok_or("this process's host pid is unknown")?
         };
-        let device = crate::devices::nvml_device(dev).ok_or("no NVML device for it")?;
-        if crate::driver::nvml()
+        let device = crate::driver::devices::nvml_device(dev).ok_or("no NVML device for it")?;
+        if crate::driver::nvml::nvml()
             .fns
             .nvmlDeviceGetProcessUtilization
             .is_none()

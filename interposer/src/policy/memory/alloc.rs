@@ -1,41 +1,16 @@
-//! Memory hooks: reserve in the shared region before the driver allocates,
-//! release on failure and on free, and report the container's slice.
+//! Device memory from `cuMemAlloc_v2`, `cuMemAllocManaged` and
+//! `cuMemAllocPitch_v2`: reserved in the shared region before the driver
+//! allocates, released on failure and on free (and the release helpers the
+//! other allocation kinds share).
 
 use std::ffi::c_uint;
 
-use crate::enforce::{Key, State, state};
+use crate::accounting::keys::Key;
+use crate::driver::queries::current_device;
+use crate::policy::process::{State, state};
 use crate::sys::{
-    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult, PITCH_ALIGNMENT,
-    granular,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdeviceptr, CUresult, PITCH_ALIGNMENT, granular,
 };
-
-pub(crate) mod array;
-pub(crate) mod context;
-pub(crate) mod graph;
-pub(crate) mod pool;
-pub(crate) mod vmm;
-
-/// `cuInit`: sets the process up (so a bad configuration fails here, loudly)
-/// and initialises the real driver.
-///
-/// # Safety
-///
-/// None beyond `cuInit`'s.
-pub(crate) unsafe fn init(flags: c_uint) -> CUresult {
-    match state() {
-        State::Refused => CUDA_ERROR_NOT_INITIALIZED,
-        State::Disabled | State::Enforcing(_) => real!(cuInit(flags)),
-    }
-}
-
-/// The device of the calling thread's current context.
-pub(crate) fn current_device() -> Result<CUdevice, CUresult> {
-    let mut dev: CUdevice = 0;
-    match real!(cuCtxGetDevice(&mut dev)) {
-        CUDA_SUCCESS => Ok(dev),
-        rc => Err(rc),
-    }
-}
 
 /// Charges `bytes` (the caller rounds them to what the driver takes) to the
 /// current context's device around `call`, a driver allocation that writes
@@ -175,73 +150,4 @@ fn free_pointer(key: Key) {
 /// None beyond `cuMemFree_v2`'s.
 pub(crate) unsafe fn mem_free(dptr: CUdeviceptr) -> CUresult {
     release_pointer(dptr, || real!(cuMemFree_v2(dptr)))
-}
-
-/// `cuMemGetInfo_v2`: with a limit on the current device, `total` is the
-/// limit and `free` is the limit minus what the container holds (never
-/// below zero), so `free + used == total`. Without one, the driver's values.
-///
-/// The real driver is called first with the caller's pointers, so NULL
-/// arguments get exactly the driver's answer; only non-NULL outputs of a
-/// successful call are rewritten.
-///
-/// # Safety
-///
-/// `free` and `total` as for `cuMemGetInfo_v2`.
-pub(crate) unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
-    let rc = match state() {
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        _ => real!(cuMemGetInfo_v2(free, total)),
-    };
-    let State::Enforcing(enforcer) = state() else {
-        return rc;
-    };
-    if rc != CUDA_SUCCESS {
-        return rc;
-    }
-    let Ok(dev) = current_device() else {
-        return rc;
-    };
-    if let Some(limit) = enforcer.limit(dev) {
-        let used = enforcer.used(dev).min(limit);
-        // SAFETY: the driver accepted these pointers; each is written only if non-NULL.
-        unsafe {
-            if !total.is_null() {
-                *total = usize::try_from(limit).unwrap_or(usize::MAX);
-            }
-            if !free.is_null() {
-                *free = usize::try_from(limit - used).unwrap_or(usize::MAX);
-            }
-        }
-    }
-    rc
-}
-
-/// `cuDeviceTotalMem_v2`: the device's limit when it has one.
-///
-/// # Safety
-///
-/// `bytes` as for `cuDeviceTotalMem_v2`.
-pub(crate) unsafe fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let rc = match state() {
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        _ => real!(cuDeviceTotalMem_v2(bytes, dev)),
-    };
-    if let (CUDA_SUCCESS, State::Enforcing(enforcer)) = (rc, state())
-        && let Some(limit) = enforcer.limit(dev)
-        && !bytes.is_null()
-    {
-        // SAFETY: the driver wrote through this non-NULL pointer just now.
-        unsafe { *bytes = usize::try_from(limit).unwrap_or(usize::MAX) };
-    }
-    rc
-}
-
-/// What the driver holds for store `id` (see `enforce/stores.rs`), `None`
-/// when it cannot say.
-pub(crate) fn store_held(id: crate::enforce::StoreId) -> Option<u64> {
-    match id {
-        crate::enforce::StoreId::Pool(pool) => pool::held(pool),
-        crate::enforce::StoreId::Graph(dev) => graph::held(dev),
-    }
 }

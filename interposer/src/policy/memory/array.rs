@@ -2,8 +2,10 @@
 //! [`footprint`] to the current context's device, and returned by
 //! `cuArrayDestroy` and `cuMipmappedArrayDestroy`.
 
-use crate::enforce::{Key, State, state};
-use crate::memory::{current_device, release_key};
+use crate::accounting::keys::Key;
+use crate::driver::queries::current_device;
+use crate::policy::memory::alloc::release_key;
+use crate::policy::process::{State, state};
 use crate::sys::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_DEFERRED_MAPPING,
     CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_SPARSE, CUDA_ERROR_NOT_INITIALIZED,

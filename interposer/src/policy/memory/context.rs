@@ -33,9 +33,12 @@ use std::sync::{Mutex, MutexGuard};
 
 use tessera_vgpu_region::MAX_DEVICES;
 
-use crate::enforce::{Enforcer, Key, State, state};
+use crate::accounting::enforcer::Enforcer;
+use crate::accounting::keys::Key;
+use crate::driver::queries::current_device;
 use crate::log::{DEBUG, WARN};
-use crate::memory::{current_device, release_key};
+use crate::policy::memory::alloc::release_key;
+use crate::policy::process::{State, state};
 use crate::sys::{
     CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUcontext, CUdevice, CUresult,
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t,
@@ -85,7 +88,7 @@ impl Contexts {
     /// process's usage from NVML, else the device's from `cuMemGetInfo_v2`
     /// (a current context on `dev`), else the device's from NVML.
     fn gauge(&mut self, enforcer: &Enforcer, dev: CUdevice) -> Option<Gauge> {
-        let fns = &crate::driver::nvml().fns;
+        let fns = &crate::driver::nvml::nvml().fns;
         let nvml = *self.nvml.get_or_insert_with(|| {
             fns.nvmlInit_v2.is_some()
                 && fns.nvmlDeviceGetHandleByIndex_v2.is_some()
@@ -95,7 +98,7 @@ impl Contexts {
         // the NVML index equal to the ordinal.
         let device = nvml
             .then(|| {
-                crate::devices::nvml_device(usize::try_from(dev).ok()?).or_else(|| {
+                crate::driver::devices::nvml_device(usize::try_from(dev).ok()?).or_else(|| {
                     let index = c_uint::try_from(dev).ok()?;
                     let mut device: nvmlDevice_t = std::ptr::null_mut();
                     (real_nvml!(nvmlDeviceGetHandleByIndex_v2(index, &mut device)) == NVML_SUCCESS)
@@ -356,7 +359,7 @@ pub(crate) unsafe fn primary_ctx_release(dev: CUdevice) -> CUresult {
 /// host's pid namespace, else the slot's `host_pid` once the node agent
 /// wrote it; `None` when unknown.
 fn host_pid(enforcer: &Enforcer) -> Option<u32> {
-    if crate::nvml::procs::in_host_pid_namespace() {
+    if crate::accounting::pids::in_host_pid_namespace() {
         return Some(std::process::id());
     }
     let pid = std::process::id();
@@ -373,7 +376,7 @@ fn host_pid(enforcer: &Enforcer) -> Option<u32> {
 /// not listed, i.e. has no context there yet), from the compute process
 /// list; `None` when NVML cannot say.
 fn process_used(device: nvmlDevice_t, pid: u32) -> Option<u64> {
-    let fns = &crate::driver::nvml().fns;
+    let fns = &crate::driver::nvml::nvml().fns;
     let mut infos = vec![nvmlProcessInfo_t::default(); 64];
     for _ in 0..2 {
         let mut count = infos.len() as c_uint;

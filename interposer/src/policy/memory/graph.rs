@@ -17,7 +17,7 @@
 //! not follow an executable that outlives its graph; charging at launch
 //! would need a hook on the launch path.
 //!
-//! Each device's graph memory is a store (`enforce/stores.rs`): executables
+//! Each device's graph memory is a store (`accounting/stores.rs`): executables
 //! are its live bytes; what the driver reports it reserves
 //! (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`) is charged while it exceeds
 //! them, e.g. after an executable is destroyed until the memory is trimmed,
@@ -25,32 +25,23 @@
 
 use tessera_vgpu_region::MAX_DEVICES;
 
-use crate::enforce::{Key, State, StoreId, state};
+use crate::accounting::keys::Key;
+use crate::accounting::stores::StoreId;
 use crate::log::DEBUG;
+use crate::policy::process::{State, state};
 use crate::sys::{
-    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_MEM_ALLOC_NODE_PARAMS,
-    CUDA_SUCCESS, CUdevice, CUgraph, CUgraphExec, CUgraphNode, CUresult, granular,
+    CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_MEM_LOCATION_TYPE_DEVICE,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_SUCCESS, CUdevice, CUgraph,
+    CUgraphExec, CUgraphNode, CUresult, granular,
 };
 
 /// Child graphs deeper than this are not followed (the driver nests few).
 const MAX_DEPTH: usize = 16;
 
-/// Bytes the driver reserves for graph allocations on `dev`.
-pub(crate) fn held(dev: usize) -> Option<u64> {
-    let mut bytes: u64 = 0;
-    let rc = real!(cuDeviceGetGraphMemAttribute(
-        dev as CUdevice,
-        CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
-        (&raw mut bytes).cast(),
-    ));
-    (rc == CUDA_SUCCESS).then_some(bytes)
-}
-
 /// Adds the allocation nodes of `graph` (and its child graphs) to `per_dev`,
 /// each in whole granules.
 fn walk(graph: CUgraph, depth: usize, per_dev: &mut [u64; MAX_DEVICES]) {
-    let fns = &crate::driver::driver().fns;
+    let fns = &crate::driver::cuda::driver().fns;
     if depth > MAX_DEPTH
         || fns.cuGraphGetNodes.is_none()
         || fns.cuGraphNodeGetType.is_none()

@@ -1,6 +1,6 @@
 //! Stream-ordered allocations and memory pools.
 //!
-//! Every pool is a store (`enforce/stores.rs`): an allocation is charged in
+//! Every pool is a store (`accounting/stores.rs`): an allocation is charged in
 //! whole granules when it is enqueued, first from what the pool already
 //! holds beyond its live allocations; a free leaves its bytes charged to the
 //! pool, which keeps them (up to its release threshold) until the driver
@@ -22,29 +22,20 @@ use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::Mutex;
 
-use crate::enforce::{Key, State, StoreId, state};
-use crate::memory::{current_device, release_pointer};
+use crate::accounting::keys::Key;
+use crate::accounting::stores::StoreId;
+use crate::driver::queries::current_device;
+use crate::policy::memory::alloc::release_pointer;
+use crate::policy::process::{State, state};
 use crate::sys::{
-    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-    CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_PER_THREAD, CUDA_ERROR_NOT_INITIALIZED,
-    CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUevent, CUmemPoolProps,
-    CUmemoryPool, CUresult, CUstream, granular,
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_PER_THREAD,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUdeviceptr,
+    CUevent, CUmemPoolProps, CUmemoryPool, CUresult, CUstream, granular,
 };
 
 /// Pools this process created: handle → the device they are on (`None`: a
 /// location that is not device memory, e.g. host, which is not charged).
 static POOLS: Mutex<Option<HashMap<u64, Option<CUdevice>>>> = Mutex::new(None);
-
-/// Bytes the driver says pool `pool` holds.
-pub(crate) fn held(pool: u64) -> Option<u64> {
-    let mut bytes: u64 = 0;
-    let rc = real!(cuMemPoolGetAttribute(
-        pool as CUmemoryPool,
-        CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-        (&raw mut bytes).cast(),
-    ));
-    (rc == CUDA_SUCCESS).then_some(bytes)
-}
 
 /// Whether `stream` is being captured into a graph.
 fn capturing(stream: CUstream, per_thread: bool) -> bool {

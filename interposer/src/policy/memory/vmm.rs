@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use crate::enforce::{Key, State, state};
+use crate::accounting::keys::Key;
+use crate::policy::process::{State, state};
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdeviceptr,
     CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult,

@@ -1,52 +1,16 @@
-//! NVML hooks: `nvmlDeviceGetMemoryInfo(_v2)` report the container's slice,
-//! so `nvidia-smi` and NVML-based tools inside the container see the limit,
-//! and the process queries list only the container's processes
-//! ([`procs`]).
+//! `nvmlDeviceGetMemoryInfo(_v2)` report the container's slice, so
+//! `nvidia-smi` and NVML-based tools inside the container see the limit.
 //!
 //! An NVML device is matched to the limit of its CUDA ordinal by UUID
-//! ([`crate::devices`]): NVML enumerates in PCI order, CUDA (by default)
+//! (`driver/devices.rs`): NVML enumerates in PCI order, CUDA (by default)
 //! fastest first.
 
-use std::ffi::{c_char, c_uint};
-
-use crate::devices::{Ordinal, cuda_ordinal};
-use crate::enforce::{State, state};
+use crate::driver::devices::{Ordinal, cuda_ordinal};
+use crate::policy::process::{State, state};
 use crate::sys::{
     NVML_ERROR_UNINITIALIZED, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t,
-    nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
+    nvmlReturn_t,
 };
-
-pub(crate) mod procs;
-
-driver_api! {
-    returns nvmlReturn_t;
-    hooked {
-        fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) => memory_info;
-        fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) => memory_info_v2;
-        fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => procs::compute_processes;
-        fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::compute_processes_v2;
-        fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::compute_processes_v3;
-        fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => procs::graphics_processes;
-        fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::graphics_processes_v2;
-        fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::graphics_processes_v3;
-        fn nvmlDeviceGetMPSComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => procs::mps_processes;
-        fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::mps_processes_v2;
-        fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) => procs::mps_processes_v3;
-        fn nvmlDeviceGetProcessUtilization(
-            device: nvmlDevice_t,
-            samples: *mut nvmlProcessUtilizationSample_t,
-            count: *mut c_uint,
-            last_seen: u64,
-        ) => procs::process_utilization;
-    }
-    called {
-        fn nvmlDeviceGetIndex(nvmlDevice_t, *mut c_uint);
-        fn nvmlInit_v2();
-        fn nvmlDeviceGetHandleByIndex_v2(c_uint, *mut nvmlDevice_t);
-        fn nvmlDeviceGetUUID(nvmlDevice_t, *mut c_char, c_uint);
-        fn nvmlDeviceGetHandleByUUID(*const c_char, *mut nvmlDevice_t);
-    }
-}
 
 /// The device's limit and the container's usage on it, `None` without a
 /// limit (the real values then pass through).
@@ -69,7 +33,7 @@ fn slice(device: nvmlDevice_t) -> Option<(u64, u64)> {
 /// # Safety
 ///
 /// `memory` as for `nvmlDeviceGetMemoryInfo`.
-unsafe fn memory_info(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
+pub(crate) unsafe fn memory_info(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
     if matches!(state(), State::Refused) {
         return NVML_ERROR_UNINITIALIZED;
     }
@@ -93,7 +57,10 @@ unsafe fn memory_info(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlRe
 /// # Safety
 ///
 /// `memory` as for `nvmlDeviceGetMemoryInfo_v2`.
-unsafe fn memory_info_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+pub(crate) unsafe fn memory_info_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
     if matches!(state(), State::Refused) {
         return NVML_ERROR_UNINITIALIZED;
     }

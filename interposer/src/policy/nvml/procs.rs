@@ -18,29 +18,16 @@
 //! `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
 
 use std::ffi::c_uint;
-use std::sync::OnceLock;
 
 use tessera_vgpu_region::process_alive;
 
-use crate::enforce::{State, state};
+use crate::accounting::pids::in_host_pid_namespace;
+use crate::policy::process::{State, state};
 use crate::sys::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND, NVML_ERROR_UNINITIALIZED, NVML_SUCCESS,
     nvmlDevice_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessUtilizationSample_t,
     nvmlReturn_t,
 };
-
-/// `PROC_PID_INIT_INO`: the inode of the initial (host) pid namespace.
-const INIT_PID_NAMESPACE: &str = "pid:[4026531836]";
-
-/// Whether this process runs in the host's pid namespace, where its pids are
-/// the ones the driver reports.
-pub(crate) fn in_host_pid_namespace() -> bool {
-    static HOST: OnceLock<bool> = OnceLock::new();
-    *HOST.get_or_init(|| {
-        std::fs::read_link("/proc/self/ns/pid")
-            .is_ok_and(|link| link.as_os_str() == INIT_PID_NAMESPACE)
-    })
-}
 
 /// The container's processes as the driver knows them (host pids), `None`
 /// when there is no region to tell them by.
