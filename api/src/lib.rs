@@ -9,6 +9,8 @@
 //!   with HAMi's rules; shared by the webhook, the scheduler and the node agent.
 //! - [`node_config`]: which GpuNodeConfigs select a node and the settings that result.
 //! - [`crds`]: the CustomResourceDefinitions generated from the types.
+//! - `testing` (feature `testing`): builders for the custom resources in
+//!   tests and benchmarks.
 
 pub mod env;
 mod error;
@@ -22,6 +24,8 @@ pub mod node_config;
 mod quantity;
 #[cfg(feature = "kube")]
 pub mod request;
+#[cfg(feature = "testing")]
+pub mod testing;
 #[cfg(feature = "kube")]
 pub mod v1alpha1;
 

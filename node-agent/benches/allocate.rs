@@ -13,14 +13,11 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api,
-    api::{ObjectMeta, PostParams},
-};
+use kube::{Api, api::PostParams};
 use serde_json::json;
-use tessera_api::v1alpha1::{
-    AllocationTotals, ContainerAllocation, DeviceSlice, NodeLock, NodeLockSpec, PodReference,
-    SchedulingPolicy, VgpuAllocation, VgpuAllocationSpec,
+use tessera_api::{
+    testing,
+    v1alpha1::{DeviceSlice, NodeLock, VgpuAllocation},
 };
 use tessera_deviceplugin::{
     connect_unix,
@@ -125,35 +122,15 @@ async fn main() {
         let name = format!("bench-{round}");
         let uid = format!("uid-{round}");
         let gpu = format!("GPU-bench-{}", round % GPUS);
-        let containers = vec![ContainerAllocation {
-            priority: None,
-            name: "main".into(),
-            devices: vec![DeviceSlice {
-                uuid: gpu.clone(),
-                index: u32::try_from(round % GPUS).unwrap(),
-                model: "NVIDIA H100 80GB HBM3".into(),
-                memory_mib: 1000,
-                cores: 10,
-            }],
-        }];
-        let mut allocation = VgpuAllocation::new(
-            &name,
-            VgpuAllocationSpec {
-                pod_name: name.clone(),
-                pod_uid: uid.clone(),
-                node_name: NODE.into(),
-                totals: AllocationTotals::of(&containers),
-                containers,
-                gpu_policy: SchedulingPolicy::Spread,
-                node_policy: SchedulingPolicy::Binpack,
-                trace_context: None,
-            },
-        );
-        allocation.metadata = ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        };
+        let allocation = testing::allocation(&name, &uid, NODE)
+            .container(testing::container(
+                "main",
+                vec![DeviceSlice {
+                    model: "NVIDIA H100 80GB HBM3".into(),
+                    ..testing::slice(&gpu, u32::try_from(round % GPUS).unwrap(), 1000, 10)
+                }],
+            ))
+            .build();
         allocations
             .create(&PostParams::default(), &allocation)
             .await
@@ -214,26 +191,13 @@ async fn main() {
 
 /// The NodeLock the scheduler extender would have taken for the pod.
 fn held_lock(allocation: &str, uid: &str) -> NodeLock {
-    use k8s_openapi::{
-        apimachinery::pkg::apis::meta::v1::Time,
-        jiff::{SignedDuration, Timestamp},
-    };
+    use k8s_openapi::jiff::Timestamp;
     let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap();
-    NodeLock {
-        metadata: ObjectMeta {
-            name: Some(NODE.into()),
-            ..Default::default()
-        },
-        spec: NodeLockSpec {
-            holder: PodReference {
-                namespace: "default".into(),
-                name: allocation.into(),
-                uid: uid.into(),
-            },
-            allocation: allocation.into(),
-            acquired_at: Time(now),
-            ttl_seconds: 60,
-            expires_at: Time(now.checked_add(SignedDuration::from_secs(60)).unwrap()),
-        },
-    }
+    testing::node_lock(
+        NODE,
+        testing::pod_ref("default", allocation, uid),
+        allocation,
+        now,
+        60,
+    )
 }

@@ -389,11 +389,11 @@ mod tests {
 
     #[test]
     fn container_gpus_follow_device_order_and_skip_released_allocations() {
-        use tessera_api::v1alpha1::*;
+        use tessera_api::{testing, v1alpha1::*};
         let allocation = |uid: &str, phase: Option<AllocationPhase>| {
-            let containers = vec![ContainerAllocation {
-                name: "main".into(),
-                devices: ["GPU-1", "GPU-0"]
+            let mut main = testing::container(
+                "main",
+                ["GPU-1", "GPU-0"]
                     .iter()
                     .map(|u| DeviceSlice {
                         uuid: (*u).into(),
@@ -401,26 +401,13 @@ mod tests {
                         ..Default::default()
                     })
                     .collect(),
-                priority: Some(0),
-            }];
-            let mut a = VgpuAllocation::new(
-                uid,
-                VgpuAllocationSpec {
-                    pod_name: uid.into(),
-                    pod_uid: uid.into(),
-                    node_name: "n".into(),
-                    totals: AllocationTotals::of(&containers),
-                    containers,
-                    gpu_policy: SchedulingPolicy::Binpack,
-                    node_policy: SchedulingPolicy::Binpack,
-                    trace_context: None,
-                },
             );
-            a.status = Some(VgpuAllocationStatus {
-                phase,
-                ..Default::default()
-            });
-            a
+            main.priority = Some(0);
+            testing::allocation(uid, uid, "n")
+                .policies(SchedulingPolicy::Binpack, SchedulingPolicy::Binpack)
+                .container(main)
+                .maybe_phase(phase)
+                .build()
         };
         let live = allocation("u1", Some(AllocationPhase::Allocated));
         let released = allocation("u2", Some(AllocationPhase::Released));

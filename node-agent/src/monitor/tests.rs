@@ -1,7 +1,6 @@
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tessera_api::v1alpha1::{
-    AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth, DeviceSlice, GpuDevice,
-    SchedulingPolicy, VgpuAllocationSpec, VgpuAllocationStatus,
+use tessera_api::{
+    testing,
+    v1alpha1::{DeviceHealth, GpuDevice},
 };
 
 use super::*;
@@ -10,16 +9,8 @@ use crate::plugin::REGION_FILE;
 pub(super) fn device(uuid: &str, index: u32, health: DeviceHealth) -> GpuDevice {
     GpuDevice {
         uuid: uuid.into(),
-        index,
-        model: "NVIDIA A100-SXM4-80GB".into(),
-        memory_mib: 81_920,
-        capacity: DeviceCapacity {
-            memory_mib: 81_920,
-            cores: 100,
-        },
-        split_count: 10,
         health,
-        ..Default::default()
+        ..testing::gpu(index, testing::MODEL, 81_920)
     }
 }
 
@@ -29,40 +20,14 @@ pub(super) fn allocation(
     mib: u64,
     phase: Option<AllocationPhase>,
 ) -> VgpuAllocation {
-    let containers = vec![ContainerAllocation {
-        priority: None,
-        name: "main".into(),
-        devices: vec![DeviceSlice {
-            uuid: "GPU-0".into(),
-            index: 0,
-            model: "NVIDIA A100-SXM4-80GB".into(),
-            memory_mib: mib,
-            cores: 30,
-        }],
-    }];
-    let mut allocation = VgpuAllocation::new(
-        pod,
-        VgpuAllocationSpec {
-            pod_name: pod.into(),
-            pod_uid: uid.into(),
-            node_name: "n1".into(),
-            totals: AllocationTotals::of(&containers),
-            containers,
-            gpu_policy: SchedulingPolicy::Spread,
-            node_policy: SchedulingPolicy::Binpack,
-            trace_context: None,
-        },
-    );
-    allocation.metadata = ObjectMeta {
-        name: Some(pod.into()),
-        namespace: Some("ml".into()),
-        ..Default::default()
-    };
-    allocation.status = Some(VgpuAllocationStatus {
-        phase,
-        ..Default::default()
-    });
-    allocation
+    testing::allocation(pod, uid, "n1")
+        .namespace("ml")
+        .container(testing::container(
+            "main",
+            vec![testing::slice("GPU-0", 0, mib, 30)],
+        ))
+        .maybe_phase(phase)
+        .build()
 }
 
 fn has(text: &str, line: &str) -> bool {

@@ -25,18 +25,8 @@ pub(crate) fn test_lock(
     holder: &tessera_api::v1alpha1::PodReference,
     allocation: &str,
 ) -> tessera_api::v1alpha1::NodeLock {
-    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-    let now = Timestamp::from_second(1_800_000_000).unwrap();
-    let mut lock = tessera_api::v1alpha1::NodeLock::new(
-        node,
-        tessera_api::v1alpha1::NodeLockSpec {
-            holder: holder.clone(),
-            allocation: allocation.into(),
-            acquired_at: Time(now),
-            ttl_seconds: 60,
-            expires_at: Time(now),
-        },
-    );
+    let acquired = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let mut lock = tessera_api::testing::node_lock(node, holder.clone(), allocation, acquired, 60);
     lock.metadata.uid = Some(format!("lock-{}", holder.uid));
     lock
 }

@@ -1,9 +1,5 @@
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use pretty_assertions::assert_eq;
-use tessera_api::v1alpha1::{
-    AllocationTotals, ContainerAllocation, DeviceSlice, PodReference, SchedulingPolicy,
-    VgpuAllocationSpec, VgpuAllocationStatus,
-};
+use tessera_api::{testing, v1alpha1::DeviceSlice};
 
 use super::*;
 use crate::plugin::ids::replica_id;
@@ -19,59 +15,23 @@ fn paths() -> HostPaths {
 }
 
 fn lock(uid: &str) -> NodeLock {
-    crate::plugin::test_lock(
-        NODE,
-        &PodReference {
-            namespace: "ml".into(),
-            name: "train".into(),
-            uid: uid.into(),
-        },
-        "train",
-    )
+    crate::plugin::test_lock(NODE, &testing::pod_ref("ml", "train", uid), "train")
 }
 
 fn slice(uuid: &str, mib: u64, cores: u32) -> DeviceSlice {
-    DeviceSlice {
-        uuid: uuid.into(),
-        index: 0,
-        model: "NVIDIA A100-SXM4-80GB".into(),
-        memory_mib: mib,
-        cores,
-    }
+    testing::slice(uuid, 0, mib, cores)
 }
 
 fn allocation(containers: Vec<(&str, Vec<DeviceSlice>)>, served: &[&str]) -> VgpuAllocation {
-    let containers: Vec<ContainerAllocation> = containers
-        .into_iter()
-        .map(|(name, devices)| ContainerAllocation {
-            priority: None,
-            name: name.into(),
-            devices,
-        })
-        .collect();
-    let mut allocation = VgpuAllocation::new(
-        "train",
-        VgpuAllocationSpec {
-            pod_name: "train".into(),
-            pod_uid: "uid-1".into(),
-            node_name: NODE.into(),
-            totals: AllocationTotals::of(&containers),
-            containers,
-            gpu_policy: SchedulingPolicy::Spread,
-            node_policy: SchedulingPolicy::Binpack,
-            trace_context: None,
-        },
-    );
-    allocation.metadata = ObjectMeta {
-        name: Some("train".into()),
-        namespace: Some("ml".into()),
-        ..Default::default()
-    };
-    allocation.status = Some(VgpuAllocationStatus {
-        served_containers: served.iter().map(|s| (*s).to_owned()).collect(),
-        ..Default::default()
-    });
-    allocation
+    testing::allocation("train", "uid-1", NODE)
+        .namespace("ml")
+        .containers(
+            containers
+                .into_iter()
+                .map(|(name, devices)| testing::container(name, devices)),
+        )
+        .served(served)
+        .build()
 }
 
 fn ids(uuids: &[&str]) -> Vec<String> {
