@@ -35,6 +35,9 @@ fn check(src: &str, args: &[&str]) {
 fn the_interposer_s_layers_only_depend_downwards() {
     check(
         "src",
-        &["--layers", "sys,log,config,driver,accounting,policy,exports"],
+        &[
+            "--layers",
+            "sys,log,config,driver,accounting,policy,exports",
+        ],
     );
 }

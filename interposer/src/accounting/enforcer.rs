@@ -409,3 +409,98 @@ impl Enforcer {
         self.stores.close(self.region.as_ref(), id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use tessera_vgpu_region::{Limits, Priority};
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// An enforcer with a 10 MiB limit on device 0 in a fresh region file,
+    /// and what the "driver" says every store holds.
+    fn enforcer(held: Held) -> (tempfile::TempDir, Enforcer) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut memory = [0; MAX_DEVICES];
+        memory[0] = 10 * MIB;
+        let limits = Limits {
+            memory,
+            sm_percent: [0; MAX_DEVICES],
+            priority: Priority::Low,
+        };
+        let (region, _) = Region::create_or_open_with(&dir.path().join("r"), &limits).unwrap();
+        (dir, Enforcer::new(memory, Some(region), held))
+    }
+
+    #[test]
+    fn a_reservation_is_kept_by_its_allocation_and_returned_by_its_free() {
+        let (_dir, e) = enforcer(|_| None);
+        assert_eq!(e.limit(0), Some(10 * MIB));
+        assert_eq!(e.limit(1), None);
+        let rc = e.charged(0, 4 * MIB, || Ok((Key::Pointer(1), 6 * MIB)), |_| {});
+        assert_eq!((rc, e.used(0)), (CUDA_SUCCESS, 6 * MIB));
+        // Over the limit: refused before the driver is called.
+        let called = std::cell::Cell::new(false);
+        let rc = e.charged(
+            0,
+            5 * MIB,
+            || {
+                called.set(true);
+                Ok((Key::Pointer(2), 5 * MIB))
+            },
+            |_| {},
+        );
+        assert_eq!((rc, called.get()), (CUDA_ERROR_OUT_OF_MEMORY, false));
+        // A failed free keeps the charge; a successful one returns it.
+        assert_eq!(e.freed(Key::Pointer(1), || 1), 1);
+        assert_eq!(e.used(0), 6 * MIB);
+        assert_eq!(e.freed(Key::Pointer(1), || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(e.used(0), 0);
+        // Untracked keys pass through.
+        assert_eq!(e.freed(Key::Pointer(3), || 7), 7);
+    }
+
+    #[test]
+    fn a_retained_handle_is_returned_with_its_last_reference() {
+        let (_dir, e) = enforcer(|_| None);
+        let r = e.reserve_for(0, 2 * MIB).unwrap().unwrap();
+        e.track(Key::Handle(9), r);
+        assert!(e.retained(Key::Handle(9)) && !e.retained(Key::Handle(8)));
+        e.freed(Key::Handle(9), || CUDA_SUCCESS);
+        assert_eq!(e.used(0), 2 * MIB);
+        e.freed(Key::Handle(9), || CUDA_SUCCESS);
+        assert_eq!(e.used(0), 0);
+    }
+
+    /// What the fake driver holds in the pool of the store test.
+    static POOL_HOLDS: AtomicU64 = AtomicU64::new(0);
+
+    #[test]
+    fn a_store_stays_charged_what_the_driver_holds_after_a_free() {
+        let (_dir, e) = enforcer(|_| Some(POOL_HOLDS.load(Ordering::Relaxed)));
+        let pool = StoreId::Pool(1);
+        let taken = e.store_take(pool, 0, 4 * MIB).unwrap().unwrap();
+        e.store_track(Key::Pointer(1), taken);
+        POOL_HOLDS.store(4 * MIB, Ordering::Relaxed);
+        assert_eq!(e.used(0), 4 * MIB);
+        // Freed, but the pool keeps the memory: still charged.
+        e.freed(Key::Pointer(1), || CUDA_SUCCESS);
+        assert_eq!(e.used(0), 4 * MIB);
+        // The next allocation uses what the pool holds: nothing more.
+        let taken = e.store_take(pool, 0, 2 * MIB).unwrap().unwrap();
+        assert_eq!(e.used(0), 4 * MIB);
+        e.store_untake(taken);
+        // The driver gave the memory back: a synchronisation returns it.
+        POOL_HOLDS.store(0, Ordering::Relaxed);
+        e.stores_synchronized();
+        assert_eq!(e.used(0), 0);
+        // A store that does not fit is refused.
+        assert_eq!(
+            e.store_take(pool, 0, 11 * MIB).unwrap_err(),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+    }
+}
