@@ -19,7 +19,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use tessera_api::v1alpha1::GpuNode;
+use tessera_api::v1alpha1::{GpuNode, GpuNodeSpec};
 use tessera_e2e::{ControlPlane, helm};
 use tokio::sync::OnceCell;
 
@@ -202,13 +202,7 @@ async fn node_agent_writes_only_its_own_node() {
         .unwrap();
     let agent = client_with_token(cluster, &token(cluster, Some("agent-on-a"))).await;
 
-    let gpu_node = |name: &str| -> GpuNode {
-        serde_json::from_value(json!({
-            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-            "metadata": {"name": name}, "spec": {},
-        }))
-        .unwrap()
-    };
+    let gpu_node = |name: &str| GpuNode::new(name, GpuNodeSpec {});
     let gpu_nodes: Api<GpuNode> = Api::all(agent.clone());
     gpu_nodes
         .create(&PostParams::default(), &gpu_node("agent-node-a"))

@@ -4,14 +4,17 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+};
 use kube::{
     Api,
     api::{DeleteParams, PostParams},
     runtime::wait::{await_condition, conditions},
 };
 use serde_json::json;
-use tessera_api::v1alpha1::VgpuAllocation;
+use tessera_api::{testing, v1alpha1::VgpuAllocation};
 use tessera_e2e::ControlPlane;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -62,17 +65,21 @@ async fn scheduler_binds_and_controller_manager_collects_garbage() {
     let owner = pods.create(&PostParams::default(), &owner).await.unwrap();
     let uid = owner.metadata.uid.clone().unwrap();
     let allocations: Api<VgpuAllocation> = Api::namespaced(client.clone(), "default");
-    let allocation = serde_json::from_value(json!({
-        "apiVersion": "tessera.dev/v1alpha1", "kind": "VgpuAllocation",
-        "metadata": {"name": "owner", "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "owner", "uid": uid}]},
-        "spec": {
-            "podName": "owner", "podUid": uid, "nodeName": "node-1",
-            "containers": [{"name": "c", "devices": [{"uuid": "GPU-1", "index": 0, "memoryMiB": 1000, "cores": 10}]}],
-            "gpuPolicy": "spread", "nodePolicy": "binpack",
-            "totals": {"devices": "GPU-1", "memoryMiB": 1000, "cores": 10},
-        },
-    }))
-    .unwrap();
+    let allocation = testing::allocation("owner", &uid, "node-1")
+        .container(testing::container(
+            "c",
+            vec![testing::slice("GPU-1", 0, 1000, 10)],
+        ))
+        .metadata(|m| {
+            m.owner_references = Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: "owner".into(),
+                uid: uid.clone(),
+                ..Default::default()
+            }]);
+        })
+        .build();
     allocations
         .create(&PostParams::default(), &allocation)
         .await
