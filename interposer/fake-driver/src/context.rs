@@ -23,7 +23,7 @@ fn context_memory() -> u64 {
     *BYTES.get_or_init(|| {
         std::env::var("FAKE_CUDA_CONTEXT_MEMORY")
             .ok()
-            .and_then(|v| crate::state::parse_bytes(&v))
+            .and_then(|v| fake_gpu::physical::parse_bytes(&v))
             .unwrap_or(0)
     })
 }

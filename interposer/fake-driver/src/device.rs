@@ -1,5 +1,5 @@
 //! Device identity: `cuDeviceGetUuid` and `cuDeviceGetUuid_v2` (the UUIDs
-//! of `uuid.rs`, which the fake NVML reports too).
+//! of `fake-gpu/src/uuid.rs`, which the fake NVML reports too).
 
 use std::ffi::c_int;
 
@@ -15,7 +15,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid(out: *mut [u8; 16], dev: c_int) -> CUre
     guard(|| {
         let dev = crate::device(dev)?;
         // SAFETY: the caller's pointer, NULL-checked by `write`.
-        unsafe { write(out, crate::uuid::uuid(dev)) }
+        unsafe { write(out, fake_gpu::uuid::uuid(dev)) }
     })
 }
 

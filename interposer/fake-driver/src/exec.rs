@@ -5,7 +5,7 @@
 //! A launch occupies its device for `blocks × FAKE_CUDA_NS_PER_BLOCK` ns
 //! (default 1000 ns per block; `blocks = gridDimX × gridDimY × gridDimZ`),
 //! after everything enqueued before it on the device by any process (see
-//! `state.rs`). Streams record when their last work ends, so stream and
+//! `fake-gpu/src/physical.rs`). Streams record when their last work ends, so stream and
 //! context synchronisation sleep until then and events complete then. A
 //! captured stream records launches into a graph instead of running them; a
 //! graph launch occupies the device for the sum of its launches.
@@ -16,11 +16,11 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use crate::state::now_ns;
 use crate::{
     CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, CUresult, PER_THREAD_CALLS, current_device, guard,
     initialized, physical, write,
 };
+use fake_gpu::clock::now_ns;
 
 const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 const CUDA_ERROR_NOT_READY: CUresult = 600;

@@ -47,9 +47,6 @@ mod device;
 mod exec;
 mod inject;
 mod pool;
-mod procs;
-mod state;
-mod uuid;
 mod vmm;
 
 use std::cell::Cell;
@@ -63,8 +60,8 @@ use array::*;
 use context::*;
 use device::*;
 use exec::*;
+use fake_gpu::physical::Physical;
 use pool::*;
-use state::Physical;
 use vmm::*;
 
 type CUresult = c_int;

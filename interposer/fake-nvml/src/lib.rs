@@ -2,8 +2,8 @@
 //! for testing the interposer without a GPU.
 //!
 //! It reads the fake CUDA driver's device state (the same `FAKE_CUDA_STATE`
-//! file, `FAKE_CUDA_DEVICE_COUNT`, `FAKE_CUDA_DEVICE_MEMORY`; the layout is
-//! shared by source with `interposer/fake-driver`), so memory allocated
+//! file, `FAKE_CUDA_DEVICE_COUNT`, `FAKE_CUDA_DEVICE_MEMORY`, through the
+//! `tessera-fake-gpu` crate both link), so memory allocated
 //! through the fake driver shows as used here, as on a real GPU. Implemented:
 //! `nvmlInit_v2`, `nvmlShutdown`, `nvmlDeviceGetCount_v2`,
 //! `nvmlDeviceGetHandleByIndex_v2`, `nvmlDeviceGetHandleByUUID`,
@@ -12,13 +12,13 @@
 //! fake driver's simulated timeline) and, in `processes.rs`,
 //! `nvmlDeviceGetComputeRunningProcesses` (v1, `_v2`, `_v3`) and
 //! `nvmlDeviceGetProcessUtilization` (from the fake driver's per-process
-//! accounting, `fake-driver/src/procs.rs`), with NVML's argument checks and
+//! accounting, `fake-gpu/src/procs.rs`), with NVML's argument checks and
 //! return codes.
 //!
 //! NVML lists the devices in the order of `FAKE_NVML_DEVICE_ORDER`, a
 //! comma-separated permutation of the fake driver's devices (CUDA ordinals):
 //! `1,0` makes NVML index 0 the driver's device 1. Unset: the same order.
-//! UUIDs are the driver's (`fake-driver/src/uuid.rs`), so a client can match
+//! UUIDs are the driver's (`fake-gpu/src/uuid.rs`), so a client can match
 //! the two orders as on a real machine, where CUDA may enumerate fastest
 //! first and NVML in PCI order.
 
@@ -31,21 +31,14 @@
 )]
 
 mod processes;
-#[path = "../../fake-driver/src/procs.rs"]
-#[allow(dead_code)] // the writing side belongs to the fake driver
-mod procs;
-#[path = "../../fake-driver/src/state.rs"]
-#[allow(dead_code)] // the allocation side of the state belongs to the fake driver
-mod state;
-#[path = "../../fake-driver/src/uuid.rs"]
-mod uuid;
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use state::Physical;
+use fake_gpu::physical::Physical;
+use fake_gpu::{clock, uuid};
 
 type nvmlReturn_t = c_int;
 type nvmlDevice_t = *mut c_void;
@@ -379,7 +372,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
         let dev = driver_device(device)?;
         // SAFETY: NULL-checked; valid for writes per the caller.
         let out = unsafe { utilization.as_mut() }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-        let now = state::now_ns();
+        let now = clock::now_ns();
         let (busy, _) = physical()?.busy(dev, now);
         let mut samples = SAMPLES.lock().unwrap_or_else(|e| e.into_inner());
         let (since, busy_before) = samples[dev].unwrap_or((physical()?.first_launch(dev), 0));

@@ -1,13 +1,14 @@
 //! Process queries, from the fake driver's per-process accounting
-//! (`fake-driver/src/procs.rs`): which processes use a device and how much
+//! (`fake-gpu/src/procs.rs`): which processes use a device and how much
 //! memory each holds, and how busy each kept the device.
 
 use std::ffi::c_uint;
 
+use fake_gpu::{clock, procs};
+
 use crate::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
-    NVML_ERROR_NOT_SUPPORTED, driver_device, guard, nvmlDevice_t, nvmlReturn_t, physical, procs,
-    state,
+    NVML_ERROR_NOT_SUPPORTED, driver_device, guard, nvmlDevice_t, nvmlReturn_t, physical,
 };
 
 /// `nvmlProcessInfo_v1_t`.
@@ -189,7 +190,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         if std::env::var_os("FAKE_NVML_NO_PROCESS_UTILIZATION").is_some() {
             return Err(NVML_ERROR_NOT_SUPPORTED);
         }
-        let now = state::now_ns();
+        let now = clock::now_ns();
         let real = realtime_ns();
         let since = if last_seen == 0 {
             physical()?.first_launch(dev)

@@ -12,9 +12,7 @@
 //! `enqueued_ns - (free_at - now)`: exact, and independent of how fast the
 //! host runs.
 
-use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -48,7 +46,7 @@ struct Layout {
 }
 
 /// The mapped device state.
-pub(crate) struct Physical {
+pub struct Physical {
     map: NonNull<Layout>,
 }
 
@@ -60,7 +58,7 @@ unsafe impl Sync for Physical {}
 impl Physical {
     /// Maps the state named by `FAKE_CUDA_STATE` (or private memory),
     /// initialising it from the environment if this process is first.
-    pub(crate) fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, String> {
         let count = match std::env::var("FAKE_CUDA_DEVICE_COUNT") {
             Ok(v) => v
                 .parse::<u32>()
@@ -78,7 +76,7 @@ impl Physical {
         let size = size_of::<Layout>();
         let (fd, file) = match std::env::var_os("FAKE_CUDA_STATE") {
             Some(path) => {
-                let file = open_locked(&path, size)?;
+                let file = crate::file::open_locked(&path, size)?;
                 (file.as_raw_fd(), Some(file))
             }
             None => (-1, None),
@@ -128,24 +126,28 @@ impl Physical {
         unsafe { self.map.as_ref() }
     }
 
-    pub(crate) fn device_count(&self) -> usize {
+    /// How many devices there are (`FAKE_CUDA_DEVICE_COUNT` of the first process).
+    pub fn device_count(&self) -> usize {
         self.layout().device_count.load(Ordering::Relaxed) as usize
     }
 
-    pub(crate) fn total(&self, dev: usize) -> u64 {
+    /// Device `dev`'s memory, bytes.
+    pub fn total(&self, dev: usize) -> u64 {
         self.layout().devices[dev].total.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn used(&self, dev: usize) -> u64 {
+    /// Bytes of device `dev` taken, by every process.
+    pub fn used(&self, dev: usize) -> u64 {
         self.layout().devices[dev].used.load(Ordering::Acquire)
     }
 
-    pub(crate) fn peak(&self, dev: usize) -> u64 {
+    /// The most bytes of device `dev` ever taken at once.
+    pub fn peak(&self, dev: usize) -> u64 {
         self.layout().devices[dev].peak.load(Ordering::Relaxed)
     }
 
     /// Takes `bytes` of device `dev` if they are free.
-    pub(crate) fn reserve(&self, dev: usize, bytes: u64) -> bool {
+    pub fn reserve(&self, dev: usize, bytes: u64) -> bool {
         let device = &self.layout().devices[dev];
         let total = device.total.load(Ordering::Relaxed);
         let taken = device
@@ -181,7 +183,7 @@ impl Physical {
 
     /// Enqueues `duration` ns of work on device `dev` at `now`; returns when
     /// it ends.
-    pub(crate) fn enqueue(&self, dev: usize, now: u64, duration: u64) -> u64 {
+    pub fn enqueue(&self, dev: usize, now: u64, duration: u64) -> u64 {
         let end = self.locked(dev, |d| {
             let _ = d
                 .first_launch
@@ -201,7 +203,7 @@ impl Physical {
     }
 
     /// Nanoseconds device `dev` has been busy up to `now`, and its launches.
-    pub(crate) fn busy(&self, dev: usize, now: u64) -> (u64, u64) {
+    pub fn busy(&self, dev: usize, now: u64) -> (u64, u64) {
         self.locked(dev, |d| {
             let ahead = d.free_at.load(Ordering::Relaxed).saturating_sub(now);
             (
@@ -212,14 +214,14 @@ impl Physical {
     }
 
     /// When the first launch on device `dev` was enqueued (0: none yet).
-    #[allow(dead_code)] // read by the fake NVML, which shares this file
-    pub(crate) fn first_launch(&self, dev: usize) -> u64 {
+    pub fn first_launch(&self, dev: usize) -> u64 {
         self.layout().devices[dev]
             .first_launch
             .load(Ordering::Relaxed)
     }
 
-    pub(crate) fn release(&self, dev: usize, bytes: u64) {
+    /// Gives back `bytes` of device `dev`.
+    pub fn release(&self, dev: usize, bytes: u64) {
         if let Some(procs) = crate::procs::procs() {
             procs.memory(dev, -(bytes as i64));
         }
@@ -231,7 +233,9 @@ impl Physical {
     }
 }
 
-pub(crate) fn parse_bytes(value: &str) -> Option<u64> {
+/// Bytes with an optional `k`, `m` or `g` suffix (`80g`); `None` when
+/// malformed or 0.
+pub fn parse_bytes(value: &str) -> Option<u64> {
     let (digits, shift) = match value.as_bytes().last()? {
         b'k' | b'K' => (&value[..value.len() - 1], 10),
         b'm' | b'M' => (&value[..value.len() - 1], 20),
@@ -243,39 +247,6 @@ pub(crate) fn parse_bytes(value: &str) -> Option<u64> {
         .ok()?
         .checked_mul(1 << shift)
         .filter(|&n| n > 0)
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process of the machine.
-pub(crate) fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Opens (creating) a state file shared between processes, takes an
-/// exclusive `flock` on it (released when the file closes or is unlocked)
-/// and makes it at least `size` bytes long.
-pub(crate) fn open_locked(path: &std::ffi::OsStr, size: usize) -> Result<std::fs::File, String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o666)
-        .open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.to_string_lossy()))?;
-    // SAFETY: flock on a descriptor `file` owns; released when it closes.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(format!("cannot lock {}", path.to_string_lossy()));
-    }
-    if file.metadata().map_err(|e| e.to_string())?.len() < size as u64 {
-        file.set_len(size as u64).map_err(|e| e.to_string())?;
-    }
-    Ok(file)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Per-process accounting of the fake devices, for the fake NVML's process
 //! queries (`nvmlDeviceGetComputeRunningProcesses*`,
-//! `nvmlDeviceGetProcessUtilization`). Shared by source with the fake NVML.
+//! `nvmlDeviceGetProcessUtilization`), written by the fake driver.
 //!
 //! A second file beside the device state (`$FAKE_CUDA_STATE.procs`, or
 //! private memory when that is unset) holds, per device:
@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 const MAGIC: u64 = u64::from_le_bytes(*b"FAKEPRC1");
 const MAX_DEVICES: usize = 16;
 /// Processes tracked per device.
-pub(crate) const PROCS: usize = 64;
+pub const PROCS: usize = 64;
 /// Runs of work kept per device.
-pub(crate) const RUNS: usize = 4096;
+pub const RUNS: usize = 4096;
 
 #[repr(C)]
 struct Proc {
@@ -58,7 +58,7 @@ struct Layout {
 }
 
 /// The mapped accounting.
-pub(crate) struct Procs {
+pub struct Procs {
     map: NonNull<Layout>,
 }
 
@@ -71,7 +71,7 @@ static PROCS_MAP: OnceLock<Option<Procs>> = OnceLock::new();
 
 /// The accounting, mapped on first use; `None` if it cannot be (the fakes
 /// then report no processes).
-pub(crate) fn procs() -> Option<&'static Procs> {
+pub fn procs() -> Option<&'static Procs> {
     PROCS_MAP
         .get_or_init(|| match Procs::map() {
             Ok(procs) => Some(procs),
@@ -112,7 +112,7 @@ impl Procs {
                 let mut path = state;
                 path.push(".procs");
                 // Locked until released below (or until it closes).
-                Some(crate::state::open_locked(&path, size)?)
+                Some(crate::file::open_locked(&path, size)?)
             }
             None => None,
         };
@@ -195,7 +195,7 @@ impl Procs {
     }
 
     /// This process took (`delta > 0`) or gave back device memory on `dev`.
-    pub(crate) fn memory(&self, dev: usize, delta: i64) {
+    pub fn memory(&self, dev: usize, delta: i64) {
         if let Some(p) = self.own(dev) {
             let _ = p
                 .used
@@ -206,7 +206,7 @@ impl Procs {
     }
 
     /// This process's work ran on `dev` from `start` to `end`.
-    pub(crate) fn ran(&self, dev: usize, start: u64, end: u64) {
+    pub fn ran(&self, dev: usize, start: u64, end: u64) {
         let Some(device) = self.device(dev) else {
             return;
         };
@@ -244,8 +244,7 @@ impl Procs {
     }
 
     /// The live processes on `dev` and the memory each holds.
-    #[allow(dead_code)] // read by the fake NVML, which shares this file
-    pub(crate) fn processes(&self, dev: usize) -> Vec<(u32, u64)> {
+    pub fn processes(&self, dev: usize) -> Vec<(u32, u64)> {
         let Some(device) = self.device(dev) else {
             return Vec::new();
         };
@@ -265,8 +264,7 @@ impl Procs {
     /// How long each process's work ran on `dev` between `from` and `to`
     /// (`CLOCK_MONOTONIC` ns), as far back as the ring reaches; processes
     /// whose work did not run then are left out.
-    #[allow(dead_code)] // read by the fake NVML, which shares this file
-    pub(crate) fn busy(&self, dev: usize, from: u64, to: u64) -> Vec<(u32, u64)> {
+    pub fn busy(&self, dev: usize, from: u64, to: u64) -> Vec<(u32, u64)> {
         let Some(device) = self.device(dev) else {
             return Vec::new();
         };

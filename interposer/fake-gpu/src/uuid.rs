@@ -1,12 +1,13 @@
-//! The fake devices' UUIDs, shared by source with the fake NVML so that
-//! `cuDeviceGetUuid(_v2)` and `nvmlDeviceGetUUID` agree, as on a real GPU.
+//! The fake devices' UUIDs, the same for the fake driver and the fake NVML
+//! so that `cuDeviceGetUuid(_v2)` and `nvmlDeviceGetUUID` agree, as on a
+//! real GPU.
 //!
 //! Device `d` of the fake driver (its CUDA ordinal; the fake NVML may list
 //! the devices in another order, see `FAKE_NVML_DEVICE_ORDER`) has the
 //! UUID `7e55e4a0-fa4e-4000-8000-0000000000dd` (`dd` = `d` in hex).
 
 /// The 16 bytes `cuDeviceGetUuid` reports for device `dev`.
-pub(crate) fn uuid(dev: usize) -> [u8; 16] {
+pub fn uuid(dev: usize) -> [u8; 16] {
     let mut bytes = [
         0x7e, 0x55, 0xe4, 0xa0, 0xfa, 0x4e, 0x40, 0x00, 0x80, 0x00, 0, 0, 0, 0, 0, 0,
     ];
@@ -15,8 +16,7 @@ pub(crate) fn uuid(dev: usize) -> [u8; 16] {
 }
 
 /// The string NVML reports for device `dev`: `GPU-` and the UUID.
-#[allow(dead_code)] // used by the fake NVML, which shares this file
-pub(crate) fn uuid_string(dev: usize) -> String {
+pub fn uuid_string(dev: usize) -> String {
     let b = uuid(dev);
     format!(
         "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
