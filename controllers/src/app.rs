@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 
 use crate::{
     Error,
+    cache::Cache,
     config::Config,
     extender::Extender,
     metrics::Metrics,
@@ -109,27 +110,19 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Re
     let config = Arc::new(config);
     let agent_lease_namespace =
         Some(agent_lease_namespace.clone()).filter(|namespace| !namespace.is_empty());
-    let watches = crate::projection::Watches {
+    let watches = crate::cache::Watches {
         agent_leases: agent_lease_namespace.clone(),
         agent_pods: Some((agent_namespace.clone(), agent_selector.clone()))
             .filter(|(namespace, _)| !namespace.is_empty()),
     };
-    let projection = Projection::spawn_watching(client.clone(), &watches);
-    let metrics = Metrics::new(projection.clone());
     let election = crate::leader::Election {
         namespace: lease_namespace.clone(),
         name: "tessera-controller".into(),
         identity: identity.clone(),
         lease_duration: std::time::Duration::from_secs(15),
     };
-    let lifecycle_client = client.clone();
-    tokio::spawn(async move {
-        election
-            .run(lifecycle_client.clone(), move || {
-                crate::lifecycle::run_with(lifecycle_client.clone(), agent_lease_namespace.clone())
-            })
-            .await
-    });
+    let projection = start_loops(client.clone(), &watches, election, agent_lease_namespace);
+    let metrics = Metrics::new(projection.clone());
     let webhook = std::net::TcpListener::bind(webhook_addr)?;
     tracing::info!(addr = %webhook.local_addr()?, "webhook listening");
     let webhook = serve_webhook(
@@ -146,6 +139,28 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Re
         result = serve_metrics(metrics_listener, metrics) => result,
         result = webhook => result,
     }
+}
+
+/// Starts the watches ([`Cache`], each kind once) and the projection they
+/// feed, which every replica runs, and the lifecycle controllers on the same
+/// watches while this replica wins `election`. Returns the projection the
+/// extender, the webhook and the metrics read.
+pub fn start_loops(
+    client: kube::Client,
+    watches: &crate::cache::Watches,
+    election: crate::leader::Election,
+    agent_lease_namespace: Option<String>,
+) -> Projection {
+    let cache = Cache::spawn(client.clone(), watches);
+    let projection = Projection::spawn_on(&cache);
+    tokio::spawn(async move {
+        election
+            .run(client, move || {
+                crate::lifecycle::run_with(cache.clone(), agent_lease_namespace.clone())
+            })
+            .await
+    });
+    projection
 }
 
 /// Serves the webhook over HTTPS on `listener` until the task is dropped,

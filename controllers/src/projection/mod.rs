@@ -21,17 +21,17 @@ mod nudge;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt};
 use k8s_openapi::{
     api::{coordination::v1::Lease, core::v1::Pod},
     jiff::Timestamp,
 };
-use kube::{
-    Api, Client,
-    runtime::{WatchStreamExt, watcher},
-};
+use kube::{Client, runtime::watcher};
 use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
 use tokio::sync::{mpsc, watch};
+
+use crate::cache::Cache;
+pub use crate::cache::Watches;
 
 pub use agents::{AgentPods, agent_pod_down};
 pub use ages::{LockAges, LockTimes, lock_ages, oldest_age_seconds, seconds_since};
@@ -40,16 +40,6 @@ pub use leases::{AGENT_LEASE_PREFIX, AgentLease, AgentLeases, agent_node};
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 pub use locks::LockTable;
 pub use nudge::{GPU_FREED, Waiters, nudge_nodes};
-
-/// What a projection watches beyond GpuNodes, VgpuAllocations and NodeLocks.
-#[derive(Clone, Debug, Default)]
-pub struct Watches {
-    /// The namespace of the node agents' Leases, for the metrics.
-    pub agent_leases: Option<String>,
-    /// The node agents' DaemonSet pods: namespace and label selector. A
-    /// node whose agent pods are all down takes no GPU pod.
-    pub agent_pods: Option<(String, String)>,
-}
 
 /// The shared ledger and whether its first list has completed.
 #[derive(Clone, Debug)]
@@ -156,20 +146,33 @@ impl Projection {
     /// pods were turned away from are annotated when capacity appears on
     /// them (see [`Waiters`]).
     pub fn spawn_watching(client: Client, watches: &Watches) -> Self {
+        Self::spawn_on(&Cache::spawn(client, watches))
+    }
+
+    /// Fed by `cache`'s watches (which it shares with the lifecycle
+    /// controllers). Nodes that GPU pods were turned away from are
+    /// annotated when capacity appears on them (see [`Waiters`]).
+    pub fn spawn_on(cache: &Cache) -> Self {
         let (nudges, nudged) = mpsc::unbounded_channel();
-        tokio::spawn(nudge_nodes(client.clone(), nudged));
+        tokio::spawn(nudge_nodes(cache.client().clone(), nudged));
         let (projection, feeder) = Self::with_nudges(Some(nudges));
-        tokio::spawn(feeder.clone().watch_nodes(Api::all(client.clone())));
-        tokio::spawn(feeder.clone().watch_locks(Api::all(client.clone())));
-        if let Some(namespace) = &watches.agent_leases {
-            let leases = Api::namespaced(client.clone(), namespace);
-            tokio::spawn(feeder.clone().watch_leases(leases));
+        let nodes = cache.gpu_nodes().events();
+        tokio::spawn(feeder.clone().feed(nodes, Feeder::node_event));
+        let locks = cache.locks().events();
+        tokio::spawn(feeder.clone().feed(locks, Feeder::lock_event));
+        if let Some(leases) = cache.agent_leases() {
+            tokio::spawn(feeder.clone().feed(leases.events(), Feeder::lease_event));
         }
-        if let Some((namespace, selector)) = &watches.agent_pods {
-            let pods = Api::namespaced(client.clone(), namespace);
-            tokio::spawn(feeder.clone().watch_agent_pods(pods, selector.clone()));
+        if let Some(pods) = cache.agent_pods() {
+            let events = pods.events();
+            tokio::spawn(
+                feeder
+                    .clone()
+                    .feed(events, |f, e, _: &mut ()| f.agent_pod_event(e)),
+            );
         }
-        tokio::spawn(feeder.watch_allocations(Api::all(client)));
+        let allocations = cache.allocations().events();
+        tokio::spawn(feeder.feed(allocations, Feeder::allocation_event));
         projection
     }
 
@@ -324,17 +327,17 @@ impl Feeder {
         }
     }
 
-    async fn watch_nodes(self, api: Api<GpuNode>) {
-        let mut relist: Vec<NodeEntry> = Vec::new();
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        loop {
-            match events.try_next().await {
-                Ok(Some(event)) => self.node_event(event, &mut relist),
-                Ok(None) => return,
-                Err(error) => tracing::warn!(%error, "GpuNode watch failed; retrying"),
-            }
+    /// Applies each of `events` with `apply`, which keeps what a relist
+    /// gathers in its `relist` until the list is done.
+    async fn feed<K, R: Default>(
+        self,
+        events: impl Stream<Item = watcher::Event<K>>,
+        apply: impl Fn(&Self, watcher::Event<K>, &mut R),
+    ) {
+        let mut relist = R::default();
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            apply(&self, event, &mut relist);
         }
     }
 
@@ -376,20 +379,6 @@ impl Feeder {
         }
     }
 
-    async fn watch_locks(self, api: Api<NodeLock>) {
-        let mut relist = Vec::new();
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        loop {
-            match events.try_next().await {
-                Ok(Some(event)) => self.lock_event(event, &mut relist),
-                Ok(None) => return,
-                Err(error) => tracing::warn!(%error, "NodeLock watch failed; retrying"),
-            }
-        }
-    }
-
     /// Applies one NodeLock event.
     pub fn lock_event(&self, event: watcher::Event<NodeLock>, relist: &mut Vec<NodeLock>) {
         use kube::ResourceExt;
@@ -402,20 +391,6 @@ impl Feeder {
             watcher::Event::Init => relist.clear(),
             watcher::Event::InitApply(lock) => relist.push(lock),
             watcher::Event::InitDone => self.locks.replace(relist.drain(..)),
-        }
-    }
-
-    async fn watch_leases(self, api: Api<Lease>) {
-        let mut relist = Vec::new();
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        loop {
-            match events.try_next().await {
-                Ok(Some(event)) => self.lease_event(event, &mut relist),
-                Ok(None) => return,
-                Err(error) => tracing::warn!(%error, "agent Lease watch failed; retrying"),
-            }
         }
     }
 
@@ -434,19 +409,6 @@ impl Feeder {
             watcher::Event::InitDone => {
                 self.leases.replace(relist.iter());
                 relist.clear();
-            }
-        }
-    }
-
-    async fn watch_agent_pods(self, api: Api<Pod>, selector: String) {
-        let mut events = watcher(api, watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .boxed();
-        loop {
-            match events.try_next().await {
-                Ok(Some(event)) => self.agent_pod_event(event),
-                Ok(None) => return,
-                Err(error) => tracing::warn!(%error, "node agent pod watch failed; retrying"),
             }
         }
     }
@@ -505,20 +467,6 @@ impl Feeder {
                 phases.insert(key(a), AllocationSeen::of(a));
             }
             watcher::Event::InitDone => {}
-        }
-    }
-
-    async fn watch_allocations(self, api: Api<VgpuAllocation>) {
-        let mut relist = Vec::new();
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        loop {
-            match events.next().await {
-                Some(Ok(event)) => self.allocation_event(event, &mut relist),
-                Some(Err(error)) => tracing::warn!(%error, "VgpuAllocation watch failed; retrying"),
-                None => return,
-            }
         }
     }
 

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
 use tessera_controllers::{
     app::{serve_extender, serve_webhook},
+    cache::Cache,
     config::Config,
     metrics::Metrics,
     projection::{Projection, Watches},
@@ -63,8 +64,9 @@ impl Cluster {
         let plane = ControlPlane::start().await.expect("control plane");
         let client = plane.client().await.unwrap();
         let extender = extender_client(&plane).await;
-        let projection = Projection::spawn_watching(client.clone(), &watches);
-        tokio::spawn(tessera_controllers::lifecycle::run(client.clone()));
+        let cache = Cache::spawn(client.clone(), &watches);
+        let projection = Projection::spawn_on(&cache);
+        tokio::spawn(tessera_controllers::lifecycle::run(cache));
         let config = Arc::new(config);
         let metrics = Metrics::new(projection.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,0 +1,118 @@
+//! Configs: each GpuNodeConfig's status lists the nodes it selects and its
+//! conflicts with configs of equal priority.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{
+        Controller,
+        controller::Action,
+        reflector::{ObjectRef, Store},
+    },
+};
+use serde_json::json;
+use tessera_api::{
+    node_config::resolve,
+    v1alpha1::{GpuNodeConfig, GpuNodeConfigStatus, NodeSettings},
+};
+use tessera_kubekit::Watched;
+
+use super::RETRY;
+use crate::Error;
+
+/// Runs the controller on `configs`, woken by every change of `nodes`.
+pub(super) async fn run(client: Client, configs: &Watched<GpuNodeConfig>, nodes: &Watched<Node>) {
+    let every_config = |store: Store<GpuNodeConfig>| {
+        move || {
+            store
+                .state()
+                .into_iter()
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
+        }
+    };
+    let (on_node, on_config) = (every_config(configs.store()), every_config(configs.store()));
+    let context = Arc::new(ConfigContext {
+        client,
+        configs: configs.store(),
+        nodes: nodes.store(),
+    });
+    Controller::for_stream(configs.touched(), configs.store())
+        // Matches depend on every node, and conflicts on every other config:
+        // any node or config change re-reconciles all configs (writes happen
+        // only where a status changes, so this settles at once).
+        .watches_stream(nodes.touched(), move |_: Node| on_node())
+        .watches_stream(configs.touched(), move |_| on_config())
+        .run(
+            reconcile_config,
+            |_, error, _| {
+                tracing::warn!(%error, "GpuNodeConfig status failed; retrying");
+                Action::requeue(RETRY)
+            },
+            context,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+struct ConfigContext {
+    client: Client,
+    configs: Store<GpuNodeConfig>,
+    nodes: Store<Node>,
+}
+
+async fn reconcile_config(
+    config: Arc<GpuNodeConfig>,
+    ctx: Arc<ConfigContext>,
+) -> Result<Action, Error> {
+    // Matching against a half-filled node cache would publish wrong matches.
+    if ctx.nodes.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(RETRY));
+    }
+    let name = config.name_any();
+    let all: Vec<GpuNodeConfig> = ctx.configs.state().iter().map(|c| (**c).clone()).collect();
+    let mut matched = Vec::new();
+    let mut conflicts = Vec::new();
+    for node in ctx.nodes.state() {
+        let labels = node.labels().clone();
+        let node_name = node.name_any();
+        if !config.selects(&node_name, &labels) {
+            continue;
+        }
+        matched.push(node_name.clone());
+        let resolved = resolve(&node_name, &labels, &NodeSettings::default(), &all);
+        conflicts.extend(
+            resolved
+                .conflicts
+                .into_iter()
+                .filter(|c| c.configs.contains(&name)),
+        );
+    }
+    matched.sort();
+    let status = GpuNodeConfigStatus {
+        observed_generation: config.metadata.generation,
+        matched_node_count: u32::try_from(matched.len()).unwrap_or(u32::MAX),
+        matched_nodes: matched,
+        conflicts,
+        conditions: config
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default(),
+    };
+    if config.status.as_ref() != Some(&status) {
+        let api: Api<GpuNodeConfig> = Api::all(ctx.client.clone());
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .map_err(Error::kube("writing GpuNodeConfig status"))?;
+    }
+    Ok(Action::await_change())
+}

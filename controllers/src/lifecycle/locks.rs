@@ -1,0 +1,74 @@
+//! Locks: a NodeLock is deleted as soon as its holder is deleted, finished,
+//! bound elsewhere, or served, and at its expiry otherwise.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Preconditions},
+    runtime::{Controller, controller::Action, reflector::ObjectRef},
+};
+use tessera_api::v1alpha1::NodeLock;
+use tessera_kubekit::Watched;
+
+use super::{Caches, LockAction, lock_action, retry_cached};
+use crate::Error;
+
+/// Runs the controller on `locks`, woken by their holders' `pods` and by
+/// the allocations.
+pub(super) async fn run(caches: Arc<Caches>, locks: &Watched<NodeLock>, pods: &Watched<Pod>) {
+    let by_holder = {
+        let locks = locks.store();
+        move |pod: Pod| {
+            let uid = pod.metadata.uid.unwrap_or_default();
+            locks
+                .state()
+                .into_iter()
+                .filter(|lock| lock.spec.holder.uid == uid)
+                .map(|lock| ObjectRef::from_obj(&*lock))
+                .collect::<Vec<_>>()
+        }
+    };
+    Controller::for_stream(locks.touched(), locks.store())
+        .watches_stream(pods.touched(), by_holder)
+        .watches_stream(caches.allocations.touched(), |a| {
+            Some(ObjectRef::<NodeLock>::new(&a.spec.node_name))
+        })
+        .run(reconcile_lock, retry_cached, caches)
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Action, Error> {
+    let holder = &lock.spec.holder;
+    let pod = caches
+        .pod(&holder.namespace, &holder.name, &holder.uid)
+        .await?;
+    let allocation = caches
+        .allocations
+        .store()
+        .get(&ObjectRef::new(&lock.spec.allocation).within(&holder.namespace));
+    match lock_action(&lock, pod.as_ref(), allocation.as_deref(), Timestamp::now()) {
+        LockAction::Release(reason) => {
+            let locks: Api<NodeLock> = Api::all(caches.client.clone());
+            let only_this = DeleteParams::default().preconditions(Preconditions {
+                uid: lock.metadata.uid.clone(),
+                resource_version: None,
+            });
+            match locks.delete(&lock.name_any(), &only_this).await {
+                Ok(_) => {
+                    tracing::info!(node = %lock.name_any(), holder = %holder.name, %reason, "released NodeLock")
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => return Err(Error::kube("releasing the NodeLock")(e)),
+            }
+            Ok(Action::await_change())
+        }
+        LockAction::KeepUntil(expiry) => {
+            let wait = expiry.duration_since(Timestamp::now()).unsigned_abs();
+            Ok(Action::requeue(wait + Duration::from_millis(100)))
+        }
+    }
+}
