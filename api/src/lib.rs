@@ -12,6 +12,8 @@
 //! - `testing` (feature `testing`): builders for the custom resources in
 //!   tests and benchmarks.
 
+#![forbid(unsafe_code)]
+
 pub mod env;
 mod error;
 pub mod names;

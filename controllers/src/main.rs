@@ -1,5 +1,7 @@
 //! `tessera-controller`: see `tessera_controllers::app`.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use tessera_controllers::{
     app::{Args, run},

@@ -18,6 +18,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod artifacts;
 pub mod chaos;
 pub mod cluster;

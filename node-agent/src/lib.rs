@@ -9,6 +9,8 @@
 //! - [`lease`]: the agent's liveness Lease.
 //! - [`plugin`]: the kubelet device plugin (ListAndWatch, Allocate, ...).
 //! - [`view`]: node-scoped watches and Allocate's reads.
+
+#![forbid(unsafe_code)]
 pub mod app;
 pub mod backend;
 mod error;

@@ -1,5 +1,7 @@
 //! `tessera-node-agent`: see `tessera_node_agent::app`.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use tessera_node_agent::app::{Args, client, run};
 

@@ -7,6 +7,8 @@
 //! ([`trace_context`]); the node agent's Allocate span continues that trace
 //! ([`join`]).
 
+#![forbid(unsafe_code)]
+
 use opentelemetry::{
     propagation::TextMapPropagator,
     trace::{TraceContextExt, TracerProvider},

@@ -3,6 +3,8 @@
 //! Files in DIR that are not generated CRDs are left alone; stale generated
 //! files (a renamed CRD) are removed.
 
+#![forbid(unsafe_code)]
+
 use std::{fs, path::PathBuf, process::ExitCode};
 
 fn main() -> ExitCode {

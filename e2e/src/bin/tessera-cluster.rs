@@ -1,6 +1,8 @@
 //! `tessera-cluster`: a persistent local control plane for development
 //! (`make cluster` / `make cluster-down`).
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;

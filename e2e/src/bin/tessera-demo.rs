@@ -8,6 +8,8 @@
 //! Deployment. Then it applies the examples in `examples/demo/`, prints a short
 //! tour and leaves everything running.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

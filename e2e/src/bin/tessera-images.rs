@@ -2,6 +2,8 @@
 //! tessera-node-agent and kube-scheduler (`make images`), without a Docker
 //! daemon. See docs/images.md.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -5,6 +5,8 @@
 //! `proto/LICENSE`); the gRPC paths are `/v1beta1.Registration/Register`,
 //! `/v1beta1.DevicePlugin/Allocate` and so on, exactly as the kubelet calls them.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 
 /// Generated messages, clients and servers.
