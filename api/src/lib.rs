@@ -6,7 +6,7 @@
 //! - [`v1alpha1`]: the custom resources (`GpuNode`, `VgpuAllocation`, `NodeLock`,
 //!   `GpuNodeConfig`) in group `tessera.dev`.
 //! - [`request`]: turns a Pod and the cluster defaults into a typed GPU request,
-//!   with HAMi's rules; shared by the webhook, the scheduler and the node agent.
+//!   with HAMi's rules; shared by the webhook and the extender (Filter and Bind).
 //! - [`node_config`]: which GpuNodeConfigs select a node and the settings that result.
 //! - [`crds`]: the CustomResourceDefinitions generated from the types.
 //! - `testing` (feature `testing`): builders for the custom resources in

@@ -1,7 +1,9 @@
 //! From a Pod and the cluster defaults to a typed GPU request.
 //!
-//! The webhook, the scheduler and the node agent all read pods through
-//! [`parse_pod`], so they agree on what a pod asked for. The rules are HAMi's:
+//! The webhook and the extender (Filter, Prioritize and Bind) all read pods
+//! through [`parse_pod`], so they agree on what a pod asked for. (The node
+//! agent never parses a pod: it serves what Bind wrote in the pod's
+//! VgpuAllocation.) The rules are HAMi's:
 //!
 //! - A container asks for GPUs with `resources.limits` (requests are read when
 //!   a limit is absent; limits win when both are set).
