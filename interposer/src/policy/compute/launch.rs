@@ -1,8 +1,8 @@
 //! Every launch hook (`cuLaunchKernel`, `cuLaunchCooperativeKernel`,
 //! `cuLaunchKernelEx`, `cuGraphLaunch`, each with its `_ptsz` variant) runs
-//! the one throttle body here: straight to the driver when no compute limit
-//! applies (one load of [`MODE`]), else through the limiter, out of line
-//! ([`throttled`], cold), so that the fast path spills nothing.
+//! the one throttle body here, [`throttled`]: straight to the driver when no
+//! compute limit applies (one load of [`MODE`]), else through the limiter,
+//! out of line (cold), so that the fast path spills nothing.
 
 use std::ffi::{c_uint, c_void};
 use std::sync::OnceLock;
@@ -65,7 +65,8 @@ fn limiter(state: &State) -> Option<&'static Limiter> {
 }
 
 /// Runs a launch (`call`) on `stream` of kernel or graph `handle`,
-/// throttled when a compute limit applies.
+/// throttled when a compute limit applies: `call` straight away when none
+/// does (one load of [`MODE`]), else [`throttled`].
 #[inline(always)]
 pub(crate) fn launch(
     stream: CUstream,
@@ -73,27 +74,16 @@ pub(crate) fn launch(
     per_thread: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    launch_to(|| Some((stream, handle)), per_thread, call)
-}
-
-/// The throttle body of every launch: `call` when no compute limit applies,
-/// else [`throttled`]. `target` says where the launch goes (its stream and
-/// its kernel or graph handle), or `None` for the driver to answer; it is
-/// asked only on the slow path.
-#[inline(always)]
-pub(crate) fn launch_to(
-    target: impl FnOnce() -> Option<(CUstream, *mut c_void)>,
-    per_thread: bool,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
     if MODE.load(Ordering::Relaxed) == OFF {
         return call();
     }
-    throttled(target, per_thread, call)
+    throttled(move || Some((stream, handle)), per_thread, call)
 }
 
-/// The slow path: sets the process up on the first launch, then waits for
-/// budget and measures the launch when a compute limit applies.
+/// The throttle body of every launch, out of line: sets the process up on
+/// the first launch, then waits for budget and measures the launch when a
+/// compute limit applies. `target` says where the launch goes (its stream
+/// and its kernel or graph handle), or `None` for the driver to answer.
 #[cold]
 #[inline(never)]
 fn throttled(
@@ -120,95 +110,80 @@ fn throttled(
     }
 }
 
-/// `cuLaunchKernel` and `_ptsz`, `cuLaunchCooperativeKernel` and `_ptsz`:
-/// one hook body per driver function, each the throttle body around the
-/// real call.
-macro_rules! grid_launches {
-    ($( $name:ident => $real:ident, $per_thread:expr, ($($extra:ident),*); )*) => {
+/// The kernel launch hooks, one macro for every signature: each calls the
+/// real function straight away when no compute limit applies, else passes
+/// its arguments to a cold function of its own that runs [`throttled`]
+/// around the real call. Taking the arguments one by one (not a closure
+/// built before the check) keeps the fast path a tail call that spills
+/// nothing.
+macro_rules! kernel_launches {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident => $real:ident ( $($arg:ident : $ty:ty),* $(,)? )
+            to $target:expr, per_thread $per_thread:literal;
+    )*) => {
         $(
-            #[doc = concat!("`", stringify!($real), "`, throttled by the compute limit.")]
+            $(#[$doc])*
             ///
             /// # Safety
             ///
             /// The driver function's contract; the arguments are passed through.
             #[allow(clippy::too_many_arguments)]
             #[inline(always)]
-            pub(crate) unsafe fn $name(
-                f: CUfunction,
-                grid_x: c_uint,
-                grid_y: c_uint,
-                grid_z: c_uint,
-                block_x: c_uint,
-                block_y: c_uint,
-                block_z: c_uint,
-                shared_mem_bytes: c_uint,
-                stream: CUstream,
-                params: *mut *mut c_void,
-                $($extra: *mut *mut c_void,)*
-            ) -> CUresult {
-                launch(stream, f, $per_thread, move || {
-                    real!($real(
-                        f,
-                        grid_x,
-                        grid_y,
-                        grid_z,
-                        block_x,
-                        block_y,
-                        block_z,
-                        shared_mem_bytes,
-                        stream,
-                        params
-                        $(, $extra)*
-                    ))
-                })
+            pub(crate) unsafe fn $name($($arg: $ty),*) -> CUresult {
+                if MODE.load(Ordering::Relaxed) == OFF {
+                    return real!($real($($arg),*));
+                }
+                #[cold]
+                #[inline(never)]
+                #[allow(clippy::too_many_arguments)]
+                fn slow($($arg: $ty),*) -> CUresult {
+                    throttled(move || $target, $per_thread, move || real!($real($($arg),*)))
+                }
+                slow($($arg),*)
             }
         )*
     };
 }
 
-grid_launches! {
-    launch_kernel => cuLaunchKernel, false, (extra);
-    launch_kernel_ptsz => cuLaunchKernel_ptsz, true, (extra);
-    launch_cooperative_kernel => cuLaunchCooperativeKernel, false, ();
-    launch_cooperative_kernel_ptsz => cuLaunchCooperativeKernel_ptsz, true, ();
-}
-
-/// `cuLaunchKernelEx`: the stream is the one `config` names.
-///
-/// # Safety
-///
-/// `config` is NULL or points to a `CUlaunchConfig` (the driver's contract).
-#[inline(always)]
-pub(crate) unsafe fn launch_kernel_ex(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
+kernel_launches! {
+    /// `cuLaunchKernel`, throttled by the compute limit.
+    fn launch_kernel => cuLaunchKernel(
+        f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+        block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
+        params: *mut *mut c_void, extra: *mut *mut c_void,
+    ) to Some((stream, f)), per_thread false;
+    /// `cuLaunchKernel_ptsz`.
+    fn launch_kernel_ptsz => cuLaunchKernel_ptsz(
+        f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+        block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
+        params: *mut *mut c_void, extra: *mut *mut c_void,
+    ) to Some((stream, f)), per_thread true;
+    /// `cuLaunchCooperativeKernel`, throttled by the compute limit.
+    fn launch_cooperative_kernel => cuLaunchCooperativeKernel(
+        f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+        block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
+        params: *mut *mut c_void,
+    ) to Some((stream, f)), per_thread false;
+    /// `cuLaunchCooperativeKernel_ptsz`.
+    fn launch_cooperative_kernel_ptsz => cuLaunchCooperativeKernel_ptsz(
+        f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+        block_y: c_uint, block_z: c_uint, shared_mem_bytes: c_uint, stream: CUstream,
+        params: *mut *mut c_void,
+    ) to Some((stream, f)), per_thread true;
+    /// `cuLaunchKernelEx`: the stream is the one `config` names (`config`
+    /// is NULL or points to a `CUlaunchConfig`, the driver's contract).
+    fn launch_kernel_ex => cuLaunchKernelEx(
+        config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+        extra: *mut *mut c_void,
     // SAFETY: NULL or a valid CUlaunchConfig, per the caller.
-    let target = move || unsafe { config.as_ref() }.map(|c| (c.stream, f));
-    launch_to(target, false, move || {
-        real!(cuLaunchKernelEx(config, f, params, extra))
-    })
-}
-
-/// `cuLaunchKernelEx_ptsz`.
-///
-/// # Safety
-///
-/// `config` is NULL or points to a `CUlaunchConfig` (the driver's contract).
-#[inline(always)]
-pub(crate) unsafe fn launch_kernel_ex_ptsz(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
+    ) to unsafe { config.as_ref() }.map(|c| (c.stream, f)), per_thread false;
+    /// `cuLaunchKernelEx_ptsz`.
+    fn launch_kernel_ex_ptsz => cuLaunchKernelEx_ptsz(
+        config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+        extra: *mut *mut c_void,
     // SAFETY: NULL or a valid CUlaunchConfig, per the caller.
-    let target = move || unsafe { config.as_ref() }.map(|c| (c.stream, f));
-    launch_to(target, true, move || {
-        real!(cuLaunchKernelEx_ptsz(config, f, params, extra))
-    })
+    ) to unsafe { config.as_ref() }.map(|c| (c.stream, f)), per_thread true;
 }
 
 /// `cuGraphLaunch`, throttled; the graph is charged its measured duration.
