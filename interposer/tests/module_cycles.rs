@@ -1,5 +1,5 @@
 //! No import circle: `hack/module-cycles.py` lists the module dependency
-//! edges of the interposer and of the fake driver and fails on a cycle
+//! edges of the interposer and of the fakes and fails on a cycle
 //! between files or top-level modules (and, for the interposer, on an edge
 //! from a layer to one above it). Skipped, saying so, without `python3`.
 
@@ -40,4 +40,11 @@ fn the_interposer_s_layers_only_depend_downwards() {
             "sys,log,config,driver,accounting,policy,exports",
         ],
     );
+}
+
+#[test]
+fn the_fake_driver_and_the_fake_gpu_crates_have_no_import_circle() {
+    for src in ["fake-driver/src", "fake-gpu/src", "fake-nvml/src"] {
+        check(src, &[]);
+    }
 }

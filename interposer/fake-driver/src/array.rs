@@ -15,10 +15,11 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::{
-    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUresult, current_device, granular, guard,
-    initialized, physical, write,
+use crate::base::{
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUresult, granular, guard, write,
 };
+use crate::context::current_device;
+use crate::devices::{initialized, physical};
 
 const CUDA_ARRAY3D_LAYERED: c_uint = 0x01;
 const CUDA_ARRAY3D_CUBEMAP: c_uint = 0x04;

@@ -1,21 +1,57 @@
-//! Contexts and their device memory: `cuCtxCreate_v2` (in `lib.rs`),
-//! `cuCtxCreate_v3`, `cuCtxCreate_v4`, `cuCtxDestroy_v2`, and primary
-//! contexts (`cuDevicePrimaryCtxRetain`, `cuDevicePrimaryCtxRelease_v2`).
+//! Contexts and their device memory: `cuCtxCreate_v2`, `_v3` and `_v4`,
+//! `cuCtxDestroy_v2`, the current context (`cuCtxSetCurrent`,
+//! `cuCtxGetCurrent`, `cuCtxGetDevice`, `cuCtxGetId`), and primary contexts
+//! (`cuDevicePrimaryCtxRetain`, `cuDevicePrimaryCtxRelease_v2`).
 //!
 //! Every context takes `FAKE_CUDA_CONTEXT_MEMORY` bytes of its device
 //! (default 0) while it exists, as a real one takes its footprint. A
 //! device's primary context is made by its first retain and destroyed by
 //! the release that drops its retain count to zero.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use crate::{
-    CONTEXTS, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
-    CURRENT, CUcontext, CUdevice, CUresult, Context, NEXT_CONTEXT_ID, device, guard, physical,
+use crate::base::{
+    CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUcontext,
+    CUdevice, CUresult, guard, write,
 };
+use crate::devices::{device, initialized, physical};
+use crate::inject;
+
+/// Live contexts (their addresses) → device.
+static CONTEXTS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+thread_local! {
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A context: which device it belongs to.
+struct Context {
+    device: usize,
+    /// `cuCtxGetId`: unique for the process's life, never reused.
+    id: u64,
+    /// Device memory it takes (`FAKE_CUDA_CONTEXT_MEMORY`).
+    bytes: u64,
+    /// A device's primary context (`context.rs`), which `cuCtxDestroy` refuses.
+    primary: bool,
+}
+
+static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn current_device() -> Result<usize, CUresult> {
+    initialized()?;
+    let ctx = CURRENT.get();
+    if ctx == 0 {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    // SAFETY: CURRENT only ever holds a live context (cuCtxDestroy clears it
+    // on the destroying thread; other threads' stale use is a caller bug the
+    // real driver does not catch either).
+    Ok(unsafe { &*(ctx as *const Context) }.device)
+}
 
 /// `FAKE_CUDA_CONTEXT_MEMORY` in bytes.
 fn context_memory() -> u64 {
@@ -173,5 +209,114 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
             destroy(ctx, true)?;
         }
         Ok(())
+    })
+}
+
+/// `cuCtxCreate_v2`: creates a context and makes it current.
+///
+/// # Safety
+///
+/// `pctx` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    inject::guard("cuCtxCreate_v2", || create_current(pctx, dev))
+}
+
+/// `cuCtxDestroy_v2`.
+///
+/// # Safety
+///
+/// Safe with any handle: unknown ones are refused.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    guard(|| {
+        initialized()?;
+        destroy(ctx as usize, false)
+    })
+}
+
+/// `cuCtxSetCurrent`.
+///
+/// # Safety
+///
+/// Safe with any handle: unknown ones are refused.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    guard(|| {
+        initialized()?;
+        let ctx = ctx as usize;
+        let known = ctx == 0
+            || CONTEXTS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|set| set.contains(&ctx));
+        if !known {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        CURRENT.set(ctx);
+        Ok(())
+    })
+}
+
+/// `cuCtxGetCurrent`.
+///
+/// # Safety
+///
+/// `pctx` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    guard(|| {
+        initialized()?;
+        // SAFETY: the caller's pointer, NULL-checked by `write`.
+        unsafe { write(pctx, CURRENT.get() as CUcontext) }
+    })
+}
+
+/// `cuCtxGetId` (CUDA 12.0): a context's unique id; NULL means the current one.
+///
+/// # Safety
+///
+/// `out` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, out: *mut u64) -> CUresult {
+    guard(|| {
+        initialized()?;
+        let ctx = if ctx.is_null() {
+            CURRENT.get()
+        } else {
+            ctx as usize
+        };
+        let known = ctx != 0
+            && CONTEXTS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|set| set.contains(&ctx));
+        if !known {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        // SAFETY: a live context (in the set), created by cuCtxCreate_v2.
+        let id = unsafe { &*(ctx as *const Context) }.id;
+        // SAFETY: the caller's pointer, NULL-checked by `write`.
+        unsafe { write(out, id) }
+    })
+}
+
+/// `cuCtxGetDevice`.
+///
+/// # Safety
+///
+/// `out` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(out: *mut CUdevice) -> CUresult {
+    inject::guard("cuCtxGetDevice", || {
+        let dev = current_device()?;
+        // SAFETY: the caller's pointer, NULL-checked by `write`.
+        unsafe { write(out, dev as CUdevice) }
     })
 }

@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::CUresult;
+use crate::base::{CUDA_ERROR_UNKNOWN, CUresult};
 
 /// The functions with an injection point.
 pub(crate) const INJECTABLE: &[&str] = &[
@@ -151,7 +151,7 @@ impl Plan {
 /// The injection point of `function` (one of [`INJECTABLE`]): sleeps its
 /// latency, and returns the error code of a fault that hits this call.
 /// Runs under `catch_unwind` (some callers are exports outside
-/// [`crate::guard`]): a panic answers `CUDA_ERROR_UNKNOWN`.
+/// [`crate::base::guard`]): a panic answers `CUDA_ERROR_UNKNOWN`.
 #[inline]
 pub(crate) fn point(function: &'static str) -> Option<CUresult> {
     debug_assert!(INJECTABLE.contains(&function), "{function}");
@@ -162,15 +162,15 @@ pub(crate) fn point(function: &'static str) -> Option<CUresult> {
         }
         plan.at(function)
     })
-    .unwrap_or(Some(crate::CUDA_ERROR_UNKNOWN))
+    .unwrap_or(Some(CUDA_ERROR_UNKNOWN))
 }
 
-/// [`crate::guard`] behind the injection point of `function`.
+/// [`crate::base::guard`] behind the injection point of `function`.
 pub(crate) fn guard(
     function: &'static str,
     body: impl FnOnce() -> Result<(), CUresult>,
 ) -> CUresult {
-    point(function).unwrap_or_else(|| crate::guard(body))
+    point(function).unwrap_or_else(|| crate::base::guard(body))
 }
 
 #[cfg(test)]

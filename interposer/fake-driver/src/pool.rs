@@ -1,8 +1,10 @@
-//! Memory pools and stream-ordered allocation: `cuMemPoolCreate`,
-//! `cuMemPoolDestroy`, `cuMemPoolTrimTo`, `cuMemPoolSetAttribute`,
-//! `cuMemPoolGetAttribute`, `cuDeviceGetDefaultMemPool`,
-//! `cuDeviceGetMemPool`, `cuDeviceSetMemPool`, `cuMemAllocAsync`,
-//! `cuMemAllocFromPoolAsync`, `cuMemFreeAsync` (and the `_ptsz` variants).
+//! Memory pools: `cuMemPoolCreate`, `cuMemPoolDestroy`, `cuMemPoolTrimTo`,
+//! `cuMemPoolSetAttribute`, `cuMemPoolGetAttribute`,
+//! `cuDeviceGetDefaultMemPool`, `cuDeviceGetMemPool`, `cuDeviceSetMemPool`,
+//! and the allocations made from them.
+//!
+//! Stream-ordered allocations themselves (`cuMemAllocAsync`,
+//! `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`) are in `ordered.rs`.
 //!
 //! A pool *reserves* device memory in whole granules and keeps what its
 //! allocations free, as a real pool does: an allocation uses the pool's
@@ -17,18 +19,19 @@
 //! a default pool, its current pool until `cuDeviceSetMemPool`.
 //! `FAKE_CUDA_POOL_CHUNK` (bytes) makes pools grow in larger chunks than
 //! their allocations need, as some drivers do. On a stream being captured,
-//! `cuMemAllocAsync` and `cuMemFreeAsync` add graph nodes (`exec/graph.rs`).
+//! `cuMemAllocAsync` and `cuMemFreeAsync` add graph nodes (`exec/graph.rs`, from `ordered.rs`).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use crate::{
+use crate::base::{
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUdeviceptr, CUresult,
-    GRANULARITY, PER_THREAD_CALLS, current_device, device, granular, guard, initialized,
-    new_address, physical, write,
+    GRANULARITY, granular, guard, write,
 };
+use crate::devices::{device, initialized, physical};
+use crate::memory::new_address;
 
 const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
@@ -41,7 +44,7 @@ const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
 const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
 const CU_MEMPOOL_ATTR_USED_MEM_HIGH: c_int = 8;
 
-type CUmemoryPool = *mut c_void;
+pub(crate) type CUmemoryPool = *mut c_void;
 
 /// `CUmemPoolProps` (88 bytes), as far as the fake reads it.
 #[repr(C)]
@@ -166,26 +169,15 @@ fn with_pools<T>(body: impl FnOnce(&mut Pools) -> Result<T, CUresult>) -> Result
     )
 }
 
-/// Allocates `bytes` from `pool` (NULL: the current device's current pool)
-/// on `stream`; on a stream being captured, an allocation node instead.
-fn allocate(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
+/// Allocates `bytes` from `pool` (NULL: the current pool of device `dev`),
+/// immediately: the pool's unused reserved bytes first, then it grows.
+pub(crate) fn allocate(
+    dev: usize,
+    bytes: u64,
     pool: CUmemoryPool,
-    stream: *mut c_void,
-    per_thread: bool,
-) -> Result<(), CUresult> {
-    let dev = current_device()?;
-    if dptr.is_null() || bytes == 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    if let Some(address) = crate::exec::capture_alloc(stream, per_thread, dev, bytes as u64)? {
-        // SAFETY: checked non-NULL above; valid for writes per the C contract.
-        unsafe { dptr.write(address) };
-        return Ok(());
-    }
-    let need = granular(bytes as u64).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-    let address = with_pools(|pools| {
+) -> Result<CUdeviceptr, CUresult> {
+    let need = granular(bytes).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    with_pools(|pools| {
         let handle = if pool.is_null() {
             pools.current_pool(dev)
         } else {
@@ -206,10 +198,7 @@ fn allocate(
         let address = new_address(need);
         pools.pointers.insert(address, (handle, need));
         Ok(address)
-    })?;
-    // SAFETY: checked non-NULL above; valid for writes per the C contract.
-    unsafe { dptr.write(address) };
-    Ok(())
+    })
 }
 
 /// Frees `dptr` if it is a stream-ordered allocation: `Ok(false)` if not.
@@ -240,107 +229,6 @@ pub(crate) fn synchronized() -> Result<(), CUresult> {
         }
         Ok(())
     })
-}
-
-/// `cuMemAllocAsync`: from the current pool of the current context's
-/// device, immediately.
-///
-/// # Safety
-///
-/// `dptr` is NULL or valid for writes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    stream: *mut c_void,
-) -> CUresult {
-    guard(|| allocate(dptr, bytesize, std::ptr::null_mut(), stream, false))
-}
-
-/// `cuMemAllocAsync_ptsz`: the per-thread-default-stream variant; counted.
-///
-/// # Safety
-///
-/// `dptr` is NULL or valid for writes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    stream: *mut c_void,
-) -> CUresult {
-    PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
-    guard(|| allocate(dptr, bytesize, std::ptr::null_mut(), stream, true))
-}
-
-/// `cuMemAllocFromPoolAsync`.
-///
-/// # Safety
-///
-/// `dptr` is NULL or valid for writes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    stream: *mut c_void,
-) -> CUresult {
-    guard(|| {
-        if pool.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        allocate(dptr, bytesize, pool, stream, false)
-    })
-}
-
-/// `cuMemAllocFromPoolAsync_ptsz`; counted.
-///
-/// # Safety
-///
-/// `dptr` is NULL or valid for writes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    stream: *mut c_void,
-) -> CUresult {
-    PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
-    guard(|| {
-        if pool.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        allocate(dptr, bytesize, pool, stream, true)
-    })
-}
-
-/// `cuMemFreeAsync`.
-///
-/// # Safety
-///
-/// Safe with any value: unknown addresses are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
-    guard(|| free_async(dptr, stream, false))
-}
-
-/// A free node when the stream is being captured, else a free.
-fn free_async(dptr: CUdeviceptr, stream: *mut c_void, per_thread: bool) -> Result<(), CUresult> {
-    initialized()?;
-    if crate::exec::capture_free(stream, per_thread)? {
-        return Ok(());
-    }
-    crate::free(dptr)
-}
-
-/// `cuMemFreeAsync_ptsz`; counted.
-///
-/// # Safety
-///
-/// Safe with any value: unknown addresses are refused.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
-    PER_THREAD_CALLS.fetch_add(1, Ordering::Relaxed);
-    guard(|| free_async(dptr, stream, true))
 }
 
 /// `cuMemPoolCreate`: a pinned pool on a device location.

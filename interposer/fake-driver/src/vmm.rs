@@ -14,10 +14,13 @@ use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::{
-    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult, GRANULARITY, device,
-    guard, initialized, new_address, physical, write,
+use crate::base::{
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult, GRANULARITY, guard,
+    write,
 };
+use crate::devices::{device, initialized, physical};
+use crate::inject;
+use crate::memory::new_address;
 
 const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
@@ -124,7 +127,7 @@ pub unsafe extern "C" fn cuMemCreate(
     prop: *const AllocationProp,
     flags: u64,
 ) -> CUresult {
-    crate::inject::guard("cuMemCreate", || {
+    inject::guard("cuMemCreate", || {
         // SAFETY: the caller's pointer, as documented.
         let dev = unsafe { vmm_device(prop) }?;
         let bytes = size as u64;

@@ -17,13 +17,17 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::Ordering;
 
-use super::{CUstream, Exec, enqueue, new_handle, resolve, with_exec};
-use crate::{
-    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUresult, PER_THREAD_CALLS, device,
-    granular, guard, initialized, new_address, physical, write,
+use crate::base::{
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUresult, PER_THREAD_CALLS, granular,
+    guard, write,
 };
+use crate::devices::{device, initialized, physical};
+use crate::exec::model::{
+    CUDA_ERROR_INVALID_HANDLE, CUstream, Exec, Executable, Graph, Node, new_handle, with_exec,
+};
+use crate::exec::streams::{enqueue, resolve};
+use crate::memory::new_address;
 
-const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 const CU_GRAPH_NODE_TYPE_KERNEL: c_int = 0;
 const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
 const CU_GRAPH_NODE_TYPE_MEM_FREE: c_int = 11;
@@ -32,57 +36,6 @@ const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 type CUgraph = *mut c_void;
 type CUgraphNode = *mut c_void;
-
-#[derive(Clone, Copy)]
-enum Node {
-    Kernel,
-    Alloc {
-        dev: usize,
-        /// As asked for.
-        bytesize: u64,
-        ptr: u64,
-    },
-    Free,
-}
-
-/// A graph: its nodes (handle, node) and the duration of its launches.
-#[derive(Clone, Default)]
-pub(crate) struct Graph {
-    duration: u64,
-    nodes: Vec<(usize, Node)>,
-}
-
-impl Graph {
-    /// A captured launch of `duration` ns.
-    pub(super) fn record_kernel(&mut self, duration: u64) {
-        self.duration += duration;
-        self.nodes.push((new_handle(), Node::Kernel));
-    }
-
-    fn add(&mut self, node: Node) -> usize {
-        let handle = new_handle();
-        self.nodes.push((handle, node));
-        handle
-    }
-}
-
-/// An executable graph.
-pub(crate) struct Executable {
-    duration: u64,
-    /// What backs its allocation nodes: (device, bytes in whole granules).
-    allocations: Vec<(usize, u64)>,
-    /// Backed by device memory (since its first launch).
-    backed: bool,
-}
-
-/// A device's graph memory in this process.
-#[derive(Default)]
-pub(crate) struct GraphMemory {
-    reserved: u64,
-    used: u64,
-    reserved_high: u64,
-    used_high: u64,
-}
 
 /// `CUDA_MEM_ALLOC_NODE_PARAMS` (120 bytes), as far as the fake reads it.
 #[repr(C)]
