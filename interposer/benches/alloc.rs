@@ -5,10 +5,6 @@
 //! C probe as its own process: without the preload, with it and no limit
 //! (accounting only), and with a limit (accounting and the limit check).
 
-#[allow(dead_code)] // the benchmark uses only part of the test support
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use support::{Loader, World};
 
 fn main() {

@@ -12,10 +12,6 @@
 //! the limited path itself (current context, capture check, two events,
 //! polling earlier events).
 
-#[allow(dead_code)] // the benchmark uses only part of the test support
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use support::{Loader, World};
 
 fn main() {

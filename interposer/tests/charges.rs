@@ -6,9 +6,6 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY`), that freeing returns the charge and that
 //! `cuMemGetInfo` stays consistent with the fake GPU.
 
-#[allow(dead_code)] // the charging tests use only part of the test support
-mod support;
-
 use support::{Loader, MIB, World};
 use tessera_vgpu_region::Region;
 

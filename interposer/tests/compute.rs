@@ -12,9 +12,6 @@
 //! machine is not starved by all of their probes at once (a probe that is
 //! not scheduled cannot launch, and its device idles).
 
-#[allow(dead_code)] // the compute tests use only part of the test support
-mod support;
-
 use support::launch::{
     Run, TOLERANCE, UNTHROTTLED, assert_near, assert_unthrottled, one_at_a_time,
 };

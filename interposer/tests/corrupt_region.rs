@@ -3,9 +3,6 @@
 //! container has limits), and it never rebuilds a region the container's
 //! other processes may hold reservations in.
 
-#[allow(dead_code)] // these tests use only part of the test support
-mod support;
-
 use std::os::unix::fs::symlink;
 
 use support::{Loader, World};

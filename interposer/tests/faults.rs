@@ -2,9 +2,6 @@
 //! and latency injection (`FAKE_CUDA_FAIL`, `FAKE_CUDA_LATENCY_US`, see
 //! `fake-driver/src/inject.rs`).
 
-#[allow(dead_code)] // the fault tests use only part of the test support
-mod support;
-
 use std::process::Stdio;
 
 use support::{Loader, MIB, World};

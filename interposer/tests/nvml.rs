@@ -3,9 +3,6 @@
 //! (`tests/c/probe.c`, commands `nvml`, `procs` and `hold`, against the fake
 //! NVML).
 
-#[allow(dead_code)] // the NVML tests use only part of the test support
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 

@@ -2,8 +2,6 @@
 //! separate C programs that reach the (fake) driver by linking, by
 //! `dlopen` + `dlsym`, and through `cuGetProcAddress_v2`.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 

@@ -4,9 +4,6 @@
 //! fake NVML's per-process utilisation (`own_<i>` of the probe's `launch`
 //! windows).
 
-#[allow(dead_code)] // the sharing tests use only part of the test support
-mod support;
-
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;

@@ -1,12 +1,14 @@
-//! Builds the C probes against the fake driver and runs them as separate
-//! processes, with or without `LD_PRELOAD=libtessera_vgpu.so`.
+//! The support of the interposer's integration tests and benchmarks:
+//! builds the C probes (`interposer/tests/c/`) against the fake driver and
+//! runs them as separate processes, with or without
+//! `LD_PRELOAD=libtessera_vgpu.so`. The libraries are the ones the running
+//! `cargo test` or `cargo bench` built, next to its executable.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-#[allow(dead_code)] // the compute tests' helpers
 pub mod launch;
 
 /// How a probe finds the driver's functions (see `tests/c/probe.c`).
@@ -21,6 +23,7 @@ pub enum Loader {
 }
 
 impl Loader {
+    /// Every loader.
     pub const ALL: [Loader; 3] = [Loader::Linked, Loader::Dlsym, Loader::ProcAddr];
 
     /// The preprocessor symbol that selects this loader in the C programs.
@@ -67,6 +70,8 @@ fn cdylib(name: &str) -> PathBuf {
         })
 }
 
+/// The interposer, the fakes and the probes, found or built once per
+/// process.
 pub fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
@@ -87,7 +92,8 @@ pub fn built() -> &'static Built {
         std::fs::rename(tmp(&nvml), &nvml).unwrap();
         let mut probes = HashMap::new();
         for program in PROGRAMS {
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{program}.c"));
+            let source =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/c/{program}.c"));
             for loader in Loader::ALL {
                 let out = root.join(format!("{program}-{}", loader.define().to_lowercase()));
                 let mut gcc = Command::new("gcc");
@@ -115,6 +121,7 @@ pub fn built() -> &'static Built {
 
 /// One test's world: its own fake-device state file and shared region.
 pub struct World {
+    /// Where its files live, removed with it.
     pub dir: tempfile::TempDir,
     env: Vec<(String, String)>,
 }
@@ -161,7 +168,6 @@ impl World {
 
     /// Another process of this world's container: the same environment
     /// (region, fake GPU, limits), to which more variables can be added.
-    #[allow(dead_code)] // not every test file uses it
     pub fn same_container(&self) -> Self {
         Self {
             dir: tempfile::tempdir().unwrap(),
@@ -171,7 +177,6 @@ impl World {
 
     /// Another container on this world's fake GPUs: its own region and
     /// environment, the same fake device state (`FAKE_CUDA_*`).
-    #[allow(dead_code)] // not every test file uses it
     pub fn neighbour(&self) -> Self {
         let mut world = Self::new("8g");
         world.env.extend(
@@ -233,7 +238,6 @@ impl World {
     }
 
     /// Runs `tests/c/charges.c` to completion and parses its output.
-    #[allow(dead_code)] // tests/charges.rs only
     pub fn charges(&self, loader: Loader, preload: bool, args: &[&str]) -> Report {
         self.run_program("charges", loader, preload, args)
     }
@@ -253,6 +257,7 @@ impl World {
 
 /// A finished probe.
 pub struct Report {
+    /// How the probe exited and what it printed.
     pub output: Output,
     values: HashMap<String, String>,
     what: String,
@@ -291,6 +296,7 @@ impl Report {
         value.parse().unwrap_or_else(|_| panic!("{key}={value}"))
     }
 
+    /// What the probe printed to stderr.
     pub fn stderr(&self) -> String {
         String::from_utf8_lossy(&self.output.stderr).into_owned()
     }
@@ -305,6 +311,7 @@ impl Report {
     }
 }
 
+/// One MiB.
 pub const MIB: u64 = 1 << 20;
 
 /// Lets racing probes go (they wait for `start` to exist), waits for them,

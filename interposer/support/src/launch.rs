@@ -4,7 +4,7 @@
 
 use std::process::{Child, Stdio};
 
-use super::{Loader, World};
+use crate::{Loader, World};
 
 /// Blocks per launch: 1 ms each at the fake's default 1000 ns per block.
 pub const BLOCKS: &str = "1000";
@@ -28,10 +28,13 @@ pub struct Run {
 }
 
 impl Run {
+    /// Starts `launch` over `path` for `seconds` with [`BLOCKS`] blocks per
+    /// launch.
     pub fn start(world: &World, loader: Loader, preload: bool, path: &str, seconds: &str) -> Self {
         Self::start_blocks(world, loader, preload, path, seconds, BLOCKS)
     }
 
+    /// Starts `launch` with `blocks` blocks per launch.
     pub fn start_blocks(
         world: &World,
         loader: Loader,
@@ -96,8 +99,11 @@ impl Run {
 
 /// What a finished probe printed.
 pub struct Output {
+    /// Which probe it was, for messages.
     pub what: String,
+    /// Everything it printed to stdout.
     pub stdout: String,
+    /// Its calls of `_ptsz` variants (`per_thread_calls`).
     pub per_thread_calls: u64,
     /// This process's own NVML utilisation in each window (`own_<i>`;
     /// empty when NVML has no per-process utilisation).
@@ -119,6 +125,8 @@ pub fn assert_near(windows: &[u64], target: u64, output: &Output) {
     }
 }
 
+/// Asserts every window after the first (settling) keeps the device at
+/// least [`UNTHROTTLED`] percent busy.
 pub fn assert_unthrottled(windows: &[u64], output: &Output) {
     eprintln!("{}: unthrottled, windows {windows:?}", output.what);
     assert!(!windows.is_empty(), "{}: {}", output.what, output.stdout);
