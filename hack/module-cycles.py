@@ -24,6 +24,7 @@ top-level module not in the list, is also an error.
 Only the standard library is used, so `make test` can run it anywhere.
 """
 
+import argparse
 import os
 import re
 import sys
@@ -365,18 +366,19 @@ def topo(nodes, edges):
 
 
 def main(argv):
-    args = [a for a in argv if not a.startswith("--")]
-    opts = {a.split("=", 1)[0]: (a.split("=", 1) + [""])[1] for a in argv if a.startswith("--")}
-    layers_arg = opts.get("--layers")
-    if "--layers" in argv:
-        i = argv.index("--layers")
-        layers_arg = argv[i + 1] if i + 1 < len(argv) else ""
-        args = [a for a in args if a != layers_arg]
-    if len(args) != 1:
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
-        return 2
-    crate = Crate(args[0])
-    quiet = "--quiet" in opts
+    parser = argparse.ArgumentParser(
+        description="List a Rust crate's module dependency edges; exit 1 on a cycle."
+    )
+    parser.add_argument("src", help="the crate's source directory (holding lib.rs or main.rs)")
+    parser.add_argument(
+        "--layers",
+        default="",
+        help="top-level modules, bottom first, comma-separated: an edge upwards is an error",
+    )
+    parser.add_argument("--quiet", action="store_true", help="print only errors")
+    opts = parser.parse_args(argv)
+    crate = Crate(opts.src)
+    quiet = opts.quiet
     rel = lambda f: os.path.relpath(f, crate.src)
     nodes = set(crate.code)
     edges = crate.edges()
@@ -385,7 +387,7 @@ def main(argv):
     layer_edges = {(layer(a), layer(b)) for a, b in edges if layer(a) != layer(b)}
 
     if not quiet:
-        print(f"# {rel(crate.src) if False else args[0]}: {len(nodes)} files, {len(edges)} file edges")
+        print(f"# {opts.src}: {len(nodes)} files, {len(edges)} file edges")
         print("\n## layers (top-level modules), bottom first")
         for n in topo(layer_nodes, layer_edges):
             below = sorted(b for a, b in layer_edges if a == n)
@@ -406,8 +408,8 @@ def main(argv):
                 if a in members and b in members:
                     a_, b_ = (a, b) if name == "layer" else (rel(a), rel(b))
                     print(f"    {a_} -> {b_}", file=sys.stderr)
-    if layers_arg:
-        order = [l for l in layers_arg.split(",") if l]
+    if opts.layers:
+        order = [l for l in opts.layers.split(",") if l]
         rank = {l: i for i, l in enumerate(order)}
         for a, b in sorted(layer_edges):
             if a == "(root)":
