@@ -21,3 +21,11 @@ pub mod telemetry;
 pub mod webhook;
 
 pub use error::Error;
+
+/// The controller's field manager: every status it writes is applied
+/// (server-side) under this name.
+pub const FIELD_MANAGER: &str = "tessera-controller";
+
+/// Writes status by server-side apply as [`FIELD_MANAGER`].
+pub(crate) const STATUS: tessera_kubekit::StatusWriter =
+    tessera_kubekit::StatusWriter::new(FIELD_MANAGER);

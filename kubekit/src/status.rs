@@ -14,7 +14,14 @@
 //! - every apply is forced: a status field is the writing component's to
 //!   decide (an allocation's phase passes between the controller and the
 //!   node agent), and fields written earlier by merge patch belong to
-//!   another manager, whose ownership the first apply takes over.
+//!   another manager, whose ownership the first apply takes over;
+//! - a `resourceVersion` in the apply is a precondition, as in an update:
+//!   [`StatusWriter::apply_at`] writes only over the version it read.
+//!
+//! A status type whose fields are not all optional (counts, summaries)
+//! cannot say "this write sets only the conditions" by leaving the rest
+//! unset; [`StatusWriter::apply_part_at`] sends only the fields that differ
+//! from the type's default, so a partial write claims nothing else.
 
 use std::borrow::Cow;
 
@@ -25,6 +32,7 @@ use kube::{
     core::object::HasStatus,
 };
 use serde::{Serialize, de::DeserializeOwned};
+use serde_json::{Map, Value};
 
 /// Writes objects' status by server-side apply as one field manager.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,11 +80,56 @@ impl StatusWriter {
         K: Resource<DynamicType = ()> + HasStatus + Clone + DeserializeOwned + std::fmt::Debug,
         K::Status: Serialize + std::fmt::Debug,
     {
+        self.send(api, name, resource_version, status).await
+    }
+
+    /// Like [`StatusWriter::apply_at`], sending only the status fields
+    /// (top-level) that differ from `K::Status::default()`: for a write
+    /// that deliberately sets a part of the status (one condition) and must
+    /// neither claim nor overwrite the rest.
+    pub async fn apply_part_at<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        resource_version: Option<&str>,
+        status: &K::Status,
+    ) -> Result<K, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + HasStatus + Clone + DeserializeOwned + std::fmt::Debug,
+        K::Status: Serialize + Default,
+    {
+        let part = part(status).map_err(kube::Error::SerdeError)?;
+        self.send(api, name, resource_version, &part).await
+    }
+
+    async fn send<K, S>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        resource_version: Option<&str>,
+        status: &S,
+    ) -> Result<K, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+        S: Serialize + std::fmt::Debug,
+    {
         let params = PatchParams::apply(self.field_manager).force();
         let intent = intent::<K, _>(name, resource_version, status);
         api.patch_status(name, &params, &Patch::Apply(&intent))
             .await
     }
+}
+
+/// The top-level fields of `status` that differ from the default's.
+fn part<S: Serialize + Default>(status: &S) -> Result<Map<String, Value>, serde_json::Error> {
+    let fields = |value: Value| match value {
+        Value::Object(fields) => fields,
+        _ => Map::new(),
+    };
+    let defaults = fields(serde_json::to_value(S::default())?);
+    let mut set = fields(serde_json::to_value(status)?);
+    set.retain(|name, value| defaults.get(name) != Some(value));
+    Ok(set)
 }
 
 /// The body of a status apply: the object's identity and the status.
@@ -125,5 +178,30 @@ mod tests {
             guarded["metadata"],
             json!({"name": "p", "resourceVersion": "42"})
         );
+    }
+
+    #[derive(Debug, Default, Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Summary {
+        count: u32,
+        model: String,
+        conditions: Vec<String>,
+    }
+
+    #[test]
+    fn a_part_is_the_fields_set_away_from_their_defaults() {
+        let ready = Summary {
+            conditions: vec!["Ready".to_owned()],
+            ..Summary::default()
+        };
+        assert_eq!(
+            Value::Object(part(&ready).unwrap()),
+            json!({"conditions": ["Ready"]})
+        );
+        let counted = Summary {
+            count: 2,
+            ..Summary::default()
+        };
+        assert_eq!(Value::Object(part(&counted).unwrap()), json!({"count": 2}));
     }
 }

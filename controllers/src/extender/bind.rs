@@ -9,14 +9,14 @@ use std::time::Instant;
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions},
+    api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions},
 };
 use serde_json::json;
 use tessera_api::{
     request::parse_pod,
     v1alpha1::{
-        AllocationTotals, ContainerAllocation, DeviceSlice, GpuNode, PodReference, TraceContext,
-        VgpuAllocation, VgpuAllocationSpec,
+        AllocationPhase, AllocationTotals, ContainerAllocation, DeviceSlice, GpuNode, PodReference,
+        TraceContext, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
     },
 };
 
@@ -216,16 +216,12 @@ impl Binder {
         // The pod is bound; a failed status write must not undo that. The
         // write is conditional on the version created: if the node agent
         // already served the pod, `Allocated` must not turn back into `Bound`.
-        let bound = json!({
-            "metadata": {"resourceVersion": version},
-            "status": {"phase": "Bound"},
-        });
-        match allocations
-            .patch_status(
-                &args.pod_name,
-                &PatchParams::default(),
-                &Patch::Merge(bound),
-            )
+        let bound = VgpuAllocationStatus {
+            phase: Some(AllocationPhase::Bound),
+            ..VgpuAllocationStatus::default()
+        };
+        match crate::STATUS
+            .apply_at(&allocations, &args.pod_name, version.as_deref(), &bound)
             .await
         {
             Ok(_) => {}

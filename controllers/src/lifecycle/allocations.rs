@@ -2,21 +2,23 @@
 //! deleted or finishes (the owner reference then deletes it with the pod),
 //! and `Allocated` when its pod runs but the node agent did not record it.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::{Controller, controller::Action, reflector::ObjectRef},
 };
-use serde_json::json;
-use tessera_api::v1alpha1::VgpuAllocation;
+use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation, VgpuAllocationStatus};
 use tessera_kubekit::Watched;
 
 use super::{Caches, release_reason, retry_cached, served_unrecorded};
 use crate::Error;
+
+/// How soon a release that met a newer version of its allocation (the
+/// agent wrote meanwhile) is tried again, once the watch has brought it.
+const AGAIN: Duration = Duration::from_millis(200);
 
 /// Runs the controller on `allocations`, woken by their `pods`.
 pub(super) async fn run(caches: Arc<Caches>, pods: &Watched<Pod>) {
@@ -42,41 +44,51 @@ async fn reconcile_allocation(
     let pod = caches
         .pod(&namespace, &spec.pod_name, &spec.pod_uid)
         .await?;
+    let api: Api<VgpuAllocation> = Api::namespaced(caches.client.clone(), &namespace);
+    let name = allocation.name_any();
+    let version = allocation.metadata.resource_version.as_deref();
+    let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default());
     if let Some(reason) = release_reason(&allocation, pod.as_ref()) {
-        let api: Api<VgpuAllocation> = Api::namespaced(caches.client.clone(), &namespace);
-        let status = json!({"status": {"phase": "Released", "releasedAt": Timestamp::now().to_string(), "message": reason}});
-        match api
-            .patch_status(
-                &allocation.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(status),
-            )
+        // Everything this controller may own in the status, so the apply
+        // removes none of it: `allocatedAt` is carried when set (by the
+        // fallback below, or by the agent). Guarded by the version read,
+        // so what is carried is current; a newer version is read next time.
+        let released = VgpuAllocationStatus {
+            phase: Some(AllocationPhase::Released),
+            released_at: Some(now),
+            message: Some(reason.clone()),
+            allocated_at: allocation
+                .status
+                .as_ref()
+                .and_then(|s| s.allocated_at.clone()),
+            ..VgpuAllocationStatus::default()
+        };
+        match crate::STATUS
+            .apply_at(&api, &name, version, &released)
             .await
         {
-            Ok(_) => {
-                tracing::info!(allocation = %allocation.name_any(), %namespace, %reason, "released")
-            }
+            Ok(_) => tracing::info!(allocation = %name, %namespace, %reason, "released"),
             Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(Action::requeue(AGAIN)),
             Err(e) => return Err(Error::kube("marking the allocation Released")(e)),
         }
     } else if served_unrecorded(&allocation, pod.as_ref()) {
         // Guarded by the version read: a concurrent write by the agent wins.
-        let api: Api<VgpuAllocation> = Api::namespaced(caches.client.clone(), &namespace);
-        let status = json!({
-            "metadata": {"resourceVersion": allocation.metadata.resource_version},
-            "status": {"phase": "Allocated", "allocatedAt": Timestamp::now().to_string(),
-                "message": "the pod's containers started before the node agent recorded its Allocate"},
-        });
-        match api
-            .patch_status(
-                &allocation.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(status),
-            )
+        let allocated = VgpuAllocationStatus {
+            phase: Some(AllocationPhase::Allocated),
+            allocated_at: Some(now),
+            message: Some(
+                "the pod's containers started before the node agent recorded its Allocate"
+                    .to_owned(),
+            ),
+            ..VgpuAllocationStatus::default()
+        };
+        match crate::STATUS
+            .apply_at(&api, &name, version, &allocated)
             .await
         {
             Ok(_) => {
-                tracing::info!(allocation = %allocation.name_any(), %namespace, "marked Allocated: the pod runs")
+                tracing::info!(allocation = %name, %namespace, "marked Allocated: the pod runs")
             }
             Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
             Err(e) => return Err(Error::kube("marking the allocation Allocated")(e)),

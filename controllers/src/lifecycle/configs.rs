@@ -7,14 +7,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::{
         Controller,
         controller::Action,
         reflector::{ObjectRef, Store},
     },
 };
-use serde_json::json;
 use tessera_api::{
     node_config::resolve,
     v1alpha1::{GpuNodeConfig, GpuNodeConfigStatus, NodeSettings},
@@ -106,13 +104,17 @@ async fn reconcile_config(
     };
     if config.status.as_ref() != Some(&status) {
         let api: Api<GpuNodeConfig> = Api::all(ctx.client.clone());
-        api.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await
-        .map_err(Error::kube("writing GpuNodeConfig status"))?;
+        // All of it but the conditions, which are not this controller's
+        // (left out, they are neither claimed nor changed). A field it
+        // leaves empty now is removed.
+        let ours = GpuNodeConfigStatus {
+            conditions: Vec::new(),
+            ..status
+        };
+        crate::STATUS
+            .apply(&api, &name, &ours)
+            .await
+            .map_err(Error::kube("writing GpuNodeConfig status"))?;
     }
     Ok(Action::await_change())
 }

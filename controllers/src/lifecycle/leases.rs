@@ -9,11 +9,9 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube::{
     Api, Client, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::{Controller, controller::Action},
 };
-use serde_json::json;
-use tessera_api::v1alpha1::GpuNode;
+use tessera_api::v1alpha1::{GpuNode, GpuNodeStatus};
 use tessera_kubekit::Watched;
 
 use super::{LeaseVerdict, RETRY, lease_lapsed_conditions, lease_verdict};
@@ -69,13 +67,19 @@ async fn reconcile_agent_lease(lease: Arc<Lease>, client: Arc<Client>) -> Result
     let Some(conditions) = lease_lapsed_conditions(current, &name, since, now) else {
         return Ok(Action::await_change());
     };
-    // Guarded by the version read: an agent that writes meanwhile is alive.
-    let patch = json!({
-        "metadata": {"resourceVersion": gpu_node.metadata.resource_version},
-        "status": {"conditions": conditions},
-    });
-    match api
-        .patch_status(node, &PatchParams::default(), &Patch::Merge(patch))
+    // Only the Ready condition (conditions merge by type: the others stay
+    // the agent's). Guarded by the version read: an agent that writes
+    // meanwhile is alive.
+    let ready = GpuNodeStatus {
+        conditions: conditions
+            .into_iter()
+            .filter(|c| c.type_ == "Ready")
+            .collect(),
+        ..GpuNodeStatus::default()
+    };
+    let version = gpu_node.metadata.resource_version.as_deref();
+    match crate::STATUS
+        .apply_part_at(&api, node, version, &ready)
         .await
     {
         Ok(_) => {
