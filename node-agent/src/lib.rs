@@ -24,3 +24,11 @@ pub mod settings;
 pub mod view;
 
 pub use error::Error;
+
+/// The node agent's field manager: every status it writes is applied
+/// (server-side) under this name.
+pub const FIELD_MANAGER: &str = "tessera-node-agent";
+
+/// Writes status by server-side apply as [`FIELD_MANAGER`].
+pub(crate) const STATUS: tessera_kubekit::StatusWriter =
+    tessera_kubekit::StatusWriter::new(FIELD_MANAGER);

@@ -180,13 +180,13 @@ async fn write(
             Err(e) => return Err(Error::kube("creating the GpuNode")(e)),
         }
     }
-    api.patch_status(
-        node,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(Error::kube("writing the GpuNode status"))?;
+    // All of the status the agent owns, each time: a field it leaves
+    // empty now (no configs applied) is removed, and the conditions
+    // another component set (Ready=Unknown by the controller) are taken back.
+    crate::STATUS
+        .apply(api, node, status)
+        .await
+        .map_err(Error::kube("writing the GpuNode status"))?;
     tracing::info!(node, gpus = status.gpu_count, "GpuNode status written");
     Ok(())
 }

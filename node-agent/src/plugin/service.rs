@@ -3,10 +3,9 @@
 use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use serde_json::json;
-use tessera_api::v1alpha1::{NodeLock, VgpuAllocation};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::api::{Api, DeleteParams, Preconditions};
+use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation, VgpuAllocationStatus};
 use tessera_deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, ListAndWatchResponse, Mount,
@@ -209,21 +208,20 @@ impl Service {
             .map(|s| s.served_containers.clone())
             .unwrap_or_default();
         served.push(grant.container.clone());
-        let mut status = json!({"servedContainers": served});
+        let mut status = VgpuAllocationStatus {
+            served_containers: served,
+            ..VgpuAllocationStatus::default()
+        };
         if grant.last {
-            status["phase"] = json!("Allocated");
-            status["allocatedAt"] = json!(Timestamp::now().to_string());
+            status.phase = Some(AllocationPhase::Allocated);
+            let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default();
+            status.allocated_at = Some(Time(now));
         }
-        let patch = json!({
-            "metadata": {"resourceVersion": allocation.metadata.resource_version},
-            "status": status,
-        });
-        Api::<VgpuAllocation>::namespaced(self.view.client().clone(), &grant.namespace)
-            .patch_status(
-                &grant.allocation,
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
+        // Guarded by the version read: the list is built from it.
+        let api = Api::<VgpuAllocation>::namespaced(self.view.client().clone(), &grant.namespace);
+        let version = allocation.metadata.resource_version.as_deref();
+        crate::STATUS
+            .apply_at(&api, &grant.allocation, version, &status)
             .await
             .map_err(Error::kube(format!(
                 "recording container {} as served in VgpuAllocation {}/{}",
