@@ -8,7 +8,7 @@
 //!   its timeline of work;
 //! - [`procs`]: per process, the memory it holds and when its work ran;
 //! - [`uuid`]: the devices' UUIDs, as CUDA and NVML report them;
-//! - [`file`] and [`clock`]: opening a state file, and the clock every
+//! - [`file`](mod@file) and [`clock`]: opening a state file, and the clock every
 //!   process shares.
 
 #![allow(unsafe_code)] // maps shared memory; every block carries a SAFETY comment

@@ -1,5 +1,5 @@
 //! The exported CUDA driver functions: every `hooked` function of
-//! `cuda_api!`, each a call of the policy function [`cuda_route!`] names
+//! `cuda_api!`, each a call of the policy function `cuda_route!` names
 //! for it, and the lookups the `dlsym` and `cuGetProcAddress` paths use.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};

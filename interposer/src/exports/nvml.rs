@@ -1,5 +1,5 @@
 //! The exported NVML functions: every `hooked` function of `nvml_api!`,
-//! each a call of the policy function [`nvml_route!`] names for it.
+//! each a call of the policy function `nvml_route!` names for it.
 
 use std::ffi::c_uint;
 

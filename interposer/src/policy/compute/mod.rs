@@ -3,7 +3,7 @@
 //! The container has one budget per device in the shared region: a token
 //! bucket counted in nanoseconds of GPU time. It is refilled at `limit` % of
 //! wall time (whichever process launches next credits the time since the
-//! last refill, once) and capped at [`CAP_NS`]. A launch waits while the
+//! last refill, once) and capped at [`CAP_NS`](limiter::CAP_NS). A launch waits while the
 //! budget is negative, then is charged an estimate of its duration; the
 //! launch is bracketed by two events on its stream, and once they have
 //! completed the estimate is replaced by the measured time between them. The
