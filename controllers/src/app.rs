@@ -92,7 +92,7 @@ impl Args {
 
 /// Runs the controller with `config` (see [`Args::load_config`]) until the
 /// process is stopped.
-pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Result<()> {
+pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(), Error> {
     let Args {
         config: _,
         extender_addr,
@@ -123,17 +123,36 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> anyhow::Re
     };
     let projection = start_loops(client.clone(), &watches, election, agent_lease_namespace);
     let metrics = Metrics::new(projection.clone());
-    let webhook = std::net::TcpListener::bind(webhook_addr)?;
-    tracing::info!(addr = %webhook.local_addr()?, "webhook listening");
+    let webhook = std::net::TcpListener::bind(webhook_addr).map_err(Error::serve(format!(
+        "listening on {webhook_addr} (--webhook-addr)"
+    )))?;
+    let addr = webhook
+        .local_addr()
+        .map_err(Error::serve("the webhook listener"))?;
+    tracing::info!(%addr, "webhook listening");
     let webhook = serve_webhook(
         webhook,
         CertificateFiles::new(tls_cert_file, tls_key_file),
         Webhook::new(config.clone(), projection.clone(), metrics.clone()),
     );
-    let extender = TcpListener::bind(extender_addr).await?;
-    tracing::info!(addr = %extender.local_addr()?, "extender listening");
-    let metrics_listener = TcpListener::bind(metrics_addr).await?;
-    tracing::info!(addr = %metrics_listener.local_addr()?, "metrics listening");
+    let extender = TcpListener::bind(extender_addr)
+        .await
+        .map_err(Error::serve(format!(
+            "listening on {extender_addr} (--extender-addr)"
+        )))?;
+    let addr = extender
+        .local_addr()
+        .map_err(Error::serve("the extender listener"))?;
+    tracing::info!(%addr, "extender listening");
+    let metrics_listener = TcpListener::bind(metrics_addr)
+        .await
+        .map_err(Error::serve(format!(
+            "listening on {metrics_addr} (--metrics-addr)"
+        )))?;
+    let addr = metrics_listener
+        .local_addr()
+        .map_err(Error::serve("the metrics listener"))?;
+    tracing::info!(%addr, "metrics listening");
     tokio::select! {
         result = serve_extender(extender, client, projection, config, metrics.clone()) => result,
         result = serve_metrics(metrics_listener, metrics) => result,
@@ -169,15 +188,18 @@ pub async fn serve_webhook(
     listener: std::net::TcpListener,
     mut files: CertificateFiles,
     webhook: Webhook,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     // kube and axum-server both use rustls with ring; make ring the process default.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tls = files.load().await?;
-    listener.set_nonblocking(true)?;
-    let server = axum_server::from_tcp_rustls(listener, tls.clone())?
+    listener
+        .set_nonblocking(true)
+        .map_err(Error::serve("the webhook's listener"))?;
+    let server = axum_server::from_tcp_rustls(listener, tls.clone())
+        .map_err(Error::serve("the webhook's listener"))?
         .serve(webhook.router().into_make_service());
     tokio::select! {
-        result = server => result?,
+        result = server => result.map_err(Error::serve("serving the webhook"))?,
         () = files.keep_current(tls) => {}
     }
     Ok(())
@@ -191,17 +213,19 @@ pub async fn serve_extender(
     projection: Projection,
     config: Arc<Config>,
     metrics: Arc<Metrics>,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let router = Extender::new(client, projection, config, metrics).router();
-    axum::serve(listener, router).await?;
-    Ok(())
+    axum::serve(listener, router)
+        .await
+        .map_err(Error::serve("serving the extender"))
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task
 /// is dropped.
-pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) -> anyhow::Result<()> {
-    axum::serve(listener, metrics.router()).await?;
-    Ok(())
+pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) -> Result<(), Error> {
+    axum::serve(listener, metrics.router())
+        .await
+        .map_err(Error::serve("serving /metrics"))
 }
 
 #[cfg(test)]

@@ -50,6 +50,16 @@ pub enum Error {
     /// The pod's GPU request is invalid.
     #[error(transparent)]
     Request(#[from] tessera_api::Error),
+    /// A listener could not be opened or a server stopped (start-up and
+    /// serving, never a scheduling decision).
+    #[error("{context}: {source}")]
+    Serve {
+        /// What was being done.
+        context: String,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -67,13 +77,18 @@ impl Error {
     /// A short, stable label for metrics (one of [`Error::METRIC_LABELS`]).
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Config(_) | Self::Certificate { .. } => "config",
+            Self::Config(_) | Self::Certificate { .. } | Self::Serve { .. } => "config",
             Self::Kube { .. } => "api",
             Self::LockBusy { .. } => "lock_busy",
             Self::NoLongerFits { .. } => "no_longer_fits",
             Self::Stale(_) => "stale",
             Self::Request(_) => "invalid_request",
         }
+    }
+
+    pub(crate) fn serve(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let context = context.into();
+        move |source| Self::Serve { context, source }
     }
 
     pub(crate) fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
@@ -105,6 +120,7 @@ mod tests {
                 reason: "r".into(),
             },
             Error::Stale("s".into()),
+            Error::serve("listening")(std::io::Error::other("x")),
             Error::Request(tessera_api::Error::InvalidConfig {
                 field: "defaultCores",
                 rule: "must be between 0 and 100".into(),

@@ -7,6 +7,9 @@
 //! - [`webhook`]: the mutating admission webhook for GPU pods.
 //! - [`lifecycle`]: releases allocations and locks, reports GpuNodeConfig status.
 //! - [`config`]: cluster-wide settings.
+
+#![forbid(unsafe_code)]
+
 pub mod app;
 pub mod cache;
 pub mod config;

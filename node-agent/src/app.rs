@@ -227,21 +227,30 @@ pub fn parse_defaults(text: &str) -> Result<NodeSettings, String> {
 }
 
 /// A client from `--kubeconfig`, or the default lookup without it.
-pub async fn client(args: &Args) -> anyhow::Result<kube::Client> {
+pub async fn client(args: &Args) -> Result<kube::Client, Error> {
     let Some(path) = &args.kubeconfig else {
-        return Ok(kube::Client::try_default().await?);
+        return kube::Client::try_default().await.map_err(Error::kube(
+            "connecting to the API server (in-cluster or KUBECONFIG)",
+        ));
     };
-    let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+    let kubeconfig = |source| Error::Kubeconfig {
+        path: path.clone(),
+        source,
+    };
     let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
+        kube::config::Kubeconfig::read_from(path).map_err(kubeconfig)?,
         &kube::config::KubeConfigOptions::default(),
     )
-    .await?;
-    Ok(kube::Client::try_from(config)?)
+    .await
+    .map_err(kubeconfig)?;
+    kube::Client::try_from(config).map_err(Error::kube(format!(
+        "a client from {} (--kubeconfig)",
+        path.display()
+    )))
 }
 
 /// Runs the agent until the process is stopped.
-pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> anyhow::Result<()> {
+pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Result<(), Error> {
     if let Some(from) = &args.install_interposer_from {
         let installed = install::install_interposer(from, &args.interposer_library)?;
         tracing::info!(
@@ -291,7 +300,10 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> an
     let metrics = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .map_err(Error::io(format!("listening on {}", args.metrics_addr)))?;
-    tracing::info!(addr = %metrics.local_addr()?, "metrics listening");
+    let addr = metrics
+        .local_addr()
+        .map_err(Error::io("the metrics listener"))?;
+    tracing::info!(%addr, "metrics listening");
     tokio::spawn(crate::monitor::mark_sharing(
         view.clone(),
         paths.regions.clone(),

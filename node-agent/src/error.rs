@@ -15,6 +15,15 @@ pub enum Error {
     /// NVML failed.
     #[error("NVML: {0}")]
     Nvml(String),
+    /// `--kubeconfig` cannot be read or used.
+    #[error("kubeconfig {}: {source}", .path.display())]
+    Kubeconfig {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     /// A Kubernetes API call failed.
     #[error("{context}: {source}")]
     Kube {

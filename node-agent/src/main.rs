@@ -16,5 +16,5 @@ async fn main() -> anyhow::Result<()> {
     if let Some(provider) = provider {
         let _ = provider.shutdown();
     }
-    result
+    Ok(result?)
 }
