@@ -9,9 +9,12 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{Api, Client, api::PostParams};
-use serde_json::json;
-use tessera_api::v1alpha1::{
-    AllocationPhase, GpuNode, GpuNodeStatus, VgpuAllocation, VgpuAllocationStatus,
+use tessera_api::{
+    testing,
+    v1alpha1::{
+        AllocationPhase, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, VgpuAllocation,
+        VgpuAllocationStatus,
+    },
 };
 use tessera_e2e::ControlPlane;
 use tessera_kubekit::StatusWriter;
@@ -25,17 +28,12 @@ fn now() -> Time {
 
 async fn allocation(client: &Client, name: &str) -> (Api<VgpuAllocation>, VgpuAllocation) {
     let api = Api::<VgpuAllocation>::namespaced(client.clone(), "default");
-    let object = serde_json::from_value(json!({
-        "apiVersion": "tessera.dev/v1alpha1", "kind": "VgpuAllocation",
-        "metadata": {"name": name},
-        "spec": {
-            "podName": name, "podUid": format!("uid-{name}"), "nodeName": "n1",
-            "containers": [{"name": "main", "devices": [{"uuid": "GPU-1", "index": 0, "memoryMiB": 100, "cores": 10}]}],
-            "gpuPolicy": "spread", "nodePolicy": "binpack",
-            "totals": {"devices": "GPU-1", "memoryMiB": 100, "cores": 10},
-        },
-    }))
-    .unwrap();
+    let object = testing::allocation(name, &format!("uid-{name}"), "n1")
+        .container(testing::container(
+            "main",
+            vec![testing::slice("GPU-1", 0, 100, 10)],
+        ))
+        .build();
     let created = api.create(&PostParams::default(), &object).await.unwrap();
     (api, created)
 }
@@ -153,19 +151,12 @@ async fn one_condition_applied_leaves_the_rest_of_the_gpu_node() {
     let plane = ControlPlane::start().await.unwrap();
     let client = plane.client().await.unwrap();
     let api = Api::<GpuNode>::all(client.clone());
-    let object = serde_json::from_value(json!({
-        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": "n1"}, "spec": {},
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &object).await.unwrap();
-    let device = |uuid: &str| {
-        serde_json::from_value(json!({
-            "uuid": uuid, "index": 0, "model": "m", "memoryMiB": 100,
-            "capacity": {"memoryMiB": 100, "cores": 100}, "splitCount": 10,
-            "health": "Healthy", "mode": "hami-core",
-        }))
-        .unwrap()
+    api.create(&PostParams::default(), &GpuNode::new("n1", GpuNodeSpec {}))
+        .await
+        .unwrap();
+    let device = |uuid: &str| GpuDevice {
+        uuid: uuid.into(),
+        ..testing::gpu(0, "m", 100)
     };
     let mut agent = GpuNodeStatus {
         devices: vec![device("GPU-a"), device("GPU-b")],

@@ -198,7 +198,8 @@ pub fn lease_lapsed_conditions(
 
 #[cfg(test)]
 mod tests {
-    use serde_json::{Value, json};
+    use serde_json::json;
+    use tessera_api::testing;
 
     use super::*;
 
@@ -207,26 +208,32 @@ mod tests {
     }
 
     fn allocation(uid: &str, phase: Option<&str>) -> VgpuAllocation {
-        let mut value = json!({
-            "apiVersion": "tessera.dev/v1alpha1", "kind": "VgpuAllocation",
-            "metadata": {"name": "p", "namespace": "d"},
-            "spec": {"podName": "p", "podUid": uid, "nodeName": "n1",
-                     "containers": [{"name": "c", "devices": [{"uuid": "GPU-0", "index": 0, "memoryMiB": 1, "cores": 0}]}],
-                     "gpuPolicy": "spread", "nodePolicy": "binpack", "totals": {"devices": "GPU-0", "memoryMiB": 1, "cores": 0}},
-        });
-        if let Some(phase) = phase {
-            value["status"] = json!({"phase": phase});
+        let allocation = testing::allocation("p", uid, "n1")
+            .namespace("d")
+            .container(testing::container(
+                "c",
+                vec![testing::slice("GPU-0", 0, 1, 0)],
+            ));
+        match phase {
+            Some(phase) => allocation
+                .phase(serde_json::from_value(json!(phase)).unwrap())
+                .build(),
+            None => allocation.build(),
         }
-        serde_json::from_value(value).unwrap()
     }
 
+    /// The lock of `p` on `n1`, acquired at 10:00:00 for 60 s, expiring at
+    /// `expires` (a lock may say another expiry than its TTL gives).
     fn lock(expires: &str) -> NodeLock {
-        let value: Value = json!({
-            "apiVersion": "tessera.dev/v1alpha1", "kind": "NodeLock", "metadata": {"name": "n1"},
-            "spec": {"holder": {"namespace": "d", "name": "p", "uid": "u1"}, "allocation": "p",
-                     "acquiredAt": "2026-11-22T10:00:00Z", "ttlSeconds": 60, "expiresAt": expires},
-        });
-        serde_json::from_value(value).unwrap()
+        let mut lock = testing::node_lock(
+            "n1",
+            testing::pod_ref("d", "p", "u1"),
+            "p",
+            "2026-11-22T10:00:00Z".parse().unwrap(),
+            60,
+        );
+        lock.spec.expires_at = Time(expires.parse().unwrap());
+        lock
     }
 
     #[test]

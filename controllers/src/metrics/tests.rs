@@ -1,19 +1,31 @@
 //! The gauges the alerts read, set from watch events fed by hand.
 
-use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
+use k8s_openapi::{
+    api::coordination::v1::Lease,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
 use kube::runtime::watcher::Event;
 use serde_json::json;
-use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
+use tessera_api::{
+    testing,
+    v1alpha1::{GpuDevice, GpuNode, NodeLock, VgpuAllocation},
+};
 
 use super::*;
 use crate::projection::Feeder;
 
 const NOW: &str = "2026-03-01T12:00:00Z";
 
+/// `NOW` minus `seconds`.
+fn at(seconds_ago: i64) -> Timestamp {
+    let now: Timestamp = NOW.parse().unwrap();
+    now - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago)
+}
+
 /// `NOW` minus `seconds`, as the API server writes it.
 fn ago(seconds: i64) -> String {
-    let now: Timestamp = NOW.parse().unwrap();
-    (now - k8s_openapi::jiff::SignedDuration::from_secs(seconds)).to_string()
+    at(seconds).to_string()
 }
 
 fn setup() -> (Arc<Metrics>, Feeder) {
@@ -36,56 +48,52 @@ fn assert_lines(text: &str, lines: &[&str]) {
 }
 
 fn gpu_node(name: &str, ready: Option<bool>) -> GpuNode {
-    let conditions: Vec<serde_json::Value> = ready
+    let mut node = testing::gpu_node(
+        name,
+        vec![GpuDevice {
+            uuid: format!("GPU-{name}"),
+            ..testing::gpu(0, "A100", 1000)
+        }],
+    );
+    let status = node.status.as_mut().unwrap();
+    status.conditions = ready
         .map(|ready| {
-            json!({
-                "type": "Ready", "status": if ready { "True" } else { "False" },
-                "reason": if ready { "Registered" } else { "NotRegistered" },
-                "message": "test", "lastTransitionTime": ago(60),
-            })
+            let reason = if ready { "Registered" } else { "NotRegistered" };
+            Condition {
+                last_transition_time: Time(at(60)),
+                ..testing::ready(ready, reason, "test")
+            }
         })
         .into_iter()
         .collect();
-    serde_json::from_value(json!({
-        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": name}, "spec": {},
-        "status": {"devices": [{
-            "uuid": format!("GPU-{name}"), "index": 0, "model": "A100", "memoryMiB": 1000,
-            "capacity": {"memoryMiB": 1000, "cores": 100}, "splitCount": 10,
-            "health": "Healthy", "mode": "hami-core",
-        }], "conditions": conditions},
-    }))
-    .unwrap()
+    node
 }
 
 fn allocation(name: &str, created_ago: i64, phase: Option<&str>) -> VgpuAllocation {
-    let mut object = json!({
-        "apiVersion": "tessera.dev/v1alpha1", "kind": "VgpuAllocation",
-        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": ago(created_ago)},
-        "spec": {
-            "podName": name, "podUid": format!("uid-{name}"), "nodeName": "n1",
-            "containers": [{"name": "c", "devices": [{"uuid": "GPU-n1", "index": 0, "memoryMiB": 100, "cores": 10}]}],
-            "gpuPolicy": "spread", "nodePolicy": "binpack",
-            "totals": {"devices": "GPU-n1", "memoryMiB": 100, "cores": 10},
-        },
-    });
-    if let Some(phase) = phase {
-        object["status"] = json!({ "phase": phase });
+    let phase = phase.map(|p| serde_json::from_value(json!(p)).unwrap());
+    let allocation = testing::allocation(name, &format!("uid-{name}"), "n1")
+        .namespace("ns")
+        .metadata(|m| m.creation_timestamp = Some(Time(at(created_ago))))
+        .container(testing::container(
+            "c",
+            vec![testing::slice("GPU-n1", 0, 100, 10)],
+        ));
+    match phase {
+        Some(phase) => allocation.phase(phase).build(),
+        None => allocation.build(),
     }
-    serde_json::from_value(object).unwrap()
 }
 
 fn lock(node: &str, acquired_ago: i64, ttl: i64) -> NodeLock {
-    serde_json::from_value(json!({
-        "apiVersion": "tessera.dev/v1alpha1", "kind": "NodeLock",
-        "metadata": {"name": node, "uid": format!("lock-{node}")},
-        "spec": {
-            "holder": {"namespace": "ns", "name": "p", "uid": "u"}, "allocation": "p",
-            "acquiredAt": ago(acquired_ago), "ttlSeconds": ttl,
-            "expiresAt": ago(acquired_ago - ttl),
-        },
-    }))
-    .unwrap()
+    let mut lock = testing::node_lock(
+        node,
+        testing::pod_ref("ns", "p", "u"),
+        "p",
+        at(acquired_ago),
+        u32::try_from(ttl).unwrap(),
+    );
+    lock.metadata.uid = Some(format!("lock-{node}"));
+    lock
 }
 
 fn lease(name: &str, renewed_ago: i64) -> Lease {

@@ -12,7 +12,10 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::{Value, json};
-use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
+use tessera_api::{
+    testing,
+    v1alpha1::{GpuDevice, GpuNode, GpuNodeSpec, NodeLock, VgpuAllocation},
+};
 use tessera_controllers::{
     app::{serve_extender, serve_webhook},
     cache::Cache,
@@ -159,23 +162,22 @@ impl Cluster {
     pub async fn add_gpu_node(&self, name: &str, model: &str, gpus: u32, mib: u64) {
         self.add_node(name, json!({})).await;
         let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
-        let gpu_node = serde_json::from_value(json!({
-            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-            "metadata": {"name": name}, "spec": {},
-        }))
-        .unwrap();
         gpu_nodes
-            .create(&PostParams::default(), &gpu_node)
+            .create(&PostParams::default(), &GpuNode::new(name, GpuNodeSpec {}))
             .await
             .unwrap();
-        let devices: Vec<Value> = (0..gpus)
-            .map(|i| json!({
-                "uuid": format!("GPU-{name}-{i}"), "index": i, "model": model, "memoryMiB": mib,
-                "capacity": {"memoryMiB": mib, "cores": 100}, "splitCount": 10, "numaNode": i / 2,
-                "health": "Healthy", "mode": "hami-core",
-            }))
+        let devices = (0..gpus)
+            .map(|i| GpuDevice {
+                uuid: format!("GPU-{name}-{i}"),
+                numa_node: Some(i / 2),
+                ..testing::gpu(i, model, mib)
+            })
             .collect();
-        let status = json!({"status": {"devices": devices, "gpuCount": gpus, "models": model}});
+        let mut status = testing::gpu_node_status(devices);
+        // As the GpuNodes these tests have always written: no conditions
+        // (the projection counts a GpuNode without them as ready).
+        status.conditions.clear();
+        let status = json!({ "status": status });
         gpu_nodes
             .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
             .await
