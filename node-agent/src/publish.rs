@@ -289,15 +289,11 @@ mod tests {
     fn devices(health: &[DeviceHealth]) -> Vec<GpuDevice> {
         health
             .iter()
-            .map(|h| {
-                let mut device: GpuDevice = serde_json::from_value(json!({
-                    "uuid": "GPU-x", "index": 0, "model": "m", "memoryMiB": 1,
-                    "health": "Healthy", "mode": "hami-core", "splitCount": 1,
-                    "capacity": {"memoryMiB": 1, "cores": 100},
-                }))
-                .unwrap();
-                device.health = *h;
-                device
+            .map(|h| GpuDevice {
+                uuid: "GPU-x".into(),
+                split_count: 1,
+                health: *h,
+                ..tessera_api::testing::gpu(0, "m", 1)
             })
             .collect()
     }
