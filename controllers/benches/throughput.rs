@@ -12,8 +12,7 @@
 
 #![allow(missing_docs)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use tessera_testkit::cluster as support;
 
 use std::{
     collections::BTreeMap,

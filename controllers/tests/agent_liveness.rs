@@ -4,7 +4,7 @@
 //! on), and a node whose agent is down (its pod not Ready, or its Lease
 //! lapsed) takes no GPU pod until the agent is back.
 
-mod support;
+use tessera_testkit::cluster as support;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! Binds for one node queue so each pod creates the lock once, a bounded
 //! wait fails cleanly, and an orphaned lock is taken over.
 
-mod support;
+use tessera_testkit::cluster as support;
 
 use std::{
     sync::{

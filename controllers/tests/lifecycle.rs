@@ -2,7 +2,7 @@
 //! garbage collection) and no node agent: allocations and locks are released
 //! within seconds of the pod going away, finishing, or being served.
 
-mod support;
+use tessera_testkit::cluster as support;
 
 use std::time::Duration;
 
@@ -19,14 +19,7 @@ use tessera_controllers::config::Config;
 const SECONDS: Duration = Duration::from_secs(10);
 
 async fn eventually<F: AsyncFn() -> bool>(what: &str, check: F) {
-    let deadline = tokio::time::Instant::now() + SECONDS;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {SECONDS:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tessera_testkit::eventually(what, SECONDS, check).await;
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 //! No node agent exists yet: `spawn_allocate_stand_in` plays its Allocate
 //! step (allocation Allocated, lock released) so locks do not pile up.
 
-mod support;
+use tessera_testkit::cluster as support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //!
 //! Its own test binary: it installs the process-wide tracing subscriber.
 
-mod support;
+use tessera_testkit::cluster as support;
 
 use std::time::Duration;
 

@@ -3,8 +3,7 @@
 //! controllers, node agents with the fake GPU backend, and kubelet
 //! simulators that speak the real device-plugin protocol to them.
 
-#[path = "../../controllers/tests/support/mod.rs"]
-mod support;
+use tessera_testkit::cluster as support;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -155,14 +154,7 @@ impl GpuHost {
 }
 
 async fn eventually<F: AsyncFn() -> bool>(what: &str, check: F) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {WAIT:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tessera_testkit::eventually(what, WAIT, check).await;
 }
 
 async fn allocation(client: &Client, pod: &str) -> VgpuAllocation {

@@ -8,7 +8,7 @@
 //! not delete it (killed, or refused because helm uninstall removed its
 //! RBAC first).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
@@ -28,12 +28,7 @@ use tessera_e2e::{
 const WAIT: Duration = Duration::from_secs(30);
 
 async fn eventually<F: AsyncFn() -> bool>(what: &str, check: F) -> Duration {
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < WAIT, "not within {WAIT:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    started.elapsed()
+    tessera_testkit::eventually(what, WAIT, check).await
 }
 
 fn start_agent(plane: &ControlPlane, dir: &std::path::Path, node: &str) -> Process {

@@ -1,7 +1,5 @@
 //! A real control plane + kube-scheduler calling Tessera's extender in-process.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
@@ -26,12 +24,19 @@ use tessera_controllers::{
 };
 use tessera_e2e::ControlPlane;
 
+/// How long the helpers wait for the cluster to react.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// A control plane whose kube-scheduler calls an extender, webhook and
+/// projection running in the test process.
 pub struct Cluster {
+    /// The in-process extender's loopback port (also its `/metrics`).
     pub extender_port: u16,
+    /// kube-apiserver, etcd and kube-scheduler.
     pub plane: ControlPlane,
+    /// An admin client.
     pub client: Client,
+    /// The ledger the extender decides with.
     pub projection: Projection,
 }
 
@@ -43,6 +48,7 @@ fn scheduler_config(port: u16) -> String {
 }
 
 impl Cluster {
+    /// Starts it with `config` and an admin client.
     pub async fn start(config: Config) -> Self {
         Self::start_with(config, async |plane: &ControlPlane| {
             plane.client().await.unwrap()
@@ -197,6 +203,8 @@ impl Cluster {
         }
     }
 
+    /// Creates pod `name` in `default` for `tessera-scheduler`, one
+    /// container with `limits` and the pod `annotations`.
     pub async fn create_pod(&self, name: &str, limits: Value, annotations: Value) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), "default");
         let pod = serde_json::from_value(json!({
@@ -227,6 +235,7 @@ impl Cluster {
         }
     }
 
+    /// The VgpuAllocation of pod `name` in `default`.
     pub async fn allocation(&self, name: &str) -> VgpuAllocation {
         Api::<VgpuAllocation>::namespaced(self.client.clone(), "default")
             .get(name)
@@ -263,21 +272,9 @@ impl Cluster {
 
 /// A component's `/metrics` text on a loopback port, asserting a 200.
 pub async fn scrape(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    tessera_e2e::http::get_body(&format!("127.0.0.1:{port}"), "/metrics")
         .await
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    assert!(
-        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
-        "{response}"
-    );
-    response
+        .unwrap_or_else(|error| panic!("{error}"))
 }
 
 /// Stands in for the node agent's Allocate step until the node agent exists.
