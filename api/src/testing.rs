@@ -25,10 +25,10 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use crate::v1alpha1::{
-    AllocationPhase, AllocationTotals, CapacitySummary, ContainerAllocation, DeviceCapacity,
-    DeviceHealth, DeviceSlice, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, NodeLock,
-    NodeLockSpec, OperatingMode, PodReference, SchedulingPolicy, VgpuAllocation,
-    VgpuAllocationSpec, VgpuAllocationStatus,
+    AllocationPhase, AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth,
+    DeviceSlice, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, NodeLock, NodeLockSpec,
+    OperatingMode, PodReference, SchedulingPolicy, VgpuAllocation, VgpuAllocationSpec,
+    VgpuAllocationStatus,
 };
 
 /// The model fixtures use unless a test names another.
@@ -181,20 +181,9 @@ pub fn gpu_node(name: &str, devices: Vec<GpuDevice>) -> GpuNode {
 
 /// The status part of [`gpu_node`].
 pub fn gpu_node_status(devices: Vec<GpuDevice>) -> GpuNodeStatus {
-    let mut models: Vec<&str> = devices.iter().map(|d| d.model.as_str()).collect();
-    models.sort_unstable();
-    models.dedup();
     GpuNodeStatus {
-        gpu_count: u32::try_from(devices.len()).unwrap_or(u32::MAX),
-        models: models.join(","),
-        capacity: CapacitySummary {
-            memory_mib: devices.iter().map(|d| d.capacity.memory_mib).sum(),
-            cores: devices.iter().map(|d| d.capacity.cores).sum(),
-            slices: devices.iter().map(|d| d.split_count).sum(),
-        },
         conditions: vec![ready(true, "Registered", "test")],
-        devices,
-        ..Default::default()
+        ..GpuNodeStatus::of_devices(devices)
     }
 }
 

@@ -15,31 +15,18 @@ use kube::{
 };
 use serde_json::json;
 use tessera_api::names::node_annotations::GPU_READY;
-use tessera_api::v1alpha1::{CapacitySummary, DeviceHealth, GpuNode, GpuNodeSpec, GpuNodeStatus};
+use tessera_api::v1alpha1::{DeviceHealth, GpuNode, GpuNodeSpec, GpuNodeStatus};
 use tokio::sync::watch;
 
 use crate::{Error, inventory::Offer, plugin::PluginState};
 
 /// The GpuNode status for an offer, with the device plugin in `plugin`.
 pub fn status(offer: &Offer, plugin: PluginState) -> GpuNodeStatus {
-    let devices = &offer.devices;
-    let mut models: Vec<&str> = devices.iter().map(|d| d.model.as_str()).collect();
-    models.dedup();
-    models.sort_unstable();
-    models.dedup();
     GpuNodeStatus {
-        gpu_count: u32::try_from(devices.len()).unwrap_or(u32::MAX),
-        models: models.join(","),
-        capacity: CapacitySummary {
-            memory_mib: devices.iter().map(|d| d.capacity.memory_mib).sum(),
-            cores: devices.iter().map(|d| d.capacity.cores).sum(),
-            slices: devices.iter().map(|d| d.split_count).sum(),
-        },
-        allocated: None,
         settings: offer.resolved.settings.clone(),
         applied_configs: offer.resolved.applied.clone(),
-        conditions: vec![ready_condition(devices, plugin)],
-        devices: devices.clone(),
+        conditions: vec![ready_condition(&offer.devices, plugin)],
+        ..GpuNodeStatus::of_devices(offer.devices.clone())
     }
 }
 

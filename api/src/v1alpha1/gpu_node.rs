@@ -96,6 +96,27 @@ pub struct GpuNodeStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl GpuNodeStatus {
+    /// A status listing `devices` with their count, their models (sorted,
+    /// comma-separated, once each) and their capacity summed; nothing else.
+    pub fn of_devices(devices: Vec<GpuDevice>) -> Self {
+        let mut models: Vec<&str> = devices.iter().map(|d| d.model.as_str()).collect();
+        models.sort_unstable();
+        models.dedup();
+        Self {
+            gpu_count: u32::try_from(devices.len()).unwrap_or(u32::MAX),
+            models: models.join(","),
+            capacity: CapacitySummary {
+                memory_mib: devices.iter().map(|d| d.capacity.memory_mib).sum(),
+                cores: devices.iter().map(|d| d.capacity.cores).sum(),
+                slices: devices.iter().map(|d| d.split_count).sum(),
+            },
+            devices,
+            ..Self::default()
+        }
+    }
+}
+
 /// One physical GPU.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
