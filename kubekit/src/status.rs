@@ -52,23 +52,10 @@ impl StatusWriter {
         self.field_manager
     }
 
-    /// Applies `status` to the object `name`, whatever its version.
-    pub async fn apply<K>(
-        &self,
-        api: &Api<K>,
-        name: &str,
-        status: &K::Status,
-    ) -> Result<K, kube::Error>
-    where
-        K: Resource<DynamicType = ()> + HasStatus + Clone + DeserializeOwned + std::fmt::Debug,
-        K::Status: Serialize + std::fmt::Debug,
-    {
-        self.apply_at(api, name, None, status).await
-    }
-
-    /// Applies `status` to the object `name` only while it is still at
-    /// `resource_version` (when given): else the API server answers 409
-    /// Conflict and nothing is written.
+    /// Applies `status` to the object `name`: whatever its version with
+    /// `resource_version` `None`, else only while it is still at that
+    /// version (otherwise the API server answers 409 Conflict and nothing
+    /// is written).
     pub async fn apply_at<K>(
         &self,
         api: &Api<K>,

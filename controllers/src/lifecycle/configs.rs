@@ -112,7 +112,7 @@ async fn reconcile_config(
             ..status
         };
         crate::STATUS
-            .apply(&api, &name, &ours)
+            .apply_at(&api, &name, None, &ours)
             .await
             .map_err(Error::kube("writing GpuNodeConfig status"))?;
     }
