@@ -129,7 +129,7 @@ async fn status_writes_by_apply_keep_each_other_s_fields() {
     );
     released.allocated_at = Some(allocated_at.clone());
     let kept = CONTROLLER
-        .apply(&api, "unrecorded", &released)
+        .apply_at(&api, "unrecorded", None, &released)
         .await
         .unwrap();
     assert_eq!(kept.status.unwrap().allocated_at, Some(allocated_at));
@@ -165,7 +165,7 @@ async fn one_condition_applied_leaves_the_rest_of_the_gpu_node() {
         conditions: vec![ready("True", "AllGpusHealthy")],
         ..Default::default()
     };
-    let written = AGENT.apply(&api, "n1", &agent).await.unwrap();
+    let written = AGENT.apply_at(&api, "n1", None, &agent).await.unwrap();
 
     let lapsed = GpuNodeStatus {
         conditions: vec![ready("Unknown", "AgentLeaseExpired")],
@@ -184,7 +184,7 @@ async fn one_condition_applied_leaves_the_rest_of_the_gpu_node() {
 
     agent.devices.pop();
     agent.gpu_count = 1;
-    let back = AGENT.apply(&api, "n1", &agent).await.unwrap();
+    let back = AGENT.apply_at(&api, "n1", None, &agent).await.unwrap();
     let status = back.status.unwrap();
     assert_eq!(status.conditions[0].reason, "AllGpusHealthy", "taken back");
     assert_eq!(status.devices.len(), 1, "a device left out is removed");
