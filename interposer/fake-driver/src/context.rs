@@ -85,6 +85,15 @@ pub(crate) fn create(device: usize, primary: bool) -> Result<usize, CUresult> {
     Ok(ctx)
 }
 
+/// Whether `ctx` is a context created here and not yet destroyed.
+fn live(ctx: usize) -> bool {
+    CONTEXTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|set| set.contains(&ctx))
+}
+
 /// `cuCtxCreate`: a new context on `dev`, made current and written to `pctx`.
 pub(crate) fn create_current(pctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
     let device = device(dev)?;
@@ -249,12 +258,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     guard(|| {
         initialized()?;
         let ctx = ctx as usize;
-        let known = ctx == 0
-            || CONTEXTS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(|set| set.contains(&ctx));
+        let known = ctx == 0 || live(ctx);
         if !known {
             return Err(CUDA_ERROR_INVALID_CONTEXT);
         }
@@ -291,12 +295,7 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, out: *mut u64) -> CUresult {
         } else {
             ctx as usize
         };
-        let known = ctx != 0
-            && CONTEXTS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(|set| set.contains(&ctx));
+        let known = ctx != 0 && live(ctx);
         if !known {
             return Err(CUDA_ERROR_INVALID_CONTEXT);
         }

@@ -40,11 +40,18 @@ pub(crate) fn initialized() -> Result<(), CUresult> {
 
 pub(crate) fn device(dev: CUdevice) -> Result<usize, CUresult> {
     initialized()?;
-    let count = physical()?.device_count();
-    usize::try_from(dev)
+    physical_device(dev).map(|(_, dev)| dev)
+}
+
+/// The physical state and device `dev`'s index in it, whether or not
+/// `cuInit` ran (for the `tesseraFake*` functions).
+pub(crate) fn physical_device(dev: CUdevice) -> Result<(&'static Physical, usize), CUresult> {
+    let physical = physical()?;
+    let dev = usize::try_from(dev)
         .ok()
-        .filter(|&d| d < count)
-        .ok_or(CUDA_ERROR_INVALID_DEVICE)
+        .filter(|&d| d < physical.device_count())
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    Ok((physical, dev))
 }
 
 /// `cuInit`.
@@ -185,11 +192,7 @@ pub unsafe extern "C" fn tesseraFakeStats(
     peak: *mut u64,
 ) -> CUresult {
     guard(|| {
-        let physical = physical()?;
-        let dev = usize::try_from(dev)
-            .ok()
-            .filter(|&d| d < physical.device_count())
-            .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        let (physical, dev) = physical_device(dev)?;
         // SAFETY: the caller's pointers, NULL-checked by `write`.
         unsafe {
             write(used, physical.used(dev))?;

@@ -1,9 +1,10 @@
 //! Opening a state file that several processes map: created if missing,
 //! locked while the first process initialises it, at least the size asked.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
+use std::ptr::NonNull;
 
 /// Opens (creating) a state file shared between processes, takes an
 /// exclusive `flock` on it (released when the file closes or is unlocked)
@@ -25,4 +26,29 @@ pub fn open_locked(path: &std::ffi::OsStr, size: usize) -> Result<std::fs::File,
         file.set_len(size as u64).map_err(|e| e.to_string())?;
     }
     Ok(file)
+}
+
+/// Maps `size` bytes shared between processes: of `file` (at least `size`
+/// bytes long) or, without one, anonymous memory. It is never unmapped.
+pub fn map_shared<T>(file: Option<&File>, size: usize) -> Result<NonNull<T>, String> {
+    let (fd, flags) = match file {
+        Some(file) => (file.as_raw_fd(), libc::MAP_SHARED),
+        None => (-1, libc::MAP_SHARED | libc::MAP_ANONYMOUS),
+    };
+    // SAFETY: a fresh mapping of `size` bytes, of a file at least that
+    // long or anonymous; it is never unmapped.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+    }
+    NonNull::new(ptr.cast::<T>()).ok_or_else(|| "mmap returned NULL".to_owned())
 }

@@ -74,34 +74,11 @@ impl Physical {
             Err(_) => 80 << 30,
         };
         let size = size_of::<Layout>();
-        let (fd, file) = match std::env::var_os("FAKE_CUDA_STATE") {
-            Some(path) => {
-                let file = crate::file::open_locked(&path, size)?;
-                (file.as_raw_fd(), Some(file))
-            }
-            None => (-1, None),
+        let file = match std::env::var_os("FAKE_CUDA_STATE") {
+            Some(path) => Some(crate::file::open_locked(&path, size)?),
+            None => None,
         };
-        let flags = if file.is_some() {
-            libc::MAP_SHARED
-        } else {
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS
-        };
-        // SAFETY: a fresh mapping of `size` bytes, of a file at least that
-        // long or anonymous; it is never unmapped.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!("mmap: {}", std::io::Error::last_os_error()));
-        }
-        let map = NonNull::new(ptr.cast::<Layout>()).ok_or("mmap returned NULL")?;
+        let map = crate::file::map_shared(file.as_ref(), size)?;
         let physical = Self { map };
         let layout = physical.layout();
         if layout.magic.load(Ordering::Acquire) != MAGIC {

@@ -51,6 +51,24 @@ struct Device {
     runs: [Run; RUNS],
 }
 
+impl Device {
+    /// Takes the spin lock over the runs.
+    fn lock_runs(&self) {
+        while self
+            .lock
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Releases the spin lock `lock_runs` took.
+    fn unlock_runs(&self) {
+        self.lock.store(0, Ordering::Release);
+    }
+}
+
 #[repr(C)]
 struct Layout {
     magic: AtomicU64,
@@ -116,26 +134,7 @@ impl Procs {
             }
             None => None,
         };
-        let (fd, flags) = match &file {
-            Some(file) => (file.as_raw_fd(), libc::MAP_SHARED),
-            None => (-1, libc::MAP_SHARED | libc::MAP_ANONYMOUS),
-        };
-        // SAFETY: a fresh mapping of `size` bytes, of a file at least that
-        // long or anonymous; it is never unmapped.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!("mmap: {}", std::io::Error::last_os_error()));
-        }
-        let map = NonNull::new(ptr.cast::<Layout>()).ok_or("mmap returned NULL")?;
+        let map = crate::file::map_shared(file.as_ref(), size)?;
         let procs = Self { map };
         // A fresh file is all zeroes, which is the initial state.
         procs.layout().magic.store(MAGIC, Ordering::Release);
@@ -214,13 +213,7 @@ impl Procs {
             return;
         }
         let pid = u64::from(own_pid());
-        while device
-            .lock
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
+        device.lock_runs();
         let written = device.runs_written.load(Ordering::Relaxed);
         let last = written
             .checked_sub(1)
@@ -240,7 +233,7 @@ impl Procs {
                 device.runs_written.store(written + 1, Ordering::Relaxed);
             }
         }
-        device.lock.store(0, Ordering::Release);
+        device.unlock_runs();
     }
 
     /// The live processes on `dev` and the memory each holds.
@@ -268,13 +261,7 @@ impl Procs {
         let Some(device) = self.device(dev) else {
             return Vec::new();
         };
-        while device
-            .lock
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
+        device.lock_runs();
         let written = device.runs_written.load(Ordering::Relaxed);
         let mut busy: Vec<(u32, u64)> = Vec::new();
         for i in written.saturating_sub(RUNS as u64)..written {
@@ -290,7 +277,7 @@ impl Procs {
                 None => busy.push((pid, end - start)),
             }
         }
-        device.lock.store(0, Ordering::Release);
+        device.unlock_runs();
         busy
     }
 }

@@ -8,10 +8,8 @@ use std::sync::atomic::Ordering;
 
 use fake_gpu::clock::now_ns;
 
-use crate::base::{
-    CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_VALUE, CUresult, PER_THREAD_CALLS, guard, write,
-};
-use crate::devices::{initialized, physical};
+use crate::base::{CUDA_ERROR_INVALID_VALUE, CUresult, PER_THREAD_CALLS, guard, write};
+use crate::devices::{initialized, physical_device};
 use crate::exec::model::{CUDA_ERROR_INVALID_HANDLE, CUstream};
 use crate::exec::streams::enqueue;
 
@@ -48,13 +46,23 @@ fn kernel(
     })
 }
 
-macro_rules! launch_kernel {
-    ($name:ident, $per_thread:expr) => {
-        #[doc = concat!("`", stringify!($name), "`: occupies the device for the grid's blocks.")]
+/// A launch with the grid in arguments: `$extra` names the trailing
+/// `extra` argument where the function has one; `injected`, whether it has
+/// an injection point (`inject.rs`).
+macro_rules! launch_grid {
+    (
+        $name:ident,
+        $per_thread:expr,
+        injected: $injected:literal,
+        $doc:literal,
+        $safety:literal
+        $(, $extra:ident)?
+    ) => {
+        #[doc = concat!("`", stringify!($name), "`: ", $doc)]
         ///
         /// # Safety
         ///
-        /// Safe with any values: the fake neither reads `params` nor `extra`.
+        #[doc = $safety]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             f: *mut c_void,
@@ -67,9 +75,12 @@ macro_rules! launch_kernel {
             _shared: c_uint,
             stream: CUstream,
             _params: *mut *mut c_void,
-            _extra: *mut *mut c_void,
+            $($extra: *mut *mut c_void,)?
         ) -> CUresult {
-            if let Some(rc) = crate::inject::point(stringify!($name)) {
+            if let Some(rc) = $injected
+                .then(|| crate::inject::point(stringify!($name)))
+                .flatten()
+            {
                 return rc;
             }
             kernel(f, [gx, gy, gz], [bx, by, bz], stream, $per_thread)
@@ -77,36 +88,36 @@ macro_rules! launch_kernel {
     };
 }
 
-launch_kernel!(cuLaunchKernel, false);
-launch_kernel!(cuLaunchKernel_ptsz, true);
-
-macro_rules! launch_cooperative {
-    ($name:ident, $per_thread:expr) => {
-        #[doc = concat!("`", stringify!($name), "`: as `cuLaunchKernel`.")]
-        ///
-        /// # Safety
-        ///
-        /// Safe with any values: the fake does not read `params`.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            f: *mut c_void,
-            gx: c_uint,
-            gy: c_uint,
-            gz: c_uint,
-            bx: c_uint,
-            by: c_uint,
-            bz: c_uint,
-            _shared: c_uint,
-            stream: CUstream,
-            _params: *mut *mut c_void,
-        ) -> CUresult {
-            kernel(f, [gx, gy, gz], [bx, by, bz], stream, $per_thread)
-        }
-    };
-}
-
-launch_cooperative!(cuLaunchCooperativeKernel, false);
-launch_cooperative!(cuLaunchCooperativeKernel_ptsz, true);
+launch_grid!(
+    cuLaunchKernel,
+    false,
+    injected: true,
+    "occupies the device for the grid's blocks.",
+    "Safe with any values: the fake neither reads `params` nor `extra`.",
+    _extra
+);
+launch_grid!(
+    cuLaunchKernel_ptsz,
+    true,
+    injected: true,
+    "occupies the device for the grid's blocks.",
+    "Safe with any values: the fake neither reads `params` nor `extra`.",
+    _extra
+);
+launch_grid!(
+    cuLaunchCooperativeKernel,
+    false,
+    injected: false,
+    "as `cuLaunchKernel`.",
+    "Safe with any values: the fake does not read `params`."
+);
+launch_grid!(
+    cuLaunchCooperativeKernel_ptsz,
+    true,
+    injected: false,
+    "as `cuLaunchKernel`.",
+    "Safe with any values: the fake does not read `params`."
+);
 
 /// `CUlaunchConfig`.
 #[repr(C)]
@@ -159,11 +170,7 @@ pub unsafe extern "C" fn tesseraFakeBusy(
     launches: *mut u64,
 ) -> CUresult {
     guard(|| {
-        let physical = physical()?;
-        let dev = usize::try_from(dev)
-            .ok()
-            .filter(|&d| d < physical.device_count())
-            .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        let (physical, dev) = physical_device(dev)?;
         let t = now_ns();
         let (busy, count) = physical.busy(dev, t);
         // SAFETY: the caller's pointers, NULL-checked by `write`.
