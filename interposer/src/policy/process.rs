@@ -56,6 +56,22 @@ pub(crate) fn state() -> &'static State {
     &process().state
 }
 
+/// The process's enforcer, or a return from the calling hook where there is
+/// none: `$disabled` (the driver's own call) when control is disabled,
+/// `CUDA_ERROR_NOT_INITIALIZED` when CUDA is refused.
+macro_rules! enforcer_or_return {
+    ($disabled:expr) => {
+        match $crate::policy::process::state() {
+            $crate::policy::process::State::Disabled => return $disabled,
+            $crate::policy::process::State::Refused => {
+                return $crate::sys::CUDA_ERROR_NOT_INITIALIZED;
+            }
+            $crate::policy::process::State::Enforcing(enforcer) => enforcer,
+        }
+    };
+}
+pub(crate) use enforcer_or_return;
+
 /// `GPU_CORE_UTILIZATION_POLICY`: when the compute limit applies.
 pub(crate) fn core_policy() -> CoreUtilizationPolicy {
     process().core_policy

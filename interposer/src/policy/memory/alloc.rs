@@ -7,7 +7,7 @@ use std::ffi::c_uint;
 
 use crate::accounting::keys::Key;
 use crate::driver::queries::current_device;
-use crate::policy::process::{State, state};
+use crate::policy::process::{State, enforcer_or_return, state};
 use crate::sys::{
     CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdeviceptr, CUresult, PITCH_ALIGNMENT, granular,
 };
@@ -24,11 +24,25 @@ unsafe fn charge_pointer(
     bytes: u64,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return call(),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
+    // SAFETY: `dptr` is what `call` writes, per the caller.
+    unsafe { charge_created(dptr, bytes, Key::Pointer, call, free_pointer) }
+}
+
+/// Charges `bytes` to the current context's device around `call`, a driver
+/// call that writes what it made to `out`, tracked as `key` of it; `undo`
+/// frees it when its real size no longer fits.
+///
+/// # Safety
+///
+/// `out` is what `call` writes through (the caller's argument).
+pub(crate) unsafe fn charge_created<T: Copy>(
+    out: *mut T,
+    bytes: u64,
+    key: impl FnOnce(T) -> Key,
+    call: impl FnOnce() -> CUresult,
+    undo: impl FnOnce(Key),
+) -> CUresult {
+    let enforcer = enforcer_or_return!(call());
     let dev = match current_device() {
         Ok(dev) => dev,
         Err(rc) => return rc,
@@ -37,11 +51,11 @@ unsafe fn charge_pointer(
         dev,
         bytes,
         || match call() {
-            // SAFETY: the driver succeeded, so `dptr` is valid and written.
-            CUDA_SUCCESS => Ok((Key::Pointer(unsafe { *dptr }), bytes)),
+            // SAFETY: the driver succeeded, so `out` is valid and written.
+            CUDA_SUCCESS => Ok((key(unsafe { *out }), bytes)),
             rc => Err(rc),
         },
-        free_pointer,
+        undo,
     )
 }
 
@@ -102,13 +116,13 @@ pub(crate) unsafe fn mem_alloc_pitch(
     height: usize,
     element_size: c_uint,
 ) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => {
-            return real!(cuMemAllocPitch_v2(dptr, pitch, width, height, element_size));
-        }
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
+    let enforcer = enforcer_or_return!(real!(cuMemAllocPitch_v2(
+        dptr,
+        pitch,
+        width,
+        height,
+        element_size
+    )));
     let dev = match current_device() {
         Ok(dev) => dev,
         Err(rc) => return rc,

@@ -3,13 +3,12 @@
 //! `cuArrayDestroy` and `cuMipmappedArrayDestroy`.
 
 use crate::accounting::keys::Key;
-use crate::driver::queries::current_device;
-use crate::policy::memory::alloc::release_key;
+use crate::policy::memory::alloc::{charge_created, release_key};
 use crate::policy::process::{State, state};
 use crate::sys::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_DEFERRED_MAPPING,
-    CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_SPARSE, CUDA_ERROR_NOT_INITIALIZED,
-    CUDA_SUCCESS, CUarray, CUmipmappedArray, CUresult, granular,
+    CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_SPARSE, CUarray, CUmipmappedArray,
+    CUresult, granular,
 };
 
 /// Bytes per element of a `CUarray_format` with `channels` channels: the
@@ -79,32 +78,25 @@ unsafe fn charge_array(
     create: impl FnOnce() -> CUresult,
     destroy: fn(CUarray),
 ) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return create(),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
-    if bytes == 0 {
+    // Nothing to charge: straight to the driver, as when control is
+    // disabled (`charge_created` refuses when CUDA is refused).
+    if bytes == 0 && matches!(state(), State::Enforcing(_)) {
         return create();
     }
-    let dev = match current_device() {
-        Ok(dev) => dev,
-        Err(rc) => return rc,
-    };
-    enforcer.charged(
-        dev,
-        bytes,
-        || match create() {
-            // SAFETY: the driver succeeded, so `out` is valid and written.
-            CUDA_SUCCESS => Ok((key(unsafe { *out } as u64), bytes)),
-            rc => Err(rc),
-        },
-        |k| {
-            if let Key::Array(h) | Key::Mipmap(h) = k {
-                destroy(h as CUarray);
-            }
-        },
-    )
+    // SAFETY: `out` is what `create` writes, per the caller.
+    unsafe {
+        charge_created(
+            out,
+            bytes,
+            |array| key(array as u64),
+            create,
+            |k| {
+                if let Key::Array(h) | Key::Mipmap(h) = k {
+                    destroy(h as CUarray);
+                }
+            },
+        )
+    }
 }
 
 /// `cuArrayCreate_v2`: a 1D or 2D array, charged its [`footprint`].

@@ -38,10 +38,10 @@ use crate::accounting::keys::Key;
 use crate::driver::queries::current_device;
 use crate::log::{DEBUG, WARN};
 use crate::policy::memory::alloc::release_key;
-use crate::policy::process::{State, state};
+use crate::policy::process::enforcer_or_return;
 use crate::sys::{
-    CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUcontext, CUdevice, CUresult,
-    NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t,
+    CUDA_SUCCESS, CUcontext, CUdevice, CUresult, NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS,
+    nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t,
 };
 
 /// Per-process context bookkeeping, locked across a measured creation.
@@ -210,11 +210,7 @@ unsafe fn create_context(
     dev: CUdevice,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return call(),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
+    let enforcer = enforcer_or_return!(call());
     lock().charge(
         enforcer,
         dev,
@@ -290,11 +286,7 @@ pub(crate) unsafe fn ctx_destroy(ctx: CUcontext) -> CUresult {
 ///
 /// As for `cuDevicePrimaryCtxRetain`.
 pub(crate) unsafe fn primary_ctx_retain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return real!(cuDevicePrimaryCtxRetain(pctx, dev)),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
+    let enforcer = enforcer_or_return!(real!(cuDevicePrimaryCtxRetain(pctx, dev)));
     let Some(index) = usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES) else {
         return real!(cuDevicePrimaryCtxRetain(pctx, dev));
     };
@@ -336,11 +328,7 @@ pub(crate) unsafe fn primary_ctx_retain(pctx: *mut CUcontext, dev: CUdevice) -> 
 ///
 /// None beyond `cuDevicePrimaryCtxRelease_v2`'s.
 pub(crate) unsafe fn primary_ctx_release(dev: CUdevice) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return real!(cuDevicePrimaryCtxRelease_v2(dev)),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
+    let enforcer = enforcer_or_return!(real!(cuDevicePrimaryCtxRelease_v2(dev)));
     let Some(index) = usize::try_from(dev).ok().filter(|&d| d < MAX_DEVICES) else {
         return real!(cuDevicePrimaryCtxRelease_v2(dev));
     };

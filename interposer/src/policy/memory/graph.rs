@@ -28,7 +28,7 @@ use tessera_vgpu_region::MAX_DEVICES;
 use crate::accounting::keys::Key;
 use crate::accounting::stores::StoreId;
 use crate::log::DEBUG;
-use crate::policy::process::{State, state};
+use crate::policy::process::{State, enforcer_or_return, state};
 use crate::sys::{
     CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_MEM_LOCATION_TYPE_DEVICE,
     CUDA_ERROR_NOT_INITIALIZED, CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_SUCCESS, CUdevice, CUgraph,
@@ -96,11 +96,7 @@ unsafe fn instantiate(
     graph: CUgraph,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return call(),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
+    let enforcer = enforcer_or_return!(call());
     let mut per_dev = [0u64; MAX_DEVICES];
     walk(graph, 0, &mut per_dev);
     let mut taken = Vec::new();

@@ -26,7 +26,7 @@ use crate::accounting::keys::Key;
 use crate::accounting::stores::StoreId;
 use crate::driver::queries::current_device;
 use crate::policy::memory::alloc::release_pointer;
-use crate::policy::process::{State, state};
+use crate::policy::process::{State, enforcer_or_return, state};
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_PER_THREAD,
     CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUdevice, CUdeviceptr,
@@ -101,33 +101,55 @@ unsafe fn charge(pool: CUmemoryPool, dev: CUdevice, o: Ordered<'_>) -> CUresult 
     CUDA_ERROR_OUT_OF_MEMORY
 }
 
-/// `cuMemAllocAsync` and `_ptsz`: from the current pool of the current
-/// context's device.
+/// The pool a stream-ordered allocation comes from and the device it is
+/// charged to: `pool`, on the device its `cuMemPoolCreate` named (or the
+/// current context's device, for a pool made elsewhere), or without one the
+/// current pool of the current context's device. `None`: a pool that is not
+/// device memory, not charged.
+fn pool_device(pool: Option<CUmemoryPool>) -> Result<Option<(CUmemoryPool, CUdevice)>, CUresult> {
+    let Some(pool) = pool else {
+        let dev = current_device()?;
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        let rc = real!(cuDeviceGetMemPool(&mut pool, dev));
+        return if rc == CUDA_SUCCESS {
+            Ok(Some((pool, dev)))
+        } else {
+            Err(rc)
+        };
+    };
+    let known = POOLS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|pools| pools.get(&(pool as u64)).copied());
+    match known {
+        Some(Some(dev)) => Ok(Some((pool, dev))),
+        // Not device memory.
+        Some(None) => Ok(None),
+        None => Ok(Some((pool, current_device()?))),
+    }
+}
+
+/// `cuMemAllocAsync`, `cuMemAllocFromPoolAsync` (`pool`) and their `_ptsz`
+/// variants, charged to the pool [`pool_device`] finds.
 ///
 /// # Safety
 ///
 /// `dptr` is what `alloc` writes.
-unsafe fn alloc_async(
+unsafe fn alloc_ordered(
     dptr: *mut CUdeviceptr,
     bytes: usize,
+    pool: Option<CUmemoryPool>,
     stream: CUstream,
     per_thread: bool,
     alloc: &dyn Fn() -> CUresult,
 ) -> CUresult {
-    match state() {
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Disabled => return alloc(),
-        State::Enforcing(_) => {}
-    }
-    let dev = match current_device() {
-        Ok(dev) => dev,
+    enforcer_or_return!(alloc());
+    let (pool, dev) = match pool_device(pool) {
+        Ok(Some(found)) => found,
+        Ok(None) => return alloc(),
         Err(rc) => return rc,
     };
-    let mut pool: CUmemoryPool = std::ptr::null_mut();
-    let rc = real!(cuDeviceGetMemPool(&mut pool, dev));
-    if rc != CUDA_SUCCESS {
-        return rc;
-    }
     let ordered = Ordered {
         dptr,
         bytes,
@@ -151,7 +173,7 @@ pub(crate) unsafe fn mem_alloc_async(
 ) -> CUresult {
     let alloc = || real!(cuMemAllocAsync(dptr, bytesize, stream));
     // SAFETY: `dptr` is the caller's, which `alloc` writes.
-    unsafe { alloc_async(dptr, bytesize, stream, false, &alloc) }
+    unsafe { alloc_ordered(dptr, bytesize, None, stream, false, &alloc) }
 }
 
 /// `cuMemAllocAsync_ptsz` (per-thread default stream), calling the driver's
@@ -167,50 +189,7 @@ pub(crate) unsafe fn mem_alloc_async_ptsz(
 ) -> CUresult {
     let alloc = || real!(cuMemAllocAsync_ptsz(dptr, bytesize, stream));
     // SAFETY: `dptr` is the caller's, which `alloc` writes.
-    unsafe { alloc_async(dptr, bytesize, stream, true, &alloc) }
-}
-
-/// `cuMemAllocFromPoolAsync` and `_ptsz`.
-///
-/// # Safety
-///
-/// `dptr` is what `alloc` writes.
-unsafe fn alloc_from_pool(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-    per_thread: bool,
-    alloc: &dyn Fn() -> CUresult,
-) -> CUresult {
-    match state() {
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Disabled => return alloc(),
-        State::Enforcing(_) => {}
-    }
-    let known = POOLS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .and_then(|pools| pools.get(&(pool as u64)).copied());
-    let dev = match known {
-        Some(Some(dev)) => dev,
-        // Not device memory.
-        Some(None) => return alloc(),
-        None => match current_device() {
-            Ok(dev) => dev,
-            Err(rc) => return rc,
-        },
-    };
-    let ordered = Ordered {
-        dptr,
-        bytes,
-        stream,
-        per_thread,
-        alloc,
-    };
-    // SAFETY: `dptr` is what `alloc` writes, per the caller.
-    unsafe { charge(pool, dev, ordered) }
+    unsafe { alloc_ordered(dptr, bytesize, None, stream, true, &alloc) }
 }
 
 /// `cuMemAllocFromPoolAsync`, charged to the pool's device (see the module).
@@ -226,7 +205,7 @@ pub(crate) unsafe fn mem_alloc_from_pool_async(
 ) -> CUresult {
     let alloc = || real!(cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream));
     // SAFETY: `dptr` is the caller's, which `alloc` writes.
-    unsafe { alloc_from_pool(dptr, bytesize, pool, stream, false, &alloc) }
+    unsafe { alloc_ordered(dptr, bytesize, Some(pool), stream, false, &alloc) }
 }
 
 /// `cuMemAllocFromPoolAsync_ptsz`.
@@ -242,7 +221,7 @@ pub(crate) unsafe fn mem_alloc_from_pool_async_ptsz(
 ) -> CUresult {
     let alloc = || real!(cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream));
     // SAFETY: `dptr` is the caller's, which `alloc` writes.
-    unsafe { alloc_from_pool(dptr, bytesize, pool, stream, true, &alloc) }
+    unsafe { alloc_ordered(dptr, bytesize, Some(pool), stream, true, &alloc) }
 }
 
 /// `cuMemFreeAsync`: enqueues the free; the bytes stay charged to the pool

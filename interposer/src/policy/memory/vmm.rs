@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use crate::accounting::keys::Key;
-use crate::policy::process::{State, state};
+use crate::policy::process::{State, enforcer_or_return, state};
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_SUCCESS, CUdeviceptr,
     CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult,
@@ -29,11 +29,7 @@ pub(crate) unsafe fn mem_create(
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
-    let enforcer = match state() {
-        State::Disabled => return real!(cuMemCreate(handle, size, prop, flags)),
-        State::Refused => return CUDA_ERROR_NOT_INITIALIZED,
-        State::Enforcing(enforcer) => enforcer,
-    };
+    let enforcer = enforcer_or_return!(real!(cuMemCreate(handle, size, prop, flags)));
     // SAFETY: `prop` is NULL or points to a CUmemAllocationProp (caller's contract).
     let location = unsafe { prop.as_ref() }.map(|p| p.location);
     let dev = match location {
