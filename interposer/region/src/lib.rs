@@ -205,6 +205,11 @@ pub enum Error {
     },
 }
 
+/// How the region's file is opened: no symbolic link followed at the last
+/// component, no blocking on a FIFO, no controlling terminal, closed on exec.
+const OPEN_FLAGS: libc::c_int =
+    libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+
 impl Error {
     /// Whether the error is a region that does not exist yet or is being
     /// created (missing, empty, or all zeroes before its magic): what a
@@ -214,6 +219,15 @@ impl Error {
             Self::Io { source, .. } => source.kind() == io::ErrorKind::NotFound,
             Self::Size { found: 0, .. } | Self::Uninitialised { .. } => true,
             _ => false,
+        }
+    }
+
+    /// For `map_err`: `op` on the file at `path` failed.
+    fn io<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Self + 'a {
+        move |source| Self::Io {
+            path: path.to_owned(),
+            op,
+            source,
         }
     }
 }
@@ -452,13 +466,7 @@ impl Region {
     /// As [`Region::create_or_open`], with memory and compute limits.
     /// `limits_differ` compares both.
     pub fn create_or_open_with(path: &Path, limits: &Limits) -> Result<(Self, Opened)> {
-        let io = |op| {
-            move |source| Error::Io {
-                path: path.to_owned(),
-                op,
-                source,
-            }
-        };
+        let io = |op| Error::io(path, op);
         // No symbolic link is followed at the last component, a FIFO or a
         // device node is refused before anything maps it, and a file of any
         // size but the region's (or 0, not created yet) is refused: a
@@ -469,7 +477,7 @@ impl Region {
             .create(true)
             .truncate(false)
             .mode(0o666)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .custom_flags(OPEN_FLAGS)
             .open(path)
             .map_err(io("open"))?;
         let _lock = FileLock::exclusive(&file).map_err(io("lock"))?;
@@ -536,17 +544,11 @@ impl Region {
     /// whoever can truncate the file can make any access to the mapping a
     /// `SIGBUS`; the node agent uses [`RegionFile`], which never maps.
     pub fn open(path: &Path) -> Result<Self> {
-        let io = |op| {
-            move |source| Error::Io {
-                path: path.to_owned(),
-                op,
-                source,
-            }
-        };
+        let io = |op| Error::io(path, op);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .custom_flags(OPEN_FLAGS)
             .open(path)
             .map_err(io("open"))?;
         let metadata = file.metadata().map_err(io("stat"))?;
