@@ -41,9 +41,11 @@ pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_alloca
 pub use locks::LockTable;
 pub use nudge::{GPU_FREED, Waiters, nudge_nodes};
 
-/// The shared ledger and whether its first list has completed.
-#[derive(Clone, Debug)]
-pub struct Projection {
+/// What the projection's readers and its [`Feeder`] share: the ledger, the
+/// lock and Lease tables, who waits for capacity, the agent pods and the
+/// phases seen.
+#[derive(Clone, Debug, Default)]
+struct Shared {
     ledger: Arc<RwLock<Ledger>>,
     locks: Arc<LockTable>,
     leases: Arc<AgentLeases>,
@@ -51,6 +53,12 @@ pub struct Projection {
     nudges: Option<mpsc::UnboundedSender<String>>,
     agent_pods: Arc<std::sync::Mutex<AgentPods>>,
     phases: Phases,
+}
+
+/// The shared ledger and whether its first list has completed.
+#[derive(Clone, Debug)]
+pub struct Projection {
+    shared: Shared,
     synced: watch::Receiver<bool>,
 }
 
@@ -90,38 +98,18 @@ impl Projection {
     }
 
     fn with_nudges(nudges: Option<mpsc::UnboundedSender<String>>) -> (Self, Feeder) {
-        let ledger = Arc::new(RwLock::new(Ledger::default()));
         let (tx, synced) = watch::channel(false);
-        let phases = Phases::default();
-        let locks = Arc::new(LockTable::default());
-        let leases = Arc::new(AgentLeases::default());
-        let waiters = Arc::new(Waiters::default());
-        let agent_pods = Arc::<std::sync::Mutex<AgentPods>>::default();
+        let shared = Shared {
+            nudges,
+            ..Shared::default()
+        };
         let feeder = Feeder {
-            ledger: ledger.clone(),
-            locks: locks.clone(),
-            leases: leases.clone(),
-            waiters: waiters.clone(),
-            nudges: nudges.clone(),
-            agent_pods: agent_pods.clone(),
-            phases: phases.clone(),
+            shared: shared.clone(),
             synced: Arc::new(tx),
             nodes_synced: Arc::default(),
             allocations_synced: Arc::default(),
         };
-        (
-            Self {
-                ledger,
-                locks,
-                leases,
-                waiters,
-                nudges,
-                agent_pods,
-                phases,
-                synced,
-            },
-            feeder,
-        )
+        (Self { shared, synced }, feeder)
     }
 
     /// Watches GpuNodes, VgpuAllocations and NodeLocks cluster-wide and
@@ -179,8 +167,8 @@ impl Projection {
     /// Capacity appeared on `node` outside the watches (Bind undid its
     /// reservation): if pods were turned away from it, tell kube-scheduler.
     pub fn freed(&self, node: &str) {
-        if self.waiters.take(node)
-            && let Some(nudges) = &self.nudges
+        if self.shared.waiters.take(node)
+            && let Some(nudges) = &self.shared.nudges
         {
             let _ = nudges.send(node.to_owned());
         }
@@ -189,19 +177,20 @@ impl Projection {
     /// The nodes GPU pods were turned away from since capacity last appeared
     /// on them. Filter records into it while holding [`Projection::read`].
     pub fn waiters(&self) -> &Waiters {
-        &self.waiters
+        &self.shared.waiters
     }
 
     /// The node agents' Leases as last seen, by node name (empty unless
     /// watched, see [`Projection::spawn_with_agent_leases`]).
     pub fn agent_leases(&self) -> std::collections::BTreeMap<String, AgentLease> {
-        self.leases.snapshot()
+        self.shared.leases.snapshot()
     }
 
     /// Where `node`'s serving agent pod answers `/readyz` (only when agent
     /// pods are watched, see [`Watches::agent_pods`]).
     pub fn agent_endpoint(&self, node: &str) -> Option<String> {
-        self.agent_pods
+        self.shared
+            .agent_pods
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .endpoint(node)
@@ -209,22 +198,25 @@ impl Projection {
 
     /// The NodeLocks as last seen.
     pub fn locks(&self) -> Arc<LockTable> {
-        self.locks.clone()
+        self.shared.locks.clone()
     }
 
     /// Reads the ledger.
     pub fn read(&self) -> RwLockReadGuard<'_, Ledger> {
-        self.ledger.read().unwrap_or_else(|e| e.into_inner())
+        self.shared.ledger.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Writes the ledger.
     pub fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
-        self.ledger.write().unwrap_or_else(|e| e.into_inner())
+        self.shared
+            .ledger
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// How many allocations are in each phase (`Pending` before any status).
     pub fn phase_counts(&self) -> std::collections::BTreeMap<String, usize> {
-        let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        let phases = self.shared.phases.lock().unwrap_or_else(|e| e.into_inner());
         let mut counts = std::collections::BTreeMap::new();
         for seen in phases.values() {
             *counts.entry(seen.phase_name()).or_default() += 1;
@@ -235,7 +227,7 @@ impl Projection {
     /// Seconds since the oldest allocation still in phase `Bound` was
     /// created (by Bind, just before the pod was bound); 0 when none is.
     pub fn bound_oldest_seconds(&self, now: Timestamp) -> f64 {
-        let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        let phases = self.shared.phases.lock().unwrap_or_else(|e| e.into_inner());
         oldest_age_seconds(
             phases
                 .values()
@@ -247,7 +239,7 @@ impl Projection {
 
     /// The NodeLocks as last seen, summed up at `now`.
     pub fn lock_ages(&self, now: Timestamp) -> LockAges {
-        lock_ages(self.locks.times(), now)
+        lock_ages(self.shared.locks.times(), now)
     }
 
     /// Whether both watches have completed their first list.
@@ -274,13 +266,7 @@ pub struct NodeEntry {
 /// Applies watch events to the ledger.
 #[derive(Clone, Debug)]
 pub struct Feeder {
-    ledger: Arc<RwLock<Ledger>>,
-    locks: Arc<LockTable>,
-    leases: Arc<AgentLeases>,
-    waiters: Arc<Waiters>,
-    nudges: Option<mpsc::UnboundedSender<String>>,
-    agent_pods: Arc<std::sync::Mutex<AgentPods>>,
-    phases: Phases,
+    shared: Shared,
     synced: Arc<watch::Sender<bool>>,
     nodes_synced: Arc<std::sync::atomic::AtomicBool>,
     allocations_synced: Arc<std::sync::atomic::AtomicBool>,
@@ -288,26 +274,29 @@ pub struct Feeder {
 
 impl Feeder {
     fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
-        self.ledger.write().unwrap_or_else(|e| e.into_inner())
+        self.shared
+            .ledger
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Capacity may have appeared on `node` (the ledger already holds it):
     /// if pods were turned away from it, tell kube-scheduler.
     fn freed(&self, node: &str) {
-        if self.waiters.take(node) {
+        if self.shared.waiters.take(node) {
             self.nudge(node.to_owned());
         }
     }
 
     /// After a relist anything may have changed: every waiting node.
     fn freed_all(&self) {
-        for node in self.waiters.take_all() {
+        for node in self.shared.waiters.take_all() {
             self.nudge(node);
         }
     }
 
     fn nudge(&self, node: String) {
-        if let Some(nudges) = &self.nudges {
+        if let Some(nudges) = &self.shared.nudges {
             let _ = nudges.send(node);
         }
     }
@@ -383,14 +372,15 @@ impl Feeder {
     pub fn lock_event(&self, event: watcher::Event<NodeLock>, relist: &mut Vec<NodeLock>) {
         use kube::ResourceExt;
         match event {
-            watcher::Event::Apply(lock) => self.locks.record(lock),
+            watcher::Event::Apply(lock) => self.shared.locks.record(lock),
             watcher::Event::Delete(lock) => {
-                self.locks
+                self.shared
+                    .locks
                     .forget(&lock.name_any(), lock.metadata.uid.as_deref());
             }
             watcher::Event::Init => relist.clear(),
             watcher::Event::InitApply(lock) => relist.push(lock),
-            watcher::Event::InitDone => self.locks.replace(relist.drain(..)),
+            watcher::Event::InitDone => self.shared.locks.replace(relist.drain(..)),
         }
     }
 
@@ -398,8 +388,8 @@ impl Feeder {
     pub fn lease_event(&self, event: watcher::Event<Lease>, relist: &mut Vec<Lease>) {
         use kube::ResourceExt;
         match event {
-            watcher::Event::Apply(lease) => self.leases.record(&lease),
-            watcher::Event::Delete(lease) => self.leases.forget(&lease),
+            watcher::Event::Apply(lease) => self.shared.leases.record(&lease),
+            watcher::Event::Delete(lease) => self.shared.leases.forget(&lease),
             watcher::Event::Init => relist.clear(),
             watcher::Event::InitApply(lease) => {
                 if agent_node(&lease.name_any()).is_some() {
@@ -407,7 +397,7 @@ impl Feeder {
                 }
             }
             watcher::Event::InitDone => {
-                self.leases.replace(relist.iter());
+                self.shared.leases.replace(relist.iter());
                 relist.clear();
             }
         }
@@ -415,7 +405,11 @@ impl Feeder {
 
     /// Applies one event of the node agents' pods.
     pub fn agent_pod_event(&self, event: watcher::Event<Pod>) {
-        let mut pods = self.agent_pods.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pods = self
+            .shared
+            .agent_pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let node = match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => pods.record(&pod),
             watcher::Event::Delete(pod) => pods.forget(&pod),
@@ -454,7 +448,7 @@ impl Feeder {
     }
 
     fn record_phase(&self, event: &watcher::Event<VgpuAllocation>) {
-        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        let mut phases = self.shared.phases.lock().unwrap_or_else(|e| e.into_inner());
         match event {
             watcher::Event::Apply(a) => {
                 phases.insert(key(a), AllocationSeen::of(a));
