@@ -56,3 +56,33 @@ pub mod node_annotations {
     /// turned away from a node that was not ready are retried at once.
     pub const GPU_READY: &str = "tessera.dev/gpu-ready";
 }
+
+/// How NVIDIA spells a GPU's 16-byte UUID (NVML, `nvidia-smi`, the device
+/// plugin's device IDs): `GPU-` and the bytes as lowercase hex in the
+/// groups 8-4-4-4-12.
+pub fn gpu_uuid_string(bytes: &[u8; 16]) -> String {
+    let mut text = String::with_capacity(40);
+    text.push_str("GPU-");
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            text.push('-');
+        }
+        text.push(char::from_digit(u32::from(byte >> 4), 16).unwrap_or('0'));
+        text.push(char::from_digit(u32::from(byte & 0xf), 16).unwrap_or('0'));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_gpu_uuid_is_spelled_as_nvidia_does() {
+        let bytes = [
+            0x7e, 0x55, 0xe4, 0xa0, 0xfa, 0x4e, 0x40, 0x00, 0x80, 0x00, 0, 0, 0, 0, 0x12, 0xab,
+        ];
+        assert_eq!(
+            super::gpu_uuid_string(&bytes),
+            "GPU-7e55e4a0-fa4e-4000-8000-0000000012ab"
+        );
+    }
+}

@@ -17,26 +17,7 @@ pub fn uuid(dev: usize) -> [u8; 16] {
 
 /// The string NVML reports for device `dev`: `GPU-` and the UUID.
 pub fn uuid_string(dev: usize) -> String {
-    let b = uuid(dev);
-    format!(
-        "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-        b[0],
-        b[1],
-        b[2],
-        b[3],
-        b[4],
-        b[5],
-        b[6],
-        b[7],
-        b[8],
-        b[9],
-        b[10],
-        b[11],
-        b[12],
-        b[13],
-        b[14],
-        b[15]
-    )
+    tessera_api::names::gpu_uuid_string(&uuid(dev))
 }
 
 #[cfg(test)]

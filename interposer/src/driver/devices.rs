@@ -181,26 +181,7 @@ fn parse_uuid(text: &[u8]) -> Option<Uuid> {
 
 /// NVML's name of a GPU UUID, NUL-terminated.
 fn nvml_name(uuid: &Uuid) -> Vec<c_char> {
-    let b = uuid;
-    let text = format!(
-        "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-        b[0],
-        b[1],
-        b[2],
-        b[3],
-        b[4],
-        b[5],
-        b[6],
-        b[7],
-        b[8],
-        b[9],
-        b[10],
-        b[11],
-        b[12],
-        b[13],
-        b[14],
-        b[15]
-    );
+    let text = tessera_api::names::gpu_uuid_string(uuid);
     text.bytes().map(|c| c as c_char).chain([0]).collect()
 }
 
