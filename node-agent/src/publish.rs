@@ -171,7 +171,7 @@ async fn write(
     // empty now (no configs applied) is removed, and the conditions
     // another component set (Ready=Unknown by the controller) are taken back.
     crate::STATUS
-        .apply(api, node, status)
+        .apply_at(api, node, None, status)
         .await
         .map_err(Error::kube("writing the GpuNode status"))?;
     tracing::info!(node, gpus = status.gpu_count, "GpuNode status written");
