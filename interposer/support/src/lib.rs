@@ -4,6 +4,8 @@
 //! `LD_PRELOAD=libtessera_vgpu.so`. The libraries are the ones the running
 //! `cargo test` or `cargo bench` built, next to its executable.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
