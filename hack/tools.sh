@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes, etcd and helm binaries Tessera's tests run, from the Go
+# Builds the Kubernetes, etcd, helm and kwok binaries Tessera's tests run, from the Go
 # modules pinned in e2e/tools/*/go.mod, into a cache outside the work tree.
 #
 #   hack/tools.sh          build what is missing, print the bin directory
@@ -12,12 +12,13 @@ set -euo pipefail
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.14
 HELM_VERSION=v3.21.4
+KWOK_VERSION=v0.8.0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${TESSERA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
 # The key changes whenever the pinned modules change, so an edit to
 # e2e/tools/*/go.{mod,sum} (a new version, a new binary) rebuilds.
 key=$(cat "$root"/e2e/tools/*/go.mod "$root"/e2e/tools/*/go.sum | sha256sum | cut -c1-12)
-bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-$key/bin"
+bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-kwok-$KWOK_VERSION-$key/bin"
 
 if [[ "${1:-}" == "--path" ]]; then echo "$bin"; exit 0; fi
 if [[ -f "$bin/.complete" ]]; then echo "$bin"; exit 0; fi
@@ -54,9 +55,15 @@ for pkg in pkg/chartutil pkg/lint/rules; do
 done
 (cd "$root/e2e/tools/helm" && go build -ldflags "$hldf" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm)
 
+# kwok (simulated nodes for the scale bench) reports its version from a link-time stamp.
+echo "hack/tools.sh: building kwok $KWOK_VERSION" >&2
+(cd "$root/e2e/tools/kwok" && go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+  -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
+
 "$tmp/kube-apiserver" --version >&2
 "$tmp/etcd" --version | head -1 >&2
 "$tmp/helm" version --short >&2
+"$tmp/kwok" --version >&2
 chmod 755 "$tmp"
 rm -rf "$bin"
 mkdir -p "$(dirname "$bin")"

@@ -9,7 +9,7 @@ use std::{
 use crate::Error;
 
 /// Names of the binaries the harness runs.
-pub const BINARIES: [&str; 8] = [
+pub const BINARIES: [&str; 9] = [
     "etcd",
     "kube-apiserver",
     "kube-scheduler",
@@ -18,9 +18,10 @@ pub const BINARIES: [&str; 8] = [
     "kubelet",
     "kube-proxy",
     "helm",
+    "kwok",
 ];
 
-/// The directory holding [`BINARIES`]: etcd, the Kubernetes binaries and helm.
+/// The directory holding [`BINARIES`]: etcd, the Kubernetes binaries, helm and kwok.
 ///
 /// `TESSERA_TOOLS_DIR` wins when set (the Makefile sets it). Otherwise
 /// `hack/tools.sh` is asked, which builds the binaries into the cache on first
