@@ -204,6 +204,26 @@ async fn node_agent_writes_only_its_own_node() {
 
     let gpu_node = |name: &str| GpuNode::new(name, GpuNodeSpec {});
     let gpu_nodes: Api<GpuNode> = Api::all(agent.clone());
+    // The API server enforces a ValidatingAdmissionPolicy once its policy
+    // informer has the policy and its binding, a moment after `helm install`
+    // (seconds on a loaded machine). Wait for that with a dry run, as an
+    // operator checking the install would, before testing what it refuses.
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while gpu_nodes
+        .create(&dry_run, &gpu_node("agent-node-b"))
+        .await
+        .is_ok()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node agent admission policy was not enforced within 60 s of helm install"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     gpu_nodes
         .create(&PostParams::default(), &gpu_node("agent-node-a"))
         .await
