@@ -3,7 +3,7 @@ SHELL := bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help tools node-deps build demo demo-down test test-unit soak fuzz bench gpu-check fmt lint crds cluster cluster-down clean images
+.PHONY: help tools node-deps build demo demo-down test test-unit soak fuzz bench bench-scale gpu-check fmt lint crds cluster cluster-down clean images
 
 help: ## List the targets
 	@echo "Tessera: GPU sharing for Kubernetes. Targets:"
@@ -49,6 +49,12 @@ bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 	$(CARGO) bench -p tessera-interposer --bench alloc
 	$(CARGO) build --release -p tessera-controllers -p tessera-node-agent -p tessera-interposer -p tessera-fake-cuda -p tessera-fake-nvml
 	TESSERA_ARTIFACTS_DIR="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release" TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-e2e --bench real_nodes
+
+bench-scale: tools ## Scheduling at 100, 1,000 and 5,000 kwok-simulated GPU nodes (~40 min; BENCH_SCALE_NODES=; figures: docs/benchmarks.md)
+	$(CARGO) build --release -p tessera-controllers -p tessera-node-agent -p tessera-interposer -p tessera-fake-cuda -p tessera-fake-nvml -p tessera-bench
+	TESSERA_ARTIFACTS_DIR="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release" TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" \
+	  "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/tessera-bench-scale" --out "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale"
+	@hack/plot-env.sh "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale/scale.csv" "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale/scale.png"
 
 gpu-check: ## On a machine with an NVIDIA GPU and PyTorch: check the interposer against the real driver
 	$(CARGO) build --release -p tessera-interposer

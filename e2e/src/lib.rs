@@ -32,6 +32,7 @@ pub mod images;
 pub mod kube_proxy;
 mod kubeconfig;
 pub mod kubelet;
+mod kwok;
 pub mod node;
 pub mod oci;
 pub mod pki;
@@ -43,6 +44,7 @@ pub mod watchdog;
 
 pub use control_plane::{ControlPlane, Options, free_port, host_ip, remove_stale_dirs};
 pub use error::Error;
+pub use kwok::ANNOTATION as KWOK_ANNOTATION;
 pub use process::Lifetime;
 
 use std::path::Path;

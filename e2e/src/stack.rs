@@ -99,6 +99,18 @@ impl Tessera {
     /// Starts the controller, registers its webhook, then starts
     /// kube-scheduler with the extender and kube-controller-manager.
     pub async fn deploy(plane: &ControlPlane, artifacts: &Artifacts) -> Result<Self, Error> {
+        let tessera = Self::deploy_scheduling(plane, artifacts).await?;
+        plane.start_controller_manager().await?;
+        Ok(tessera)
+    }
+
+    /// [`Tessera::deploy`] without kube-controller-manager: for simulated
+    /// nodes that send no heartbeats (the scale bench), whose pods its node
+    /// lifecycle controller would evict.
+    pub async fn deploy_scheduling(
+        plane: &ControlPlane,
+        artifacts: &Artifacts,
+    ) -> Result<Self, Error> {
         let extender_port = free_port()?;
         let webhook_port = free_port()?;
         let pki = plane.pki();
@@ -131,7 +143,6 @@ impl Tessera {
         plane
             .start_scheduler(&scheduler_config(extender_port))
             .await?;
-        plane.start_controller_manager().await?;
         Ok(tessera)
     }
 
@@ -160,6 +171,16 @@ impl Tessera {
         }
         plane.adopt(controller);
         Ok(())
+    }
+
+    /// The controller's pid, while it runs.
+    pub fn pid(&self, plane: &ControlPlane) -> Option<u32> {
+        plane
+            .pids()
+            .into_iter()
+            .rev()
+            .find(|(name, _)| name == CONTROLLER)
+            .map(|(_, pid)| pid)
     }
 
     /// Stops the controller.

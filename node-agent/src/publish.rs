@@ -147,6 +147,17 @@ pub async fn gpu_node(
     }
 }
 
+/// Writes `offer` as node `node`'s GpuNode once, as the agent does with a
+/// registered device plugin: created owned by the Node, status applied
+/// under the agent's field manager. Simulated nodes (the scale bench's kwok
+/// nodes, which have no agent) are published through this, so their
+/// GpuNodes are exactly what an agent would write.
+pub async fn publish_once(client: &Client, node: &str, offer: &Offer) -> Result<(), Error> {
+    let mut wanted = status(offer, PluginState::Registered);
+    keep_transition_times(&mut wanted, None);
+    write(client, &Api::all(client.clone()), node, &wanted).await
+}
+
 async fn write(
     client: &Client,
     api: &Api<GpuNode>,

@@ -1,0 +1,337 @@
+//! One run at one size: a control plane with kwok, the simulated fleet and
+//! its background occupancy, tessera-controller with kube-scheduler, then
+//! the measurements ([`Figures`]).
+
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use tessera_e2e::{ControlPlane, artifacts::Artifacts, stack::Tessera};
+
+use crate::{
+    Error,
+    burst::{self, Burst},
+    fleet::{self, Shape},
+    measure::{self, ProcessStats},
+    occupancy,
+    pods::{self, GpuAsk},
+    prom,
+    rng::Rng,
+};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The fleet.
+    pub shape: Shape,
+    /// Pods per burst (GPU and plain each).
+    pub burst: usize,
+    /// Seed of the GPU pods' sizes.
+    pub seed: u64,
+    /// Filter+Prioritize round trips timed from outside.
+    pub probe_calls: usize,
+    /// How long a burst may take.
+    pub burst_limit: Duration,
+}
+
+/// A running cluster at one size.
+pub struct Running {
+    /// The control plane (etcd, kube-apiserver, kwok, kube-scheduler, tessera-controller).
+    pub plane: ControlPlane,
+    /// tessera-controller.
+    pub tessera: Tessera,
+    /// An admin client.
+    pub client: Client,
+    /// The simulated nodes.
+    pub nodes: Vec<String>,
+    /// What it was started with.
+    pub options: Options,
+    /// Seconds to create the fleet, and to write the background occupancy.
+    pub setup_seconds: (f64, f64),
+    /// Background pods written.
+    pub background: usize,
+}
+
+/// What one run measured.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    /// Simulated nodes.
+    pub nodes: usize,
+    /// GPUs per node.
+    pub gpus: u32,
+    /// Background pods (one allocation each).
+    pub background: usize,
+    /// Seconds to create the fleet and to write the background.
+    pub setup_seconds: (f64, f64),
+    /// Plain pods bound per second (default profile, no extender).
+    pub plain_rate: f64,
+    /// GPU pods bound per second (tessera-scheduler profile, the extender).
+    pub gpu_rate: f64,
+    /// The extender's own latency, p50/p99 ms, during the GPU burst.
+    pub filter_ms: (f64, f64),
+    /// See [`Figures::filter_ms`].
+    pub prioritize_ms: (f64, f64),
+    /// See [`Figures::filter_ms`].
+    pub bind_ms: (f64, f64),
+    /// Filter + Prioritize round trips over HTTP naming every node, p50/p99 ms.
+    pub http_ms: (f64, f64),
+    /// API requests per GPU pod during the GPU burst, by verb and resource.
+    pub requests_per_gpu_pod: Vec<(String, f64)>,
+    /// The same for the plain burst.
+    pub requests_per_plain_pod: Vec<(String, f64)>,
+    /// The controller before the bursts (background loaded).
+    pub idle: ProcessStats,
+    /// The controller after the GPU burst.
+    pub after: ProcessStats,
+    /// Controller CPU milliseconds per GPU pod of the burst.
+    pub cpu_ms_per_pod: f64,
+    /// Seconds from a controller restart to `/readyz`.
+    pub restart_ready_seconds: f64,
+    /// Seconds from a controller restart to a new GPU pod's binding.
+    pub restart_bind_seconds: f64,
+    /// NodeLock waits in Bind during the GPU burst: p50/p90/p99 ms.
+    pub lock_wait_ms: (f64, f64, f64),
+    /// How many Binds waited on the lock (histogram count).
+    pub lock_waits: f64,
+    /// Lock wait histogram of the burst: (upper bound s, cumulative count).
+    pub lock_wait_buckets: Vec<(f64, f64)>,
+}
+
+impl Running {
+    /// Starts everything and waits until the controller has folded the
+    /// whole fleet.
+    pub async fn start(options: Options, artifacts: &Artifacts) -> Result<Self, Error> {
+        let plane = ControlPlane::start().await?;
+        plane.start_kwok()?;
+        let client = plane.client().await?;
+        pods::create_namespace(&client).await?;
+        let started = Instant::now();
+        let nodes = fleet::create(&client, options.shape).await?;
+        let fleet_seconds = started.elapsed().as_secs_f64();
+        tracing::info!(
+            nodes = nodes.len(),
+            seconds = fleet_seconds,
+            "fleet published"
+        );
+        let started = Instant::now();
+        let background = occupancy::fill(&client, options.shape).await?;
+        let background_seconds = started.elapsed().as_secs_f64();
+        tracing::info!(
+            background,
+            seconds = background_seconds,
+            "background written"
+        );
+        let tessera = Tessera::deploy_scheduling(&plane, artifacts).await?;
+        let running = Self {
+            plane,
+            tessera,
+            client,
+            nodes,
+            options,
+            setup_seconds: (fleet_seconds, background_seconds),
+            background,
+        };
+        running.wait_folded(Duration::from_secs(600)).await?;
+        Ok(running)
+    }
+
+    /// The controller's metrics address.
+    pub fn metrics_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.tessera.extender_port)
+    }
+
+    fn controller_pid(&self) -> Result<u32, Error> {
+        self.tessera.pid(&self.plane).ok_or_else(|| Error::Measure {
+            what: "tessera-controller".into(),
+            why: "it is not running".into(),
+        })
+    }
+
+    /// Waits until the controller counts every simulated node.
+    async fn wait_folded(&self, limit: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let samples = measure::controller(&self.metrics_addr()).await?;
+            if prom::sum(&samples, "tessera_gpu_nodes", &[]) >= self.nodes.len() as f64 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: "tessera-controller to fold every GpuNode".into(),
+                    seconds: limit.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Waits until no NodeLock is held and no allocation is left `Bound`
+    /// (every GPU pod of a burst is Running and its allocation Allocated).
+    pub async fn wait_settled(&self, limit: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let samples = measure::controller(&self.metrics_addr()).await?;
+            let locks = prom::sum(&samples, "tessera_node_locks", &[]);
+            let bound = prom::sum(&samples, "tessera_allocations", &[("phase", "Bound")]);
+            if locks == 0.0 && bound == 0.0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "the burst to settle ({locks} NodeLocks, {bound} allocations Bound)"
+                    ),
+                    seconds: limit.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `count` GPU pods of role `role`, one GPU each, 1–20 GiB and 0–50 % cores.
+    pub fn gpu_pods(
+        &self,
+        role: &str,
+        count: usize,
+        rng: &mut Rng,
+    ) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        (0..count)
+            .map(|i| {
+                let ask = GpuAsk {
+                    memory_mib: rng.between(1, 20) * 1024,
+                    cores: rng.between(0, 50) as u32,
+                };
+                pods::pod(&format!("{role}-{i:05}"), role, Some(ask))
+            })
+            .collect()
+    }
+
+    /// `count` plain pods of role `role`.
+    pub fn plain_pods(&self, role: &str, count: usize) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        (0..count)
+            .map(|i| pods::pod(&format!("{role}-{i:05}"), role, None))
+            .collect()
+    }
+
+    /// Runs every measurement once.
+    pub async fn measure(&self) -> Result<Figures, Error> {
+        let options = &self.options;
+        let mut rng = Rng::new(options.seed);
+        let pid = self.controller_pid()?;
+        let idle = measure::process(pid)?;
+
+        let before = measure::apiserver(&self.client).await?;
+        let plain = burst::run(
+            &self.client,
+            self.plain_pods("plain", options.burst),
+            options.burst_limit,
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = measure::apiserver(&self.client).await?;
+        let requests_per_plain_pod =
+            per_pod(measure::requests_between(&before, &after), plain.pods);
+        tracing::info!(rate = plain.rate(), "plain burst");
+
+        let api_before = measure::apiserver(&self.client).await?;
+        let ours_before = measure::controller(&self.metrics_addr()).await?;
+        let cpu_before = measure::process(pid)?;
+        let batch = self.gpu_pods("gpu", options.burst, &mut rng);
+        let gpu: Burst = burst::run(&self.client, batch, options.burst_limit).await?;
+        tracing::info!(rate = gpu.rate(), "GPU burst");
+        self.wait_settled(Duration::from_secs(300)).await?;
+        let cpu_after = measure::process(pid)?;
+        let ours_after = measure::controller(&self.metrics_addr()).await?;
+        let api_after = measure::apiserver(&self.client).await?;
+        let requests_per_gpu_pod =
+            per_pod(measure::requests_between(&api_before, &api_after), gpu.pods);
+
+        let verb = |name: &str| {
+            let labels = [("verb", name), ("outcome", "ok")];
+            let histogram = "tessera_extender_request_duration_seconds";
+            prom::delta(
+                &prom::buckets(&ours_after, histogram, &labels),
+                &prom::buckets(&ours_before, histogram, &labels),
+            )
+        };
+        let ms = |b: &[(f64, f64)], q: f64| prom::quantile(b, q).map_or(f64::NAN, |s| s * 1e3);
+        let p50_99 = |b: Vec<(f64, f64)>| (ms(&b, 0.5), ms(&b, 0.99));
+        let lock = prom::delta(
+            &prom::buckets(&ours_after, "tessera_bind_lock_wait_duration_seconds", &[]),
+            &prom::buckets(&ours_before, "tessera_bind_lock_wait_duration_seconds", &[]),
+        );
+
+        let probe = pods::as_scheduled(&pods::pod(
+            "probe",
+            "probe",
+            Some(GpuAsk {
+                memory_mib: 10_240,
+                cores: 20,
+            }),
+        ));
+        let times = measure::filter_and_prioritize(
+            &self.metrics_addr(),
+            &probe,
+            &self.nodes,
+            options.probe_calls,
+        )
+        .await?;
+
+        let (restart_ready_seconds, restart_bind_seconds) = self.restart_to_first_bind().await?;
+        Ok(Figures {
+            nodes: self.nodes.len(),
+            gpus: options.shape.gpus,
+            background: self.background,
+            setup_seconds: self.setup_seconds,
+            plain_rate: plain.rate(),
+            gpu_rate: gpu.rate(),
+            filter_ms: p50_99(verb("filter")),
+            prioritize_ms: p50_99(verb("prioritize")),
+            bind_ms: p50_99(verb("bind")),
+            http_ms: (
+                measure::percentile_ms(&times, 0.5),
+                measure::percentile_ms(&times, 0.99),
+            ),
+            requests_per_gpu_pod,
+            requests_per_plain_pod,
+            idle,
+            after: cpu_after,
+            cpu_ms_per_pod: (cpu_after.cpu_seconds - cpu_before.cpu_seconds) * 1e3
+                / gpu.pods as f64,
+            restart_ready_seconds,
+            restart_bind_seconds,
+            lock_wait_ms: (ms(&lock, 0.5), ms(&lock, 0.9), ms(&lock, 0.99)),
+            lock_waits: lock.last().map_or(0.0, |(_, n)| *n),
+            lock_wait_buckets: lock,
+        })
+    }
+
+    /// Restarts the controller and times it to `/readyz` and to binding a
+    /// GPU pod created as it starts (created as soon as the webhook answers).
+    pub async fn restart_to_first_bind(&self) -> Result<(f64, f64), Error> {
+        self.tessera.stop(&self.plane);
+        let started = Instant::now();
+        let pod = pods::pod(
+            "after-restart",
+            "after-restart",
+            Some(GpuAsk {
+                memory_mib: 4096,
+                cores: 10,
+            }),
+        );
+        let bind = burst::run(&self.client, vec![pod], Duration::from_secs(300));
+        let ready = async {
+            self.tessera.start(&self.plane).await?;
+            Ok::<_, Error>(started.elapsed().as_secs_f64())
+        };
+        let (ready, bind) = tokio::join!(ready, bind);
+        let bound = bind?.finished.duration_since(started);
+        Ok((ready?, bound.as_secs_f64()))
+    }
+}
+
+fn per_pod(requests: Vec<(String, f64)>, pods: usize) -> Vec<(String, f64)> {
+    requests
+        .into_iter()
+        .map(|(key, n)| (key, n / pods.max(1) as f64))
+        .collect()
+}
