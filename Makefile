@@ -53,7 +53,7 @@ bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 bench-scale: tools ## Scheduling at 100, 1,000 and 5,000 kwok-simulated GPU nodes (~40 min; BENCH_SCALE_NODES=; figures: docs/benchmarks.md)
 	$(CARGO) build --release -p tessera-controllers -p tessera-node-agent -p tessera-interposer -p tessera-fake-cuda -p tessera-fake-nvml -p tessera-bench
 	TESSERA_ARTIFACTS_DIR="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release" TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" \
-	  "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/tessera-bench-scale" --out "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale"
+	  TESSERA_TEST_TIMEOUT_SECS=7200 "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/tessera-bench-scale" --out "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale"
 	@hack/plot-env.sh "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale/scale.csv" "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale/scale.png"
 
 gpu-check: ## On a machine with an NVIDIA GPU and PyTorch: check the interposer against the real driver

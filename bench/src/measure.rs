@@ -96,7 +96,13 @@ pub fn requests_between(before: &[Sample], after: &[Sample]) -> Vec<(String, f64
         } else {
             format!("{}/{sub}", label("resource"))
         };
-        format!("{} {resource}", label("verb"))
+        // Refusals and failures apart: they are retries, not work.
+        match label("code") {
+            code if code.starts_with('2') || code.is_empty() => {
+                format!("{} {resource}", label("verb"))
+            }
+            code => format!("{} {resource} ({code})", label("verb")),
+        }
     };
     let mut totals = std::collections::BTreeMap::<String, f64>::new();
     for s in after.iter().filter(|s| s.name == "apiserver_request_total") {
@@ -109,6 +115,37 @@ pub fn requests_between(before: &[Sample], after: &[Sample]) -> Vec<(String, f64
         *totals.entry(key(s)).or_default() -= s.value;
     }
     totals.into_iter().filter(|(_, n)| *n > 0.5).collect()
+}
+
+/// The counters of the controller's extender that say something failed,
+/// between two scrapes: `<verb> error` for each verb that answered an
+/// error, and `rollback <reason>` for each Bind undone.
+pub fn failures_between(before: &[Sample], after: &[Sample]) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    let verbs = "tessera_extender_request_duration_seconds_count";
+    for verb in ["filter", "prioritize", "bind"] {
+        let labels = [("verb", verb), ("outcome", "error")];
+        let n = prom::sum(after, verbs, &labels) - prom::sum(before, verbs, &labels);
+        if n > 0.5 {
+            out.push((format!("{verb} error"), n));
+        }
+    }
+    let mut reasons: Vec<&str> = after
+        .iter()
+        .filter(|s| s.name == "tessera_bind_rollbacks_total")
+        .filter_map(|s| s.labels.get("reason").map(String::as_str))
+        .collect();
+    reasons.sort_unstable();
+    reasons.dedup();
+    for reason in reasons {
+        let labels = [("reason", reason)];
+        let name = "tessera_bind_rollbacks_total";
+        let n = prom::sum(after, name, &labels) - prom::sum(before, name, &labels);
+        if n > 0.5 {
+            out.push((format!("rollback {reason}"), n));
+        }
+    }
+    out
 }
 
 /// `POST http://<addr><path>` with a JSON body; the answer's status and body.

@@ -112,6 +112,17 @@ pub fn text(f: &Figures) -> String {
         "  NodeLock wait p50/p90/p99 ms: {:.2}/{:.2}/{:.2} over {:.0} binds",
         f.lock_wait_ms.0, f.lock_wait_ms.1, f.lock_wait_ms.2, f.lock_waits
     );
+    let failures: Vec<String> = f
+        .failures
+        .iter()
+        .map(|(k, n)| format!("{k} {n:.0}"))
+        .collect();
+    let failures = if failures.is_empty() {
+        "none".to_owned()
+    } else {
+        failures.join(", ")
+    };
+    let _ = writeln!(out, "  extender failures in the GPU burst: {failures}");
     for (burst, requests) in [
         ("GPU", &f.requests_per_gpu_pod),
         ("plain", &f.requests_per_plain_pod),

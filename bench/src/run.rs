@@ -94,6 +94,8 @@ pub struct Figures {
     pub lock_waits: f64,
     /// Lock wait histogram of the burst: (upper bound s, cumulative count).
     pub lock_wait_buckets: Vec<(f64, f64)>,
+    /// Extender calls that failed and Binds undone during the GPU burst.
+    pub failures: Vec<(String, f64)>,
 }
 
 impl Running {
@@ -302,6 +304,7 @@ impl Running {
             lock_wait_ms: (ms(&lock, 0.5), ms(&lock, 0.9), ms(&lock, 0.99)),
             lock_waits: lock.last().map_or(0.0, |(_, n)| *n),
             lock_wait_buckets: lock,
+            failures: measure::failures_between(&ours_before, &ours_after),
         })
     }
 

@@ -621,7 +621,7 @@ fn fuzz_extender_args() {
                     }
                 }
             }
-            let scores = prioritize(&projection, &config, &args);
+            let scores = prioritize(&projection, &config, &args, |_| false);
             prop_assert_eq!(scores.len(), candidates.len());
             for s in &scores {
                 prop_assert!((0..=10).contains(&s.score), "{s:?}");

@@ -51,6 +51,7 @@ pub struct Watch<K> {
     api: Api<K>,
     config: watcher::Config,
     changes: watch::Sender<u64>,
+    prune: Option<fn(&mut K)>,
 }
 
 impl<K: Watchable> Watch<K> {
@@ -60,7 +61,18 @@ impl<K: Watchable> Watch<K> {
             api,
             config,
             changes: watch::channel(0).0,
+            prune: None,
         }
+    }
+
+    /// Shrinks each object before it is stored or handed on, to what its
+    /// readers use: a store of every Pod of a large cluster holds tens of
+    /// thousands. `metadata.managedFields` is dropped from every object
+    /// whether or not this is set (no reader needs it, and server-side
+    /// apply makes it the bulk of a small object).
+    pub fn prune(mut self, prune: fn(&mut K)) -> Self {
+        self.prune = Some(prune);
+        self
     }
 
     /// Bumps `changes` after each event reaches the store (several watches
@@ -86,13 +98,22 @@ impl<K: Watchable> Watch<K> {
             api,
             config,
             changes,
+            prune,
         } = self;
         let (watched, mut writer) = Watched::unstarted(&changes);
         // Moved into the future, so dropped with it even if never polled.
         let hub = Hangup(watched.hub.clone());
         let run = async move {
             let selectors = (config.label_selector.clone(), config.field_selector.clone());
-            let mut events = watcher::watcher(api, config).default_backoff().boxed();
+            let mut events = watcher::watcher(api, config)
+                .default_backoff()
+                .modify(move |object: &mut K| {
+                    object.meta_mut().managed_fields = None;
+                    if let Some(prune) = prune {
+                        prune(object);
+                    }
+                })
+                .boxed();
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {

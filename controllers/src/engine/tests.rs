@@ -365,6 +365,24 @@ fn node_scores_follow_the_node_policy() {
     assert_eq!(node_score(&NodeGpus::default(), Binpack), 0);
 }
 
+#[test]
+fn a_node_with_a_bind_under_way_scores_below_every_idle_node() {
+    let mut full = a100s(2);
+    place(&mut full, &one(2, Percent(100), 100), Spread).unwrap();
+    let empty = a100s(2);
+    for policy in [Binpack, Spread] {
+        for node in [&full, &empty] {
+            let idle = score::with_bind_pending(node_score(node, policy), false);
+            let pending = score::with_bind_pending(node_score(node, policy), true);
+            assert_eq!(pending, 0);
+            assert!((1..=score::MAX_SCORE).contains(&idle), "{idle}");
+        }
+    }
+    // Among idle nodes the policy still decides.
+    let idle = |node: &NodeGpus| score::with_bind_pending(node_score(node, Binpack), false);
+    assert!(idle(&full) > idle(&empty));
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Place {

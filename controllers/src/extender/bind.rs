@@ -67,6 +67,12 @@ impl Binder {
         }
     }
 
+    /// Whether a Bind is in `node`'s bind-to-Allocate window: its NodeLock
+    /// is held (by any replica), or a Bind of this replica is queued for it.
+    pub fn bind_pending(&self, node: &str) -> bool {
+        self.locker.queued(node) || self.projection.locks().contains(node)
+    }
+
     /// Binds the pod to the node, recording its GPU slices first.
     pub async fn bind(
         &self,

@@ -75,11 +75,13 @@ pub fn filter(
 }
 
 /// Node scores under the pod's (or the default) node policy; 0 for pods
-/// without GPU requests and nodes without GPUs.
+/// without GPU requests and nodes without GPUs. A node where `pending`
+/// says a Bind is under way scores 0 ([`engine::with_bind_pending`]).
 pub fn prioritize(
     projection: &Projection,
     config: &Config,
     args: &ExtenderArgs,
+    pending: impl Fn(&str) -> bool,
 ) -> Vec<HostPriority> {
     let request: Option<PodRequest> = parse_pod(&args.pod, &config.request).ok().flatten();
     let ledger = projection.read();
@@ -87,12 +89,15 @@ pub fn prioritize(
         .into_iter()
         .map(|host| {
             let score = match (&request, ledger.node(host)) {
-                (Some(request), Some(node)) => engine::node_score(
-                    node,
-                    request
-                        .options
-                        .node_policy
-                        .unwrap_or(config.node_scheduler_policy),
+                (Some(request), Some(node)) => engine::with_bind_pending(
+                    engine::node_score(
+                        node,
+                        request
+                            .options
+                            .node_policy
+                            .unwrap_or(config.node_scheduler_policy),
+                    ),
+                    pending(host),
                 ),
                 _ => 0,
             };

@@ -28,6 +28,9 @@ use crate::{
     projection::Projection,
 };
 
+/// How long Filter waits for the first lists of a starting replica.
+const LOADING_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct Extender {
@@ -84,6 +87,13 @@ async fn filter_handler(
     Json(args): Json<ExtenderArgs>,
 ) -> Json<ExtenderFilterResult> {
     let started = Instant::now();
+    if !extender.projection.is_synced() {
+        // Just started: wait a little for the first lists rather than
+        // answer an error, which sends the pod into kube-scheduler's backoff
+        // (up to 10 s) although the inventory is a moment away. Bounded:
+        // kube-scheduler's scheduling loop waits meanwhile.
+        let _ = tokio::time::timeout(LOADING_WAIT, extender.projection.wait_synced()).await;
+    }
     let result = filter(&extender.projection, &extender.config, &args);
     let feasible = result
         .node_names
@@ -117,7 +127,10 @@ async fn prioritize_handler(
     Json(args): Json<ExtenderArgs>,
 ) -> Json<Vec<HostPriority>> {
     let started = Instant::now();
-    let scores = prioritize(&extender.projection, &extender.config, &args);
+    let binder = &extender.binder;
+    let scores = prioritize(&extender.projection, &extender.config, &args, |node| {
+        binder.bind_pending(node)
+    });
     extender.observe("prioritize", true, started);
     Json(scores)
 }

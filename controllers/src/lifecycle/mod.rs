@@ -16,6 +16,7 @@ mod configs;
 mod decide;
 mod leases;
 mod locks;
+mod prune;
 
 use std::{sync::Arc, time::Duration};
 
@@ -61,8 +62,11 @@ pub async fn run(cache: Cache) {
 pub async fn run_with(cache: Cache, agent_lease_namespace: Option<String>) {
     let client = cache.client().clone();
     let everything = watcher::Config::default;
-    let (pods, watch_pods) = Watch::new(Api::<Pod>::all(client.clone()), everything()).start();
-    let (nodes, watch_nodes) = Watch::new(Api::<Node>::all(client.clone()), everything()).start();
+    // Every Pod and Node of the cluster, kept as the few fields read here.
+    let pods = Watch::new(Api::<Pod>::all(client.clone()), crate::cache::large_kind());
+    let (pods, watch_pods) = pods.prune(prune::pod).start();
+    let nodes = Watch::new(Api::<Node>::all(client.clone()), crate::cache::large_kind());
+    let (nodes, watch_nodes) = nodes.prune(prune::node).start();
     let (configs, watch_configs) =
         Watch::new(Api::<GpuNodeConfig>::all(client.clone()), everything()).start();
     let (leases, watch_leases) = match agent_lease_namespace {

@@ -80,6 +80,11 @@ impl LockTable {
             .collect()
     }
 
+    /// Whether `node` has a lock, as last seen.
+    pub fn contains(&self, node: &str) -> bool {
+        self.locks().contains_key(node)
+    }
+
     /// A receiver that wakes on the next change of any lock.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()

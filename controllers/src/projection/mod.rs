@@ -473,7 +473,11 @@ impl Feeder {
         self.record_phase(&event);
         match event {
             watcher::Event::Apply(allocation) => match live(&allocation) {
-                Some(entry) => self.write().insert_allocation(key(&allocation), entry),
+                Some(entry) => {
+                    let mut ledger = self.write();
+                    warn_unknown_devices(&ledger, &allocation, &entry);
+                    ledger.insert_allocation(key(&allocation), entry);
+                }
                 None => {
                     let removed = self
                         .write()
@@ -503,5 +507,27 @@ impl Feeder {
                 self.freed_all();
             }
         }
+    }
+}
+
+/// Logs each slice of `entry` on a GPU its node does not report (a hand-made
+/// or stale allocation): it holds nothing there (see
+/// [`ledger::charge_allocation`]) until the node reports that GPU.
+fn warn_unknown_devices(ledger: &Ledger, allocation: &VgpuAllocation, entry: &LiveAllocation) {
+    let Some(node) = ledger.node(&entry.node) else {
+        return;
+    };
+    for slice in entry
+        .slices
+        .iter()
+        .filter(|s| node.position(&s.uuid).is_none())
+    {
+        tracing::warn!(
+            namespace = allocation.metadata.namespace.as_deref().unwrap_or_default(),
+            allocation = allocation.metadata.name.as_deref().unwrap_or_default(),
+            node = %entry.node,
+            uuid = %slice.uuid,
+            "VgpuAllocation names a GPU its node does not report; it holds nothing until the node reports that GPU"
+        );
     }
 }
