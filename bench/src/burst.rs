@@ -22,6 +22,8 @@ use crate::{
 pub struct Burst {
     /// Pods created.
     pub pods: usize,
+    /// From the first create to the last create's answer.
+    pub created: Duration,
     /// From the first create to the last binding seen.
     pub elapsed: Duration,
     /// When the last binding was seen.
@@ -31,6 +33,18 @@ pub struct Burst {
 }
 
 impl Burst {
+    /// How many nodes the pods went to, and the most on one node.
+    pub fn spread(&self) -> (usize, usize) {
+        let mut per_node = BTreeMap::<&str, usize>::new();
+        for node in self.placed.values() {
+            *per_node.entry(node).or_default() += 1;
+        }
+        (
+            per_node.len(),
+            per_node.values().copied().max().unwrap_or(0),
+        )
+    }
+
     /// Pods bound per second.
     pub fn rate(&self) -> f64 {
         self.placed.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
@@ -78,6 +92,7 @@ pub async fn run(client: &Client, batch: Vec<Pod>, limit: Duration) -> Result<Bu
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
     pods::create_all(client, batch).await?;
+    let created = started.elapsed();
     let _ = ready_rx.await;
     let (placed, done) = tokio::time::timeout(limit, watching)
         .await
@@ -91,6 +106,7 @@ pub async fn run(client: &Client, batch: Vec<Pod>, limit: Duration) -> Result<Bu
         })?;
     Ok(Burst {
         pods: total,
+        created,
         elapsed: done.duration_since(started),
         finished: done,
         placed,

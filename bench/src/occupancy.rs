@@ -46,6 +46,20 @@ pub async fn fill(client: &Client, shape: Shape) -> Result<usize, Error> {
     Ok(count)
 }
 
+/// Whether some pod of the namespace is still Pending (kwok has not made
+/// it Running yet).
+pub async fn any_pending(client: &Client) -> Result<bool, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let pending = kube::api::ListParams::default()
+        .fields("status.phase=Pending")
+        .limit(1);
+    let list = api
+        .list(&pending)
+        .await
+        .map_err(Error::kube("listing pending pods"))?;
+    Ok(!list.items.is_empty())
+}
+
 async fn one(
     pods_api: &Api<Pod>,
     allocations: &Api<VgpuAllocation>,

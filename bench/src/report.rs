@@ -87,6 +87,11 @@ pub fn text(f: &Figures) -> String {
     );
     let _ = writeln!(
         out,
+        "  created in {:.1} s (GPU, through the webhook) and {:.1} s (plain); GPU pods went to {} nodes, at most {} on one",
+        f.created_seconds.0, f.created_seconds.1, f.gpu_spread.0, f.gpu_spread.1
+    );
+    let _ = writeln!(
+        out,
         "  extender p50/p99 ms: filter {:.2}/{:.2}, prioritize {:.2}/{:.2}, bind {:.2}/{:.2}; over HTTP, filter+prioritize of all nodes {:.2}/{:.2}",
         f.filter_ms.0,
         f.filter_ms.1,

@@ -398,7 +398,8 @@ impl ControlPlane {
         }
     }
 
-    fn check_running(&self) -> Result<(), Error> {
+    /// Fails with the log of any component that has exited.
+    pub fn check_running(&self) -> Result<(), Error> {
         let mut processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());
         processes.iter_mut().try_for_each(Process::check_running)
     }

@@ -41,7 +41,39 @@ pub(super) async fn run(caches: Arc<Caches>, locks: &Watched<NodeLock>, pods: &W
         .await;
 }
 
+/// NodeLock incarnations (UIDs) this replica released lately. The store
+/// shows a deleted lock until the watch reports the deletion, and each event
+/// of its holder or allocation meanwhile would delete it again: a 404 for
+/// every other GPU pod of a burst.
+#[derive(Debug, Default)]
+pub(super) struct Released(std::sync::Mutex<std::collections::VecDeque<String>>);
+
+impl Released {
+    /// How many UIDs are remembered.
+    const KEPT: usize = 1024;
+
+    fn contains(&self, uid: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|u| u == uid)
+    }
+
+    fn add(&self, uid: String) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.push_back(uid);
+        if kept.len() > Self::KEPT {
+            kept.pop_front();
+        }
+    }
+}
+
 async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Action, Error> {
+    let uid = lock.metadata.uid.clone().unwrap_or_default();
+    if caches.released_locks.contains(&uid) {
+        return Ok(Action::await_change());
+    }
     let holder = &lock.spec.holder;
     let pod = caches
         .pod(&holder.namespace, &holder.name, &holder.uid)
@@ -64,6 +96,7 @@ async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Acti
                 Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
                 Err(e) => return Err(Error::kube("releasing the NodeLock")(e)),
             }
+            caches.released_locks.add(uid);
             Ok(Action::await_change())
         }
         LockAction::KeepUntil(expiry) => {

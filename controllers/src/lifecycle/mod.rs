@@ -84,6 +84,7 @@ pub async fn run_with(cache: Cache, agent_lease_namespace: Option<String>) {
         client: client.clone(),
         pods: pods.store(),
         allocations: cache.allocations().clone(),
+        released_locks: locks::Released::default(),
     });
     tokio::join!(
         watch_pods,
@@ -110,6 +111,8 @@ struct Caches {
     client: Client,
     pods: Store<Pod>,
     allocations: Watched<VgpuAllocation>,
+    /// Locks released lately (see [`locks::Released`]).
+    released_locks: locks::Released,
 }
 
 impl Caches {
