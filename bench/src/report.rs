@@ -70,6 +70,16 @@ pub fn request_rows(f: &Figures) -> String {
     out
 }
 
+/// CPU seconds per component in both burst windows as CSV rows
+/// (`nodes,component,plain_window_cpu_s,gpu_window_cpu_s`).
+pub fn cpu_rows(f: &Figures) -> String {
+    let mut out = String::new();
+    for (component, plain, gpu) in &f.cpu_by_component {
+        let _ = writeln!(out, "{},{component},{plain:.3},{gpu:.3}", f.nodes);
+    }
+    out
+}
+
 /// The figures as text.
 pub fn text(f: &Figures) -> String {
     let mut out = String::new();
@@ -116,6 +126,18 @@ pub fn text(f: &Figures) -> String {
         out,
         "  NodeLock wait p50/p90/p99 ms: {:.2}/{:.2}/{:.2} over {:.0} binds",
         f.lock_wait_ms.0, f.lock_wait_ms.1, f.lock_wait_ms.2, f.lock_waits
+    );
+    let cpu: Vec<String> = f
+        .cpu_by_component
+        .iter()
+        .map(|(name, plain, gpu)| format!("{name} {plain:.1}/{gpu:.1}"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  CPU s in the plain ({:.1} s) / GPU ({:.1} s) burst windows: {}",
+        f.windows.0,
+        f.windows.1,
+        cpu.join(", ")
     );
     let failures: Vec<String> = f
         .failures

@@ -31,6 +31,9 @@ pub struct Options {
     pub probe_calls: usize,
     /// How long a burst may take.
     pub burst_limit: Duration,
+    /// Where the cluster's state and component logs go (kept after the
+    /// run, emptied before it); `None`: a temporary directory.
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// A running cluster at one size.
@@ -99,6 +102,11 @@ pub struct Figures {
     pub lock_waits: f64,
     /// Lock wait histogram of the burst: (upper bound s, cumulative count).
     pub lock_wait_buckets: Vec<(f64, f64)>,
+    /// CPU seconds each component used during the plain burst and during
+    /// the GPU burst (to its settling): where the machine's two cores went.
+    pub cpu_by_component: Vec<(String, f64, f64)>,
+    /// Wall seconds of the plain and the GPU burst windows those cover.
+    pub windows: (f64, f64),
     /// Extender calls that failed and Binds undone during the GPU burst.
     pub failures: Vec<(String, f64)>,
 }
@@ -107,7 +115,18 @@ impl Running {
     /// Starts everything and waits until the controller has folded the
     /// whole fleet.
     pub async fn start(options: Options, artifacts: &Artifacts) -> Result<Self, Error> {
-        let plane = ControlPlane::start().await?;
+        if let Some(dir) = &options.dir {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("empty", dir.display())(e)),
+            }
+        }
+        let plane = ControlPlane::start_with(tessera_e2e::Options {
+            dir: options.dir.clone(),
+            ..tessera_e2e::Options::default()
+        })
+        .await?;
         plane.start_kwok()?;
         let client = plane.client().await?;
         pods::create_namespace(&client).await?;
@@ -243,6 +262,8 @@ impl Running {
         let pid = self.controller_pid()?;
         let idle = measure::process(pid)?;
 
+        let cpu0 = self.cpu_by_component();
+        let window = Instant::now();
         let before = measure::apiserver(&self.client).await?;
         let plain = burst::run(
             &self.client,
@@ -252,6 +273,9 @@ impl Running {
         .await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = measure::apiserver(&self.client).await?;
+        let plain_window = window.elapsed().as_secs_f64();
+        let cpu1 = self.cpu_by_component();
+        let window = Instant::now();
         let requests_per_plain_pod =
             per_pod(measure::requests_between(&before, &after), plain.pods);
         tracing::info!(rate = plain.rate(), "plain burst");
@@ -266,6 +290,19 @@ impl Running {
         let cpu_after = measure::process(pid)?;
         let ours_after = measure::controller(&self.metrics_addr()).await?;
         let api_after = measure::apiserver(&self.client).await?;
+        let gpu_window = window.elapsed().as_secs_f64();
+        let cpu2 = self.cpu_by_component();
+        let cpu_by_component = cpu0
+            .iter()
+            .map(|(name, c0)| {
+                let at = |list: &[(String, f64)]| {
+                    list.iter()
+                        .find(|(n, _)| n == name)
+                        .map_or(*c0, |(_, c)| *c)
+                };
+                (name.clone(), at(&cpu1) - c0, at(&cpu2) - at(&cpu1))
+            })
+            .collect();
         let requests_per_gpu_pod =
             per_pod(measure::requests_between(&api_before, &api_after), gpu.pods);
 
@@ -329,7 +366,25 @@ impl Running {
             lock_waits: lock.last().map_or(0.0, |(_, n)| *n),
             lock_wait_buckets: lock,
             failures: measure::failures_between(&ours_before, &ours_after),
+            cpu_by_component,
+            windows: (plain_window, gpu_window),
         })
+    }
+
+    /// CPU seconds so far of every component of the control plane (etcd,
+    /// kube-apiserver, kwok, kube-scheduler, tessera-controller) and of this
+    /// process (the bench's own client).
+    fn cpu_by_component(&self) -> Vec<(String, f64)> {
+        let mut out: Vec<(String, f64)> = self
+            .plane
+            .pids()
+            .into_iter()
+            .filter_map(|(name, pid)| Some((name, measure::process(pid).ok()?.cpu_seconds)))
+            .collect();
+        if let Ok(own) = measure::process(std::process::id()) {
+            out.push(("bench client".into(), own.cpu_seconds));
+        }
+        out
     }
 
     /// Restarts the controller and times it to `/readyz` and to binding a

@@ -51,6 +51,7 @@ async fn one_hundred_simulated_nodes() {
         seed: 7,
         probe_calls: 20,
         burst_limit: Duration::from_secs(300),
+        dir: None,
     };
     let artifacts = Artifacts::locate().unwrap();
     let running = Running::start(options, &artifacts).await.unwrap();

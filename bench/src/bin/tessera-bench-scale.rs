@@ -62,6 +62,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let mut csv = format!("{}\n", report::HEADER);
     let mut requests = String::from("nodes,burst,request,per_pod\n");
+    let mut cpu = String::from("nodes,component,plain_window_cpu_s,gpu_window_cpu_s\n");
     for &nodes in &args.nodes {
         let options = Options {
             shape: Shape {
@@ -73,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
             seed: args.seed,
             probe_calls: args.probes,
             burst_limit: Duration::from_secs(1200),
+            dir: Some(args.out.join(format!("cluster-{nodes}"))),
         };
         let running = Running::start(options, &artifacts)
             .await
@@ -82,14 +84,21 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("measuring {nodes} nodes"))?;
         println!("{}", report::text(&figures));
+        println!(
+            "  component logs: {}",
+            args.out.join(format!("cluster-{nodes}")).display()
+        );
         csv.push_str(&report::row(&figures));
         csv.push('\n');
         requests.push_str(&report::request_rows(&figures));
+        cpu.push_str(&report::cpu_rows(&figures));
         // Written after every size, so a later failure keeps what was measured.
         let path = args.out.join("scale.csv");
         std::fs::write(&path, &csv).with_context(|| format!("writing {}", path.display()))?;
-        let path = args.out.join("requests.csv");
-        std::fs::write(&path, &requests).with_context(|| format!("writing {}", path.display()))?;
+        for (file, text) in [("requests.csv", &requests), ("cpu.csv", &cpu)] {
+            let path = args.out.join(file);
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
         drop(running);
     }
     println!("figures in {}", args.out.display());

@@ -41,6 +41,9 @@ const HOLDER_CHECK: Duration = Duration::from_secs(2);
 pub struct HeldLock {
     node: String,
     uid: String,
+    /// The lock's resourceVersion as created: every allocation written for
+    /// the node before this Bind took the lock is older.
+    pub resource_version: Option<String>,
 }
 
 /// A NodeLock naming `holder`, valid for `ttl_seconds` from now.
@@ -81,6 +84,13 @@ pub struct Locker {
     turns: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
+/// A Bind under way for a node (see [`Locker::pending`]).
+#[derive(Debug)]
+pub struct Pending {
+    /// Held only to be counted by [`Locker::queued`].
+    _queue: Arc<tokio::sync::Mutex<()>>,
+}
+
 /// This Bind's turn among the Binds for one node in this process.
 pub type Turn = tokio::sync::OwnedMutexGuard<()>;
 
@@ -94,7 +104,17 @@ impl Locker {
         }
     }
 
-    /// Whether a Bind of this process has or waits for its turn on `node`.
+    /// Marks a Bind for `node` under way from its first step (reading the
+    /// pod, before it queues for its turn) until the guard is dropped, so
+    /// Prioritize sends the next pods elsewhere meanwhile ([`Self::queued`]).
+    pub fn pending(&self, node: &str) -> Pending {
+        let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+        Pending {
+            _queue: turns.entry(node.to_owned()).or_default().clone(),
+        }
+    }
+
+    /// Whether a Bind of this process is under way for `node` ([`Self::pending`]).
     pub fn queued(&self, node: &str) -> bool {
         let turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
         // The map holds one reference; each Bind with or awaiting a turn another.
@@ -234,6 +254,7 @@ impl Locker {
         let held = HeldLock {
             node: lock.name_any(),
             uid: lock.metadata.uid.clone().unwrap_or_default(),
+            resource_version: lock.metadata.resource_version.clone(),
         };
         self.table.record(lock);
         held
