@@ -63,7 +63,7 @@ async fn one_hundred_simulated_nodes() {
     assert!(figures.gpu_rate > 0.0 && figures.plain_rate > 0.0);
     assert!(figures.idle.rss_mib > 0.0 && figures.cpu_ms_per_pod > 0.0);
     assert!(figures.http_ms.1 >= figures.http_ms.0 && figures.http_ms.0 > 0.0);
-    assert!(figures.restart_bind_seconds >= figures.restart_ready_seconds);
+    assert!(figures.restart_bind_seconds > 0.0 && figures.restart_ready_seconds > 0.0);
     assert!(figures.lock_waits >= 100.0, "every Bind takes a NodeLock");
     // Bind writes: the lock, the allocation and the binding, at least.
     let per_pod = |request: &str| {
