@@ -45,6 +45,7 @@ pub struct Binder {
     client: Client,
     projection: Projection,
     locker: lock::Locker,
+    seen: std::sync::Arc<super::seen::SeenPods>,
     config: std::sync::Arc<Config>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
@@ -62,9 +63,16 @@ impl Binder {
             client,
             projection,
             locker,
+            seen: std::sync::Arc::default(),
             config,
             metrics,
         }
+    }
+
+    /// The pods Filter answered for lately, which Bind takes instead of
+    /// reading them (see `seen.rs`).
+    pub fn seen(&self) -> &super::seen::SeenPods {
+        &self.seen
     }
 
     /// Whether a Bind is in `node`'s bind-to-Allocate window: its NodeLock
@@ -81,10 +89,13 @@ impl Binder {
     ) -> Result<Bound, Error> {
         let _pending = self.locker.pending(&args.node);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &args.pod_namespace);
-        let pod = pods
-            .get(&args.pod_name)
-            .await
-            .map_err(Error::kube("reading the pod to bind"))?;
+        let pod = match self.seen.take(&args.pod_uid) {
+            Some(pod) => pod,
+            None => pods
+                .get(&args.pod_name)
+                .await
+                .map_err(Error::kube("reading the pod to bind"))?,
+        };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if uid != args.pod_uid {
             return Err(Error::Stale(format!(

@@ -8,6 +8,7 @@ mod bind;
 mod filter;
 mod lock;
 mod probe;
+mod seen;
 pub mod wire;
 
 use std::{sync::Arc, time::Instant};
@@ -95,6 +96,9 @@ async fn filter_handler(
         let _ = tokio::time::timeout(LOADING_WAIT, extender.projection.wait_synced()).await;
     }
     let result = filter(&extender.projection, &extender.config, &args);
+    if result.error.is_empty() {
+        extender.binder.seen().remember(&args.pod);
+    }
     let feasible = result
         .node_names
         .as_ref()
