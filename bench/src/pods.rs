@@ -74,14 +74,23 @@ pub async fn create_all(client: &Client, pods: Vec<Pod>) -> Result<Vec<Pod>, Err
 }
 
 /// Creates one pod, retrying for 30 s while the API server answers 5xx
-/// (the webhook is not up yet: `failurePolicy: Fail`).
+/// (the webhook is not up yet: `failurePolicy: Fail`; or a create that
+/// timed out on a loaded API server but went through, found on the retry).
 pub async fn create(api: &Api<Pod>, pod: &Pod) -> Result<Pod, Error> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut retried = false;
     loop {
         match api.create(&PostParams::default(), pod).await {
             Ok(created) => return Ok(created),
+            Err(kube::Error::Api(s)) if s.is_already_exists() && retried => {
+                return api
+                    .get(&name)
+                    .await
+                    .map_err(Error::kube(format!("reading pod {name}")));
+            }
             Err(kube::Error::Api(s)) if s.code >= 500 && std::time::Instant::now() < deadline => {
+                retried = true;
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             Err(e) => return Err(Error::kube(format!("creating pod {name}"))(e)),
