@@ -15,8 +15,8 @@ use serde_json::json;
 use tessera_api::{
     request::parse_pod,
     v1alpha1::{
-        AllocationPhase, AllocationTotals, ContainerAllocation, DeviceSlice, GpuNode, PodReference,
-        TraceContext, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
+        AllocationPhase, AllocationTotals, ContainerAllocation, DeviceSlice, GpuNode, NodeLock,
+        PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
     },
 };
 
@@ -372,22 +372,64 @@ async fn create_allocation(
     if existing.spec == allocation.spec {
         return Ok(existing.metadata.resource_version); // our own earlier attempt
     }
-    if existing.spec.pod_uid == allocation.spec.pod_uid {
+    if existing.spec.pod_uid == allocation.spec.pod_uid
+        && !left_by_failed_bind(api, pod, &existing).await?
+    {
         return Err(Error::Stale(format!(
             "pod {name} already has an allocation on node {}; retrying",
             existing.spec.node_name
         )));
     }
-    // Left by an earlier pod of the same name that garbage collection has not removed yet.
+    // Left by an earlier pod of the same name that garbage collection has
+    // not removed yet, or by a failed Bind of this pod (see below).
     let params = DeleteParams::default().preconditions(Preconditions {
         uid: existing.meta().uid.clone(),
-        resource_version: None,
+        resource_version: existing.metadata.resource_version.clone(),
     });
     let _ = api.delete(&name, &params).await;
     api.create(&PostParams::default(), &allocation)
         .await
         .map(|created| created.metadata.resource_version)
         .map_err(Error::kube("creating the VgpuAllocation"))
+}
+
+/// Whether `existing`, an allocation of this very pod, was left by an
+/// earlier Bind of it that failed and could not delete it (its rollback
+/// timed out on a loaded API server). Until then such a pod was stuck for
+/// good: every retry found the allocation and gave up (seen at 5,000 nodes).
+/// It is a leftover when the pod is still unbound (read fresh: a pod that
+/// is bound keeps its allocation) and no Bind of it holds the allocation's
+/// node (a slow Bind of it may still be under way there).
+async fn left_by_failed_bind(
+    api: &Api<VgpuAllocation>,
+    pod: &Pod,
+    existing: &VgpuAllocation,
+) -> Result<bool, Error> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let fresh = Api::<Pod>::namespaced(api.clone().into_client(), &namespace)
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube("reading the pod to bind"))?;
+    let unbound = fresh.is_some_and(|p| {
+        p.metadata.uid == pod.metadata.uid && p.spec.is_none_or(|s| s.node_name.is_none())
+    });
+    if !unbound {
+        return Ok(false);
+    }
+    let lock = Api::<NodeLock>::all(api.clone().into_client())
+        .get_opt(&existing.spec.node_name)
+        .await
+        .map_err(Error::kube("reading the NodeLock"))?;
+    let held_for_it = lock.is_some_and(|l| l.spec.holder.uid == existing.spec.pod_uid);
+    if !held_for_it {
+        tracing::warn!(
+            pod = %name,
+            node = %existing.spec.node_name,
+            "removing the allocation a failed Bind of this pod left behind"
+        );
+    }
+    Ok(!held_for_it)
 }
 
 async fn post_binding(pods: &Api<Pod>, args: &ExtenderBindingArgs) -> Result<(), Error> {
