@@ -27,7 +27,7 @@ mod tests;
 pub use fit::{feasible, fit};
 pub use node::{DeviceUsage, GpuDevice, NodeGpus};
 pub use reason::Rejection;
-pub use score::{device_load, node_score, with_bind_pending};
+pub use score::{device_load, node_score, prioritized_score};
 
 /// Cores that make a slice exclusive.
 pub const EXCLUSIVE_CORES: u32 = 100;

@@ -369,18 +369,29 @@ fn node_scores_follow_the_node_policy() {
 fn a_node_with_a_bind_under_way_scores_below_every_idle_node() {
     let mut full = a100s(2);
     place(&mut full, &one(2, Percent(100), 100), Spread).unwrap();
+    let mut half = a100s(2);
+    place(&mut half, &one(1, Percent(50), 0), Spread).unwrap();
+    let mut tenth = a100s(2);
+    place(&mut tenth, &one(1, Percent(10), 0), Spread).unwrap();
     let empty = a100s(2);
     for policy in [Binpack, Spread] {
-        for node in [&full, &empty] {
-            let idle = score::with_bind_pending(node_score(node, policy), false);
-            let pending = score::with_bind_pending(node_score(node, policy), true);
-            assert_eq!(pending, 0);
+        for node in [&full, &half, &tenth, &empty] {
+            assert_eq!(score::prioritized_score(node, policy, true), 0);
+            let idle = score::prioritized_score(node, policy, false);
             assert!((1..=score::MAX_SCORE).contains(&idle), "{idle}");
         }
     }
-    // Among idle nodes the policy still decides.
-    let idle = |node: &NodeGpus| score::with_bind_pending(node_score(node, Binpack), false);
-    assert!(idle(&full) > idle(&empty));
+    // Among idle nodes the policy still decides: half a GPU used on one of
+    // two beats a tenth (controllers/tests/scheduling.rs places pods so).
+    let idle = |node: &NodeGpus, policy| score::prioritized_score(node, policy, false);
+    assert!(idle(&full, Binpack) > idle(&half, Binpack));
+    assert!(idle(&half, Binpack) > idle(&tenth, Binpack));
+    assert!(idle(&tenth, Binpack) >= idle(&empty, Binpack));
+    assert!(idle(&empty, Spread) > idle(&half, Spread));
+    assert_eq!(
+        score::prioritized_score(&NodeGpus::default(), Binpack, false),
+        0
+    );
 }
 
 #[derive(Clone, Debug)]

@@ -76,7 +76,7 @@ pub fn filter(
 
 /// Node scores under the pod's (or the default) node policy; 0 for pods
 /// without GPU requests and nodes without GPUs. A node where `pending`
-/// says a Bind is under way scores 0 ([`engine::with_bind_pending`]).
+/// says a Bind is under way scores 0 ([`engine::prioritized_score`]).
 pub fn prioritize(
     projection: &Projection,
     config: &Config,
@@ -89,14 +89,12 @@ pub fn prioritize(
         .into_iter()
         .map(|host| {
             let score = match (&request, ledger.node(host)) {
-                (Some(request), Some(node)) => engine::with_bind_pending(
-                    engine::node_score(
-                        node,
-                        request
-                            .options
-                            .node_policy
-                            .unwrap_or(config.node_scheduler_policy),
-                    ),
+                (Some(request), Some(node)) => engine::prioritized_score(
+                    node,
+                    request
+                        .options
+                        .node_policy
+                        .unwrap_or(config.node_scheduler_policy),
                     pending(host),
                 ),
                 _ => 0,
