@@ -50,7 +50,7 @@ bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)
 	$(CARGO) build --release -p tessera-controllers -p tessera-node-agent -p tessera-interposer -p tessera-fake-cuda -p tessera-fake-nvml
 	TESSERA_ARTIFACTS_DIR="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release" TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) bench -p tessera-e2e --bench real_nodes
 
-bench-scale: tools ## Scheduling at 100, 1,000 and 5,000 kwok-simulated GPU nodes (~40 min; BENCH_SCALE_NODES=; figures: docs/benchmarks.md)
+bench-scale: tools ## Scheduling at 100, 1,000 and 5,000 kwok-simulated GPU nodes (~9 min on 2 cores; BENCH_SCALE_NODES=; figures: docs/benchmarks.md)
 	$(CARGO) build --release -p tessera-controllers -p tessera-node-agent -p tessera-interposer -p tessera-fake-cuda -p tessera-fake-nvml -p tessera-bench
 	TESSERA_ARTIFACTS_DIR="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release" TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" \
 	  TESSERA_TEST_TIMEOUT_SECS=7200 "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/tessera-bench-scale" --out "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale"
