@@ -291,7 +291,7 @@ async fn a_failed_binds_leftover_allocation_does_not_strand_the_pod() {
         .unwrap();
 
     // A Bind of this pod holds lock-2: the leftover may be its, in flight.
-    let mut held = lock_object(
+    let held = lock_object(
         "lock-2",
         &PodReference {
             namespace: "default".into(),
@@ -301,7 +301,6 @@ async fn a_failed_binds_leftover_allocation_does_not_strand_the_pod() {
         "stranded",
         60,
     );
-    held.metadata.name = Some("lock-2".into());
     let locks: Api<NodeLock> = Api::all(cluster.client.clone());
     locks.create(&PostParams::default(), &held).await.unwrap();
     let error = binder.bind(&args, None).await.unwrap_err();
