@@ -7,6 +7,8 @@
 //!   `GpuNodeConfig`) in group `tessera.dev`.
 //! - [`request`]: turns a Pod and the cluster defaults into a typed GPU request,
 //!   with HAMi's rules; shared by the webhook and the extender (Filter and Bind).
+//! - [`mig`]: MIG profile tables and placement rules, shared by the
+//!   scheduler and the node agent.
 //! - [`node_config`]: which GpuNodeConfigs select a node and the settings that result.
 //! - [`crds`]: the CustomResourceDefinitions generated from the types.
 //! - `testing` (feature `testing`): builders for the custom resources in
@@ -20,6 +22,8 @@ pub mod names;
 
 #[cfg(feature = "kube")]
 pub mod crds;
+#[cfg(feature = "kube")]
+pub mod mig;
 #[cfg(feature = "kube")]
 pub mod node_config;
 #[cfg(feature = "kube")]

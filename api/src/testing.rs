@@ -42,6 +42,7 @@ pub fn slice(uuid: &str, index: u32, memory_mib: u64, cores: u32) -> DeviceSlice
         model: MODEL.into(),
         memory_mib,
         cores,
+        mig: None,
     }
 }
 
@@ -168,6 +169,7 @@ pub fn gpu(index: u32, model: &str, memory_mib: u64) -> GpuDevice {
         health_message: None,
         mode: OperatingMode::HamiCore,
         mig_instances: Vec::new(),
+        mig: None,
     }
 }
 

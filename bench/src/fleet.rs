@@ -69,6 +69,7 @@ pub fn physical_gpus(node: usize, gpus: u32) -> Vec<PhysicalGpu> {
                     .collect(),
                 health: tessera_api::v1alpha1::DeviceHealth::Healthy,
                 health_message: None,
+                mig: None,
             }
         })
         .collect()
@@ -83,7 +84,7 @@ pub fn offer(name: &str, physical: &[PhysicalGpu], split: u32) -> Offer {
     };
     let labels = BTreeMap::from([(LABEL.0.to_owned(), LABEL.1.to_owned())]);
     let resolved = resolve(name, &labels, &defaults, &[]);
-    let devices = offered(physical, &resolved.settings);
+    let devices = offered(physical, &resolved.settings, &Default::default());
     Offer { resolved, devices }
 }
 

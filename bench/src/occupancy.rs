@@ -80,6 +80,7 @@ async fn one(
         model: fleet::MODEL.to_owned(),
         memory_mib: ASK.memory_mib,
         cores: ASK.cores,
+        mig: None,
     };
     let object = allocation(&name, &pod.uid().unwrap_or_default(), &node)
         .namespace(NAMESPACE)

@@ -136,6 +136,7 @@ async fn one_hundred_simulated_nodes() {
         model: fleet::MODEL.into(),
         memory_mib: 4096,
         cores: 10,
+        mig: None,
     };
     let phantom = allocation("phantom", &phantom_pod.uid().unwrap(), &fleet::node_name(3))
         .namespace(NAMESPACE)

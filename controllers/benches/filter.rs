@@ -52,6 +52,8 @@ fn main() {
                     numa_node: Some((g / 4) as u32),
                     healthy: true,
                     mode: OperatingMode::HamiCore,
+                    mig: None,
+                    mig_present: 0,
                 })
                 .collect();
             ledger.set_node(&format!("node-{n:05}"), devices);
@@ -73,6 +75,7 @@ fn main() {
                         uuid: format!("GPU-{node:05}-{gpu}"),
                         memory_mib: 81_920 * percent / 100,
                         cores: percent as u32,
+                        mig: None,
                     }],
                 },
             );

@@ -278,6 +278,8 @@ fn projection(cluster: &Cluster) -> Projection {
                         numa_node,
                         healthy,
                         mode: OperatingMode::HamiCore,
+                        mig: None,
+                        mig_present: 0,
                     },
                 )
                 .collect();
@@ -296,6 +298,7 @@ fn projection(cluster: &Cluster) -> Projection {
                         uuid: format!("GPU-n{node}-{gpu}"),
                         memory_mib,
                         cores,
+                        mig: None,
                     }],
                 },
             );

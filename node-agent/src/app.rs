@@ -264,6 +264,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         BackendKind::Nvml => Arc::new(NvmlBackend::new()?),
         BackendKind::Fake => Arc::new(FakeBackend::new(
             args.fake_gpus_file.clone().unwrap_or_default(),
+            args.state_dir.join("fake-gpu-mig.json"),
         )),
     };
     let physical = backend::watch(backend.clone(), Duration::from_millis(args.gpu_poll_millis))?;
@@ -322,7 +323,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
             view: view.clone(),
             offers: offers.clone(),
             regions: paths.regions.clone(),
-            backend,
+            backend: backend.clone(),
             legacy: args.legacy_metrics,
             plugin: plugin_states.clone(),
         },
@@ -331,7 +332,9 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         dir: args.device_plugin_dir.clone(),
         resource: args.resource_name.clone(),
     };
-    let service = Service::new(view, offers, paths, args.device_list());
+    let mig = Arc::new(crate::mig::MigManager::new(backend));
+    crate::mig::spawn_cleaner(mig.clone(), offers.clone(), view.clone());
+    let service = Service::new(view, offers, paths, args.device_list(), mig);
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.
     let plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));

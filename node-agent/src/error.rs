@@ -15,6 +15,9 @@ pub enum Error {
     /// NVML failed.
     #[error("NVML: {0}")]
     Nvml(String),
+    /// Creating, listing or destroying a MIG instance failed.
+    #[error("MIG: {0}")]
+    Mig(String),
     /// `--kubeconfig` cannot be read or used.
     #[error("kubeconfig {}: {source}", .path.display())]
     Kubeconfig {

@@ -32,7 +32,8 @@ pub async fn track(
             .and_then(|n| n.metadata.labels)
             .unwrap_or_default();
         let resolved = resolve(view.node(), &labels, &defaults, &view.configs());
-        let devices = offered(physical, &resolved.settings);
+        let holders = crate::mig::holders(&view.allocations());
+        let devices = offered(physical, &resolved.settings, &holders);
         Offer { resolved, devices }
     };
     let first = compute(&view, &physical.borrow_and_update());

@@ -4,6 +4,7 @@
 //! - [`settings`]: the node's settings (GpuNodeConfig) applied to them.
 //! - [`inventory`]: what the node offers, kept current.
 //! - [`install`]: the interposer copied from the image onto the host.
+//! - [`mig`]: dynamic MIG instances created at Allocate, destroyed at release.
 //! - [`monitor`]: Prometheus metrics per GPU and per container.
 //! - [`publish`]: the node's GpuNode.
 //! - [`lease`]: the agent's liveness Lease.
@@ -17,6 +18,7 @@ mod error;
 pub mod install;
 pub mod inventory;
 pub mod lease;
+pub mod mig;
 pub mod monitor;
 pub mod plugin;
 pub mod publish;

@@ -4,35 +4,153 @@
 //! Precedence of the settings themselves (cluster defaults, then matching
 //! GpuNodeConfigs by priority and name) is `tessera_api::node_config::resolve`.
 
-use tessera_api::v1alpha1::{DeviceCapacity, GpuDevice, NodeSettings};
+use tessera_api::v1alpha1::{
+    DeviceCapacity, DeviceHealth, GpuDevice, MigInstance, MigStrategy, NodeSettings, OperatingMode,
+};
 
-use crate::backend::PhysicalGpu;
+use crate::{
+    backend::{PhysicalGpu, PhysicalMig},
+    mig::MigHolders,
+};
 
 /// The GPUs the node offers under `settings`: filtered devices left out,
-/// memory scaled by `deviceMemoryScaling`, cores by `deviceCoreScaling`.
-pub fn offered(physical: &[PhysicalGpu], settings: &NodeSettings) -> Vec<GpuDevice> {
+/// memory scaled by `deviceMemoryScaling`, cores by `deviceCoreScaling`,
+/// and MIG as `operatingMode` and `migStrategy` say (see [`mig_offer`]).
+/// `holders` names the allocation holding each dynamic MIG instance.
+pub fn offered(
+    physical: &[PhysicalGpu],
+    settings: &NodeSettings,
+    holders: &MigHolders,
+) -> Vec<GpuDevice> {
     let filter = &settings.filter_devices;
     physical
         .iter()
         .filter(|d| !filter.uuids.contains(&d.uuid) && !filter.indexes.contains(&d.index))
-        .map(|d| GpuDevice {
-            uuid: d.uuid.clone(),
-            index: d.index,
-            model: d.model.clone(),
-            memory_mib: d.memory_mib,
-            capacity: DeviceCapacity {
-                memory_mib: scale(d.memory_mib, settings.device_memory_scaling),
-                cores: u32::try_from(scale(100, settings.device_core_scaling)).unwrap_or(u32::MAX),
-            },
-            split_count: settings.device_split_count,
-            numa_node: d.numa_node,
-            nvlink_peers: d.nvlink_peers.clone(),
-            health: d.health,
-            health_message: d.health_message.clone(),
-            mode: settings.operating_mode,
-            mig_instances: Vec::new(),
+        .flat_map(|d| {
+            let whole = GpuDevice {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                model: d.model.clone(),
+                memory_mib: d.memory_mib,
+                capacity: DeviceCapacity {
+                    memory_mib: scale(d.memory_mib, settings.device_memory_scaling),
+                    cores: u32::try_from(scale(100, settings.device_core_scaling))
+                        .unwrap_or(u32::MAX),
+                },
+                split_count: settings.device_split_count,
+                numa_node: d.numa_node,
+                nvlink_peers: d.nvlink_peers.clone(),
+                health: d.health,
+                health_message: d.health_message.clone(),
+                mode: settings.operating_mode,
+                mig_instances: Vec::new(),
+                mig: None,
+            };
+            mig_offer(whole, d.mig.as_ref(), settings, holders)
         })
         .collect()
+}
+
+/// What one GPU offers once MIG is taken into account:
+/// - `hami-core` or `mps`: the whole GPU, unless MIG mode is on (no CUDA
+///   context can use the whole GPU then: it is offered unhealthy).
+/// - `mig` with `migStrategy: none` (dynamic MIG): the whole GPU with its
+///   layout and instances; the scheduler picks profiles and placements.
+/// - `mig` with `single`: every instance as a device of its own, whole.
+/// - `mig` with `mixed`: the GPU with its instances and no slice to give
+///   through `nvidia.com/gpu` (its instances are `nvidia.com/mig-<profile>`).
+///
+/// A GPU that cannot do what the mode asks is offered unhealthy, with the
+/// reason and the fix in its health message.
+fn mig_offer(
+    mut whole: GpuDevice,
+    mig: Option<&PhysicalMig>,
+    settings: &NodeSettings,
+    holders: &MigHolders,
+) -> Vec<GpuDevice> {
+    let unhealthy = |mut device: GpuDevice, message: String| {
+        if device.health == DeviceHealth::Healthy {
+            device.health = DeviceHealth::Unhealthy;
+            device.health_message = Some(message);
+        }
+        vec![device]
+    };
+    let index = whole.index;
+    if settings.operating_mode != OperatingMode::Mig {
+        if mig.is_some_and(|m| m.enabled) {
+            let mode = settings.operating_mode.as_str();
+            return unhealthy(
+                whole,
+                format!(
+                    "MIG mode is on but the node's operatingMode is {mode}: set operatingMode: mig in a GpuNodeConfig, or turn MIG off (nvidia-smi -i {index} -mig 0)"
+                ),
+            );
+        }
+        return vec![whole];
+    }
+    let Some(mig) = mig else {
+        let model = whole.model.clone();
+        return unhealthy(
+            whole,
+            format!("operatingMode mig: a {model} cannot be partitioned with MIG"),
+        );
+    };
+    if !mig.enabled {
+        return unhealthy(
+            whole,
+            format!(
+                "operatingMode mig: MIG mode is off on this GPU; turn it on with nvidia-smi -i {index} -mig 1 (the GPU must be idle)"
+            ),
+        );
+    }
+    whole.mig_instances = mig
+        .instances
+        .iter()
+        .map(|i| MigInstance {
+            held_by: holders.get(&(whole.uuid.clone(), i.placement)).cloned(),
+            ..i.clone()
+        })
+        .collect();
+    match settings.mig_strategy {
+        MigStrategy::None => {
+            whole.mig = Some(mig.layout.clone());
+            vec![whole]
+        }
+        MigStrategy::Mixed => {
+            whole.split_count = 0;
+            vec![whole]
+        }
+        MigStrategy::Single => {
+            let mut profiles: Vec<&str> =
+                mig.instances.iter().map(|i| i.profile.as_str()).collect();
+            profiles.sort_unstable();
+            profiles.dedup();
+            if profiles.len() > 1 {
+                let found = profiles.join(", ");
+                return unhealthy(
+                    whole,
+                    format!(
+                        "migStrategy single needs instances of one profile on the GPU, found {found}; use migStrategy: mixed"
+                    ),
+                );
+            }
+            mig.instances
+                .iter()
+                .map(|instance| GpuDevice {
+                    uuid: instance.uuid.clone(),
+                    model: format!("{} MIG {}", whole.model, instance.profile),
+                    memory_mib: instance.memory_mib,
+                    capacity: DeviceCapacity {
+                        memory_mib: instance.memory_mib,
+                        cores: 100,
+                    },
+                    split_count: 1,
+                    mig_instances: Vec::new(),
+                    ..whole.clone()
+                })
+                .collect()
+        }
+    }
 }
 
 /// `value × factor`, rounded down (a slice never promises more than exists × factor).
@@ -42,7 +160,7 @@ fn scale(value: u64, factor: f64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use tessera_api::v1alpha1::{DeviceHealth, FilterDevices, OperatingMode};
+    use tessera_api::v1alpha1::FilterDevices;
 
     use super::*;
 
@@ -56,12 +174,17 @@ mod tests {
             nvlink_peers: Vec::new(),
             health: DeviceHealth::Healthy,
             health_message: None,
+            mig: None,
         }
     }
 
     #[test]
     fn defaults_offer_every_gpu_unscaled() {
-        let offered = offered(&[gpu(0), gpu(1)], &NodeSettings::default());
+        let offered = offered(
+            &[gpu(0), gpu(1)],
+            &NodeSettings::default(),
+            &MigHolders::new(),
+        );
         assert_eq!(offered.len(), 2);
         assert_eq!(
             offered[1].capacity,
@@ -87,7 +210,11 @@ mod tests {
             },
             ..NodeSettings::default()
         };
-        let offered = offered(&[gpu(0), gpu(1), gpu(2), gpu(3)], &settings);
+        let offered = offered(
+            &[gpu(0), gpu(1), gpu(2), gpu(3)],
+            &settings,
+            &MigHolders::new(),
+        );
         let uuids: Vec<&str> = offered.iter().map(|d| d.uuid.as_str()).collect();
         assert_eq!(uuids, ["GPU-1", "GPU-3"]);
         assert_eq!(
@@ -102,5 +229,123 @@ mod tests {
             "physical memory is reported unscaled"
         );
         assert_eq!(offered[0].split_count, 4);
+    }
+
+    fn mig_gpu(index: u32, enabled: bool, profiles: &[&str]) -> PhysicalGpu {
+        let layout = tessera_api::mig::layout_for_model("NVIDIA A100-SXM4-80GB").unwrap();
+        let instances = profiles
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let p = layout.profiles.iter().find(|p| p.name == *name).unwrap();
+                MigInstance {
+                    profile: p.name.clone(),
+                    uuid: format!("MIG-{index}-{i}"),
+                    memory_mib: p.memory_mib,
+                    placement: tessera_api::v1alpha1::MigPlacement {
+                        start: p.placements[i],
+                        size: p.memory_slices,
+                    },
+                    held_by: None,
+                }
+            })
+            .collect();
+        PhysicalGpu {
+            mig: Some(PhysicalMig {
+                enabled,
+                layout,
+                instances,
+            }),
+            ..gpu(index)
+        }
+    }
+
+    fn mig_settings(strategy: MigStrategy) -> NodeSettings {
+        NodeSettings {
+            operating_mode: OperatingMode::Mig,
+            mig_strategy: strategy,
+            ..NodeSettings::default()
+        }
+    }
+
+    #[test]
+    fn dynamic_mig_offers_the_layout_and_the_instances_with_their_holders() {
+        let physical = [mig_gpu(0, true, &["1g.10gb"])];
+        let holders = MigHolders::from([(
+            (
+                "GPU-0".to_owned(),
+                tessera_api::v1alpha1::MigPlacement { start: 0, size: 1 },
+            ),
+            "ml/train".to_owned(),
+        )]);
+        let offered = offered(&physical, &mig_settings(MigStrategy::None), &holders);
+        assert_eq!(offered.len(), 1);
+        assert_eq!(offered[0].mode, OperatingMode::Mig);
+        assert_eq!(offered[0].mig.as_ref().unwrap().profiles.len(), 7);
+        assert_eq!(
+            offered[0].mig_instances[0].held_by.as_deref(),
+            Some("ml/train")
+        );
+        assert_eq!(offered[0].health, DeviceHealth::Healthy);
+    }
+
+    #[test]
+    fn single_offers_each_instance_whole_and_mixed_offers_no_slice() {
+        let physical = [mig_gpu(0, true, &["3g.40gb", "3g.40gb"])];
+        let single = offered(
+            &physical,
+            &mig_settings(MigStrategy::Single),
+            &MigHolders::new(),
+        );
+        let uuids: Vec<&str> = single.iter().map(|d| d.uuid.as_str()).collect();
+        assert_eq!(uuids, ["MIG-0-0", "MIG-0-1"]);
+        assert_eq!(single[0].split_count, 1);
+        assert_eq!(single[0].capacity.memory_mib, 40192);
+        assert_eq!(single[0].model, "NVIDIA A100-SXM4-80GB MIG 3g.40gb");
+        let mixed = offered(
+            &physical,
+            &mig_settings(MigStrategy::Mixed),
+            &MigHolders::new(),
+        );
+        assert_eq!(mixed.len(), 1);
+        assert_eq!(mixed[0].split_count, 0);
+        assert_eq!(mixed[0].mig_instances.len(), 2);
+        let uneven = [mig_gpu(0, true, &["1g.10gb", "2g.20gb"])];
+        let single = offered(
+            &uneven,
+            &mig_settings(MigStrategy::Single),
+            &MigHolders::new(),
+        );
+        assert_eq!(single[0].health, DeviceHealth::Unhealthy);
+        assert!(
+            single[0]
+                .health_message
+                .as_deref()
+                .unwrap()
+                .contains("found 1g.10gb, 2g.20gb; use migStrategy: mixed")
+        );
+    }
+
+    #[test]
+    fn a_gpu_that_cannot_do_the_mode_is_unhealthy_with_the_fix() {
+        let message = |gpu: PhysicalGpu, settings: &NodeSettings| {
+            let offered = offered(&[gpu], settings, &MigHolders::new());
+            assert_eq!(offered[0].health, DeviceHealth::Unhealthy);
+            offered[0].health_message.clone().unwrap()
+        };
+        let dynamic = mig_settings(MigStrategy::None);
+        assert!(message(gpu(0), &dynamic).contains("cannot be partitioned with MIG"));
+        assert!(message(mig_gpu(0, false, &[]), &dynamic).contains("nvidia-smi -i 0 -mig 1"));
+        assert!(
+            message(mig_gpu(0, true, &[]), &NodeSettings::default())
+                .contains("operatingMode is hami-core")
+        );
+        // MIG-capable but off, in hami-core: a plain GPU.
+        let plain = offered(
+            &[mig_gpu(0, false, &[])],
+            &NodeSettings::default(),
+            &MigHolders::new(),
+        );
+        assert_eq!(plain[0].health, DeviceHealth::Healthy);
     }
 }

@@ -30,7 +30,8 @@ pub struct NodeView {
 impl NodeView {
     /// Starts the watches of `node` and of every GpuNodeConfig.
     pub fn spawn(client: Client, node: &str) -> Self {
-        // One signal for both: the offer depends on the node and the configs.
+        // One signal for all: the offer depends on the node, the configs and
+        // (for MIG instance holders) the allocations.
         let changed = watch::channel(0u64).0;
         let by_name = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let nodes = Watch::new(Api::<Node>::all(client.clone()), by_name)
@@ -43,8 +44,10 @@ impl NodeView {
         .signal(&changed)
         .spawn();
         let on_node_only = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let allocations =
-            Watch::new(Api::<VgpuAllocation>::all(client.clone()), on_node_only).spawn();
+        // The offer names the allocation holding each MIG instance.
+        let allocations = Watch::new(Api::<VgpuAllocation>::all(client.clone()), on_node_only)
+            .signal(&changed)
+            .spawn();
         Self {
             client,
             node: node.to_owned(),
@@ -91,7 +94,8 @@ impl NodeView {
             .collect()
     }
 
-    /// A receiver that wakes when the node or any config changes.
+    /// A receiver that wakes when the node, any config or any of the node's
+    /// allocations changes.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changed.clone()
     }

@@ -276,7 +276,7 @@ fn fuzz_fake_gpu_file() {
         (file, settings()),
         |((generated, text), settings)| {
             std::fs::write(&path, &text).unwrap();
-            let result = FakeBackend::new(&path).devices();
+            let result = FakeBackend::new(&path, path.with_extension("mig.json")).devices();
             match (&result, generated.as_deref().map(first_problem)) {
                 (Err(error), expected) => {
                     let message = error.to_string();
@@ -299,7 +299,7 @@ fn fuzz_fake_gpu_file() {
                 (Ok(devices), _) => {
                     prop_assert!(devices.len() <= text.len() / 8 + 1);
                     // What the agent then offers and lists for the kubelet.
-                    let offer = offered(devices, &settings);
+                    let offer = offered(devices, &settings, &Default::default());
                     prop_assert!(offer.len() <= devices.len());
                     let listed = device_list(&offer);
                     prop_assert_eq!(

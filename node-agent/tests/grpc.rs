@@ -34,8 +34,8 @@ async fn run_plugin(
     std::path::PathBuf,
     tokio::sync::watch::Receiver<plugin::PluginState>,
 ) {
-    let physical =
-        backend::watch(Arc::new(FakeBackend::new(gpus)), Duration::from_millis(100)).unwrap();
+    let backend = Arc::new(FakeBackend::new(gpus, dir.join("mig-state.json")));
+    let physical = backend::watch(backend.clone(), Duration::from_millis(100)).unwrap();
     let view = NodeView::spawn(client, node);
     let offers = inventory::track(view.clone(), Default::default(), physical).await;
     let paths = HostPaths {
@@ -51,7 +51,13 @@ async fn run_plugin(
     let (state, states) = tokio::sync::watch::channel(plugin::PluginState::NotRegistered);
     tokio::spawn(plugin::run(
         endpoint,
-        Service::new(view, offers, paths, Default::default()),
+        Service::new(
+            view,
+            offers,
+            paths,
+            Default::default(),
+            Arc::new(tessera_node_agent::mig::MigManager::new(backend)),
+        ),
         state,
     ));
     (socket, states)

@@ -29,15 +29,32 @@ impl OperatingMode {
     }
 }
 
-/// How MIG devices are exposed when a node runs in MIG mode.
+/// Who owns a MIG-mode GPU's instances and how they are offered, as in
+/// NVIDIA's device plugin (`single`, `mixed`) plus Tessera's dynamic MIG.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum MigStrategy {
-    /// MIG devices are not exposed separately.
+    /// Dynamic MIG: Tessera creates an instance of the smallest fitting
+    /// profile for each container and destroys it when the pod goes.
     #[default]
     None,
-    /// Each MIG profile is exposed as its own resource.
+    /// Static MIG: the operator's instances, all of one profile, are offered
+    /// as whole `nvidia.com/gpu` devices.
+    Single,
+    /// Static MIG: the operator's instances are offered as
+    /// `nvidia.com/mig-<profile>` resources, one per profile.
     Mixed,
+}
+
+impl MigStrategy {
+    /// The value as written in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Single => "single",
+            Self::Mixed => "mixed",
+        }
+    }
 }
 
 /// When the compute limit applies (container env `GPU_CORE_UTILIZATION_POLICY`).

@@ -5,7 +5,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{CorePolicy, DeviceHealth, FilterDevices, MigStrategy, OperatingMode};
+use super::{
+    CorePolicy, DeviceHealth, FilterDevices, MigInstance, MigLayout, MigStrategy, OperatingMode,
+};
 
 /// A node's GPU inventory. Cluster-scoped, named after the Node, owned by it.
 ///
@@ -148,9 +150,14 @@ pub struct GpuDevice {
     pub health_message: Option<String>,
     /// How the GPU is shared.
     pub mode: OperatingMode,
-    /// MIG instances carved from this GPU, when `mode` is `mig`.
+    /// MIG instances that exist on this GPU, when `mode` is `mig`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
     pub mig_instances: Vec<MigInstance>,
+    /// What the GPU can be cut into, when Tessera creates MIG instances on
+    /// demand (dynamic MIG: `mode` is `mig` and `migStrategy` is `none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigLayout>,
 }
 
 /// Schedulable capacity of one GPU.
@@ -175,19 +182,6 @@ pub struct CapacitySummary {
     pub cores: u32,
     /// vGPU slices.
     pub slices: u32,
-}
-
-/// One MIG instance.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct MigInstance {
-    /// The MIG profile, e.g. `1g.10gb`.
-    pub profile: String,
-    /// The instance's UUID, e.g. `MIG-...`.
-    pub uuid: String,
-    /// The instance's memory in MiB.
-    #[serde(rename = "memoryMiB")]
-    pub memory_mib: u64,
 }
 
 /// A node's effective GPU settings: the cluster defaults overridden by every

@@ -121,7 +121,10 @@ pub struct GpuNodeConfigSpec {
     /// How the GPUs are shared: `hami-core`, `mig` or `mps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operating_mode: Option<OperatingMode>,
-    /// How MIG devices are exposed: `none` or `mixed`.
+    /// Who owns the instances of GPUs in `mig` mode: `none` (dynamic MIG:
+    /// Tessera creates them per container), `single` or `mixed` (static MIG:
+    /// the operator's instances, offered as `nvidia.com/gpu` or as
+    /// `nvidia.com/mig-<profile>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_strategy: Option<MigStrategy>,
     /// GPUs the node agent must not expose.

@@ -17,17 +17,18 @@
 mod common;
 mod gpu_node;
 mod gpu_node_config;
+mod mig;
 mod node_lock;
 mod vgpu_allocation;
 
 pub use common::{CorePolicy, DeviceHealth, MigStrategy, OperatingMode, SchedulingPolicy};
 pub use gpu_node::{
-    CapacitySummary, DeviceCapacity, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, MigInstance,
-    NodeSettings,
+    CapacitySummary, DeviceCapacity, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, NodeSettings,
 };
 pub use gpu_node_config::{
     ConfigConflict, FilterDevices, GpuNodeConfig, GpuNodeConfigSpec, GpuNodeConfigStatus,
 };
+pub use mig::{MigInstance, MigLayout, MigPlacement, MigProfile, MigSlice, ServedMigInstance};
 pub use node_lock::{MAX_LOCK_TTL_SECONDS, NodeLock, NodeLockSpec, PodReference};
 pub use vgpu_allocation::{
     AllocationPhase, AllocationTotals, ContainerAllocation, DeviceSlice, TraceContext,

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::SchedulingPolicy;
+use super::{MigSlice, SchedulingPolicy, ServedMigInstance};
 
 /// Which GPU slices a pod got. Namespaced, named after the pod, owned by it.
 ///
@@ -134,6 +134,10 @@ pub struct DeviceSlice {
     /// Percent of the GPU's SMs; 100 means the GPU is the container's alone.
     #[schemars(range(max = 100))]
     pub cores: u32,
+    /// The MIG instance that serves this slice, on a dynamic-MIG GPU: the
+    /// node agent creates it at Allocate and destroys it at release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigSlice>,
 }
 
 /// Sums over every slice of an allocation.
@@ -202,6 +206,10 @@ pub struct VgpuAllocationStatus {
     /// Containers the node agent has served at `Allocate`, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub served_containers: Vec<String>,
+    /// MIG instances the node agent created for the containers (dynamic MIG).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub mig_instances: Vec<ServedMigInstance>,
     /// When the last container was served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_at: Option<Time>,

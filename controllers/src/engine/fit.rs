@@ -1,13 +1,14 @@
 //! Does a pod fit a node, and on which devices.
 
 use tessera_api::{
+    mig,
     request::{ContainerRequest, PodOptions, PodRequest},
-    v1alpha1::SchedulingPolicy,
+    v1alpha1::{OperatingMode, SchedulingPolicy},
 };
 
 use super::{
-    ContainerPlacement, DeviceUsage, EXCLUSIVE_CORES, GpuDevice, NodeGpus, Placement, Rejection,
-    Slice,
+    ContainerPlacement, DeviceUsage, EXCLUSIVE_CORES, GpuDevice, MigCut, NodeGpus, Placement,
+    Rejection, Slice,
     reason::{Cause, Census},
     score::device_load,
 };
@@ -55,12 +56,7 @@ pub fn feasible(
         let wanted = container.count as usize;
         let mut passing = 0;
         for (i, (device, used)) in node.devices.iter().zip(&node.usage).enumerate() {
-            let slice = Slice {
-                device: i,
-                memory_mib: container.memory.resolve(device.memory_mib).max(1),
-                cores: container.cores,
-            };
-            if check(device, used, &slice, &filters, &request.options).is_ok() {
+            if check(i, device, used, container, &filters, &request.options).is_ok() {
                 passing += 1;
                 if passing >= wanted {
                     return Ok(());
@@ -82,15 +78,9 @@ fn fit_container(
     let mut census = Census::default();
     let mut candidates: Vec<(Slice, f64)> = Vec::new();
     for (i, (device, used)) in devices.iter().zip(usage).enumerate() {
-        let memory_mib = container.memory.resolve(device.memory_mib).max(1);
-        let slice = Slice {
-            device: i,
-            memory_mib,
-            cores: container.cores,
-        };
-        match check(device, used, &slice, &filters, options) {
-            Ok(()) => candidates.push((slice, device_load(device, used))),
-            Err(cause) => census.note(cause, device, used),
+        match check(i, device, used, container, &filters, options) {
+            Ok(slice) => candidates.push((slice, device_load(device, used))),
+            Err(cause) => census.note(cause, device, used, container),
         }
     }
     candidates.sort_by(|(a, load_a), (b, load_b)| {
@@ -159,14 +149,22 @@ impl Filters {
     }
 }
 
-/// Why `slice` cannot go on `device`, checked in the order a person would ask.
+/// The slice `container` would get on device `index`, or why it cannot go
+/// there, checked in the order a person would ask.
 fn check(
+    index: usize,
     device: &GpuDevice,
     used: &DeviceUsage,
-    slice: &Slice,
+    container: &ContainerRequest,
     filters: &Filters,
     options: &PodOptions,
-) -> Result<(), Cause> {
+) -> Result<Slice, Cause> {
+    let mut slice = Slice {
+        device: index,
+        memory_mib: container.memory.resolve(device.memory_mib).max(1),
+        cores: container.cores,
+        mig: None,
+    };
     if !device.healthy {
         return Err(Cause::Unhealthy);
     }
@@ -194,8 +192,27 @@ fn check(
     if options.vgpu_mode.is_some_and(|mode| mode != device.mode) {
         return Err(Cause::ModeMismatch);
     }
+    if device.mode == OperatingMode::Mps && container.count > 1 {
+        return Err(Cause::MpsOneGpu);
+    }
     if used.exclusive > 0 {
         return Err(Cause::HeldExclusively);
+    }
+    if let Some(layout) = &device.mig {
+        if used.slices >= device.split_count {
+            return Err(Cause::NoFreeSlice);
+        }
+        let occupied = used.mig_mask() | device.mig_present;
+        let (profile, placement) =
+            mig::choose(layout, slice.memory_mib, slice.cores, occupied).ok_or(Cause::MigNoRoom)?;
+        let chosen = &layout.profiles[profile];
+        slice.memory_mib = chosen.memory_mib;
+        slice.cores = mig_cores(chosen.compute_slices, layout.compute_slices);
+        slice.mig = Some(MigCut {
+            profile: Some(profile),
+            placement,
+        });
+        return Ok(slice);
     }
     if slice.cores >= EXCLUSIVE_CORES && used.slices > 0 {
         return Err(Cause::NotEmptyForExclusive);
@@ -218,5 +235,12 @@ fn check(
     {
         return Err(Cause::Cores);
     }
-    Ok(())
+    Ok(slice)
+}
+
+/// The percent of the SMs `compute` of `total` compute slices are, rounded
+/// down (`7g` of 7 is 100: the whole GPU).
+fn mig_cores(compute: u32, total: u32) -> u32 {
+    let total = total.max(1);
+    (compute.min(total) * EXCLUSIVE_CORES) / total
 }

@@ -15,6 +15,12 @@
 //!   one NUMA node. Containers of one pod are placed in order, each seeing the
 //!   slices of the ones before.
 //! - Unhealthy devices, and devices excluded by type, UUID or mode, are skipped.
+//! - On a dynamic-MIG device a slice is a MIG instance: the smallest profile
+//!   whose memory and compute cover the request, at a free placement
+//!   (`tessera_api::mig::choose`); it holds the profile's memory and its
+//!   compute share, and no two instances share a memory slice (I1).
+
+use tessera_api::v1alpha1::MigPlacement;
 
 mod fit;
 mod node;
@@ -41,6 +47,21 @@ pub struct Slice {
     pub memory_mib: u64,
     /// Percent of SMs.
     pub cores: u32,
+    /// The MIG instance serving the slice, on a dynamic-MIG device.
+    pub mig: Option<MigCut>,
+}
+
+/// A MIG instance to create: which profile of the device's layout, where.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MigCut {
+    /// Position of the profile in the device's [`MigLayout::profiles`]
+    /// (`None` for a slice read back from an allocation: only its
+    /// placement counts there).
+    ///
+    /// [`MigLayout::profiles`]: tessera_api::v1alpha1::MigLayout::profiles
+    pub profile: Option<usize>,
+    /// Where on the device.
+    pub placement: MigPlacement,
 }
 
 impl Slice {

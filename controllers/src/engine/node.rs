@@ -1,6 +1,11 @@
 //! A node's devices and what live allocations hold on them.
 
-use tessera_api::v1alpha1::OperatingMode;
+use std::sync::Arc;
+
+use tessera_api::{
+    mig::{self, Mask},
+    v1alpha1::{MigLayout, OperatingMode},
+};
 
 use super::Slice;
 
@@ -25,6 +30,14 @@ pub struct GpuDevice {
     pub healthy: bool,
     /// How the device is shared.
     pub mode: OperatingMode,
+    /// What the device can be cut into when Tessera creates MIG instances
+    /// on demand (dynamic MIG); `None` otherwise.
+    pub mig: Option<Arc<MigLayout>>,
+    /// Memory slices taken by MIG instances the node agent reports on the
+    /// hardware. Instances of live allocations are also in the usage; this
+    /// keeps the scheduler clear of the others (not yet destroyed after
+    /// their pod went, or made by someone else).
+    pub mig_present: Mask,
 }
 
 /// What live allocations hold on one device: the fold of their slices.
@@ -38,6 +51,8 @@ pub struct DeviceUsage {
     pub slices: u32,
     /// Exclusive slices held (0 or 1 while I1 holds).
     pub exclusive: u32,
+    /// MIG instances holding each memory slice (0 or 1 while I1 holds).
+    pub mig_slices: [u8; mig::MAX_MEMORY_SLICES as usize],
 }
 
 impl DeviceUsage {
@@ -50,6 +65,9 @@ impl DeviceUsage {
         self.exclusive = self
             .exclusive
             .saturating_add(u32::from(slice.is_exclusive()));
+        for held in self.mig_held(slice) {
+            *held = held.saturating_add(1);
+        }
     }
 
     /// Removes a slice (never below zero).
@@ -60,6 +78,32 @@ impl DeviceUsage {
         self.exclusive = self
             .exclusive
             .saturating_sub(u32::from(slice.is_exclusive()));
+        for held in self.mig_held(slice) {
+            *held = held.saturating_sub(1);
+        }
+    }
+
+    /// The counters of the memory slices a MIG slice covers (none for other
+    /// slices, or a placement off the GPU).
+    fn mig_held(&mut self, slice: &Slice) -> impl Iterator<Item = &mut u8> {
+        let mask = slice
+            .mig
+            .and_then(|cut| mig::span(cut.placement))
+            .unwrap_or(0);
+        self.mig_slices
+            .iter_mut()
+            .enumerate()
+            .filter(move |(i, _)| mask & (1 << i) != 0)
+            .map(|(_, held)| held)
+    }
+
+    /// The memory slices MIG instances of live allocations hold.
+    pub fn mig_mask(&self) -> Mask {
+        self.mig_slices
+            .iter()
+            .enumerate()
+            .filter(|(_, held)| **held > 0)
+            .fold(0, |mask, (i, _)| mask | (1 << i))
     }
 }
 
@@ -105,6 +149,7 @@ impl NodeGpus {
                 && u.cores <= d.cores
                 && u.slices <= d.split_count
                 && (u.exclusive == 0 || u.slices == 1)
+                && u.mig_slices.iter().all(|&held| held <= 1)
         })
     }
 }

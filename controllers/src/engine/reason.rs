@@ -8,6 +8,7 @@
 use std::fmt::{self, Write};
 
 use tessera_api::{
+    mig,
     names::annotations,
     request::{ContainerRequest, MemoryRequest},
 };
@@ -28,9 +29,11 @@ pub(super) enum Cause {
     NoFreeSlice,
     Memory,
     Cores,
+    MpsOneGpu,
+    MigNoRoom,
 }
 
-const CAUSES: usize = 11;
+const CAUSES: usize = 13;
 
 /// Tally of why devices were rejected for one container.
 #[derive(Debug, Default)]
@@ -38,12 +41,43 @@ pub(super) struct Census {
     counts: [u32; CAUSES],
     largest_free_memory: Option<(u64, String)>,
     most_free_cores: Option<(u32, String)>,
+    /// The MIG device with the most free memory slices: its free count,
+    /// UUID, the profile the request needs and what is free there.
+    roomiest_mig: Option<(u32, String, String, String)>,
 }
 
 impl Census {
-    pub(super) fn note(&mut self, cause: Cause, device: &GpuDevice, used: &DeviceUsage) {
+    pub(super) fn note(
+        &mut self,
+        cause: Cause,
+        device: &GpuDevice,
+        used: &DeviceUsage,
+        container: &ContainerRequest,
+    ) {
         self.counts[cause as usize] += 1;
         match cause {
+            Cause::MigNoRoom => {
+                let Some(layout) = &device.mig else { return };
+                let occupied = used.mig_mask() | device.mig_present;
+                let free = layout.memory_slices.saturating_sub(occupied.count_ones());
+                if self.roomiest_mig.as_ref().is_none_or(|(f, ..)| free > *f) {
+                    let memory = container.memory.resolve(device.memory_mib).max(1);
+                    let needed =
+                        match mig::fitting_profiles(layout, memory, container.cores).first() {
+                            Some((_, profile)) => format!("needs a {} placement", profile.name),
+                            None => format!(
+                                "no profile of its {} has {memory} MiB and {} cores",
+                                device.model, container.cores
+                            ),
+                        };
+                    self.roomiest_mig = Some((
+                        free,
+                        device.uuid.clone(),
+                        needed,
+                        mig::describe_free(layout, occupied),
+                    ));
+                }
+            }
             Cause::Memory => {
                 let free = device.memory_mib.saturating_sub(used.memory_mib);
                 if self
@@ -112,6 +146,16 @@ impl Census {
             format!("in use, but {EXCLUSIVE_CORES} cores needs an empty GPU"),
         );
         part(Cause::NoFreeSlice, "with no free slice".into());
+        part(
+            Cause::MpsOneGpu,
+            "in MPS mode, which serves one GPU per container (one MPS daemon per GPU)".into(),
+        );
+        if let Some((_, uuid, needed, free)) = &self.roomiest_mig {
+            part(
+                Cause::MigNoRoom,
+                format!("in MIG mode without room ({uuid} {needed}; free there: {free})"),
+            );
+        }
         if let Some((free, uuid)) = &self.largest_free_memory {
             part(
                 Cause::Memory,

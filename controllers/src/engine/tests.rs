@@ -26,6 +26,8 @@ fn gpu(uuid: &str, model: &str, memory_mib: u64, numa: u32) -> GpuDevice {
         numa_node: Some(numa),
         healthy: true,
         mode: OperatingMode::HamiCore,
+        mig: None,
+        mig_present: 0,
     }
 }
 
@@ -476,6 +478,156 @@ proptest! {
                 let two = one(2, Mib(1000), 0);
                 prop_assert_eq!(feasible(&node, &two, policy).is_ok(), fit(&node, &two, policy).is_ok());
             }
+            let mut fold = NodeGpus::new(node.devices.clone());
+            for slice in live.iter().flat_map(Placement::slices) {
+                fold.charge(slice);
+            }
+            prop_assert_eq!(&fold.usage, &node.usage);
+        }
+    }
+}
+
+fn mig_gpu(uuid: &str) -> GpuDevice {
+    let model = "NVIDIA A100-SXM4-80GB";
+    GpuDevice {
+        mode: OperatingMode::Mig,
+        mig: tessera_api::mig::layout_for_model(model).map(std::sync::Arc::new),
+        ..gpu(uuid, model, 81920, 0)
+    }
+}
+
+/// The profile and placement start each slice of a placement got.
+fn cuts(node: &NodeGpus, placement: &Placement) -> Vec<(String, String, u32)> {
+    placement
+        .slices()
+        .map(|s| {
+            let device = &node.devices[s.device];
+            let cut = s.mig.expect("a MIG slice");
+            let profile = &device.mig.as_ref().unwrap().profiles[cut.profile.unwrap()];
+            assert_eq!(s.memory_mib, profile.memory_mib);
+            (
+                device.uuid.clone(),
+                profile.name.clone(),
+                cut.placement.start,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn hamis_dynamic_mig_example_gets_a_1g_instance_on_each_of_two_gpus() {
+    // examples/nvidia/dynamic_mig_example.yaml: 2 GPUs, 8000 MiB, vgpu-mode mig.
+    let node = NodeGpus::new(vec![mig_gpu("GPU-0"), mig_gpu("GPU-1")]);
+    let mut request = one(2, Mib(8000), 0);
+    request.options.vgpu_mode = Some(OperatingMode::Mig);
+    let placement = fit(&node, &request, Binpack).unwrap();
+    assert_eq!(
+        cuts(&node, &placement),
+        [
+            ("GPU-0".to_owned(), "1g.10gb".to_owned(), 6),
+            ("GPU-1".to_owned(), "1g.10gb".to_owned(), 6)
+        ]
+    );
+    // 1 of 7 compute slices: 14 % of the SMs.
+    assert!(placement.slices().all(|s| s.cores == 14));
+}
+
+#[test]
+fn mig_instances_fill_a_gpu_without_overlap_then_say_what_is_free() {
+    let mut node = NodeGpus::new(vec![mig_gpu("GPU-0")]);
+    let mut got = Vec::new();
+    for memory in [30_000, 15_000, 8000] {
+        let placement = fit(&node, &one(1, Mib(memory), 0), Binpack).unwrap();
+        got.extend(cuts(&node, &placement));
+        for slice in placement.slices() {
+            node.charge(slice);
+        }
+        assert!(node.within_capacity());
+    }
+    assert_eq!(
+        got.iter()
+            .map(|(_, p, start)| format!("{p}@{start}"))
+            .collect::<Vec<_>>(),
+        ["3g.40gb@4", "1g.20gb@0", "1g.10gb@2"]
+    );
+    let err = fit(&node, &one(1, Mib(15_000), 0), Binpack)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.ends_with(
+            "1 GPU in MIG mode without room (GPU-0 needs a 1g.20gb placement; free there: 1× 1g.10gb)"
+        ),
+        "{err}"
+    );
+    let err = fit(&node, &one(1, Mib(90_000), 0), Binpack)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no profile of its NVIDIA A100-SXM4-80GB has 90000 MiB"),
+        "{err}"
+    );
+}
+
+#[test]
+fn instances_on_the_hardware_but_in_no_allocation_keep_the_scheduler_away() {
+    // An instance nobody holds at slices 4-7 (its pod went, not yet destroyed).
+    let node = NodeGpus::new(vec![GpuDevice {
+        mig_present: 0xf0,
+        ..mig_gpu("GPU-0")
+    }]);
+    let placement = fit(&node, &one(1, Mib(30_000), 0), Binpack).unwrap();
+    assert_eq!(cuts(&node, &placement)[0].2, 0, "3g.40gb goes to 0, not 4");
+    let node = NodeGpus::new(vec![GpuDevice {
+        mig_present: 0x11,
+        ..mig_gpu("GPU-0")
+    }]);
+    assert!(fit(&node, &one(1, Mib(30_000), 0), Binpack).is_err());
+}
+
+#[test]
+fn mps_gpus_serve_one_gpu_per_container() {
+    let mut node = a100s(2);
+    for device in &mut node.devices {
+        device.mode = OperatingMode::Mps;
+    }
+    assert!(fit(&node, &one(1, Mib(1000), 30), Binpack).is_ok());
+    let err = fit(&node, &one(2, Mib(1000), 30), Binpack)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("2 GPUs in MPS mode, which serves one GPU per container"),
+        "{err}"
+    );
+}
+
+proptest! {
+    /// I1 on dynamic-MIG GPUs: whatever instances are created and released,
+    /// in any order, no two share a memory slice, every one sits at an
+    /// allowed placement of its profile, and usage is the fold.
+    #[test]
+    fn mig_instances_never_overlap(
+        ops in prop::collection::vec((1u64..90_000, 0u32..=100, 1u32..=2, any::<bool>(), any::<usize>()), 1..60),
+    ) {
+        let mut node = NodeGpus::new(vec![mig_gpu("GPU-0"), mig_gpu("GPU-1")]);
+        let mut live: Vec<Placement> = Vec::new();
+        for (memory, cores, count, release, pick) in ops {
+            if release && !live.is_empty() {
+                let placement = live.swap_remove(pick % live.len());
+                for slice in placement.slices() {
+                    node.release(slice);
+                }
+            } else if let Ok(placement) = fit(&node, &one(count, Mib(memory), cores), Binpack) {
+                for slice in placement.slices() {
+                    let device = &node.devices[slice.device];
+                    let cut = slice.mig.unwrap();
+                    let profile = &device.mig.as_ref().unwrap().profiles[cut.profile.unwrap()];
+                    prop_assert!(profile.memory_mib >= memory);
+                    prop_assert!(profile.placements.contains(&cut.placement.start));
+                    node.charge(slice);
+                }
+                live.push(placement);
+            }
+            prop_assert!(node.within_capacity(), "I1 broken: {:?}", node.usage);
             let mut fold = NodeGpus::new(node.devices.clone());
             for slice in live.iter().flat_map(Placement::slices) {
                 fold.charge(slice);

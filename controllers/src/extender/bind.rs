@@ -15,8 +15,9 @@ use serde_json::json;
 use tessera_api::{
     request::parse_pod,
     v1alpha1::{
-        AllocationPhase, AllocationTotals, ContainerAllocation, DeviceSlice, GpuNode, NodeLock,
-        PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
+        AllocationPhase, AllocationTotals, ContainerAllocation, DeviceSlice, GpuNode, MigSlice,
+        NodeLock, PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec,
+        VgpuAllocationStatus,
     },
 };
 
@@ -460,9 +461,20 @@ fn live(devices: &[GpuDevice], placement: &Placement, uid: &str, node: &str) -> 
                 uuid: devices[s.device].uuid.clone(),
                 memory_mib: s.memory_mib,
                 cores: s.cores,
+                mig: s.mig.map(|cut| cut.placement),
             })
             .collect(),
     }
+}
+
+/// The MIG instance a slice on a dynamic-MIG device is served by.
+fn mig_slice(device: &GpuDevice, slice: &crate::engine::Slice) -> Option<MigSlice> {
+    let cut = slice.mig?;
+    let profile = device.mig.as_ref()?.profiles.get(cut.profile?)?;
+    Some(MigSlice {
+        profile: profile.name.clone(),
+        placement: cut.placement,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -497,6 +509,7 @@ fn allocation_spec(
                         model: d.model.clone(),
                         memory_mib: s.memory_mib,
                         cores: s.cores,
+                        mig: mig_slice(d, s),
                     }
                 })
                 .collect(),

@@ -1,7 +1,12 @@
 //! From custom resources to the engine's and the ledger's types.
 
+use std::sync::Arc;
+
 use kube::ResourceExt;
-use tessera_api::v1alpha1::{AllocationPhase, DeviceHealth, GpuNode, VgpuAllocation};
+use tessera_api::{
+    mig,
+    v1alpha1::{AllocationPhase, DeviceHealth, GpuNode, VgpuAllocation},
+};
 
 use super::ledger::{AllocationKey, LiveAllocation, UuidSlice};
 use crate::engine::GpuDevice;
@@ -24,6 +29,16 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
             numa_node: d.numa_node,
             healthy: d.health == DeviceHealth::Healthy,
             mode: d.mode,
+            mig: d
+                .mig
+                .as_ref()
+                .filter(|layout| mig::usable(layout))
+                .map(|layout| Arc::new(layout.clone())),
+            mig_present: d
+                .mig_instances
+                .iter()
+                .filter_map(|i| mig::span(i.placement))
+                .fold(0, |mask, span| mask | span),
         })
         .collect()
 }
@@ -81,6 +96,7 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
                 uuid: d.uuid.clone(),
                 memory_mib: d.memory_mib,
                 cores: d.cores,
+                mig: d.mig.as_ref().map(|m| m.placement),
             })
             .collect(),
     })

@@ -9,7 +9,9 @@ use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::engine::{GpuDevice, NodeGpus, Slice};
+use tessera_api::v1alpha1::MigPlacement;
+
+use crate::engine::{GpuDevice, MigCut, NodeGpus, Slice};
 
 /// Identifies an allocation (named after its pod).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -40,6 +42,8 @@ pub struct UuidSlice {
     pub memory_mib: u64,
     /// Percent of SMs.
     pub cores: u32,
+    /// Where its MIG instance sits, on a dynamic-MIG device.
+    pub mig: Option<MigPlacement>,
 }
 
 /// Every GPU node and every live allocation.
@@ -292,6 +296,10 @@ fn charge(node: &mut NodeGpus, allocation: &LiveAllocation, direction: Direction
             device,
             memory_mib: slice.memory_mib,
             cores: slice.cores,
+            mig: slice.mig.map(|placement| MigCut {
+                profile: None,
+                placement,
+            }),
         };
         match direction {
             Direction::Add => node.charge(&slice),
@@ -318,6 +326,8 @@ mod tests {
             numa_node: None,
             healthy: true,
             mode: OperatingMode::HamiCore,
+            mig: None,
+            mig_present: 0,
         }
     }
 
@@ -336,6 +346,7 @@ mod tests {
                 uuid: uuid.into(),
                 memory_mib: mib,
                 cores: 10,
+                mig: None,
             }],
         }
     }

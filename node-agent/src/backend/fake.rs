@@ -10,31 +10,65 @@
 //!   numaNode: 0
 //!   health: Healthy        # or Unhealthy
 //!   healthMessage: null    # e.g. "XID 79: GPU has fallen off the bus"
+//! mig:                       # optional: MIG mode and its knobs (fake_mig.rs)
+//!   enabled: [GPU-a100-0]
 //! ```
+//!
+//! MIG instances live in a state file of their own (the agent's state
+//! directory), so they outlive the agent as a real GPU's do.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, sync::Arc};
 
 use serde::Deserialize;
+use tessera_api::v1alpha1::{MigInstance, MigPlacement, MigProfile};
 
-use super::{Backend, PhysicalGpu};
+use super::{
+    Backend, PhysicalGpu,
+    fake_mig::{FakeMig, MigKnobs},
+};
 use crate::Error;
 
 /// Reads fake GPUs from a file.
 #[derive(Clone, Debug)]
 pub struct FakeBackend {
     path: PathBuf,
+    mig: Arc<FakeMig>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FakeFile {
     devices: Vec<PhysicalGpu>,
+    #[serde(default)]
+    mig: MigKnobs,
 }
 
 impl FakeBackend {
-    /// A backend reading `path`.
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+    /// A backend reading `path`, keeping MIG instances in `mig_state`.
+    pub fn new(path: impl Into<PathBuf>, mig_state: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            mig: Arc::new(FakeMig::new(mig_state.into())),
+        }
+    }
+
+    fn read(&self) -> Result<FakeFile, Error> {
+        let error = |message: String| Error::FakeDevices {
+            path: self.path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(&self.path).map_err(|e| error(e.to_string()))?;
+        serde_yaml_ng::from_str(&text).map_err(|e| error(e.to_string()))
+    }
+
+    fn gpu(&self, uuid: &str) -> Result<(PhysicalGpu, MigKnobs), Error> {
+        let file = self.read()?;
+        let gpu = file
+            .devices
+            .into_iter()
+            .find(|d| d.uuid == uuid)
+            .ok_or_else(|| Error::Mig(format!("no GPU {uuid} on this node")))?;
+        Ok((gpu, file.mig))
     }
 }
 
@@ -48,8 +82,7 @@ impl Backend for FakeBackend {
             path: self.path.display().to_string(),
             message,
         };
-        let text = std::fs::read_to_string(&self.path).map_err(|e| error(e.to_string()))?;
-        let file: FakeFile = serde_yaml_ng::from_str(&text).map_err(|e| error(e.to_string()))?;
+        let mut file = self.read()?;
         let mut seen = std::collections::BTreeSet::new();
         for device in &file.devices {
             if !device.uuid.starts_with("GPU-") {
@@ -71,7 +104,40 @@ impl Backend for FakeBackend {
                 )));
             }
         }
+        for uuid in &file.mig.enabled {
+            if !seen.contains(uuid) {
+                return Err(error(format!("mig.enabled: no device has uuid {uuid}")));
+            }
+        }
+        self.mig.annotate(&mut file.devices, &file.mig)?;
+        for (device, uuid) in file.devices.iter().map(|d| (d, &d.uuid)) {
+            if file.mig.enabled.contains(uuid) && device.mig.is_none() {
+                return Err(error(format!(
+                    "mig.enabled: {uuid} is a {}, which has no MIG table (A100 80GB and H100 80GB do)",
+                    device.model
+                )));
+            }
+        }
         Ok(file.devices)
+    }
+
+    fn mig_instances(&self, gpu: &str) -> Result<Vec<MigInstance>, Error> {
+        self.mig.instances(gpu)
+    }
+
+    fn create_mig(
+        &self,
+        gpu: &str,
+        profile: &MigProfile,
+        placement: MigPlacement,
+    ) -> Result<MigInstance, Error> {
+        let (physical, knobs) = self.gpu(gpu)?;
+        self.mig.create(&physical, &knobs, profile, placement)
+    }
+
+    fn destroy_mig(&self, gpu: &str, uuid: &str) -> Result<(), Error> {
+        let (_, knobs) = self.gpu(gpu)?;
+        self.mig.destroy(&knobs, gpu, uuid)
     }
 }
 
@@ -85,7 +151,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gpus.yaml");
         std::fs::write(&path, text).unwrap();
-        (dir, FakeBackend::new(path))
+        let state = dir.path().join("mig-state.json");
+        (dir, FakeBackend::new(path, state))
     }
 
     #[test]

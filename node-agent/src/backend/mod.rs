@@ -5,12 +5,13 @@
 //! and utilisation ([`HostUsage`]), read when the metrics are scraped.
 
 mod fake;
+mod fake_mig;
 mod nvml;
 
 use std::{sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
-use tessera_api::v1alpha1::DeviceHealth;
+use tessera_api::v1alpha1::{DeviceHealth, MigInstance, MigLayout, MigPlacement, MigProfile};
 use tokio::sync::watch;
 
 pub use fake::FakeBackend;
@@ -44,6 +45,22 @@ pub struct PhysicalGpu {
     /// Why the GPU is unhealthy (e.g. the XID event seen).
     #[serde(default)]
     pub health_message: Option<String>,
+    /// The GPU's MIG state, when it can do MIG (the fake backend's file
+    /// sets it in its own `mig` section, never per device).
+    #[serde(skip)]
+    pub mig: Option<PhysicalMig>,
+}
+
+/// What a MIG-capable GPU can be cut into and what is cut now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PhysicalMig {
+    /// Whether MIG mode is on (the current mode, not a pending one).
+    pub enabled: bool,
+    /// The GPU's profiles and placements.
+    pub layout: MigLayout,
+    /// The instances that exist, each with a compute instance (`held_by`
+    /// is never set here: the backend knows no allocations).
+    pub instances: Vec<MigInstance>,
 }
 
 fn healthy() -> DeviceHealth {
@@ -79,6 +96,33 @@ pub trait Backend: Send + Sync + 'static {
     fn usage(&self) -> Result<Vec<HostUsage>, Error> {
         Ok(Vec::new())
     }
+    /// The MIG instances on GPU `gpu` now, read afresh.
+    fn mig_instances(&self, gpu: &str) -> Result<Vec<MigInstance>, Error> {
+        Err(no_mig(self.name(), gpu))
+    }
+    /// Creates a GPU instance of `profile` at `placement` on GPU `gpu`, with
+    /// one compute instance spanning it; returns the MIG device's UUID.
+    fn create_mig(
+        &self,
+        gpu: &str,
+        profile: &MigProfile,
+        placement: MigPlacement,
+    ) -> Result<MigInstance, Error> {
+        let _ = (profile, placement);
+        Err(no_mig(self.name(), gpu))
+    }
+    /// Destroys the MIG instance `uuid` on GPU `gpu` (compute instance, then
+    /// GPU instance). Fails while a process uses it.
+    fn destroy_mig(&self, gpu: &str, uuid: &str) -> Result<(), Error> {
+        let _ = uuid;
+        Err(no_mig(self.name(), gpu))
+    }
+}
+
+fn no_mig(backend: &str, gpu: &str) -> Error {
+    Error::Mig(format!(
+        "GPU {gpu}: the {backend} backend cannot manage MIG instances"
+    ))
 }
 
 /// Reads the backend every `interval` and publishes the list whenever it

@@ -77,6 +77,7 @@ impl NvmlBackend {
                 DeviceHealth::Healthy
             },
             health_message: xid.map(|x| format!("critical XID {x}")),
+            mig: None,
             uuid,
         })
     }
@@ -112,6 +113,7 @@ impl Backend for NvmlBackend {
                         nvlink_peers: Vec::new(),
                         health: DeviceHealth::Unhealthy,
                         health_message: Some(format!("NVML: {error}")),
+                        mig: None,
                     });
                 }
             }

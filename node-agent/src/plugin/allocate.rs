@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use tessera_api::{
     env,
-    v1alpha1::{CorePolicy, NodeLock, NodeSettings, VgpuAllocation},
+    v1alpha1::{CorePolicy, MigSlice, NodeLock, NodeSettings, VgpuAllocation},
 };
 
 use super::{DeviceList, ids::uuid_of};
@@ -73,6 +73,32 @@ pub struct Grant {
     /// GPU UUIDs the kubelet chose that differ from the allocation's (it
     /// ignored our preferred allocation); the allocation's devices are used.
     pub mismatched: Vec<String>,
+    /// The MIG instances to create first, per GPU in `devices` order, when
+    /// the container's slices are dynamic-MIG instances; the devices are
+    /// then the instances' UUIDs ([`Grant::with_mig_devices`]).
+    pub mig: Vec<(String, MigSlice)>,
+}
+
+impl Grant {
+    /// The grant once its MIG instances exist: the container sees the
+    /// instances (`uuids`, in `mig` order) instead of their GPUs, and gets
+    /// neither the interposer nor its limits (the hardware isolates it;
+    /// HAMi's MIG mode does the same).
+    pub fn with_mig_devices(
+        mut self,
+        uuids: Vec<String>,
+        list: &DeviceList,
+        pod_uid: &str,
+    ) -> Self {
+        let ids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+        let listed = list.list(&ids, pod_uid);
+        self.envs = listed.envs;
+        self.annotations = listed.annotations;
+        self.cdi_devices = listed.cdi_devices;
+        self.mounts.clear();
+        self.devices = uuids;
+        self
+    }
 }
 
 /// Why Allocate cannot be served. Each message is what the kubelet shows
@@ -263,6 +289,11 @@ pub fn grant(
         region_dir,
         last,
         mismatched,
+        mig: container
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
+            .collect(),
     })
 }
 

@@ -5,7 +5,9 @@ use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
 use futures::{Stream, StreamExt};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::api::{Api, DeleteParams, Preconditions};
-use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation, VgpuAllocationStatus};
+use tessera_api::v1alpha1::{
+    AllocationPhase, MigLayout, NodeLock, ServedMigInstance, VgpuAllocation, VgpuAllocationStatus,
+};
 use tessera_deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, ListAndWatchResponse, Mount,
@@ -17,7 +19,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::{DeviceList, Grant, HostPaths, device_list, grant, preferred};
-use crate::{Error, inventory::Offer, view::NodeView};
+use crate::{Error, inventory::Offer, mig::MigManager, view::NodeView};
 
 /// What the service needs.
 #[derive(Clone)]
@@ -26,6 +28,8 @@ pub struct Service {
     offers: watch::Receiver<Offer>,
     paths: HostPaths,
     list: DeviceList,
+    /// Creates the dynamic MIG instances Allocate hands out.
+    mig: Arc<MigManager>,
     /// Allocate calls are served one at a time.
     serving: Arc<Mutex<()>>,
     /// Containers this agent recorded as served, by pod UID: the allocation
@@ -52,12 +56,14 @@ impl Service {
         offers: watch::Receiver<Offer>,
         paths: HostPaths,
         list: DeviceList,
+        mig: Arc<MigManager>,
     ) -> Self {
         Self {
             view,
             offers,
             paths,
             list,
+            mig,
             serving: Arc::default(),
             recorded: Arc::default(),
         }
@@ -80,7 +86,7 @@ impl Service {
             }
         }
         let settings = self.offers.borrow().resolved.settings.clone();
-        let grant = grant(
+        let mut grant = grant(
             node,
             lock.as_ref(),
             allocation.as_ref(),
@@ -93,6 +99,9 @@ impl Service {
         let (Some(lock), Some(allocation)) = (lock, allocation) else {
             return Err(super::AllocateError::NoLock { node: node.into() }.into());
         };
+        if !grant.mig.is_empty() {
+            grant = self.create_mig(grant, &allocation).await?;
+        }
         if !grant.mismatched.is_empty() {
             tracing::warn!(pod = %grant.allocation, chosen = ?grant.mismatched, "the kubelet chose other GPUs than preferred; the allocation's GPUs are used");
         }
@@ -114,6 +123,38 @@ impl Service {
             grant: grant.clone(),
         };
         Ok((grant, followup))
+    }
+
+    /// Creates (or finds) the container's MIG instances and hands them out
+    /// instead of their GPUs.
+    async fn create_mig(&self, grant: Grant, allocation: &VgpuAllocation) -> Result<Grant, Error> {
+        if grant.mig.len() != grant.devices.len() {
+            return Err(Error::Mig(format!(
+                "pod {}/{} container {}: {} of its {} slices are MIG instances; a container's slices are all MIG or none",
+                grant.namespace,
+                grant.allocation,
+                grant.container,
+                grant.mig.len(),
+                grant.devices.len()
+            )));
+        }
+        let layouts: HashMap<String, MigLayout> = self
+            .offers
+            .borrow()
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
+            .collect();
+        let holders = crate::mig::holders(&self.view.allocations());
+        let holder = format!("{}/{}", grant.namespace, grant.allocation);
+        let slices = grant.mig.clone();
+        let manager = self.mig.clone();
+        let uuids = tokio::task::spawn_blocking(move || {
+            manager.ensure(&holder, &slices, &layouts, &holders)
+        })
+        .await
+        .map_err(|e| Error::Mig(format!("the MIG task stopped: {e}")))??;
+        Ok(grant.with_mig_devices(uuids, &self.list, &allocation.spec.pod_uid))
     }
 
     /// Adds the containers this agent recorded to the allocation's served list.
@@ -208,8 +249,25 @@ impl Service {
             .map(|s| s.served_containers.clone())
             .unwrap_or_default();
         served.push(grant.container.clone());
+        let mut mig_instances = allocation
+            .status
+            .as_ref()
+            .map(|s| s.mig_instances.clone())
+            .unwrap_or_default();
+        mig_instances.extend(
+            grant
+                .mig
+                .iter()
+                .zip(&grant.devices)
+                .map(|((gpu, _), uuid)| ServedMigInstance {
+                    container: grant.container.clone(),
+                    gpu: gpu.clone(),
+                    uuid: uuid.clone(),
+                }),
+        );
         let mut status = VgpuAllocationStatus {
             served_containers: served,
+            mig_instances,
             ..VgpuAllocationStatus::default()
         };
         if grant.last {
@@ -450,6 +508,7 @@ mod tests {
             region_dir: "/var/lib/tessera/containers/uid-1_main".into(),
             last: true,
             mismatched: Vec::new(),
+            mig: Vec::new(),
         };
         let answer = response(grant);
         assert_eq!(answer.envs["CUDA_DEVICE_SM_LIMIT"], "30");

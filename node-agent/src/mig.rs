@@ -1,0 +1,498 @@
+//! Dynamic MIG on the node: the instance each live allocation's MIG slice
+//! names is created at Allocate and destroyed once no live allocation names
+//! it, so an empty GPU returns to a free geometry.
+//!
+//! The scheduler chose the profile and the placement (`tessera_api::mig`);
+//! the agent only makes the hardware match the ledger. Both directions are
+//! idempotent: an Allocate retried by the kubelet, or served again after an
+//! agent restart, finds its instance and reuses it; an instance no live
+//! allocation names is destroyed on the next pass, whoever made it, once it
+//! is older than [`GRACE`] (an Allocate may have just made it for an
+//! allocation the agent's watch has not shown yet).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use kube::ResourceExt;
+use tessera_api::{
+    mig,
+    v1alpha1::{
+        AllocationPhase, MigLayout, MigPlacement, MigSlice, MigStrategy, OperatingMode,
+        VgpuAllocation,
+    },
+};
+
+use crate::{Error, backend::Backend, inventory::Offer};
+
+/// The allocation (`namespace/name`) each MIG instance of a live allocation
+/// belongs to, by parent GPU and placement.
+pub type MigHolders = HashMap<(String, MigPlacement), String>;
+
+/// How long a new instance is safe from the clean-up pass.
+pub const GRACE: Duration = Duration::from_secs(30);
+
+/// How often the clean-up pass runs.
+pub const PASS: Duration = Duration::from_secs(2);
+
+/// What live allocations want: per (GPU, placement), the holder and the profile.
+pub fn wanted(allocations: &[VgpuAllocation]) -> HashMap<(String, MigPlacement), (String, String)> {
+    let mut wanted = HashMap::new();
+    for allocation in allocations.iter().filter(|a| is_live(a)) {
+        let holder = format!(
+            "{}/{}",
+            allocation.namespace().unwrap_or_default(),
+            allocation.name_any()
+        );
+        for device in allocation.spec.containers.iter().flat_map(|c| &c.devices) {
+            if let Some(slice) = &device.mig {
+                wanted.insert(
+                    (device.uuid.clone(), slice.placement),
+                    (holder.clone(), slice.profile.clone()),
+                );
+            }
+        }
+    }
+    wanted
+}
+
+/// The holders of live allocations' MIG instances, for the GpuNode.
+pub fn holders(allocations: &[VgpuAllocation]) -> MigHolders {
+    wanted(allocations)
+        .into_iter()
+        .map(|(key, (holder, _))| (key, holder))
+        .collect()
+}
+
+fn is_live(allocation: &VgpuAllocation) -> bool {
+    !matches!(
+        allocation.status.as_ref().and_then(|s| s.phase),
+        Some(AllocationPhase::Released | AllocationPhase::Failed)
+    )
+}
+
+/// Creates and destroys the node's dynamic MIG instances.
+pub struct MigManager {
+    backend: Arc<dyn Backend>,
+    /// Instances this agent created, by UUID, and when.
+    created: Mutex<HashMap<String, Instant>>,
+    /// One change to the hardware at a time.
+    turn: Mutex<()>,
+    /// How long a new instance is safe from [`MigManager::clean`].
+    grace: Duration,
+}
+
+impl MigManager {
+    /// A manager working through `backend`.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self {
+            backend,
+            created: Mutex::default(),
+            turn: Mutex::default(),
+            grace: GRACE,
+        }
+    }
+
+    /// The same manager with another grace period for new instances.
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Makes sure the instances `slices` name exist, for the allocation
+    /// `holder`; returns their UUIDs in order. Blocking (NVML is).
+    ///
+    /// An instance already at the placement with the profile is reused. An
+    /// instance in the way that no other live allocation holds is destroyed
+    /// first (its pod is gone); one that another allocation holds is an
+    /// error, because the scheduler never gives two allocations one slice.
+    pub fn ensure(
+        &self,
+        holder: &str,
+        slices: &[(String, MigSlice)],
+        layouts: &HashMap<String, MigLayout>,
+        holders: &MigHolders,
+    ) -> Result<Vec<String>, Error> {
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut uuids = Vec::with_capacity(slices.len());
+        for (gpu, slice) in slices {
+            let layout = layouts.get(gpu).ok_or_else(|| {
+                Error::Mig(format!(
+                    "GPU {gpu} is not offered for dynamic MIG on this node (operatingMode mig, migStrategy none)"
+                ))
+            })?;
+            let profile = layout
+                .profiles
+                .iter()
+                .find(|p| p.name == slice.profile)
+                .ok_or_else(|| {
+                    Error::Mig(format!("GPU {gpu} has no MIG profile {}", slice.profile))
+                })?;
+            let wanted = mig::span(slice.placement).ok_or_else(|| {
+                Error::Mig(format!(
+                    "GPU {gpu}: placement {}:{} is off the GPU",
+                    slice.placement.start, slice.placement.size
+                ))
+            })?;
+            let instances = self.backend.mig_instances(gpu)?;
+            if let Some(found) = instances
+                .iter()
+                .find(|i| i.placement == slice.placement && i.profile == slice.profile)
+            {
+                tracing::info!(gpu, instance = %found.uuid, holder, "reusing the MIG instance already at the placement");
+                uuids.push(found.uuid.clone());
+                continue;
+            }
+            for instance in instances
+                .iter()
+                .filter(|i| mig::span(i.placement).is_some_and(|m| m & wanted != 0))
+            {
+                match holders.get(&(gpu.clone(), instance.placement)) {
+                    Some(other) if other != holder => {
+                        return Err(Error::Mig(format!(
+                            "GPU {gpu}: placement {}:{} overlaps instance {} of {other}",
+                            slice.placement.start, slice.placement.size, instance.uuid
+                        )));
+                    }
+                    _ => {
+                        tracing::info!(gpu, instance = %instance.uuid, "destroying an instance no live allocation holds, in the way");
+                        self.backend.destroy_mig(gpu, &instance.uuid)?;
+                    }
+                }
+            }
+            let created = self.backend.create_mig(gpu, profile, slice.placement)?;
+            tracing::info!(gpu, instance = %created.uuid, profile = %created.profile, start = slice.placement.start, holder, "created a MIG instance");
+            self.created
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(created.uuid.clone(), Instant::now());
+            uuids.push(created.uuid);
+        }
+        Ok(uuids)
+    }
+
+    /// One clean-up pass: destroys every instance on the node's dynamic-MIG
+    /// GPUs that no live allocation wants (same GPU, placement and profile)
+    /// and that is older than [`GRACE`]. Returns how many were destroyed; a
+    /// destroy that fails (the instance is in use) is retried next pass.
+    pub fn clean(&self, offer: &Offer, allocations: &[VgpuAllocation]) -> usize {
+        let settings = &offer.resolved.settings;
+        if settings.operating_mode != OperatingMode::Mig
+            || settings.mig_strategy != MigStrategy::None
+        {
+            return 0;
+        }
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let wanted = wanted(allocations);
+        let mut destroyed = 0;
+        for gpu in offer.devices.iter().filter(|d| d.mig.is_some()) {
+            let instances = match self.backend.mig_instances(&gpu.uuid) {
+                Ok(instances) => instances,
+                Err(error) => {
+                    tracing::warn!(gpu = %gpu.uuid, %error, "listing MIG instances failed");
+                    continue;
+                }
+            };
+            for instance in instances {
+                let key = (gpu.uuid.clone(), instance.placement);
+                if wanted
+                    .get(&key)
+                    .is_some_and(|(_, p)| *p == instance.profile)
+                {
+                    continue;
+                }
+                let young = self
+                    .created
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&instance.uuid)
+                    .is_some_and(|at| at.elapsed() < self.grace);
+                if young {
+                    continue;
+                }
+                match self.backend.destroy_mig(&gpu.uuid, &instance.uuid) {
+                    Ok(()) => {
+                        tracing::info!(gpu = %gpu.uuid, instance = %instance.uuid, profile = %instance.profile, "destroyed a MIG instance no live allocation holds");
+                        self.created
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&instance.uuid);
+                        destroyed += 1;
+                    }
+                    Err(error) => {
+                        tracing::warn!(gpu = %gpu.uuid, instance = %instance.uuid, %error, "destroying a MIG instance failed; trying again next pass")
+                    }
+                }
+            }
+        }
+        destroyed
+    }
+}
+
+/// Runs [`MigManager::clean`] every [`PASS`] for the life of the process.
+pub fn spawn_cleaner(
+    manager: Arc<MigManager>,
+    offers: tokio::sync::watch::Receiver<Offer>,
+    view: crate::view::NodeView,
+) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(PASS);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let offer = offers.borrow().clone();
+            let allocations = view.allocations();
+            let manager = manager.clone();
+            let _ = tokio::task::spawn_blocking(move || manager.clean(&offer, &allocations)).await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_api::{
+        testing::{allocation, container, slice},
+        v1alpha1::{AllocationPhase, NodeSettings, VgpuAllocationStatus},
+    };
+
+    use super::*;
+    use crate::{backend::FakeBackend, settings::offered};
+
+    const GPU: &str = "GPU-a100-0";
+
+    fn node(dir: &std::path::Path, extra: &str) -> Arc<FakeBackend> {
+        let gpus = dir.join("gpus.yaml");
+        std::fs::write(
+            &gpus,
+            format!("devices:\n- {{uuid: {GPU}, index: 0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920}}\nmig:\n  enabled: [{GPU}]\n{extra}"),
+        )
+        .unwrap();
+        Arc::new(FakeBackend::new(gpus, dir.join("state.json")))
+    }
+
+    fn offer(backend: &FakeBackend, allocations: &[VgpuAllocation]) -> Offer {
+        let settings = NodeSettings {
+            operating_mode: OperatingMode::Mig,
+            ..NodeSettings::default()
+        };
+        let devices = offered(
+            &backend.devices().unwrap(),
+            &settings,
+            &holders(allocations),
+        );
+        Offer {
+            resolved: tessera_api::node_config::resolve("n1", &Default::default(), &settings, &[]),
+            devices,
+        }
+    }
+
+    fn mig_allocation(name: &str, profile: &str, start: u32, size: u32) -> VgpuAllocation {
+        let mut device = slice(GPU, 0, 9728, 14);
+        device.mig = Some(MigSlice {
+            profile: profile.into(),
+            placement: MigPlacement { start, size },
+        });
+        allocation(name, &format!("uid-{name}"), "n1")
+            .namespace("ml")
+            .container(container("main", vec![device]))
+            .build()
+    }
+
+    fn layouts(offer: &Offer) -> HashMap<String, MigLayout> {
+        offer
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
+            .collect()
+    }
+
+    #[test]
+    fn allocate_creates_once_and_a_retry_reuses_the_instance() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = node(dir.path(), "");
+        let manager = MigManager::new(backend.clone());
+        let a = mig_allocation("a", "1g.10gb", 6, 1);
+        let offer = offer(&backend, std::slice::from_ref(&a));
+        let slices = vec![(
+            GPU.to_owned(),
+            a.spec.containers[0].devices[0].mig.clone().unwrap(),
+        )];
+        let first = manager
+            .ensure(
+                "ml/a",
+                &slices,
+                &layouts(&offer),
+                &holders(std::slice::from_ref(&a)),
+            )
+            .unwrap();
+        let again = manager
+            .ensure(
+                "ml/a",
+                &slices,
+                &layouts(&offer),
+                &holders(std::slice::from_ref(&a)),
+            )
+            .unwrap();
+        assert_eq!(first, again);
+        assert!(first[0].starts_with("MIG-"));
+        let instances = backend.mig_instances(GPU).unwrap();
+        assert_eq!(instances.len(), 1);
+        assert_eq!(instances[0].placement, MigPlacement { start: 6, size: 1 });
+        // The GpuNode names the holder.
+        let published = &offer.devices[0];
+        assert!(published.mig.is_some());
+        let offer = self::offer(&backend, std::slice::from_ref(&a));
+        assert_eq!(
+            offer.devices[0].mig_instances[0].held_by.as_deref(),
+            Some("ml/a")
+        );
+    }
+
+    #[test]
+    fn an_instance_held_by_another_allocation_is_never_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = node(dir.path(), "");
+        let manager = MigManager::new(backend.clone());
+        let a = mig_allocation("a", "2g.20gb", 4, 2);
+        let all = vec![a.clone()];
+        let offer = offer(&backend, &all);
+        let mine = vec![(
+            GPU.to_owned(),
+            a.spec.containers[0].devices[0].mig.clone().unwrap(),
+        )];
+        manager
+            .ensure("ml/a", &mine, &layouts(&offer), &holders(&all))
+            .unwrap();
+        // A corrupt ledger: b wants 3g.40gb at 4, over a's instance.
+        let b = mig_allocation("b", "3g.40gb", 4, 4);
+        let theirs = vec![(
+            GPU.to_owned(),
+            b.spec.containers[0].devices[0].mig.clone().unwrap(),
+        )];
+        let error = manager
+            .ensure("ml/b", &theirs, &layouts(&offer), &holders(&all))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("overlaps instance") && error.contains("ml/a"),
+            "{error}"
+        );
+        assert_eq!(backend.mig_instances(GPU).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn released_allocations_lose_their_instances_and_orphans_in_the_way_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = node(dir.path(), "");
+        let manager = MigManager::new(backend.clone()).with_grace(Duration::ZERO);
+        let mut a = mig_allocation("a", "3g.40gb", 4, 4);
+        let offer_a = offer(&backend, std::slice::from_ref(&a));
+        let slices = vec![(
+            GPU.to_owned(),
+            a.spec.containers[0].devices[0].mig.clone().unwrap(),
+        )];
+        manager
+            .ensure(
+                "ml/a",
+                &slices,
+                &layouts(&offer_a),
+                &holders(std::slice::from_ref(&a)),
+            )
+            .unwrap();
+        assert_eq!(
+            manager.clean(&offer_a, std::slice::from_ref(&a)),
+            0,
+            "a is live"
+        );
+        a.status = Some(VgpuAllocationStatus {
+            phase: Some(AllocationPhase::Released),
+            ..Default::default()
+        });
+        // Before the pass runs, b is placed where a was: the orphan goes first.
+        let b = mig_allocation("b", "1g.20gb", 4, 2);
+        let all = vec![a.clone(), b.clone()];
+        let slices = vec![(
+            GPU.to_owned(),
+            b.spec.containers[0].devices[0].mig.clone().unwrap(),
+        )];
+        manager
+            .ensure("ml/b", &slices, &layouts(&offer_a), &holders(&all))
+            .unwrap();
+        let left = backend.mig_instances(GPU).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].profile, "1g.20gb");
+        // b goes too: the pass empties the GPU.
+        assert_eq!(manager.clean(&offer_a, &[]), 1);
+        assert!(backend.mig_instances(GPU).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_busy_instance_is_kept_and_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = node(dir.path(), "");
+        let manager = MigManager::new(backend.clone()).with_grace(Duration::ZERO);
+        let a = mig_allocation("a", "1g.10gb", 6, 1);
+        let offer = offer(&backend, &[]);
+        let slices = vec![(
+            GPU.to_owned(),
+            a.spec.containers[0].devices[0].mig.clone().unwrap(),
+        )];
+        let uuid = manager
+            .ensure("ml/a", &slices, &layouts(&offer), &MigHolders::new())
+            .unwrap()
+            .remove(0);
+        let busy = node(dir.path(), &format!("  busy: [{uuid}]\n"));
+        assert_eq!(
+            MigManager::new(busy)
+                .with_grace(Duration::ZERO)
+                .clean(&offer, &[]),
+            0
+        );
+        assert_eq!(backend.mig_instances(GPU).unwrap().len(), 1);
+        // No longer in use: the next pass destroys it.
+        node(dir.path(), "");
+        assert_eq!(manager.clean(&offer, &[]), 1);
+    }
+
+    #[test]
+    fn create_failures_and_bad_placements_are_nvmls_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = node(dir.path(), "  failCreate: true\n");
+        let offer = offer(&backend, &[]);
+        let layout = offer.devices[0].mig.clone().unwrap();
+        let profile = layout
+            .profiles
+            .iter()
+            .find(|p| p.name == "3g.40gb")
+            .unwrap();
+        let error = backend
+            .create_mig(GPU, profile, MigPlacement { start: 4, size: 4 })
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("failCreate"), "{error}");
+        let backend = node(dir.path(), "");
+        let error = backend
+            .create_mig(GPU, profile, MigPlacement { start: 2, size: 4 })
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("may not be placed at 2:4"), "{error}");
+        backend
+            .create_mig(GPU, profile, MigPlacement { start: 4, size: 4 })
+            .unwrap();
+        let small = layout
+            .profiles
+            .iter()
+            .find(|p| p.name == "1g.10gb")
+            .unwrap();
+        let error = backend
+            .create_mig(GPU, small, MigPlacement { start: 5, size: 1 })
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("overlaps"), "{error}");
+        // The instances outlive the backend, as a GPU's outlive the agent.
+        let restarted = node(dir.path(), "");
+        assert_eq!(restarted.mig_instances(GPU).unwrap().len(), 1);
+    }
+}
