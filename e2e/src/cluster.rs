@@ -34,6 +34,8 @@ pub struct NodeGpus {
     pub name: String,
     /// Its fake GPUs, given to the chart's agent through values.
     pub gpus: Vec<FakeGpu>,
+    /// UUIDs of its fake GPUs in MIG mode (the chart's `agent.fakeMig`).
+    pub mig: Vec<String>,
 }
 
 /// What runs: the real nodes, kube-proxy and the control plane (dropped in
@@ -66,6 +68,19 @@ impl LocalCluster {
         nodes: &[NodeGpus],
         artifacts: &Artifacts,
     ) -> Result<Self, Error> {
+        Self::start_with(dir, lifetime, nodes, artifacts, json!({})).await
+    }
+
+    /// [`LocalCluster::start`] with `extra` chart values on top of the
+    /// cluster's (top-level keys replace the cluster's; Helm merges them
+    /// with the chart's defaults), e.g. `{"nodeDefaults": {"operatingMode": "mig"}}`.
+    pub async fn start_with(
+        dir: Option<PathBuf>,
+        lifetime: Lifetime,
+        nodes: &[NodeGpus],
+        artifacts: &Artifacts,
+        extra: Value,
+    ) -> Result<Self, Error> {
         let turn = ONE_AT_A_TIME.lock().await;
         let plane = ControlPlane::start_with(Options {
             dir,
@@ -97,8 +112,11 @@ impl LocalCluster {
             .start_kube_proxy(&node::cluster_cidr(), &first.name)
             .await?;
         let values = plane.dir().join("tessera-values.json");
-        let text = serde_json::to_string_pretty(&values_for(nodes, &archives))
-            .map_err(|e| Error::Config(e.to_string()))?;
+        let mut all = values_for(nodes, &archives);
+        if let (Some(all), Value::Object(extra)) = (all.as_object_mut(), extra) {
+            all.extend(extra);
+        }
+        let text = serde_json::to_string_pretty(&all).map_err(|e| Error::Config(e.to_string()))?;
         std::fs::write(&values, text).map_err(Error::io("write", &values))?;
         let mut cluster = Self {
             nodes: running,
@@ -205,6 +223,16 @@ pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
         .iter()
         .map(|n| (n.name.clone(), json!(node::fake_devices(&n.gpus))))
         .collect();
+    let mig: serde_json::Map<String, Value> = nodes
+        .iter()
+        .filter(|n| !n.mig.is_empty())
+        .map(|n| {
+            (
+                n.name.clone(),
+                json!({"enabled": n.mig, "createLatencyMs": 200}),
+            )
+        })
+        .collect();
     let image = |name: &str| -> Value {
         let (repository, tag) = archives.reference(name).unwrap_or_default();
         json!({"repository": repository, "tag": tag})
@@ -219,6 +247,7 @@ pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
             "image": image("tessera-node-agent"),
             "backend": "fake",
             "fakeGpus": fake,
+            "fakeMig": mig,
             // Within the harness's 5 s between SIGTERM and SIGKILL.
             "drainSeconds": 3,
         },

@@ -70,7 +70,6 @@ pub struct MigInstance {
     #[serde(rename = "memoryMiB")]
     pub memory_mib: u64,
     /// Where the instance sits on the GPU.
-    #[serde(default)]
     pub placement: MigPlacement,
     /// The allocation (`namespace/name`) the instance was created for;
     /// absent for an instance no live allocation holds (free, or made by

@@ -1,0 +1,257 @@
+//! Dynamic MIG on a real node (containerd + kubelet, the chart's agent) whose
+//! two fake A100-80GB GPUs are in MIG mode and whose settings say
+//! `operatingMode: mig`:
+//!
+//! 1. HAMi's `examples/nvidia/dynamic_mig_example.yaml` (2 GPUs, 8000 MiB,
+//!    `nvidia.com/vgpu-mode: mig`; image and command aside) runs: each GPU
+//!    gets a `1g.10gb` instance that exists on the fake GPU, the container
+//!    sees the two MIG UUIDs and no interposer;
+//! 2. a second pod (30000 MiB) gets a `3g.40gb` instance beside them, and
+//!    no two instances on a GPU share a memory slice;
+//! 3. a pod no GPU can host stays Pending with the reason naming MIG;
+//! 4. deleting the pods destroys their instances: the GPUs return empty.
+//!
+//! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::json;
+use tessera_api::{
+    mig,
+    v1alpha1::{GpuNode, MigInstance, VgpuAllocation},
+};
+use tessera_e2e::testkit::{phase, skip_real_nodes};
+use tessera_e2e::{
+    Lifetime,
+    artifacts::Artifacts,
+    cluster::{LocalCluster, NodeGpus},
+    images,
+    node::FakeGpu,
+};
+
+const WAIT: Duration = Duration::from_secs(120);
+const NODE: &str = "mig-node";
+
+async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// HAMi's dynamic_mig_example.yaml, with the test image and a command that
+/// prints what the container was given.
+fn dynamic_mig_example(name: &str, gpus: u32, memory: u64) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "annotations": {
+                "nvidia.com/vgpu-mode": "mig",
+                "hami.io/gpu-scheduler-policy": "binpack",
+            },
+        },
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "ubuntu-container", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo LIMIT=$CUDA_DEVICE_MEMORY_LIMIT_0; cat /etc/ld.so.preload 2>/dev/null | sed 's/^/PRELOAD=/'; echo END; sleep 3600"],
+                "resources": {"limits": {"nvidia.com/gpu": gpus, "nvidia.com/gpumem": memory}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+fn logs(cluster: &LocalCluster, pod: &str) -> String {
+    let output = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["logs", "-n", "default", pod])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The MIG instances on each GPU of the node, as its GpuNode lists them.
+async fn instances(client: &Client) -> Vec<(String, Vec<MigInstance>)> {
+    let node = Api::<GpuNode>::all(client.clone()).get(NODE).await.unwrap();
+    node.status
+        .map(|s| {
+            s.devices
+                .into_iter()
+                .map(|d| (d.uuid, d.mig_instances))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn assert_no_overlap(gpus: &[(String, Vec<MigInstance>)]) {
+    for (gpu, instances) in gpus {
+        let mut taken = 0u8;
+        for instance in instances {
+            let span = mig::span(instance.placement).unwrap();
+            assert_eq!(taken & span, 0, "{gpu}: {instances:?} overlap");
+            taken |= span;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dynamic_mig_pods_get_instances_that_never_overlap_and_go_with_the_pod() {
+    if skip_real_nodes("real-node MIG test") {
+        return;
+    }
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let gpus = FakeGpu::many(NODE, 2, "NVIDIA A100-SXM4-80GB", 81920, 1);
+    let nodes = [NodeGpus {
+        name: NODE.into(),
+        mig: gpus.iter().map(|g| g.uuid.clone()).collect(),
+        gpus,
+    }];
+    // The node pool's default mode is mig (a GpuNodeConfig could say it for
+    // some nodes only): GPUs in MIG mode serve nothing in hami-core mode.
+    let defaults = json!({"nodeDefaults": {"operatingMode": "mig"}});
+    let cluster = LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, defaults)
+        .await
+        .unwrap();
+    let client = cluster.plane.client().await.unwrap();
+    wait_for("the GpuNode to offer dynamic MIG", async || {
+        let node = Api::<GpuNode>::all(client.clone()).get(NODE).await.ok()?;
+        let devices = node.status?.devices;
+        (devices.len() == 2 && devices.iter().all(|d| d.mig.is_some())).then_some(())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let allocations: Api<VgpuAllocation> = Api::namespaced(client.clone(), "default");
+
+    // 1. HAMi's dynamic MIG example.
+    pods.create(
+        &PostParams::default(),
+        &dynamic_mig_example("gpu-pod", 2, 8000),
+    )
+    .await
+    .unwrap();
+    let out = wait_for("gpu-pod to print its devices", async || {
+        let out = logs(&cluster, "gpu-pod");
+        out.contains("END").then_some(out)
+    })
+    .await;
+    let allocation = allocations.get("gpu-pod").await.unwrap();
+    let slices = &allocation.spec.containers[0].devices;
+    assert_eq!(slices.len(), 2);
+    assert_ne!(slices[0].uuid, slices[1].uuid, "one instance per GPU");
+    for slice in slices {
+        let mig = slice.mig.as_ref().expect("a MIG slice");
+        assert_eq!(mig.profile, "1g.10gb");
+        assert_eq!(slice.memory_mib, 9728);
+    }
+    let served = wait_for("the served MIG instances", async || {
+        let status = allocations.get("gpu-pod").await.ok()?.status?;
+        (status.mig_instances.len() == 2).then_some(status.mig_instances)
+    })
+    .await;
+    let visible: Vec<&str> = served.iter().map(|i| i.uuid.as_str()).collect();
+    assert!(
+        out.contains(&format!("VISIBLE={}", visible.join(","))),
+        "{out}"
+    );
+    assert!(visible.iter().all(|u| u.starts_with("MIG-")));
+    assert!(out.contains("LIMIT=\n"), "no interposer limit: {out}");
+    assert!(!out.contains("PRELOAD="), "no interposer: {out}");
+    // The instances exist on the (fake) GPUs, held by the pod.
+    let on_gpus = wait_for("the GpuNode to list the instances", async || {
+        let gpus = instances(&client).await;
+        let listed: Vec<&MigInstance> = gpus.iter().flat_map(|(_, i)| i).collect();
+        (listed.len() == 2
+            && listed
+                .iter()
+                .all(|i| i.held_by.as_deref() == Some("default/gpu-pod")))
+        .then_some(gpus)
+    })
+    .await;
+    for served in &served {
+        let (_, on_gpu) = on_gpus.iter().find(|(g, _)| *g == served.gpu).unwrap();
+        assert!(on_gpu.iter().any(|i| i.uuid == served.uuid), "{on_gpus:?}");
+    }
+
+    // 2. A larger instance beside them; nothing overlaps.
+    pods.create(
+        &PostParams::default(),
+        &dynamic_mig_example("big", 1, 30000),
+    )
+    .await
+    .unwrap();
+    wait_for("big to run", async || {
+        (phase(&pods.get("big").await.ok()?) == "Running").then_some(())
+    })
+    .await;
+    let big = allocations.get("big").await.unwrap();
+    assert_eq!(
+        big.spec.containers[0].devices[0]
+            .mig
+            .as_ref()
+            .unwrap()
+            .profile,
+        "3g.40gb"
+    );
+    let gpus = wait_for("three instances", async || {
+        let gpus = instances(&client).await;
+        (gpus.iter().map(|(_, i)| i.len()).sum::<usize>() == 3).then_some(gpus)
+    })
+    .await;
+    assert_no_overlap(&gpus);
+
+    // 3. More than any free placement: Pending, and the reason says MIG.
+    pods.create(
+        &PostParams::default(),
+        &dynamic_mig_example("huge", 2, 50000),
+    )
+    .await
+    .unwrap();
+    let reason = wait_for("huge's FailedScheduling event", async || {
+        let events = Api::<Event>::namespaced(client.clone(), "default")
+            .list(&ListParams::default().fields("involvedObject.name=huge"))
+            .await
+            .ok()?;
+        events
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("FailedScheduling"))
+            .and_then(|e| e.message)
+    })
+    .await;
+    assert!(
+        reason.contains("in MIG mode without room") && reason.contains("7g.80gb"),
+        "{reason}"
+    );
+    assert_eq!(phase(&pods.get("huge").await.unwrap()), "Pending");
+
+    // 4. Deleting the pods destroys their instances.
+    for name in ["gpu-pod", "big", "huge"] {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let gpus = instances(&client).await;
+        if gpus.iter().all(|(_, i)| i.is_empty()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "instances left after the pods went: {gpus:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
