@@ -92,7 +92,9 @@ fn mig_offer(
         let model = whole.model.clone();
         return unhealthy(
             whole,
-            format!("operatingMode mig: a {model} cannot be partitioned with MIG"),
+            format!(
+                "operatingMode mig: the node agent knows no MIG layout for this {model}: it is not MIG-capable, or the agent's backend cannot manage MIG instances (the NVML backend cannot yet)"
+            ),
         );
     };
     if !mig.enabled {
@@ -334,7 +336,7 @@ mod tests {
             offered[0].health_message.clone().unwrap()
         };
         let dynamic = mig_settings(MigStrategy::None);
-        assert!(message(gpu(0), &dynamic).contains("cannot be partitioned with MIG"));
+        assert!(message(gpu(0), &dynamic).contains("knows no MIG layout"));
         assert!(message(mig_gpu(0, false, &[]), &dynamic).contains("nvidia-smi -i 0 -mig 1"));
         assert!(
             message(mig_gpu(0, true, &[]), &NodeSettings::default())
