@@ -312,8 +312,8 @@ async fn invalid_gpu_node_configs_are_refused_with_the_field_and_rule() {
         ),
         (
             "bad-mig-strategy",
-            json!({"nodeNames": ["a"], "migStrategy": "single"}),
-            vec!["spec.migStrategy", "\"none\", \"mixed\""],
+            json!({"nodeNames": ["a"], "migStrategy": "dynamic"}),
+            vec!["spec.migStrategy", "\"none\", \"single\", \"mixed\""],
         ),
         (
             "split-zero",
