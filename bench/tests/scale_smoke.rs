@@ -289,12 +289,7 @@ async fn wait_no_live_allocation_for(allocations: &Api<VgpuAllocation>, pods: &[
             .items
             .iter()
             .filter(|a| pods.contains(&a.name_any()))
-            .filter(|a| {
-                !matches!(
-                    a.status.as_ref().and_then(|s| s.phase),
-                    Some(AllocationPhase::Released | AllocationPhase::Failed)
-                )
-            })
+            .filter(|a| a.is_live())
             .map(|a| a.name_any())
             .collect();
         if live.is_empty() {

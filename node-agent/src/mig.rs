@@ -19,10 +19,7 @@ use std::{
 use kube::ResourceExt;
 use tessera_api::{
     mig,
-    v1alpha1::{
-        AllocationPhase, MigLayout, MigPlacement, MigSlice, MigStrategy, OperatingMode,
-        VgpuAllocation,
-    },
+    v1alpha1::{MigLayout, MigPlacement, MigSlice, MigStrategy, OperatingMode, VgpuAllocation},
 };
 
 use crate::{Error, backend::Backend, inventory::Offer};
@@ -40,7 +37,7 @@ pub const PASS: Duration = Duration::from_secs(2);
 /// What live allocations want: per (GPU, placement), the holder and the profile.
 pub fn wanted(allocations: &[VgpuAllocation]) -> HashMap<(String, MigPlacement), (String, String)> {
     let mut wanted = HashMap::new();
-    for allocation in allocations.iter().filter(|a| is_live(a)) {
+    for allocation in crate::monitor::live_allocations(allocations) {
         let holder = format!(
             "{}/{}",
             allocation.namespace().unwrap_or_default(),
@@ -64,13 +61,6 @@ pub fn holders(allocations: &[VgpuAllocation]) -> MigHolders {
         .into_iter()
         .map(|(key, (holder, _))| (key, holder))
         .collect()
-}
-
-fn is_live(allocation: &VgpuAllocation) -> bool {
-    !matches!(
-        allocation.status.as_ref().and_then(|s| s.phase),
-        Some(AllocationPhase::Released | AllocationPhase::Failed)
-    )
 }
 
 /// Creates and destroys the node's dynamic MIG instances.

@@ -25,7 +25,7 @@
 
 use std::{collections::BTreeMap, path::Path, sync::Arc};
 
-use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation};
+use tessera_api::v1alpha1::VgpuAllocation;
 
 use crate::backend::Backend;
 
@@ -176,12 +176,7 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
 
 /// The allocations that still hold their slices (not Released or Failed).
 pub fn live_allocations(allocations: &[VgpuAllocation]) -> impl Iterator<Item = &VgpuAllocation> {
-    allocations.iter().filter(|a| {
-        !matches!(
-            a.status.as_ref().and_then(|s| s.phase),
-            Some(AllocationPhase::Released | AllocationPhase::Failed)
-        )
-    })
+    allocations.iter().filter(|a| a.is_live())
 }
 
 /// For each live container with a region, per CUDA ordinal: whether its GPU
@@ -290,12 +285,7 @@ pub async fn collect_regions(view: crate::view::NodeView, regions: std::path::Pa
         let live: std::collections::BTreeSet<String> = view
             .allocations()
             .into_iter()
-            .filter(|a| {
-                !matches!(
-                    a.status.as_ref().and_then(|s| s.phase),
-                    Some(AllocationPhase::Released | AllocationPhase::Failed)
-                )
-            })
+            .filter(VgpuAllocation::is_live)
             .map(|a| a.spec.pod_uid)
             .collect();
         let root = regions.clone();

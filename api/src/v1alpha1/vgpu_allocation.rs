@@ -153,6 +153,17 @@ pub struct AllocationTotals {
     pub cores: u32,
 }
 
+impl VgpuAllocation {
+    /// Whether the allocation still holds its slices: every phase but
+    /// `Released` and `Failed` (no status yet counts as holding).
+    pub fn is_live(&self) -> bool {
+        !matches!(
+            self.status.as_ref().and_then(|s| s.phase),
+            Some(AllocationPhase::Released | AllocationPhase::Failed)
+        )
+    }
+}
+
 impl AllocationTotals {
     /// Computes the totals of a set of container allocations.
     pub fn of(containers: &[ContainerAllocation]) -> Self {

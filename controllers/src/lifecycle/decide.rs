@@ -9,11 +9,7 @@ use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation};
 
 /// Why an allocation's slices are free again, if they are.
 pub fn release_reason(allocation: &VgpuAllocation, pod: Option<&Pod>) -> Option<String> {
-    let phase = allocation.status.as_ref().and_then(|s| s.phase);
-    if matches!(
-        phase,
-        Some(AllocationPhase::Released | AllocationPhase::Failed)
-    ) {
+    if !allocation.is_live() {
         return None;
     }
     let Some(pod) =

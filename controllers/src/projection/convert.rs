@@ -5,7 +5,7 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use tessera_api::{
     mig,
-    v1alpha1::{AllocationPhase, DeviceHealth, GpuNode, VgpuAllocation},
+    v1alpha1::{DeviceHealth, GpuNode, VgpuAllocation},
 };
 
 use super::ledger::{AllocationKey, LiveAllocation, UuidSlice};
@@ -77,11 +77,7 @@ pub fn key(allocation: &VgpuAllocation) -> AllocationKey {
 
 /// The allocation's slices while it holds them; `None` once Released or Failed.
 pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
-    let phase = allocation.status.as_ref().and_then(|s| s.phase);
-    if matches!(
-        phase,
-        Some(AllocationPhase::Released | AllocationPhase::Failed)
-    ) {
+    if !allocation.is_live() {
         return None;
     }
     let spec = &allocation.spec;

@@ -1,6 +1,6 @@
 use tessera_api::{
     testing,
-    v1alpha1::{DeviceHealth, GpuDevice},
+    v1alpha1::{AllocationPhase, DeviceHealth, GpuDevice},
 };
 
 use super::*;
