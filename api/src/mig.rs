@@ -30,6 +30,15 @@ pub fn span(placement: MigPlacement) -> Option<Mask> {
     Mask::try_from(ones << placement.start).ok()
 }
 
+/// The slices a set of placements covers together; a placement off the GPU
+/// (see [`span`]) covers nothing.
+pub fn occupied(placements: impl IntoIterator<Item = MigPlacement>) -> Mask {
+    placements
+        .into_iter()
+        .filter_map(span)
+        .fold(0, |mask, span| mask | span)
+}
+
 /// One row of a profile table: name, NVML id, compute slices, memory slices,
 /// memory (MiB), most instances, allowed starts, media extensions.
 type Row = (&'static str, u32, u32, u32, u64, u32, &'static [u32], bool);
@@ -343,7 +352,7 @@ mod tests {
                     live.remove(pick % live.len());
                     continue;
                 }
-                let occupied = live.iter().fold(0, |m, (_, p)| m | span(*p).unwrap());
+                let occupied = occupied(live.iter().map(|(_, p)| *p));
                 match choose(&layout, memory, cores, occupied) {
                     Some((index, placement)) => {
                         let profile = &layout.profiles[index];

@@ -34,11 +34,7 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
                 .as_ref()
                 .filter(|layout| mig::usable(layout))
                 .map(|layout| Arc::new(layout.clone())),
-            mig_present: d
-                .mig_instances
-                .iter()
-                .filter_map(|i| mig::span(i.placement))
-                .fold(0, |mask, span| mask | span),
+            mig_present: mig::occupied(d.mig_instances.iter().map(|i| i.placement)),
         })
         .collect()
 }

@@ -159,10 +159,7 @@ impl FakeMig {
         }
         let mut state = self.load()?;
         let existing = state.instances.entry(gpu.clone()).or_default();
-        let occupied = existing
-            .iter()
-            .filter_map(|i| mig::span(i.placement))
-            .fold(0, |m, s| m | s);
+        let occupied = mig::occupied(existing.iter().map(|i| i.placement));
         let wanted = mig::span(placement).unwrap_or(u8::MAX);
         if occupied & wanted != 0 {
             return Err(Error::Mig(format!(
