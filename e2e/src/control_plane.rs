@@ -259,6 +259,17 @@ impl ControlPlane {
         Ok(command)
     }
 
+    /// What `kubectl logs -n <namespace> <pod>` prints on stdout (empty
+    /// while the container has not started).
+    pub fn logs(&self, namespace: &str, pod: &str) -> Result<String, Error> {
+        let output = self
+            .kubectl()?
+            .args(["logs", "-n", namespace, pod])
+            .output()
+            .map_err(Error::io("run kubectl logs", "kubectl"))?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
     /// Applies Tessera's CRDs (server-side apply) and waits until every one is Established.
     pub async fn install_crds(&self) -> Result<(), Error> {
         let api: Api<CustomResourceDefinition> = Api::all(self.client().await?);

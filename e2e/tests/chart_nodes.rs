@@ -71,14 +71,7 @@ async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T
 }
 
 fn logs(cluster: &LocalCluster, pod: &str) -> String {
-    let output = cluster
-        .plane
-        .kubectl()
-        .unwrap()
-        .args(["logs", "-n", "default", pod])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    cluster.plane.logs("default", pod).unwrap()
 }
 
 fn refusal(result: Result<Pod, kube::Error>) -> String {

@@ -93,14 +93,7 @@ impl Stack {
     }
 
     fn logs(&self, pod: &str) -> String {
-        let output = self
-            .plane
-            .kubectl()
-            .unwrap()
-            .args(["logs", "-n", "default", pod])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        self.plane.logs("default", pod).unwrap()
     }
 
     async fn wait_output(&self, pod: &str, marker: &str) -> String {

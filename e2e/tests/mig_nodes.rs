@@ -73,14 +73,7 @@ fn dynamic_mig_example(name: &str, gpus: u32, memory: u64) -> Pod {
 }
 
 fn logs(cluster: &LocalCluster, pod: &str) -> String {
-    let output = cluster
-        .plane
-        .kubectl()
-        .unwrap()
-        .args(["logs", "-n", "default", pod])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    cluster.plane.logs("default", pod).unwrap()
 }
 
 /// The MIG instances on each GPU of the node, as its GpuNode lists them.
