@@ -290,6 +290,15 @@ mod tests {
             .build()
     }
 
+    /// The (GPU, MIG slice) pairs of an allocation's first container.
+    fn mig_slices(allocation: &VgpuAllocation) -> Vec<(String, MigSlice)> {
+        allocation.spec.containers[0]
+            .devices
+            .iter()
+            .map(|d| (d.uuid.clone(), d.mig.clone().unwrap()))
+            .collect()
+    }
+
     fn layouts(offer: &Offer) -> HashMap<String, MigLayout> {
         offer
             .devices
@@ -305,10 +314,7 @@ mod tests {
         let manager = MigManager::new(backend.clone());
         let a = mig_allocation("a", "1g.10gb", 6, 1);
         let offer = offer(&backend, std::slice::from_ref(&a));
-        let slices = vec![(
-            GPU.to_owned(),
-            a.spec.containers[0].devices[0].mig.clone().unwrap(),
-        )];
+        let slices = mig_slices(&a);
         let first = manager
             .ensure(
                 "ml/a",
@@ -348,19 +354,13 @@ mod tests {
         let a = mig_allocation("a", "2g.20gb", 4, 2);
         let all = vec![a.clone()];
         let offer = offer(&backend, &all);
-        let mine = vec![(
-            GPU.to_owned(),
-            a.spec.containers[0].devices[0].mig.clone().unwrap(),
-        )];
+        let mine = mig_slices(&a);
         manager
             .ensure("ml/a", &mine, &layouts(&offer), &holders(&all))
             .unwrap();
         // A corrupt ledger: b wants 3g.40gb at 4, over a's instance.
         let b = mig_allocation("b", "3g.40gb", 4, 4);
-        let theirs = vec![(
-            GPU.to_owned(),
-            b.spec.containers[0].devices[0].mig.clone().unwrap(),
-        )];
+        let theirs = mig_slices(&b);
         let error = manager
             .ensure("ml/b", &theirs, &layouts(&offer), &holders(&all))
             .unwrap_err()
@@ -379,10 +379,7 @@ mod tests {
         let manager = MigManager::new(backend.clone()).with_grace(Duration::ZERO);
         let mut a = mig_allocation("a", "3g.40gb", 4, 4);
         let offer_a = offer(&backend, std::slice::from_ref(&a));
-        let slices = vec![(
-            GPU.to_owned(),
-            a.spec.containers[0].devices[0].mig.clone().unwrap(),
-        )];
+        let slices = mig_slices(&a);
         manager
             .ensure(
                 "ml/a",
@@ -403,10 +400,7 @@ mod tests {
         // Before the pass runs, b is placed where a was: the orphan goes first.
         let b = mig_allocation("b", "1g.20gb", 4, 2);
         let all = vec![a.clone(), b.clone()];
-        let slices = vec![(
-            GPU.to_owned(),
-            b.spec.containers[0].devices[0].mig.clone().unwrap(),
-        )];
+        let slices = mig_slices(&b);
         manager
             .ensure("ml/b", &slices, &layouts(&offer_a), &holders(&all))
             .unwrap();
@@ -425,10 +419,7 @@ mod tests {
         let manager = MigManager::new(backend.clone()).with_grace(Duration::ZERO);
         let a = mig_allocation("a", "1g.10gb", 6, 1);
         let offer = offer(&backend, &[]);
-        let slices = vec![(
-            GPU.to_owned(),
-            a.spec.containers[0].devices[0].mig.clone().unwrap(),
-        )];
+        let slices = mig_slices(&a);
         let uuid = manager
             .ensure("ml/a", &slices, &layouts(&offer), &MigHolders::new())
             .unwrap()
