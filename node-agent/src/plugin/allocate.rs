@@ -66,7 +66,8 @@ pub struct Grant {
     pub cdi_devices: Vec<String>,
     /// Mounts for the container.
     pub mounts: Vec<MountSpec>,
-    /// The container's region directory on the host (the agent creates it).
+    /// The container's region directory on the host (the agent creates it,
+    /// unless the container gets MIG instances and no interposer).
     pub region_dir: PathBuf,
     /// Whether this was the pod's last container waiting for devices.
     pub last: bool,

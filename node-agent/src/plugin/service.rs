@@ -99,16 +99,18 @@ impl Service {
         let (Some(lock), Some(allocation)) = (lock, allocation) else {
             return Err(super::AllocateError::NoLock { node: node.into() }.into());
         };
-        if !grant.mig.is_empty() {
-            grant = self.create_mig(grant, &allocation).await?;
-        }
         if !grant.mismatched.is_empty() {
             tracing::warn!(pod = %grant.allocation, chosen = ?grant.mismatched, "the kubelet chose other GPUs than preferred; the allocation's GPUs are used");
         }
-        std::fs::create_dir_all(&grant.region_dir).map_err(Error::io(format!(
-            "creating the region directory {}",
-            grant.region_dir.display()
-        )))?;
+        if grant.mig.is_empty() {
+            std::fs::create_dir_all(&grant.region_dir).map_err(Error::io(format!(
+                "creating the region directory {}",
+                grant.region_dir.display()
+            )))?;
+        } else {
+            // MIG containers get no interposer, so no region directory.
+            grant = self.create_mig(grant, &allocation).await?;
+        }
         tracing::info!(
             namespace = %grant.namespace,
             pod = %grant.allocation,
