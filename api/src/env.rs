@@ -27,14 +27,23 @@ pub const CUDA_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 pub const CUDA_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 /// Comma list of the GPU UUIDs visible to the container.
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// MPS: the directory of the control daemon's pipes (the client finds the
+/// GPU's MPS server there).
+pub const CUDA_MPS_PIPE_DIRECTORY: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// MPS: the control daemon's log directory.
+pub const CUDA_MPS_LOG_DIRECTORY: &str = "CUDA_MPS_LOG_DIRECTORY";
+/// MPS: percent of the GPU's SMs the client's contexts may use.
+pub const CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+/// MPS: device memory the client may pin, per device: `0=8000M`.
+pub const CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 
 /// Whether the node agent sets `name` to enforce a container's slice: the
 /// limits, the shared region, the policy and priority, the enforcement
-/// switch and the visible devices. A pod that sets one of these itself would
+/// switch, the visible devices and the MPS client's settings. A pod that sets one of these itself would
 /// override the agent's value (the kubelet puts the container's own `env`
 /// after the device plugin's), so the webhook refuses it.
 pub fn is_enforcement_var(name: &str) -> bool {
-    const EXACT: [&str; 8] = [
+    const EXACT: [&str; 12] = [
         CUDA_DEVICE_MEMORY_LIMIT,
         CUDA_DEVICE_SM_LIMIT,
         CUDA_DEVICE_MEMORY_SHARED_CACHE,
@@ -43,6 +52,10 @@ pub fn is_enforcement_var(name: &str) -> bool {
         CUDA_TASK_PRIORITY,
         CUDA_OVERSUBSCRIBE,
         NVIDIA_VISIBLE_DEVICES,
+        CUDA_MPS_PIPE_DIRECTORY,
+        CUDA_MPS_LOG_DIRECTORY,
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
+        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
     ];
     EXACT.contains(&name)
         || [CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT]
@@ -276,6 +289,9 @@ mod tests {
             "CUDA_TASK_PRIORITY",
             "CUDA_OVERSUBSCRIBE",
             "NVIDIA_VISIBLE_DEVICES",
+            "CUDA_MPS_PIPE_DIRECTORY",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
         ] {
             assert!(is_enforcement_var(name), "{name}");
         }
@@ -284,6 +300,7 @@ mod tests {
             "CUDA_VISIBLE_DEVICES",
             "CUDA_DEVICE_MEMORY_LIMIT_",
             "CUDA_DEVICE_MEMORY_LIMITS",
+            "CUDA_MPS_PIPE_DIRECTORY_0",
             "cuda_device_memory_limit",
             "PATH",
         ] {

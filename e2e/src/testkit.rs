@@ -1,9 +1,13 @@
 //! What the real-node tests share: pod manifests, reading a probe's output,
 //! pod phases and `/metrics` samples.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::{Api, Client, api::ListParams};
 use serde_json::{Value, json};
 
 use crate::images;
@@ -37,6 +41,37 @@ pub fn gpu_pod(name: &str, mem_mib: u64, cores: Option<u32>, script: &str) -> Va
             }],
         },
     })
+}
+
+/// Polls `check` every 300 ms until it gives a value; panics naming `what`
+/// after `limit`.
+pub async fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The message of the scheduler's first `FailedScheduling` event for the
+/// pod `name` in `namespace`, once there is one.
+pub async fn scheduling_failure(client: &Client, namespace: &str, name: &str) -> Option<String> {
+    let events = Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .ok()?;
+    events
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .and_then(|e| e.message)
 }
 
 /// The pod's phase, `""` before it has one.

@@ -15,17 +15,17 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, PostParams},
 };
 use serde_json::json;
 use tessera_api::{
     mig,
     v1alpha1::{GpuNode, MigInstance, VgpuAllocation},
 };
-use tessera_e2e::testkit::{phase, skip_real_nodes};
+use tessera_e2e::testkit::{self, phase, skip_real_nodes};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -37,15 +37,8 @@ use tessera_e2e::{
 const WAIT: Duration = Duration::from_secs(120);
 const NODE: &str = "mig-node";
 
-async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+async fn wait_for<T>(what: &str, check: impl AsyncFnMut() -> Option<T>) -> T {
+    testkit::wait_for(what, WAIT, check).await
 }
 
 /// HAMi's dynamic_mig_example.yaml, with the test image and a command that
@@ -214,15 +207,7 @@ async fn dynamic_mig_pods_get_instances_that_never_overlap_and_go_with_the_pod()
     .await
     .unwrap();
     let reason = wait_for("huge's FailedScheduling event", async || {
-        let events = Api::<Event>::namespaced(client.clone(), "default")
-            .list(&ListParams::default().fields("involvedObject.name=huge"))
-            .await
-            .ok()?;
-        events
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("FailedScheduling"))
-            .and_then(|e| e.message)
+        testkit::scheduling_failure(&client, "default", "huge").await
     })
     .await;
     assert!(

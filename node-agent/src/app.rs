@@ -10,6 +10,7 @@ use crate::{
     backend::{self, Backend, FakeBackend, NvmlBackend},
     install, inventory,
     lease::{self, LeaseSite},
+    mps::{FakeControl, MpsControl, MpsManager, NvidiaControl},
     plugin::{
         self, CONTAINER_LIBRARY, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_CDI_KIND, DeviceList,
         DeviceListStrategy, Endpoint, HostPaths, PluginState, Service, parse_cdi_annotation_prefix,
@@ -144,6 +145,15 @@ pub struct Args {
     /// seconds; keep it under the pod's termination grace period.
     #[arg(long, env = "TESSERA_DRAIN_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
     pub drain_seconds: u64,
+    /// NVIDIA's MPS control program, which the agent runs once per GPU in
+    /// `operatingMode: mps` (with `--backend fake`, a fake daemon in the
+    /// agent stands in for it).
+    #[arg(
+        long,
+        env = "TESSERA_MPS_CONTROL",
+        default_value = "nvidia-cuda-mps-control"
+    )]
+    pub mps_control: PathBuf,
 }
 
 impl Args {
@@ -334,7 +344,13 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     };
     let mig = Arc::new(crate::mig::MigManager::new(backend));
     crate::mig::spawn_cleaner(mig.clone(), offers.clone(), view.clone());
-    let service = Service::new(view, offers, paths, args.device_list(), mig);
+    let mps_control: Arc<dyn MpsControl> = match args.backend {
+        BackendKind::Nvml => Arc::new(NvidiaControl::new(&args.mps_control)),
+        BackendKind::Fake => Arc::new(FakeControl),
+    };
+    let mps = Arc::new(MpsManager::new(mps_control, args.state_dir.join("mps")));
+    crate::mps::spawn_keeper(mps.clone(), offers.clone());
+    let service = Service::new(view, offers, paths, args.device_list(), mig, mps);
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.
     let plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));

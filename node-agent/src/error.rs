@@ -18,6 +18,9 @@ pub enum Error {
     /// Creating, listing or destroying a MIG instance failed.
     #[error("MIG: {0}")]
     Mig(String),
+    /// Starting or commanding an MPS control daemon failed.
+    #[error("MPS: {0}")]
+    Mps(String),
     /// `--kubeconfig` cannot be read or used.
     #[error("kubeconfig {}: {source}", .path.display())]
     Kubeconfig {

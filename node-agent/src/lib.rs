@@ -5,6 +5,7 @@
 //! - [`inventory`]: what the node offers, kept current.
 //! - [`install`]: the interposer copied from the image onto the host.
 //! - [`mig`]: dynamic MIG instances created at Allocate, destroyed at release.
+//! - [`mps`]: one MPS control daemon per GPU in MPS mode.
 //! - [`monitor`]: Prometheus metrics per GPU and per container.
 //! - [`publish`]: the node's GpuNode.
 //! - [`lease`]: the agent's liveness Lease.
@@ -20,6 +21,7 @@ pub mod inventory;
 pub mod lease;
 pub mod mig;
 pub mod monitor;
+pub mod mps;
 pub mod plugin;
 pub mod publish;
 pub mod settings;

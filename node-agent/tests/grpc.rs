@@ -57,6 +57,10 @@ async fn run_plugin(
             paths,
             Default::default(),
             Arc::new(tessera_node_agent::mig::MigManager::new(backend)),
+            Arc::new(tessera_node_agent::mps::MpsManager::new(
+                Arc::new(tessera_node_agent::mps::FakeControl),
+                dir.join("mps"),
+            )),
         ),
         state,
     ));

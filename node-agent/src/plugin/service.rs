@@ -6,7 +6,8 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::api::{Api, DeleteParams, Preconditions};
 use tessera_api::v1alpha1::{
-    AllocationPhase, MigLayout, NodeLock, ServedMigInstance, VgpuAllocation, VgpuAllocationStatus,
+    AllocationPhase, MigLayout, NodeLock, OperatingMode, ServedMigInstance, VgpuAllocation,
+    VgpuAllocationStatus,
 };
 use tessera_deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
@@ -19,7 +20,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::{DeviceList, Grant, HostPaths, device_list, grant, preferred};
-use crate::{Error, inventory::Offer, mig::MigManager, view::NodeView};
+use crate::{Error, inventory::Offer, mig::MigManager, mps::MpsManager, view::NodeView};
 
 /// What the service needs.
 #[derive(Clone)]
@@ -30,6 +31,8 @@ pub struct Service {
     list: DeviceList,
     /// Creates the dynamic MIG instances Allocate hands out.
     mig: Arc<MigManager>,
+    /// The MPS control daemons of the GPUs in MPS mode.
+    mps: Arc<MpsManager>,
     /// Allocate calls are served one at a time.
     serving: Arc<Mutex<()>>,
     /// Containers this agent recorded as served, by pod UID: the allocation
@@ -57,6 +60,7 @@ impl Service {
         paths: HostPaths,
         list: DeviceList,
         mig: Arc<MigManager>,
+        mps: Arc<MpsManager>,
     ) -> Self {
         Self {
             view,
@@ -64,6 +68,7 @@ impl Service {
             paths,
             list,
             mig,
+            mps,
             serving: Arc::default(),
             recorded: Arc::default(),
         }
@@ -102,14 +107,16 @@ impl Service {
         if !grant.mismatched.is_empty() {
             tracing::warn!(pod = %grant.allocation, chosen = ?grant.mismatched, "the kubelet chose other GPUs than preferred; the allocation's GPUs are used");
         }
-        if grant.mig.is_empty() {
+        // MIG and MPS containers get no interposer, so no region directory.
+        if !grant.mig.is_empty() {
+            grant = self.create_mig(grant, &allocation).await?;
+        } else if self.on_mps(&grant) {
+            grant = self.with_mps(grant, &allocation).await?;
+        } else {
             std::fs::create_dir_all(&grant.region_dir).map_err(Error::io(format!(
                 "creating the region directory {}",
                 grant.region_dir.display()
             )))?;
-        } else {
-            // MIG containers get no interposer, so no region directory.
-            grant = self.create_mig(grant, &allocation).await?;
         }
         tracing::info!(
             namespace = %grant.namespace,
@@ -157,6 +164,44 @@ impl Service {
         .await
         .map_err(|e| Error::Mig(format!("the MIG task stopped: {e}")))??;
         Ok(grant.with_mig_devices(uuids, &self.list, &allocation.spec.pod_uid))
+    }
+
+    /// Whether the container's GPUs are offered in MPS mode.
+    fn on_mps(&self, grant: &Grant) -> bool {
+        let offer = self.offers.borrow();
+        grant.devices.iter().any(|uuid| {
+            offer
+                .devices
+                .iter()
+                .any(|d| d.uuid == *uuid && d.mode == OperatingMode::Mps)
+        })
+    }
+
+    /// Hands the container its GPU's MPS daemon (started if it is not
+    /// running) and its share of the GPU as MPS client settings.
+    async fn with_mps(&self, grant: Grant, allocation: &VgpuAllocation) -> Result<Grant, Error> {
+        let slices = allocation
+            .spec
+            .containers
+            .iter()
+            .find(|c| c.name == grant.container)
+            .map(|c| c.devices.as_slice())
+            .unwrap_or_default();
+        let [slice] = slices else {
+            return Err(Error::Mps(format!(
+                "pod {}/{} container {}: an MPS container has one GPU (one daemon each), this one has {}",
+                grant.namespace,
+                grant.allocation,
+                grant.container,
+                slices.len()
+            )));
+        };
+        let (uuid, memory, cores) = (slice.uuid.clone(), slice.memory_mib, slice.cores);
+        let manager = self.mps.clone();
+        let daemon = tokio::task::spawn_blocking(move || manager.ensure(&uuid))
+            .await
+            .map_err(|e| Error::Mps(format!("the MPS task stopped: {e}")))??;
+        Ok(grant.with_mps(&daemon, memory, cores))
     }
 
     /// Adds the containers this agent recorded to the allocation's served list.

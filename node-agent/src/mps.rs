@@ -1,0 +1,256 @@
+//! MPS on the node: one MPS control daemon per GPU the node offers in
+//! `operatingMode: mps`, and what Allocate gives an MPS container.
+//!
+//! Each GPU's daemon has its own pipe and log directories under the agent's
+//! state directory (`mps/<uuid>/pipe`, `mps/<uuid>/log`); a container on the
+//! GPU gets both, mounted read-only (a client connects to the daemon's
+//! sockets, which a read-only mount allows, and needs to create nothing),
+//! so no tenant can plant a file where the daemon, which runs as root,
+//! writes. The container's share is the client's own settings:
+//! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from `gpucores` and
+//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` from the memory slice, which the MPS
+//! server enforces; the interposer stays out (see docs/modes.md).
+//!
+//! [`MpsControl`] is how the agent drives a daemon: NVIDIA's
+//! `nvidia-cuda-mps-control` ([`NvidiaControl`]) or, with the fake backend,
+//! [`FakeControl`], a daemon in the agent that answers the same control
+//! commands on a socket in the pipe directory.
+
+mod control;
+mod fake;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tessera_api::{
+    env,
+    v1alpha1::{DeviceHealth, OperatingMode},
+};
+
+pub use control::NvidiaControl;
+pub use fake::FakeControl;
+
+use crate::{
+    Error,
+    inventory::Offer,
+    plugin::{Grant, MountSpec},
+};
+
+/// The pipe directory in an MPS container (MPS's default).
+pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
+/// The log directory in an MPS container (MPS's default).
+pub const CONTAINER_LOG_DIR: &str = "/var/log/nvidia-mps";
+
+/// How often the daemons are checked (and started where missing).
+pub const PASS: Duration = Duration::from_secs(2);
+
+/// One GPU's daemon: the GPU and its directories on the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MpsDaemon {
+    /// The GPU (`CUDA_VISIBLE_DEVICES` of the daemon).
+    pub uuid: String,
+    /// `CUDA_MPS_PIPE_DIRECTORY` on the host.
+    pub pipe_dir: PathBuf,
+    /// `CUDA_MPS_LOG_DIRECTORY` on the host.
+    pub log_dir: PathBuf,
+}
+
+/// Starts and commands MPS control daemons.
+pub trait MpsControl: Send + Sync {
+    /// Starts the daemon in the background (`nvidia-cuda-mps-control -d`);
+    /// its directories exist.
+    fn start(&self, daemon: &MpsDaemon) -> Result<(), Error>;
+    /// Sends one control command (`get_server_list`, `quit`, ...) and
+    /// returns the daemon's answer.
+    fn command(&self, daemon: &MpsDaemon, command: &str) -> Result<String, Error>;
+}
+
+/// Keeps one daemon running per GPU in MPS mode.
+pub struct MpsManager {
+    control: Arc<dyn MpsControl>,
+    root: PathBuf,
+    /// The GPUs whose daemon this agent started or found.
+    running: Mutex<BTreeSet<String>>,
+}
+
+impl MpsManager {
+    /// A manager whose daemons' directories live under `root`.
+    pub fn new(control: Arc<dyn MpsControl>, root: impl Into<PathBuf>) -> Self {
+        Self {
+            control,
+            root: root.into(),
+            running: Mutex::default(),
+        }
+    }
+
+    /// The daemon of GPU `uuid`. The UUID names a directory, so one that is
+    /// not a single path component is refused.
+    pub fn daemon(&self, uuid: &str) -> Result<MpsDaemon, Error> {
+        if uuid.is_empty() || uuid.contains(['/', '\0']) || uuid == "." || uuid == ".." {
+            return Err(Error::Mps(format!(
+                "GPU UUID {uuid:?} cannot name a directory under {}",
+                self.root.display()
+            )));
+        }
+        let dir = self.root.join(uuid);
+        Ok(MpsDaemon {
+            uuid: uuid.to_owned(),
+            pipe_dir: dir.join("pipe"),
+            log_dir: dir.join("log"),
+        })
+    }
+
+    /// The GPU's daemon, started unless it answers already.
+    pub fn ensure(&self, uuid: &str) -> Result<MpsDaemon, Error> {
+        let daemon = self.daemon(uuid)?;
+        if self.control.command(&daemon, "get_server_list").is_err() {
+            for dir in [&daemon.pipe_dir, &daemon.log_dir] {
+                create_private_dir(dir)?;
+            }
+            self.control.start(&daemon)?;
+            wait_until_answers(self.control.as_ref(), &daemon)?;
+            tracing::info!(gpu = %uuid, pipe = %daemon.pipe_dir.display(), "MPS control daemon started");
+        }
+        self.lock().insert(uuid.to_owned());
+        Ok(daemon)
+    }
+
+    /// One pass: a daemon for every healthy GPU the node offers in MPS
+    /// mode; `quit` for the daemons of GPUs no longer offered so. Returns
+    /// the GPUs whose daemon failed, with why.
+    pub fn reconcile(&self, offer: &Offer) -> BTreeMap<String, String> {
+        let wanted: BTreeSet<String> = offer
+            .devices
+            .iter()
+            .filter(|d| d.mode == OperatingMode::Mps && d.health == DeviceHealth::Healthy)
+            .map(|d| d.uuid.clone())
+            .collect();
+        let mut failed = BTreeMap::new();
+        for uuid in &wanted {
+            if let Err(error) = self.ensure(uuid) {
+                failed.insert(uuid.clone(), error.to_string());
+            }
+        }
+        let gone: Vec<String> = self.lock().difference(&wanted).cloned().collect();
+        for uuid in gone {
+            let stopped = self
+                .daemon(&uuid)
+                .and_then(|d| self.control.command(&d, "quit"));
+            match stopped {
+                Ok(_) => {
+                    tracing::info!(gpu = %uuid, "MPS control daemon stopped: the GPU left MPS mode");
+                    self.lock().remove(&uuid);
+                }
+                Err(error) => {
+                    failed.insert(uuid, error.to_string());
+                }
+            }
+        }
+        failed
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Creates `dir` (and its parents) and makes it root's alone, 0755: the
+/// daemon's directories are shared with containers read-only.
+fn create_private_dir(dir: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    let meta =
+        std::fs::symlink_metadata(dir).map_err(Error::io(format!("reading {}", dir.display())))?;
+    if !meta.is_dir() {
+        return Err(Error::Mps(format!(
+            "{} is not a directory (a symlink?)",
+            dir.display()
+        )));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(Error::io(format!("setting the mode of {}", dir.display())))
+}
+
+/// A started daemon takes a moment to open its pipes.
+fn wait_until_answers(control: &dyn MpsControl, daemon: &MpsDaemon) -> Result<(), Error> {
+    let mut last = None;
+    for _ in 0..50 {
+        match control.command(daemon, "get_server_list") {
+            Ok(_) => return Ok(()),
+            Err(error) => last = Some(error),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(Error::Mps(format!(
+        "the MPS control daemon of {} does not answer 5 s after starting: {}",
+        daemon.uuid,
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )))
+}
+
+/// Checks the daemons every [`PASS`], so a GPU put in MPS mode has its
+/// daemon before the first pod arrives and a daemon that died is restarted.
+pub fn spawn_keeper(manager: Arc<MpsManager>, offers: tokio::sync::watch::Receiver<Offer>) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(PASS);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let offer = offers.borrow().clone();
+            let manager = manager.clone();
+            if let Ok(failed) = tokio::task::spawn_blocking(move || manager.reconcile(&offer)).await
+            {
+                for (gpu, error) in failed {
+                    tracing::warn!(%gpu, %error, "MPS control daemon");
+                }
+            }
+        }
+    });
+}
+
+impl Grant {
+    /// The grant for a container on an MPS GPU: the GPU, the daemon's
+    /// directories read-only, and the client's share of the GPU
+    /// (`memory_mib` pinned, `cores` percent of the SMs; 0 or 100: all);
+    /// no interposer, no region directory.
+    pub fn with_mps(mut self, daemon: &MpsDaemon, memory_mib: u64, cores: u32) -> Self {
+        let visible = env::NVIDIA_VISIBLE_DEVICES;
+        let keep: Vec<(String, String)> = self
+            .envs
+            .iter()
+            .filter(|(k, _)| k.as_str() == visible)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        self.envs = keep.into_iter().collect();
+        let mut set = |name: &str, value: String| self.envs.insert(name.to_owned(), value);
+        set(env::CUDA_MPS_PIPE_DIRECTORY, CONTAINER_PIPE_DIR.to_owned());
+        set(env::CUDA_MPS_LOG_DIRECTORY, CONTAINER_LOG_DIR.to_owned());
+        set(
+            env::CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
+            format!("0={memory_mib}M"),
+        );
+        if (1..100).contains(&cores) {
+            set(env::CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, cores.to_string());
+        }
+        self.mounts = vec![
+            MountSpec {
+                container_path: CONTAINER_PIPE_DIR.to_owned(),
+                host_path: daemon.pipe_dir.clone(),
+                read_only: true,
+            },
+            MountSpec {
+                container_path: CONTAINER_LOG_DIR.to_owned(),
+                host_path: daemon.log_dir.clone(),
+                read_only: true,
+            },
+        ];
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;

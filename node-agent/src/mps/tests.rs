@@ -1,0 +1,273 @@
+use std::{
+    os::unix::fs::{FileTypeExt, PermissionsExt},
+    sync::Arc,
+};
+
+use tessera_api::v1alpha1::{DeviceCapacity, GpuDevice, OperatingMode};
+
+use super::*;
+use crate::plugin::{DeviceList, Grant};
+
+fn device(uuid: &str, mode: OperatingMode) -> GpuDevice {
+    GpuDevice {
+        uuid: uuid.into(),
+        index: 0,
+        model: "NVIDIA H100 80GB HBM3".into(),
+        memory_mib: 81559,
+        capacity: DeviceCapacity {
+            memory_mib: 81559,
+            cores: 100,
+        },
+        split_count: 10,
+        numa_node: None,
+        nvlink_peers: Vec::new(),
+        health: DeviceHealth::Healthy,
+        health_message: None,
+        mode,
+        mig_instances: Vec::new(),
+        mig: None,
+    }
+}
+
+fn offer(devices: Vec<GpuDevice>) -> Offer {
+    Offer {
+        resolved: tessera_api::node_config::resolve(
+            "n1",
+            &Default::default(),
+            &Default::default(),
+            &[],
+        ),
+        devices,
+    }
+}
+
+#[test]
+fn the_fake_daemon_answers_the_control_commands_through_its_pipe_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = MpsManager::new(Arc::new(FakeControl), dir.path());
+    let daemon = manager.ensure("GPU-mps-0").unwrap();
+    let socket = daemon.pipe_dir.join(fake::SOCKET);
+    assert!(
+        std::fs::symlink_metadata(&socket)
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+    let mode = std::fs::metadata(&daemon.pipe_dir)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o755,
+        "tenants may not write the pipe directory"
+    );
+    let control = FakeControl;
+    let ask = |line: &str| control.command(&daemon, line).unwrap();
+    assert_eq!(ask("get_server_list"), "");
+    assert_eq!(ask("get_default_active_thread_percentage"), "100.0\n");
+    assert_eq!(ask("set_default_active_thread_percentage 30"), "30.0\n");
+    assert_eq!(ask("get_default_active_thread_percentage"), "30.0\n");
+    assert!(ask("set_default_active_thread_percentage 130").starts_with("Invalid"));
+    assert_eq!(ask("start_server -uid 1000"), "");
+    assert_eq!(ask("start_server -uid 1000"), "", "one server per user");
+    assert_eq!(ask("get_server_list").lines().count(), 1);
+    assert_eq!(ask("set_default_device_pinned_mem_limit 0 8000M"), "");
+    assert_eq!(ask("get_default_device_pinned_mem_limit 0"), "8000M\n");
+    assert!(ask("rm -rf /").starts_with("Unrecognized command"));
+    // Ensuring again finds it running: no second daemon.
+    manager.ensure("GPU-mps-0").unwrap();
+    assert_eq!(ask("get_server_list").lines().count(), 1);
+    let log = std::fs::read_to_string(daemon.log_dir.join(fake::LOG)).unwrap();
+    assert_eq!(log.matches("Control daemon started").count(), 1, "{log}");
+    assert!(log.contains("Starting new server"), "{log}");
+    ask("quit");
+    assert!(control.command(&daemon, "get_server_list").is_err());
+    assert!(!socket.exists());
+}
+
+#[test]
+fn a_silent_client_does_not_stall_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = MpsManager::new(Arc::new(FakeControl), dir.path());
+    let daemon = manager.ensure("GPU-mps-0").unwrap();
+    // A tenant connects and sends nothing, keeping the connection open.
+    let _silent =
+        std::os::unix::net::UnixStream::connect(daemon.pipe_dir.join(fake::SOCKET)).unwrap();
+    let answer = FakeControl.command(&daemon, "get_default_active_thread_percentage");
+    assert_eq!(answer.unwrap(), "100.0\n");
+}
+
+#[test]
+fn daemons_follow_the_gpus_in_mps_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = MpsManager::new(Arc::new(FakeControl), dir.path());
+    let mut unhealthy = device("GPU-c", OperatingMode::Mps);
+    unhealthy.health = DeviceHealth::Unhealthy;
+    let offer_a = offer(vec![
+        device("GPU-a", OperatingMode::Mps),
+        device("GPU-b", OperatingMode::HamiCore),
+        unhealthy,
+    ]);
+    assert!(manager.reconcile(&offer_a).is_empty());
+    let answers = |uuid: &str| {
+        FakeControl
+            .command(&manager.daemon(uuid).unwrap(), "get_server_list")
+            .is_ok()
+    };
+    assert!(answers("GPU-a"));
+    assert!(!answers("GPU-b"), "hami-core GPUs get no daemon");
+    assert!(!answers("GPU-c"), "unhealthy GPUs get no daemon");
+    // A daemon that died is started again on the next pass.
+    FakeControl
+        .command(&manager.daemon("GPU-a").unwrap(), "quit")
+        .unwrap();
+    assert!(!answers("GPU-a"));
+    assert!(manager.reconcile(&offer_a).is_empty());
+    assert!(answers("GPU-a"));
+    // GPU-a leaves MPS mode: its daemon quits.
+    let offer_b = offer(vec![device("GPU-a", OperatingMode::HamiCore)]);
+    assert!(manager.reconcile(&offer_b).is_empty());
+    assert!(!answers("GPU-a"));
+}
+
+#[test]
+fn uuids_that_are_not_one_directory_name_are_refused() {
+    let manager = MpsManager::new(Arc::new(FakeControl), "/var/lib/tessera/mps");
+    for uuid in ["", ".", "..", "../etc", "GPU/x", "a\0b"] {
+        let error = manager.daemon(uuid).unwrap_err().to_string();
+        assert!(
+            error.contains("cannot name a directory"),
+            "{uuid:?}: {error}"
+        );
+    }
+}
+
+#[test]
+fn a_symlinked_daemon_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mps");
+    std::fs::create_dir_all(root.join("GPU-a")).unwrap();
+    std::os::unix::fs::symlink(dir.path(), root.join("GPU-a/pipe")).unwrap();
+    let manager = MpsManager::new(Arc::new(FakeControl), &root);
+    let error = manager.ensure("GPU-a").unwrap_err().to_string();
+    assert!(error.contains("not a directory"), "{error}");
+}
+
+/// NVIDIA's control program, played by a shell script that keeps its state
+/// in the pipe directory: the agent's side of the real daemon is the same
+/// code whichever program answers.
+#[test]
+fn nvidia_control_runs_the_program_with_the_daemons_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("nvidia-cuda-mps-control");
+    std::fs::write(
+        &program,
+        r#"#!/bin/sh
+if [ "$1" = "-d" ]; then
+  echo "$CUDA_VISIBLE_DEVICES $CUDA_MPS_LOG_DIRECTORY" > "$CUDA_MPS_PIPE_DIRECTORY/started"
+  exit 0
+fi
+[ -f "$CUDA_MPS_PIPE_DIRECTORY/started" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
+read -r line
+case "$line" in
+  get_server_list) exit 0 ;;
+  quit) rm "$CUDA_MPS_PIPE_DIRECTORY/started" ;;
+  *) echo "answer to $line" ;;
+esac
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A test forking in parallel may hold the script open for writing for
+    // an instant (ETXTBSY): wait until it can be run.
+    while std::process::Command::new(&program)
+        .arg("probe")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::ExecutableFileBusy)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let manager = MpsManager::new(
+        Arc::new(NvidiaControl::new(&program)),
+        dir.path().join("mps"),
+    );
+    let daemon = manager.ensure("GPU-h100-0").unwrap();
+    let started = std::fs::read_to_string(daemon.pipe_dir.join("started")).unwrap();
+    assert_eq!(
+        started.trim(),
+        format!("GPU-h100-0 {}", daemon.log_dir.display())
+    );
+    let control = NvidiaControl::new(&program);
+    assert_eq!(
+        control
+            .command(&daemon, "get_default_active_thread_percentage")
+            .unwrap(),
+        "answer to get_default_active_thread_percentage\n"
+    );
+    assert!(manager.reconcile(&offer(Vec::new())).is_empty());
+    let error = control
+        .command(&daemon, "get_server_list")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("Cannot find MPS control daemon"), "{error}");
+    let missing = NvidiaControl::new(dir.path().join("absent"));
+    let error = missing.start(&daemon).unwrap_err().to_string();
+    assert!(
+        error.contains("absent") && error.contains("GPU-h100-0"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
+    let daemon = MpsDaemon {
+        uuid: "GPU-a".into(),
+        pipe_dir: "/var/lib/tessera/mps/GPU-a/pipe".into(),
+        log_dir: "/var/lib/tessera/mps/GPU-a/log".into(),
+    };
+    let list = DeviceList::default();
+    let mut grant = Grant {
+        namespace: "ml".into(),
+        allocation: "train".into(),
+        container: "main".into(),
+        devices: vec!["GPU-a".into()],
+        envs: list.list(&["GPU-a"], "uid").envs,
+        annotations: Default::default(),
+        cdi_devices: Vec::new(),
+        mounts: Vec::new(),
+        region_dir: "/var/lib/tessera/containers/uid_main".into(),
+        last: true,
+        mismatched: Vec::new(),
+        mig: Vec::new(),
+    };
+    grant
+        .envs
+        .insert("CUDA_DEVICE_SM_LIMIT".into(), "30".into());
+    let grant = grant.with_mps(&daemon, 8000, 30);
+    let envs: Vec<(&str, &str)> = grant
+        .envs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        envs,
+        [
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30"),
+            ("CUDA_MPS_LOG_DIRECTORY", CONTAINER_LOG_DIR),
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=8000M"),
+            ("CUDA_MPS_PIPE_DIRECTORY", CONTAINER_PIPE_DIR),
+            ("NVIDIA_VISIBLE_DEVICES", "GPU-a"),
+        ]
+    );
+    assert_eq!(grant.mounts.len(), 2);
+    assert!(grant.mounts.iter().all(|m| m.read_only));
+    assert_eq!(grant.mounts[0].host_path, daemon.pipe_dir);
+    // All of the GPU's SMs: no thread percentage.
+    let whole = Grant { ..grant.clone() }.with_mps(&daemon, 81559, 100);
+    assert!(!whole.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+    let none = grant.with_mps(&daemon, 81559, 0);
+    assert!(!none.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+}
