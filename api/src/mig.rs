@@ -63,6 +63,19 @@ const A100_80GB: &[Row] = &[
     ("7g.80gb", 0, 7, 8, 80896, 1, &[0], false),
 ];
 
+/// A100-SXM4-40GB and A100-PCIE-40GB: the same profile IDs and placements
+/// as the 80GB board, half the memory per slice (the sizes of the MIG user
+/// guide's `nvidia-smi mig -lgip` example on this board).
+const A100_40GB: &[Row] = &[
+    ("1g.5gb", 19, 1, 1, 4864, 7, &[0, 1, 2, 3, 4, 5, 6], false),
+    ("1g.5gb+me", 20, 1, 1, 4864, 1, &[0, 1, 2, 3, 4, 5, 6], true),
+    ("1g.10gb", 15, 1, 2, 9856, 4, &[0, 2, 4, 6], false),
+    ("2g.10gb", 14, 2, 2, 9856, 3, &[0, 2, 4], false),
+    ("3g.20gb", 9, 3, 4, 19968, 2, &[0, 4], false),
+    ("4g.20gb", 5, 4, 4, 19968, 1, &[0], false),
+    ("7g.40gb", 0, 7, 8, 40192, 1, &[0], false),
+];
+
 /// H100 80GB (SXM5 HBM3 and PCIe).
 const H100_80GB: &[Row] = &[
     ("1g.10gb", 19, 1, 1, 9984, 7, &[0, 1, 2, 3, 4, 5, 6], false),
@@ -83,6 +96,14 @@ const H100_80GB: &[Row] = &[
     ("7g.80gb", 0, 7, 8, 81152, 1, &[0], false),
 ];
 
+/// The extended resource a MIG profile's instances are offered as under
+/// `migStrategy: mixed`, NVIDIA's device plugin's name: `nvidia.com/mig-`
+/// and the profile, `+` (media extensions) written `.` as resource names
+/// allow (`1g.10gb+me` → `nvidia.com/mig-1g.10gb.me`).
+pub fn resource_name(profile: &str) -> String {
+    format!("nvidia.com/mig-{}", profile.replace('+', "."))
+}
+
 /// The MIG layout of a GPU model, matched on the model name NVML reports
 /// (`NVIDIA A100-SXM4-80GB`, `NVIDIA H100 80GB HBM3`); `None` for a model
 /// Tessera has no table for. The memory sizes are NVML's `memorySizeMB` as
@@ -92,6 +113,8 @@ pub fn layout_for_model(model: &str) -> Option<MigLayout> {
     let model = model.to_ascii_uppercase();
     let rows = if model.contains("A100") && model.contains("80GB") {
         A100_80GB
+    } else if model.contains("A100") && model.contains("40GB") {
+        A100_40GB
     } else if model.contains("H100") && model.contains("80GB") {
         H100_80GB
     } else {
@@ -251,6 +274,8 @@ mod tests {
         for model in [
             "NVIDIA A100-SXM4-80GB",
             "NVIDIA A100 80GB PCIe",
+            "NVIDIA A100-SXM4-40GB",
+            "NVIDIA A100-PCIE-40GB",
             "NVIDIA H100 80GB HBM3",
         ] {
             let layout = layout_for_model(model).unwrap();
@@ -258,7 +283,14 @@ mod tests {
             assert_eq!(layout.profiles.len(), 7, "{model}");
         }
         assert_eq!(layout_for_model("Tesla T4"), None);
-        assert_eq!(layout_for_model("NVIDIA A100-SXM4-40GB"), None);
+        let small = layout_for_model("NVIDIA A100-SXM4-40GB").unwrap();
+        assert_eq!(profile(&small, "3g.20gb").memory_mib, 19968);
+        assert_eq!(
+            profile(&small, "3g.20gb").placements,
+            profile(&a100(), "3g.40gb").placements
+        );
+        assert_eq!(resource_name("3g.20gb"), "nvidia.com/mig-3g.20gb");
+        assert_eq!(resource_name("1g.10gb+me"), "nvidia.com/mig-1g.10gb.me");
         assert_eq!(layout_for_model("NVIDIA H200"), None);
     }
 

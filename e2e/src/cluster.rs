@@ -28,7 +28,7 @@ pub const RELEASE: &str = "tessera";
 const INSTALL_TIMEOUT: &str = "180s";
 
 /// One node to start: its name and fake GPUs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NodeGpus {
     /// The Node's name.
     pub name: String,
@@ -36,6 +36,9 @@ pub struct NodeGpus {
     pub gpus: Vec<FakeGpu>,
     /// UUIDs of its fake GPUs in MIG mode (the chart's `agent.fakeMig`).
     pub mig: Vec<String>,
+    /// MIG instances the operator made, by GPU UUID: profile names (the
+    /// fake file's `mig.geometry`, for static MIG).
+    pub mig_geometry: BTreeMap<String, Vec<String>>,
 }
 
 /// What runs: the real nodes, kube-proxy and the control plane (dropped in
@@ -229,7 +232,7 @@ pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
         .map(|n| {
             (
                 n.name.clone(),
-                json!({"enabled": n.mig, "createLatencyMs": 200}),
+                json!({"enabled": n.mig, "createLatencyMs": 200, "geometry": n.mig_geometry}),
             )
         })
         .collect();

@@ -17,9 +17,9 @@ use crate::{ControlPlane, Error, free_port};
 /// The scheduler profile GPU pods are sent to (the webhook sets it).
 pub const SCHEDULER_NAME: &str = "tessera-scheduler";
 
-/// The webhook's matchCondition: a container or init container names an
-/// `nvidia.com/` resource in limits or requests (docs/configuration.md).
-pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))))";
+/// The webhook's matchCondition: a container or init container names one of
+/// Tessera's GPU resources in limits or requests (docs/configuration.md).
+pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k in ['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'nvidia.com/priority'])) || (has(c.resources.requests) && c.resources.requests.exists(k, k in ['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'nvidia.com/priority']))))";
 
 /// kube-scheduler's configuration: the default profile for other pods, and
 /// `tessera-scheduler` with only the extender scoring, binding through it.

@@ -72,7 +72,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
     let nodes = [NodeGpus {
         name: NODE.into(),
         gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
-        mig: Vec::new(),
+        ..Default::default()
     }];
     let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
         .await
@@ -279,7 +279,7 @@ async fn pods_admitted_right_after_a_kubelet_restart_run_or_hold_nothing() {
     let nodes = [NodeGpus {
         name: NODE.into(),
         gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
-        mig: Vec::new(),
+        ..Default::default()
     }];
     let mut cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
         .await
@@ -378,7 +378,7 @@ async fn freed_memory_reaches_the_waiting_pod_within_two_seconds_twenty_times() 
     let nodes = [NodeGpus {
         name: NODE.into(),
         gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
-        mig: Vec::new(),
+        ..Default::default()
     }];
     let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
         .await

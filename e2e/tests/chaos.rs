@@ -307,7 +307,7 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         .map(|name| NodeGpus {
             name: (*name).into(),
             gpus: FakeGpu::many(name, 4, "NVIDIA A100-SXM4-80GB", 81920, 2),
-            mig: Vec::new(),
+            ..Default::default()
         })
         .collect();
     let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)

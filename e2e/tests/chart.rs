@@ -138,7 +138,7 @@ fn default_values_render_a_working_install() {
         .as_str()
         .unwrap();
     assert!(
-        condition.contains("k.startsWith('nvidia.com/')"),
+        condition.contains("k in ['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'nvidia.com/priority']"),
         "{condition}"
     );
     assert!(!kinds(&objects).contains("Certificate"));
@@ -231,7 +231,7 @@ fn every_option_reaches_the_objects() {
         .as_str()
         .unwrap();
     assert!(
-        condition.contains("k.startsWith('example.com/')"),
+        condition.contains("'example.com/vgpu-cores'"),
         "{condition}"
     );
     assert!(!condition.contains("nvidia.com/"), "{condition}");

@@ -105,7 +105,7 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
     let nodes = [NodeGpus {
         name: "chart-node".into(),
         gpus: FakeGpu::many("chart-node", 2, "NVIDIA A100-SXM4-80GB", 81920, 1),
-        mig: Vec::new(),
+        ..Default::default()
     }];
     let mut cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
         .await

@@ -11,11 +11,17 @@
 //! 3. a pod no GPU can host stays Pending with the reason naming MIG;
 //! 4. deleting the pods destroys their instances: the GPUs return empty.
 //!
+//! Static MIG (`migStrategy: mixed`) on a node whose A100-40GB carries the
+//! operator's two `3g.20gb` instances: the Node advertises
+//! `nvidia.com/mig-3g.20gb: 2` and no `nvidia.com/gpu`; HAMi's
+//! `examples/nvidia/mig_example.yaml` runs twice, each pod with its own
+//! instance; a third waits for one.
+//!
 //! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client,
     api::{DeleteParams, PostParams},
@@ -105,6 +111,7 @@ async fn dynamic_mig_pods_get_instances_that_never_overlap_and_go_with_the_pod()
         name: NODE.into(),
         mig: gpus.iter().map(|g| g.uuid.clone()).collect(),
         gpus,
+        ..Default::default()
     }];
     // The node pool's default mode is mig (a GpuNodeConfig could say it for
     // some nodes only): GPUs in MIG mode serve nothing in hami-core mode.
@@ -232,4 +239,106 @@ async fn dynamic_mig_pods_get_instances_that_never_overlap_and_go_with_the_pod()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// HAMi's examples/nvidia/mig_example.yaml, with the test image and a
+/// command that prints what the container was given.
+fn mig_example(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "ubuntu-container", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; cat /etc/ld.so.preload 2>/dev/null | sed 's/^/PRELOAD=/'; echo END; sleep 3600"],
+                "resources": {"limits": {"nvidia.com/mig-3g.20gb": 1}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn static_mixed_mig_serves_hamis_mig_example_one_instance_per_pod() {
+    if skip_real_nodes("real-node static MIG test") {
+        return;
+    }
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let gpus = FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-40GB", 40960, 1);
+    let uuid = gpus[0].uuid.clone();
+    let nodes = [NodeGpus {
+        name: NODE.into(),
+        mig: vec![uuid.clone()],
+        mig_geometry: [(uuid, vec!["3g.20gb".to_owned(), "3g.20gb".to_owned()])].into(),
+        gpus,
+    }];
+    let defaults = json!({"nodeDefaults": {"operatingMode": "mig", "migStrategy": "mixed"}});
+    let cluster = LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, defaults)
+        .await
+        .unwrap();
+    let client = cluster.plane.client().await.unwrap();
+    let allocatable = wait_for("the Node to advertise nvidia.com/mig-3g.20gb", async || {
+        let node = Api::<Node>::all(client.clone()).get(NODE).await.ok()?;
+        let allocatable = node.status?.allocatable?;
+        (allocatable.get("nvidia.com/mig-3g.20gb")?.0 == "2").then_some(allocatable)
+    })
+    .await;
+    assert!(
+        allocatable.get("nvidia.com/gpu").is_none_or(|q| q.0 == "0"),
+        "a mixed GPU offers no slice: {allocatable:?}"
+    );
+    let on_gpu: Vec<String> = instances(&client)
+        .await
+        .into_iter()
+        .flat_map(|(_, i)| i)
+        .map(|i| i.uuid)
+        .collect();
+    assert_eq!(on_gpu.len(), 2);
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut seen = Vec::new();
+    for name in ["gpu-pod", "gpu-pod-2"] {
+        pods.create(&PostParams::default(), &mig_example(name))
+            .await
+            .unwrap();
+        let out = wait_for(&format!("{name} to print its devices"), async || {
+            let out = logs(&cluster, name);
+            out.contains("END").then_some(out)
+        })
+        .await;
+        let visible = out
+            .lines()
+            .find_map(|l| l.strip_prefix("VISIBLE="))
+            .unwrap()
+            .to_owned();
+        assert!(
+            on_gpu.contains(&visible),
+            "{visible} is not an instance: {out}"
+        );
+        assert!(!out.contains("PRELOAD="), "no interposer: {out}");
+        seen.push(visible);
+    }
+    assert_ne!(seen[0], seen[1], "each pod has its own instance");
+
+    // Both instances are taken: the default scheduler keeps a third waiting.
+    pods.create(&PostParams::default(), &mig_example("gpu-pod-3"))
+        .await
+        .unwrap();
+    let reason = wait_for("gpu-pod-3's FailedScheduling event", async || {
+        testkit::scheduling_failure(&client, "default", "gpu-pod-3").await
+    })
+    .await;
+    assert!(reason.contains("nvidia.com/mig-3g.20gb"), "{reason}");
+    // One pod goes: the third gets its instance.
+    pods.delete("gpu-pod", &DeleteParams::default())
+        .await
+        .unwrap();
+    let out = wait_for("gpu-pod-3 to run", async || {
+        let out = logs(&cluster, "gpu-pod-3");
+        out.contains("END").then_some(out)
+    })
+    .await;
+    assert!(out.contains(&format!("VISIBLE={}", seen[0])), "{out}");
 }

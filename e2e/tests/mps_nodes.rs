@@ -63,8 +63,8 @@ async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
     let gpus = FakeGpu::many(NODE, 2, "NVIDIA H100 80GB HBM3", 81559, 2);
     let nodes = [NodeGpus {
         name: NODE.into(),
-        mig: Vec::new(),
         gpus,
+        ..Default::default()
     }];
     let defaults = json!({"nodeDefaults": {"operatingMode": "mps"}});
     let cluster = LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, defaults)

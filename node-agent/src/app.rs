@@ -350,6 +350,11 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     };
     let mps = Arc::new(MpsManager::new(mps_control, args.state_dir.join("mps")));
     crate::mps::spawn_keeper(mps.clone(), offers.clone());
+    plugin::static_mig::spawn(
+        args.device_plugin_dir.clone(),
+        offers.clone(),
+        args.device_list(),
+    );
     let service = Service::new(view, offers, paths, args.device_list(), mig, mps);
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.

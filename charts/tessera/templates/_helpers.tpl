@@ -78,18 +78,18 @@ Secret, the webhook configuration and the Deployment's checksum.
 {{- end -}}
 
 {{/*
-A CEL condition on a resource name `k`: it is one of the GPU resources (by the
-prefixes of config.resources, e.g. `k.startsWith('nvidia.com/')`).
+A CEL condition on a resource name `k`: it is one of Tessera's GPU resources
+(config.resources), e.g. `k in ['nvidia.com/gpu', 'nvidia.com/gpumem', ...]`.
+Exact names, not a prefix: other resources of the same vendor (static MIG's
+`nvidia.com/mig-3g.20gb`, another device plugin's) are not Tessera's to admit.
 */}}
 {{- define "tessera.gpuResourceMatch" -}}
-{{- $prefixes := list -}}
+{{- $names := list -}}
 {{- range $key := list "count" "memory" "memoryPercentage" "cores" "priority" -}}
-{{- $prefix := printf "%s/" (index (splitList "/" (index $.Values.config.resources $key)) 0) -}}
-{{- if not (has $prefix $prefixes) }}{{ $prefixes = append $prefixes $prefix }}{{ end -}}
+{{- $name := printf "'%s'" (index $.Values.config.resources $key) -}}
+{{- if not (has $name $names) }}{{ $names = append $names $name }}{{ end -}}
 {{- end -}}
-{{- $startsWith := list -}}
-{{- range $prefixes }}{{ $startsWith = append $startsWith (printf "k.startsWith('%s')" .) }}{{ end -}}
-{{- join " || " $startsWith -}}
+k in [{{ join ", " $names }}]
 {{- end -}}
 
 {{/* A CEL condition on `object` (a Pod): a container or init container names a GPU resource. */}}

@@ -55,12 +55,12 @@ fn nodes() -> Vec<NodeGpus> {
         NodeGpus {
             name: "gpu-a100".into(),
             gpus: FakeGpu::many("a100", 2, "NVIDIA A100-SXM4-80GB", 81920, 1),
-            mig: Vec::new(),
+            ..Default::default()
         },
         NodeGpus {
             name: "gpu-h100".into(),
             gpus: FakeGpu::many("h100", 4, "NVIDIA H100 80GB HBM3", 81559, 2),
-            mig: Vec::new(),
+            ..Default::default()
         },
     ]
 }

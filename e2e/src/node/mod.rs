@@ -409,7 +409,8 @@ impl RealNode {
         self.wait(client, gpus).await
     }
 
-    /// Waits until the Node is Ready and advertises its GPUs.
+    /// Waits until the Node is Ready and advertises its GPUs (as slices or
+    /// as static MIG instances).
     pub async fn wait_gpus(&mut self, client: &Client) -> Result<(), Error> {
         self.wait(client, true).await
     }
@@ -426,11 +427,16 @@ impl RealNode {
                     .unwrap_or_default()
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True");
+                // GPU slices, or static MIG instances (`nvidia.com/mig-*`).
                 let gpus = status
                     .allocatable
                     .unwrap_or_default()
-                    .get(tessera_api::names::resources::GPU)
-                    .is_some_and(|q| q.0 != "0");
+                    .iter()
+                    .any(|(name, q)| {
+                        (name == tessera_api::names::resources::GPU
+                            || name.starts_with("nvidia.com/mig-"))
+                            && q.0 != "0"
+                    });
                 if ready && (gpus || !want_gpus) {
                     return Ok(());
                 }

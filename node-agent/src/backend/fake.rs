@@ -109,11 +109,12 @@ impl Backend for FakeBackend {
                 return Err(error(format!("mig.enabled: no device has uuid {uuid}")));
             }
         }
+        self.mig.apply_geometry(&file.devices, &file.mig)?;
         self.mig.annotate(&mut file.devices, &file.mig)?;
         for (device, uuid) in file.devices.iter().map(|d| (d, &d.uuid)) {
             if file.mig.enabled.contains(uuid) && device.mig.is_none() {
                 return Err(error(format!(
-                    "mig.enabled: {uuid} is a {}, which has no MIG table (A100 80GB and H100 80GB do)",
+                    "mig.enabled: {uuid} is a {}, which has no MIG table (A100 40GB and 80GB and H100 80GB do)",
                     device.model
                 )));
             }

@@ -11,7 +11,13 @@
 //!   destroyLatencyMs: 100
 //!   failCreate: false         # every create fails, as NVML can
 //!   busy: []                  # instance UUIDs in use: destroying them fails
+//!   geometry:                 # instances the operator made (static MIG):
+//!     GPU-a100-0: [3g.40gb, 3g.40gb]
 //! ```
+//!
+//! `geometry` plays nvidia-mig-parted: a GPU in MIG mode that has no
+//! instances gets these, each at the first free placement its profile
+//! allows, when the file is read.
 
 use std::{
     collections::BTreeMap,
@@ -48,6 +54,9 @@ pub(super) struct MigKnobs {
     /// Instances in use: destroying them fails.
     #[serde(default)]
     pub busy: Vec<String>,
+    /// Profiles to create on an empty GPU in MIG mode, per GPU UUID.
+    #[serde(default)]
+    pub geometry: BTreeMap<String, Vec<String>>,
 }
 
 /// What the state file holds.
@@ -113,6 +122,49 @@ impl FakeMig {
                     Vec::new()
                 },
             });
+        }
+        Ok(())
+    }
+
+    /// Creates `geometry`'s instances on each GPU in MIG mode that has
+    /// none, as an operator would before the agent starts.
+    pub(super) fn apply_geometry(
+        &self,
+        gpus: &[PhysicalGpu],
+        knobs: &MigKnobs,
+    ) -> Result<(), Error> {
+        for (uuid, profiles) in &knobs.geometry {
+            let Some(gpu) = gpus.iter().find(|g| g.uuid == *uuid) else {
+                return Err(self.error(format!("mig.geometry: no device has uuid {uuid}")));
+            };
+            if !knobs.enabled.contains(uuid) || !self.instances(uuid)?.is_empty() {
+                continue;
+            }
+            let Some(layout) = mig::layout_for_model(&gpu.model) else {
+                continue;
+            };
+            for name in profiles {
+                let profile = layout
+                    .profiles
+                    .iter()
+                    .find(|p| p.name == *name)
+                    .ok_or_else(|| {
+                        self.error(format!(
+                            "mig.geometry.{uuid}: no profile {name} on {}",
+                            gpu.model
+                        ))
+                    })?;
+                let taken = mig::occupied(self.instances(uuid)?.iter().map(|i| i.placement));
+                let placement = mig::free_placements(profile, taken).next().ok_or_else(|| {
+                    self.error(format!("mig.geometry.{uuid}: no room left for {name}"))
+                })?;
+                let knobs = MigKnobs {
+                    create_latency_ms: 0,
+                    fail_create: false,
+                    ..knobs.clone()
+                };
+                self.create(gpu, &knobs, profile, placement)?;
+            }
         }
         Ok(())
     }

@@ -6,6 +6,7 @@ mod device_list;
 mod ids;
 mod server;
 mod service;
+pub mod static_mig;
 
 pub use allocate::{
     AllocateError, CONTAINER_LIBRARY, CONTAINER_PRELOAD, CONTAINER_REGION_DIR, Grant, HostPaths,
@@ -16,7 +17,7 @@ pub use device_list::{
     DeviceListStrategy, Listed, parse_cdi_annotation_prefix, parse_cdi_kind,
 };
 pub use ids::{device_list, replica_id, uuid_of};
-pub use server::{Endpoint, PluginState, run};
+pub use server::{Endpoint, Plugin, PluginState, run};
 pub use service::{Service, options};
 
 #[cfg(test)]

@@ -11,15 +11,23 @@ use std::{
 use tessera_deviceplugin::{
     KUBELET_SOCKET, VERSION, connect_unix,
     v1beta1::{
-        RegisterRequest, device_plugin_server::DevicePluginServer,
+        DevicePluginOptions, RegisterRequest,
+        device_plugin_server::{DevicePlugin, DevicePluginServer},
         registration_client::RegistrationClient,
     },
 };
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
-use super::service::{Service, options};
 use crate::Error;
+
+/// A device-plugin service [`run`] can serve: the gRPC service and the
+/// options it registers with.
+pub trait Plugin: DevicePlugin + Clone {
+    /// The options sent with the registration (and from
+    /// `GetDevicePluginOptions`).
+    fn options(&self) -> DevicePluginOptions;
+}
 
 /// How often the agent checks the kubelet's socket and its own (two
 /// `stat`s). Short, because a restarted kubelet admits the pods already bound
@@ -64,7 +72,7 @@ pub enum PluginState {
 
 /// Serves `service` and keeps it registered with the kubelet until the
 /// process stops, reporting registration through `state`.
-pub async fn run(endpoint: Endpoint, service: Service, state: watch::Sender<PluginState>) {
+pub async fn run<P: Plugin>(endpoint: Endpoint, service: P, state: watch::Sender<PluginState>) {
     let kubelet = endpoint.dir.join(KUBELET_SOCKET);
     let socket = endpoint.dir.join(endpoint.socket_name());
     loop {
@@ -87,16 +95,17 @@ fn report(state: &watch::Sender<PluginState>, now: PluginState) {
     });
 }
 
-async fn serve_once(
+async fn serve_once<P: Plugin>(
     endpoint: &Endpoint,
     kubelet: &Path,
     socket: &Path,
-    service: Service,
+    service: P,
     state: &watch::Sender<PluginState>,
 ) -> Result<(), Error> {
     let _ = std::fs::remove_file(socket);
     let listener = tokio::net::UnixListener::bind(socket)
         .map_err(Error::io(format!("listening on {}", socket.display())))?;
+    let options = service.options();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut server = tokio::spawn(
         tonic::transport::Server::builder()
@@ -115,7 +124,7 @@ async fn serve_once(
                 return Ok(());
             }
             let seen = identity(kubelet);
-            match register(endpoint, kubelet).await {
+            match register(endpoint, kubelet, options).await {
                 Ok(()) => break seen,
                 Err(error) => {
                     tracing::info!(%error, "kubelet not reachable yet; retrying registration");
@@ -158,7 +167,11 @@ async fn serve_once(
     result
 }
 
-async fn register(endpoint: &Endpoint, kubelet: &Path) -> Result<(), Error> {
+async fn register(
+    endpoint: &Endpoint,
+    kubelet: &Path,
+    options: DevicePluginOptions,
+) -> Result<(), Error> {
     let channel = connect_unix(kubelet)
         .await
         .map_err(Error::grpc(format!("connecting to {}", kubelet.display())))?;
@@ -167,7 +180,7 @@ async fn register(endpoint: &Endpoint, kubelet: &Path) -> Result<(), Error> {
             version: VERSION.to_owned(),
             endpoint: endpoint.socket_name(),
             resource_name: endpoint.resource.clone(),
-            options: Some(options()),
+            options: Some(options),
         })
         .await
         .map_err(Error::grpc("registering with the kubelet"))?;

@@ -51,6 +51,12 @@ pub fn options() -> DevicePluginOptions {
     }
 }
 
+impl super::Plugin for Service {
+    fn options(&self) -> DevicePluginOptions {
+        options()
+    }
+}
+
 impl Service {
     /// A service for the node `view` watches, offering `offers`, passing
     /// devices to the container runtime as `list` says.

@@ -1,0 +1,255 @@
+//! Static MIG with `migStrategy: mixed`, as NVIDIA's device plugin serves
+//! it: each MIG profile present on the node's GPUs is an extended resource
+//! of its own (`nvidia.com/mig-3g.20gb`), served by a device plugin of its
+//! own whose devices are the instances (ID = MIG UUID). The operator makes
+//! the instances (nvidia-mig-parted); the default scheduler places pods on
+//! the Node's allocatable count, and Allocate hands out the instance UUIDs
+//! the kubelet chose, with no interposer (the hardware isolates them).
+//!
+//! The GPUs themselves offer no `nvidia.com/gpu` slice in this mode
+//! (`settings::offered`), so the ledger never books what these plugins hand
+//! out.
+
+use std::{collections::BTreeMap, path::PathBuf, pin::Pin};
+
+use futures::{Stream, StreamExt};
+use tessera_api::{
+    mig,
+    v1alpha1::{DeviceHealth, MigStrategy, OperatingMode},
+};
+use tessera_deviceplugin::{
+    HEALTHY, UNHEALTHY,
+    v1beta1::{
+        AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse, Device,
+        DevicePluginOptions, Empty, ListAndWatchResponse, NumaNode, PreStartContainerRequest,
+        PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
+        TopologyInfo, device_plugin_server::DevicePlugin,
+    },
+};
+use tokio::{sync::watch, task::JoinHandle};
+use tonic::{Request, Response, Status};
+
+use super::{DeviceList, Endpoint, Plugin, PluginState};
+use crate::inventory::Offer;
+
+/// One static instance as the kubelet sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticInstance {
+    /// The MIG UUID (the device ID).
+    pub uuid: String,
+    /// The parent GPU's health.
+    pub healthy: bool,
+    /// The parent GPU's NUMA node.
+    pub numa_node: Option<u32>,
+}
+
+/// The static instances the node offers, by resource name: every instance
+/// on a GPU in `operatingMode: mig` with `migStrategy: mixed`.
+pub fn static_instances(offer: &Offer) -> BTreeMap<String, Vec<StaticInstance>> {
+    let settings = &offer.resolved.settings;
+    let mut by_resource: BTreeMap<String, Vec<StaticInstance>> = BTreeMap::new();
+    if settings.operating_mode != OperatingMode::Mig || settings.mig_strategy != MigStrategy::Mixed
+    {
+        return by_resource;
+    }
+    for gpu in &offer.devices {
+        for instance in &gpu.mig_instances {
+            by_resource
+                .entry(mig::resource_name(&instance.profile))
+                .or_default()
+                .push(StaticInstance {
+                    uuid: instance.uuid.clone(),
+                    healthy: gpu.health == DeviceHealth::Healthy,
+                    numa_node: gpu.numa_node,
+                });
+        }
+    }
+    by_resource
+}
+
+/// The device plugin of one MIG profile's resource.
+#[derive(Clone)]
+pub struct StaticMigService {
+    resource: String,
+    offers: watch::Receiver<Offer>,
+    list: DeviceList,
+}
+
+impl StaticMigService {
+    /// Serves `resource`'s instances as `offers` lists them.
+    pub fn new(resource: String, offers: watch::Receiver<Offer>, list: DeviceList) -> Self {
+        Self {
+            resource,
+            offers,
+            list,
+        }
+    }
+
+    fn instances(&self) -> Vec<StaticInstance> {
+        static_instances(&self.offers.borrow())
+            .remove(&self.resource)
+            .unwrap_or_default()
+    }
+}
+
+fn devices(instances: &[StaticInstance]) -> Vec<Device> {
+    instances
+        .iter()
+        .map(|i| Device {
+            id: i.uuid.clone(),
+            health: if i.healthy { HEALTHY } else { UNHEALTHY }.to_owned(),
+            topology: i.numa_node.map(|n| TopologyInfo {
+                nodes: vec![NumaNode { id: i64::from(n) }],
+            }),
+        })
+        .collect()
+}
+
+impl Plugin for StaticMigService {
+    fn options(&self) -> DevicePluginOptions {
+        DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: false,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for StaticMigService {
+    type ListAndWatchStream =
+        Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(Plugin::options(self)))
+    }
+
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let resource = self.resource.clone();
+        let mut last = None;
+        let stream = tokio_stream::wrappers::WatchStream::new(self.offers.clone()).filter_map(
+            move |offer| {
+                let now = devices(
+                    &static_instances(&offer)
+                        .remove(&resource)
+                        .unwrap_or_default(),
+                );
+                let changed = last.as_ref() != Some(&now);
+                last = Some(now.clone());
+                async move { changed.then_some(Ok(ListAndWatchResponse { devices: now })) }
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        Err(Status::unimplemented(
+            "static MIG resources have no preferred allocation",
+        ))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let offered = self.instances();
+        let mut container_responses = Vec::new();
+        for container in request.into_inner().container_requests {
+            let ids = &container.devices_ids;
+            if let Some(unknown) = ids
+                .iter()
+                .find(|id| !offered.iter().any(|i| i.uuid == **id))
+            {
+                tracing::warn!(resource = %self.resource, device = %unknown, "Allocate refused: not an instance of this resource");
+                return Err(Status::failed_precondition(format!(
+                    "{}: {unknown} is not one of this node's instances of that profile (they are: {}); the instance was destroyed or its GPU left migStrategy mixed",
+                    self.resource,
+                    offered
+                        .iter()
+                        .map(|i| i.uuid.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            let uuids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            let listed = self.list.list(&uuids, uuids.first().copied().unwrap_or(""));
+            tracing::info!(resource = %self.resource, devices = %uuids.join(","), "served Allocate (static MIG)");
+            container_responses.push(ContainerAllocateResponse {
+                envs: listed.envs.into_iter().collect(),
+                mounts: Vec::new(),
+                annotations: listed.annotations.into_iter().collect(),
+                cdi_devices: listed
+                    .cdi_devices
+                    .into_iter()
+                    .map(|name| CdiDevice { name })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        Ok(Response::new(AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+/// Runs one device plugin per MIG profile present under `migStrategy:
+/// mixed`, starting and stopping them as the profiles on the node change.
+pub fn spawn(dir: PathBuf, mut offers: watch::Receiver<Offer>, list: DeviceList) {
+    tokio::spawn(async move {
+        let mut running: BTreeMap<String, JoinHandle<()>> = BTreeMap::new();
+        loop {
+            let wanted = static_instances(&offers.borrow());
+            let gone: Vec<String> = running
+                .keys()
+                .filter(|r| !wanted.contains_key(*r))
+                .cloned()
+                .collect();
+            for resource in gone {
+                if let Some(plugin) = running.remove(&resource) {
+                    plugin.abort();
+                }
+                let endpoint = Endpoint {
+                    dir: dir.clone(),
+                    resource: resource.clone(),
+                };
+                let _ = std::fs::remove_file(dir.join(endpoint.socket_name()));
+                tracing::info!(%resource, "static MIG resource gone: its device plugin stopped");
+            }
+            for resource in wanted.into_keys() {
+                if running.contains_key(&resource) {
+                    continue;
+                }
+                let endpoint = Endpoint {
+                    dir: dir.clone(),
+                    resource: resource.clone(),
+                };
+                let service = StaticMigService::new(resource.clone(), offers.clone(), list.clone());
+                // Readiness follows the main plugin; this state is not read.
+                let (state, _) = watch::channel(PluginState::NotRegistered);
+                tracing::info!(%resource, "serving a static MIG resource");
+                running.insert(resource, tokio::spawn(super::run(endpoint, service, state)));
+            }
+            if offers.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests;
