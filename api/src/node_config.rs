@@ -86,6 +86,9 @@ pub fn resolve(
         mig_strategy: p
             .get("migStrategy", |s| s.mig_strategy)
             .unwrap_or(d.mig_strategy),
+        mig_profiles: p
+            .get("migProfiles", |s| s.mig_profiles.clone())
+            .unwrap_or_else(|| d.mig_profiles.clone()),
         filter_devices: p
             .get("filterDevices", |s| s.filter_devices.clone())
             .unwrap_or_else(|| d.filter_devices.clone()),

@@ -316,6 +316,11 @@ async fn invalid_gpu_node_configs_are_refused_with_the_field_and_rule() {
             vec!["spec.migStrategy", "\"none\", \"single\", \"mixed\""],
         ),
         (
+            "bad-mig-profile",
+            json!({"nodeNames": ["a"], "migProfiles": ["3g.40gb", "big"]}),
+            vec!["spec.migProfiles[1]", "should match", "gb"],
+        ),
+        (
             "split-zero",
             json!({"nodeNames": ["a"], "deviceSplitCount": 0}),
             vec!["spec.deviceSplitCount", "greater than or equal to 1"],

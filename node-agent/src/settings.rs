@@ -115,7 +115,28 @@ fn mig_offer(
         .collect();
     match settings.mig_strategy {
         MigStrategy::None => {
-            whole.mig = Some(mig.layout.clone());
+            let mut layout = mig.layout.clone();
+            let allowed = &settings.mig_profiles;
+            if !allowed.is_empty() {
+                layout.profiles.retain(|p| allowed.contains(&p.name));
+                if layout.profiles.is_empty() {
+                    let has: Vec<&str> = mig
+                        .layout
+                        .profiles
+                        .iter()
+                        .map(|p| p.name.as_str())
+                        .collect();
+                    return unhealthy(
+                        whole,
+                        format!(
+                            "migProfiles allows {} but this GPU's profiles are {}: dynamic MIG can create nothing here",
+                            allowed.join(", "),
+                            has.join(", ")
+                        ),
+                    );
+                }
+            }
+            whole.mig = Some(layout);
             vec![whole]
         }
         MigStrategy::Mixed => {
@@ -289,6 +310,28 @@ mod tests {
             Some("ml/train")
         );
         assert_eq!(offered[0].health, DeviceHealth::Healthy);
+    }
+
+    #[test]
+    fn mig_profiles_narrow_what_dynamic_mig_may_create() {
+        let physical = [mig_gpu(0, true, &[])];
+        let mut settings = mig_settings(MigStrategy::None);
+        settings.mig_profiles = vec!["1g.10gb".into(), "3g.40gb".into(), "9g.90gb".into()];
+        let offered_now = offered(&physical, &settings, &MigHolders::new());
+        let names: Vec<&str> = offered_now[0]
+            .mig
+            .as_ref()
+            .unwrap()
+            .profiles
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(names, ["1g.10gb", "3g.40gb"]);
+        settings.mig_profiles = vec!["1g.5gb".into()];
+        let none = offered(&physical, &settings, &MigHolders::new());
+        assert_eq!(none[0].health, DeviceHealth::Unhealthy);
+        let message = none[0].health_message.as_deref().unwrap();
+        assert!(message.contains("migProfiles allows 1g.5gb"), "{message}");
     }
 
     #[test]

@@ -199,6 +199,10 @@ pub struct NodeSettings {
     pub operating_mode: OperatingMode,
     /// How MIG devices are exposed.
     pub mig_strategy: MigStrategy,
+    /// The MIG profiles dynamic MIG may create (e.g. `1g.10gb`); empty:
+    /// every profile of the GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_profiles: Vec<String>,
     /// GPUs the agent leaves out.
     #[serde(default)]
     pub filter_devices: FilterDevices,
@@ -217,6 +221,7 @@ impl Default for NodeSettings {
             device_core_scaling: 1.0,
             operating_mode: OperatingMode::HamiCore,
             mig_strategy: MigStrategy::None,
+            mig_profiles: Vec::new(),
             filter_devices: FilterDevices::default(),
             lib_cuda_log_level: 2,
             gpu_core_policy: CorePolicy::Default,

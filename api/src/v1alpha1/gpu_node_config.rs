@@ -127,6 +127,13 @@ pub struct GpuNodeConfigSpec {
     /// `nvidia.com/mig-<profile>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_strategy: Option<MigStrategy>,
+    /// The MIG profiles dynamic MIG may create on the node, by name
+    /// (`1g.10gb`, `3g.40gb`, `1g.10gb+me`); a request no allowed profile
+    /// covers goes elsewhere. Unset or empty: every profile of the GPU
+    /// (HAMi 2.10's `migProfileAllowlist`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), inner(regex(pattern = r"^[1-8]g\.[0-9]+gb(\+me)?$")))]
+    pub mig_profiles: Option<Vec<String>>,
     /// GPUs the node agent must not expose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter_devices: Option<FilterDevices>,

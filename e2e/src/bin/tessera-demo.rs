@@ -1,8 +1,8 @@
 //! `tessera-demo`: Tessera on this machine (`make demo` / `make demo-down`).
 //!
 //! Starts a control plane (with kube-controller-manager, the default
-//! kube-scheduler and kube-proxy) and two real nodes (containerd + kubelet)
-//! with fake GPUs, imports the locally built images into the nodes and installs
+//! kube-scheduler and kube-proxy) and three real nodes (containerd + kubelet)
+//! with fake GPUs, one of them in dynamic MIG mode, imports the locally built images into the nodes and installs
 //! Tessera with `helm install` from `charts/tessera`, as a user does: the node
 //! agents run as a DaemonSet, kube-scheduler and tessera-controller as a
 //! Deployment. Then it applies the examples in `examples/demo/`, prints a short
@@ -22,7 +22,10 @@ use tessera_e2e::cluster::{LocalCluster, NAMESPACE, NodeGpus};
 use tessera_e2e::node::{self, FakeGpu};
 use tessera_e2e::{Lifetime, helm, kube_proxy, tools};
 
-/// Runs Tessera with two real nodes of fake GPUs on this machine.
+/// The demo's node in dynamic MIG mode.
+const MIG_NODE: &str = "gpu-mig";
+
+/// Runs Tessera with three real nodes of fake GPUs on this machine.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
@@ -49,8 +52,10 @@ enum Command {
     Down,
 }
 
-/// The demo's nodes: two models, GPUs on different NUMA nodes.
+/// The demo's nodes: two models, GPUs on different NUMA nodes, and an A100
+/// in MIG mode (the release's GpuNodeConfig puts its node in dynamic MIG).
 fn nodes() -> Vec<NodeGpus> {
+    let mig = FakeGpu::many("mig", 1, "NVIDIA A100-SXM4-80GB", 81920, 1);
     vec![
         NodeGpus {
             name: "gpu-a100".into(),
@@ -60,6 +65,12 @@ fn nodes() -> Vec<NodeGpus> {
         NodeGpus {
             name: "gpu-h100".into(),
             gpus: FakeGpu::many("h100", 4, "NVIDIA H100 80GB HBM3", 81559, 2),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: MIG_NODE.into(),
+            mig: mig.iter().map(|g| g.uuid.clone()).collect(),
+            gpus: mig,
             ..Default::default()
         },
     ]
@@ -113,9 +124,21 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
     step(
         "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy v1.36), images, helm install tessera charts/tessera",
     );
-    let cluster = LocalCluster::start(Some(dir.to_owned()), Lifetime::Detached, &nodes, &artifacts)
-        .await
-        .context("starting the cluster and installing Tessera")?;
+    // What a GitOps repository would hold: one GpuNodeConfig for the MIG node.
+    let values = serde_json::json!({"defaultGpuNodeConfig": {
+        "enabled": true,
+        "name": "mig-pool",
+        "spec": {"nodeNames": [MIG_NODE], "operatingMode": "mig"},
+    }});
+    let cluster = LocalCluster::start_with(
+        Some(dir.to_owned()),
+        Lifetime::Detached,
+        &nodes,
+        &artifacts,
+        values,
+    )
+    .await
+    .context("starting the cluster and installing Tessera")?;
     let plane = &cluster.plane;
     step(&format!("examples from {}", examples.display()));
     let kubectl = |args: &[&str]| -> anyhow::Result<String> {
@@ -226,6 +249,20 @@ fn tour(
     show(
         "share-a's own view (cuDeviceTotalMem/cuMemGetInfo through the interposer)",
         &["logs", "share-a"],
+    )?;
+    show(
+        "mig-pod sees the MIG instance made for it (dynamic MIG)",
+        &["logs", "mig-pod"],
+    )?;
+    show(
+        "the instance on gpu-mig's A100: profile, placement, holder",
+        &[
+            "get",
+            "gpunode",
+            MIG_NODE,
+            "-o",
+            "custom-columns=GPU:.status.devices[*].uuid,PROFILE:.status.devices[*].migInstances[*].profile,START:.status.devices[*].migInstances[*].placement.start,UUID:.status.devices[*].migInstances[*].uuid,HELD-BY:.status.devices[*].migInstances[*].heldBy",
+        ],
     )?;
     println!("\nMetrics (Prometheus text, on the pod network):");
     for (node, addr) in metrics {
