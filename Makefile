@@ -56,9 +56,10 @@ bench-scale: tools ## Scheduling at 100, 1,000 and 5,000 kwok-simulated GPU node
 	  TESSERA_TEST_TIMEOUT_SECS=7200 "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/tessera-bench-scale" --out "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale"
 	@hack/plot-env.sh "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale/scale.csv" "$${CARGO_TARGET_DIR:-$(CURDIR)/target}/bench-scale/scale.png"
 
-gpu-check: ## On a machine with an NVIDIA GPU and PyTorch: check the interposer against the real driver
+gpu-check: ## On a machine with an NVIDIA GPU and PyTorch (as root): check the interposer, MIG and MPS against the real driver
 	$(CARGO) build --release -p tessera-interposer
 	python3 interposer/gpu-check/check.py --library target/release/libtessera_vgpu.so
+	python3 interposer/gpu-check/modes.py
 
 images: tools ## Write OCI image archives (controller, node agent, kube-scheduler) to target/images; IMAGES_DIR=, REGISTRY= override
 	$(CARGO) build --release -p tessera-controllers -p tessera-node-agent -p tessera-interposer

@@ -294,6 +294,53 @@ mod tests {
         assert_eq!(layout_for_model("NVIDIA H200"), None);
     }
 
+    /// `make gpu-check`'s script compares a real GPU's profiles with a copy
+    /// of these tables; the copy must not drift.
+    #[test]
+    fn the_gpu_check_script_has_the_same_tables() {
+        let script = include_str!("../../interposer/gpu-check/modes.py");
+        /// Name, NVML id, most instances, MiB.
+        type Row = (String, u32, u32, u64);
+        let mut tables: Vec<(String, Vec<Row>)> = Vec::new();
+        let block = script
+            .lines()
+            .skip_while(|l| !l.starts_with("TABLES = {"))
+            .skip(1)
+            .take_while(|l| *l != "}");
+        for line in block.map(str::trim) {
+            if let Some(model) = line
+                .strip_prefix("(\"")
+                .and_then(|l| l.strip_suffix("\"): {"))
+            {
+                tables.push((model.replace("\", \"", " "), Vec::new()));
+                continue;
+            }
+            for entry in line.split("), ").filter(|e| e.starts_with('"')) {
+                let entry = entry.trim_end_matches([')', ',']);
+                let (name, numbers) = entry.split_once("\": (").unwrap();
+                let n: Vec<u64> = numbers.split(", ").map(|x| x.parse().unwrap()).collect();
+                let row = (name[1..].to_owned(), n[0] as u32, n[1] as u32, n[2]);
+                tables.last_mut().unwrap().1.push(row);
+            }
+        }
+        let models = [
+            ("A100 80GB", "NVIDIA A100-SXM4-80GB"),
+            ("A100 40GB", "NVIDIA A100-SXM4-40GB"),
+            ("H100 80GB", "NVIDIA H100 80GB HBM3"),
+        ];
+        assert_eq!(tables.len(), models.len(), "{tables:?}");
+        for (key, model) in models {
+            let rows = &tables.iter().find(|(k, _)| k == key).unwrap().1;
+            let ours: Vec<Row> = layout_for_model(model)
+                .unwrap()
+                .profiles
+                .into_iter()
+                .map(|p| (p.name, p.id, p.max_instances, p.memory_mib))
+                .collect();
+            assert_eq!(rows, &ours, "{model}");
+        }
+    }
+
     #[test]
     fn spans_cover_their_slices_and_refuse_what_overflows() {
         assert_eq!(span(MigPlacement { start: 0, size: 8 }), Some(0xff));
