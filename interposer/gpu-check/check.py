@@ -46,9 +46,10 @@ def child_env(library, memory_mib=None, sm_limit=None, region=None):
     return env
 
 
-def run_child(mode, env, *args):
-    """Runs this script in `mode` in a child; returns its JSON answer."""
-    command = [sys.executable, os.path.abspath(__file__), "--child", mode, *map(str, args)]
+def run_child(mode, env, *args, script=__file__, wrap=()):
+    """Runs `script` (this one by default) in `mode` in a child, under the
+    `wrap` command if given; returns its JSON answer."""
+    command = [*wrap, sys.executable, os.path.abspath(script), "--child", mode, *map(str, args)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
     if done.returncode != 0 or not lines:

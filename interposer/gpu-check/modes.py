@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 
+import check  # the interposer's checks, beside this script: the child runner and matmul
+
 MIB = 1 << 20
 
 # Tessera's tables (api/src/mig.rs; a test there keeps these equal):
@@ -67,17 +69,9 @@ def sh(args, env=None, stdin=None, timeout=120):
     return done.returncode, done.stdout, done.stderr
 
 
-def run_child(mode, env, *args, wrap=None):
-    """Runs this script in `mode` in a child; returns its JSON answer."""
-    command = [sys.executable, os.path.abspath(__file__), "--child", mode, *map(str, args)]
-    if wrap:
-        command = wrap + command
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"error": f"exit {done.returncode}: {' | '.join(tail)}"}
-    return json.loads(lines[-1])
+def run_child(mode, env, *args, wrap=()):
+    """Runs this script in `mode` in a child (check.py's runner)."""
+    return check.run_child(mode, env, *args, script=__file__, wrap=wrap)
 
 
 # ----- child modes -----
@@ -94,25 +88,6 @@ def child_alloc(step_mib):
     except torch.cuda.OutOfMemoryError:
         pass
     return {"total_mib": total // MIB, "free_mib": free // MIB, "allocated_mib": allocated}
-
-
-def child_matmul(seconds):
-    import torch
-
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        a @ b
-        count += 1
-        if count % 4 == 0:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return {"tflops": 2 * n**3 * count / (time.perf_counter() - started) / 1e12}
 
 
 # ----- MIG -----
@@ -255,7 +230,7 @@ def main():
     options = parser.parse_args()
     if options.child:
         mode, args = options.child[0], options.child[1:]
-        modes = {"alloc": lambda: child_alloc(int(args[0])), "matmul": lambda: child_matmul(float(args[0]))}
+        modes = {"alloc": lambda: child_alloc(int(args[0])), "matmul": lambda: check.child_matmul(float(args[0]))}
         print(json.dumps(modes[mode]()))
         return 0
     if shutil.which("nvidia-smi") is None:

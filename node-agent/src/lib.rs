@@ -22,6 +22,7 @@ pub mod lease;
 pub mod mig;
 pub mod monitor;
 pub mod mps;
+mod periodic;
 pub mod plugin;
 pub mod publish;
 pub mod settings;

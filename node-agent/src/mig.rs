@@ -227,16 +227,9 @@ pub fn spawn_cleaner(
     offers: tokio::sync::watch::Receiver<Offer>,
     view: crate::view::NodeView,
 ) {
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(PASS);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let offer = offers.borrow().clone();
-            let allocations = view.allocations();
-            let manager = manager.clone();
-            let _ = tokio::task::spawn_blocking(move || manager.clean(&offer, &allocations)).await;
-        }
+    crate::periodic::every(PASS, move || {
+        let offer = offers.borrow().clone();
+        manager.clean(&offer, &view.allocations());
     });
 }
 

@@ -195,19 +195,10 @@ fn wait_until_answers(control: &dyn MpsControl, daemon: &MpsDaemon) -> Result<()
 /// Checks the daemons every [`PASS`], so a GPU put in MPS mode has its
 /// daemon before the first pod arrives and a daemon that died is restarted.
 pub fn spawn_keeper(manager: Arc<MpsManager>, offers: tokio::sync::watch::Receiver<Offer>) {
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(PASS);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let offer = offers.borrow().clone();
-            let manager = manager.clone();
-            if let Ok(failed) = tokio::task::spawn_blocking(move || manager.reconcile(&offer)).await
-            {
-                for (gpu, error) in failed {
-                    tracing::warn!(%gpu, %error, "MPS control daemon");
-                }
-            }
+    crate::periodic::every(PASS, move || {
+        let offer = offers.borrow().clone();
+        for (gpu, error) in manager.reconcile(&offer) {
+            tracing::warn!(%gpu, %error, "MPS control daemon");
         }
     });
 }

@@ -3,7 +3,7 @@ use std::{
     sync::Arc,
 };
 
-use tessera_api::v1alpha1::{DeviceCapacity, GpuDevice, OperatingMode};
+use tessera_api::v1alpha1::{GpuDevice, OperatingMode};
 
 use super::*;
 use crate::plugin::{DeviceList, Grant};
@@ -11,21 +11,8 @@ use crate::plugin::{DeviceList, Grant};
 fn device(uuid: &str, mode: OperatingMode) -> GpuDevice {
     GpuDevice {
         uuid: uuid.into(),
-        index: 0,
-        model: "NVIDIA H100 80GB HBM3".into(),
-        memory_mib: 81559,
-        capacity: DeviceCapacity {
-            memory_mib: 81559,
-            cores: 100,
-        },
-        split_count: 10,
-        numa_node: None,
-        nvlink_peers: Vec::new(),
-        health: DeviceHealth::Healthy,
-        health_message: None,
         mode,
-        mig_instances: Vec::new(),
-        mig: None,
+        ..tessera_api::testing::gpu(0, "NVIDIA H100 80GB HBM3", 81559)
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
 use tessera_deviceplugin::{
     KUBELET_SOCKET, VERSION, connect_unix,
     v1beta1::{
-        DevicePluginOptions, RegisterRequest,
+        Device, DevicePluginOptions, ListAndWatchResponse, RegisterRequest,
         device_plugin_server::{DevicePlugin, DevicePluginServer},
         registration_client::RegistrationClient,
     },
@@ -19,7 +19,30 @@ use tessera_deviceplugin::{
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::Error;
+use crate::{Error, inventory::Offer};
+
+/// The stream ListAndWatch answers with.
+pub type DeviceStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<ListAndWatchResponse, tonic::Status>> + Send>,
+>;
+
+/// ListAndWatch over `offers`: the devices `list` makes of each offer, sent
+/// whenever they differ from the last ones sent.
+pub fn device_stream(
+    offers: watch::Receiver<Offer>,
+    list: impl Fn(&Offer) -> Vec<Device> + Send + 'static,
+) -> DeviceStream {
+    use futures::StreamExt;
+    let mut last = None;
+    Box::pin(
+        tokio_stream::wrappers::WatchStream::new(offers).filter_map(move |offer| {
+            let devices = list(&offer);
+            let changed = last.as_ref() != Some(&devices);
+            last = Some(devices.clone());
+            async move { changed.then_some(Ok(ListAndWatchResponse { devices })) }
+        }),
+    )
+}
 
 /// A device-plugin service [`run`] can serve: the gRPC service and the
 /// options it registers with.

@@ -1,8 +1,7 @@
 //! The DevicePlugin gRPC service the kubelet calls.
 
-use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::api::{Api, DeleteParams, Preconditions};
 use tessera_api::v1alpha1::{
@@ -11,7 +10,7 @@ use tessera_api::v1alpha1::{
 };
 use tessera_deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
-    ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, ListAndWatchResponse, Mount,
+    ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, Mount,
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse, device_plugin_server::DevicePlugin,
 };
@@ -368,8 +367,7 @@ fn status(error: &Error) -> Status {
 
 #[tonic::async_trait]
 impl DevicePlugin for Service {
-    type ListAndWatchStream =
-        Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+    type ListAndWatchStream = super::DeviceStream;
 
     async fn get_device_plugin_options(
         &self,
@@ -382,17 +380,8 @@ impl DevicePlugin for Service {
         &self,
         _: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let mut last = None;
-        let stream = tokio_stream::wrappers::WatchStream::new(self.offers.clone()).filter_map(
-            move |offer| {
-                let devices = device_list(&offer.devices);
-                // Resend only when what the kubelet sees changes.
-                let changed = last.as_ref() != Some(&devices);
-                last = Some(devices.clone());
-                async move { changed.then_some(Ok(ListAndWatchResponse { devices })) }
-            },
-        );
-        Ok(Response::new(Box::pin(stream)))
+        let stream = super::device_stream(self.offers.clone(), |offer| device_list(&offer.devices));
+        Ok(Response::new(stream))
     }
 
     async fn get_preferred_allocation(

@@ -10,9 +10,8 @@
 //! (`settings::offered`), so the ledger never books what these plugins hand
 //! out.
 
-use std::{collections::BTreeMap, path::PathBuf, pin::Pin};
+use std::{collections::BTreeMap, path::PathBuf};
 
-use futures::{Stream, StreamExt};
 use tessera_api::{
     mig,
     v1alpha1::{DeviceHealth, MigStrategy, OperatingMode},
@@ -21,9 +20,9 @@ use tessera_deviceplugin::{
     HEALTHY, UNHEALTHY,
     v1beta1::{
         AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse, Device,
-        DevicePluginOptions, Empty, ListAndWatchResponse, NumaNode, PreStartContainerRequest,
-        PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
-        TopologyInfo, device_plugin_server::DevicePlugin,
+        DevicePluginOptions, Empty, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
+        PreferredAllocationRequest, PreferredAllocationResponse, TopologyInfo,
+        device_plugin_server::DevicePlugin,
     },
 };
 use tokio::{sync::watch, task::JoinHandle};
@@ -116,8 +115,7 @@ impl Plugin for StaticMigService {
 
 #[tonic::async_trait]
 impl DevicePlugin for StaticMigService {
-    type ListAndWatchStream =
-        Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+    type ListAndWatchStream = super::DeviceStream;
 
     async fn get_device_plugin_options(
         &self,
@@ -131,20 +129,14 @@ impl DevicePlugin for StaticMigService {
         _: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let resource = self.resource.clone();
-        let mut last = None;
-        let stream = tokio_stream::wrappers::WatchStream::new(self.offers.clone()).filter_map(
-            move |offer| {
-                let now = devices(
-                    &static_instances(&offer)
-                        .remove(&resource)
-                        .unwrap_or_default(),
-                );
-                let changed = last.as_ref() != Some(&now);
-                last = Some(now.clone());
-                async move { changed.then_some(Ok(ListAndWatchResponse { devices: now })) }
-            },
-        );
-        Ok(Response::new(Box::pin(stream)))
+        let stream = super::device_stream(self.offers.clone(), move |offer| {
+            devices(
+                &static_instances(offer)
+                    .remove(&resource)
+                    .unwrap_or_default(),
+            )
+        });
+        Ok(Response::new(stream))
     }
 
     async fn get_preferred_allocation(

@@ -98,12 +98,15 @@ async fn allocate_hands_out_the_chosen_instances_and_refuses_strangers() {
         "{}",
         error.message()
     );
-    let stream = service
+    let mut stream = service
         .list_and_watch(Request::new(Empty {}))
         .await
         .unwrap()
         .into_inner();
-    let first = Box::pin(stream).next().await.unwrap().unwrap();
+    let first = futures::StreamExt::next(&mut stream)
+        .await
+        .unwrap()
+        .unwrap();
     let ids: Vec<&str> = first.devices.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(ids, uuids.iter().map(String::as_str).collect::<Vec<_>>());
 }
