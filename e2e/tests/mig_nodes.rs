@@ -15,7 +15,9 @@
 //! operator's two `3g.20gb` instances: the Node advertises
 //! `nvidia.com/mig-3g.20gb: 2` and no `nvidia.com/gpu`; HAMi's
 //! `examples/nvidia/mig_example.yaml` runs twice, each pod with its own
-//! instance; a third waits for one.
+//! instance; a third waits for one. A GpuNodeConfig then switches the node
+//! to `migStrategy: single`: the instances become whole `nvidia.com/gpu`
+//! devices, booked in the ledger like any GPU.
 //!
 //! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
 
@@ -29,7 +31,7 @@ use kube::{
 use serde_json::json;
 use tessera_api::{
     mig,
-    v1alpha1::{GpuNode, MigInstance, VgpuAllocation},
+    v1alpha1::{GpuNode, GpuNodeConfig, MigInstance, VgpuAllocation},
 };
 use tessera_e2e::testkit::{self, phase, skip_real_nodes};
 use tessera_e2e::{
@@ -341,4 +343,60 @@ async fn static_mixed_mig_serves_hamis_mig_example_one_instance_per_pod() {
     })
     .await;
     assert!(out.contains(&format!("VISIBLE={}", seen[0])), "{out}");
+
+    // A GpuNodeConfig switches the node to migStrategy single: each
+    // instance is now a whole nvidia.com/gpu, booked through Tessera.
+    for name in ["gpu-pod-2", "gpu-pod-3"] {
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    let config: GpuNodeConfig = serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
+        "metadata": {"name": "single"},
+        "spec": {"nodeNames": [NODE], "migStrategy": "single"},
+    }))
+    .unwrap();
+    Api::<GpuNodeConfig>::all(client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    wait_for(
+        "the Node to offer the instances as nvidia.com/gpu",
+        async || {
+            let node = Api::<Node>::all(client.clone()).get(NODE).await.ok()?;
+            let allocatable = node.status?.allocatable?;
+            (allocatable.get("nvidia.com/gpu")?.0 == "2").then_some(())
+        },
+    )
+    .await;
+    let whole: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "whole-instance"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo LIMIT=$CUDA_DEVICE_MEMORY_LIMIT_0; echo END; sleep 3600"],
+                "resources": {"limits": {"nvidia.com/gpu": 1}},
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &whole).await.unwrap();
+    let out = wait_for("whole-instance to print its device", async || {
+        let out = logs(&cluster, "whole-instance");
+        out.contains("END").then_some(out)
+    })
+    .await;
+    let visible = out
+        .lines()
+        .find_map(|l| l.strip_prefix("VISIBLE="))
+        .unwrap();
+    assert!(on_gpu.iter().any(|u| u == visible), "{out}");
+    let allocation = Api::<VgpuAllocation>::namespaced(client.clone(), "default")
+        .get("whole-instance")
+        .await
+        .unwrap();
+    let slice = &allocation.spec.containers[0].devices[0];
+    assert_eq!(slice.uuid, visible, "the ledger books the instance");
+    assert_eq!(slice.memory_mib, 19968, "all of a 3g.20gb");
 }

@@ -93,7 +93,7 @@ fn mig_offer(
         return unhealthy(
             whole,
             format!(
-                "operatingMode mig: the node agent knows no MIG layout for this {model}: it is not MIG-capable, or the agent's backend cannot manage MIG instances (the NVML backend cannot yet)"
+                "operatingMode mig: the node agent knows no MIG layout for this {model}: it is not MIG-capable (NVML reports no MIG mode for it)"
             ),
         );
     };

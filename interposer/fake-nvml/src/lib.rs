@@ -7,13 +7,15 @@
 //! through the fake driver shows as used here, as on a real GPU. Implemented:
 //! `nvmlInit_v2`, `nvmlShutdown`, `nvmlDeviceGetCount_v2`,
 //! `nvmlDeviceGetHandleByIndex_v2`, `nvmlDeviceGetHandleByUUID`,
-//! `nvmlDeviceGetIndex`, `nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo`,
+//! `nvmlDeviceGetIndex`, `nvmlDeviceGetMemoryInfo`,
 //! `nvmlDeviceGetMemoryInfo_v2`, `nvmlDeviceGetUtilizationRates` (from the
 //! fake driver's simulated timeline) and, in `processes.rs`,
 //! `nvmlDeviceGetComputeRunningProcesses` (v1, `_v2`, `_v3`) and
 //! `nvmlDeviceGetProcessUtilization` (from the fake driver's per-process
-//! accounting, `fake-gpu/src/procs.rs`), with NVML's argument checks and
-//! return codes.
+//! accounting, `fake-gpu/src/procs.rs`), and, in `mig.rs`, MIG (modes,
+//! profiles, placements, GPU and compute instances, MIG devices) with
+//! `nvmlDeviceGetName`, `nvmlDeviceGetPciInfo_v3` and `nvmlDeviceGetUUID`, with NVML's argument
+//! checks and return codes.
 //!
 //! NVML lists the devices in the order of `FAKE_NVML_DEVICE_ORDER`, a
 //! comma-separated permutation of the fake driver's devices (CUDA ordinals):
@@ -30,6 +32,7 @@
     clippy::missing_safety_doc
 )]
 
+mod mig;
 mod processes;
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -234,35 +237,6 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
         unsafe { index.as_mut() }
             .map(|x| *x = i)
             .ok_or(NVML_ERROR_INVALID_ARGUMENT)
-    })
-}
-
-/// `nvmlDeviceGetUUID`: `GPU-` and the UUID `cuDeviceGetUuid` reports for
-/// the same device.
-///
-/// # Safety
-///
-/// `uuid` is NULL or valid for `length` bytes of writes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(
-    device: nvmlDevice_t,
-    uuid: *mut c_char,
-    length: c_uint,
-) -> nvmlReturn_t {
-    guard(|| {
-        let text = uuid::uuid_string(driver_device(device)?);
-        if uuid.is_null() {
-            return Err(NVML_ERROR_INVALID_ARGUMENT);
-        }
-        if (length as usize) < text.len() + 1 {
-            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
-        }
-        // SAFETY: `uuid` is valid for `length` > text.len() bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), uuid, text.len());
-            uuid.add(text.len()).write(0);
-        }
-        Ok(())
     })
 }
 

@@ -57,9 +57,10 @@ fn deps_dir() -> PathBuf {
     exe.parent().expect("deps directory").to_owned()
 }
 
-/// A cdylib built by this `cargo test` run: next to the test executable
-/// (fresh for this build), else in the profile directory above it.
-fn cdylib(name: &str) -> PathBuf {
+/// A cdylib built by this `cargo test` run (a dev-dependency of the crate
+/// under test, e.g. `libnvidia_ml.so`, the fake NVML): next to the test
+/// executable (fresh for this build), else in the profile directory above it.
+pub fn cdylib(name: &str) -> PathBuf {
     let deps = deps_dir();
     [deps.join(name), deps.parent().unwrap().join(name)]
         .into_iter()
