@@ -204,9 +204,15 @@ def main():
     else:
         rows.append(("inference", "", json.dumps([plain, preloaded]), "FAIL"))
 
-    gpu = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+    return report("Tessera interposer", 0, rows)
+
+
+def report(title, gpu_index, rows):
+    """Prints the rows (check, setting, result, verdict) under a title naming
+    the GPU and the date; returns the exit status: 1 if any row failed."""
+    gpu = subprocess.run(["nvidia-smi", f"--id={gpu_index}", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
-    print(f"Tessera interposer on {gpu or 'unknown GPU'}, {time.strftime('%Y-%m-%d')}")
+    print(f"{title} on {gpu or 'unknown GPU'}, {time.strftime('%Y-%m-%d')}")
     width = [max(len(str(r[i])) for r in rows) for i in range(4)]
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, width)))

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-import check  # the interposer's checks, beside this script: the child runner and matmul
+import check  # the interposer's checks, beside this script: the child runner, matmul, the report
 
 MIB = 1 << 20
 
@@ -239,12 +239,7 @@ def main():
     rows = []
     check_mig(options.gpu, rows)
     check_mps(options.gpu, options.mps_limit_mib, options.seconds, rows)
-    gpu = sh(["nvidia-smi", "--id", str(options.gpu), "--query-gpu=name,driver_version", "--format=csv,noheader"])[1].strip()
-    print(f"Tessera MIG and MPS checks on {gpu or 'unknown GPU'}, {time.strftime('%Y-%m-%d')}")
-    width = [max(len(str(r[i])) for r in rows) for i in range(4)]
-    for row in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, width)))
-    return 0 if all(r[3] != "FAIL" for r in rows) else 1
+    return check.report("Tessera MIG and MPS checks", options.gpu, rows)
 
 
 if __name__ == "__main__":
