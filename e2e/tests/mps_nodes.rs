@@ -7,7 +7,8 @@
 //! 2. two pods with `nvidia.com/vgpu-mode: mps` share a GPU: each gets its
 //!    daemon's pipe and log directories (read-only), its share as
 //!    `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
-//!    `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, and no interposer;
+//!    `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, the `/dev/shm` every MPS client
+//!    and daemon shares, and no interposer;
 //! 3. a pod asking for two GPUs in MPS mode stays Pending with the reason
 //!    (one daemon per GPU, so one GPU per MPS container).
 //!
@@ -39,6 +40,7 @@ const NODE: &str = "mps-node";
 const SCRIPT: &str = r#"env | grep -E '^(CUDA_MPS_|NVIDIA_VISIBLE_DEVICES|CUDA_DEVICE_)' | sort
 test -S "$CUDA_MPS_PIPE_DIRECTORY/control" && echo SOCKET=yes
 touch "$CUDA_MPS_PIPE_DIRECTORY/planted" 2>/dev/null && echo WRITABLE=yes
+touch "/dev/shm/from-$HOSTNAME" && echo SHM=yes
 sed 's/^/LOG=/' "$CUDA_MPS_LOG_DIRECTORY/control.log"
 cat /etc/ld.so.preload 2>/dev/null | sed 's/^/PRELOAD=/'
 echo END; sleep 3600"#;
@@ -104,6 +106,7 @@ async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
             format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={cores}"),
             format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={memory}M"),
             "SOCKET=yes".to_owned(),
+            "SHM=yes".to_owned(),
             "LOG=".to_owned(),
         ] {
             assert!(out.contains(&line), "{name}: no {line:?} in\n{out}");
@@ -128,6 +131,19 @@ async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
     }
     assert_eq!(visible.len(), 2);
     assert_eq!(visible[0], visible[1], "binpack puts both on one GPU");
+    // One /dev/shm for both: each sees what the other wrote there.
+    let shm = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["exec", "mps-a", "--", "ls", "/dev/shm"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&shm.stdout);
+    assert!(
+        listed.contains("from-mps-a") && listed.contains("from-mps-b"),
+        "{listed}"
+    );
 
     // 3. Two GPUs in MPS mode: Pending, with the reason.
     pods.create(&PostParams::default(), &mps_pod("mps-two", 2, 1000, 10))

@@ -4,9 +4,12 @@
 //! Each GPU's daemon has its own pipe and log directories under the agent's
 //! state directory (`mps/<uuid>/pipe`, `mps/<uuid>/log`); a container on the
 //! GPU gets both, mounted read-only (a client connects to the daemon's
-//! sockets, which a read-only mount allows, and needs to create nothing),
-//! so no tenant can plant a file where the daemon, which runs as root,
-//! writes. The container's share is the client's own settings:
+//! sockets, which a read-only mount allows), so no tenant can plant a file
+//! where the daemon, which runs as root, writes. MPS server and clients also
+//! share memory through `/dev/shm`: every daemon and every MPS container see
+//! one shared directory there (`mps/shm`; the chart mounts it at the agent's
+//! `/dev/shm`, and Allocate at the container's), as NVIDIA's device plugin
+//! arranges it. The container's share is the client's own settings:
 //! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from `gpucores` and
 //! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` from the memory slice, which the MPS
 //! server enforces; the interposer stays out (see docs/modes.md).
@@ -44,6 +47,8 @@ use crate::{
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
 /// The log directory in an MPS container (MPS's default).
 pub const CONTAINER_LOG_DIR: &str = "/var/log/nvidia-mps";
+/// Where MPS server and clients share memory.
+pub const SHM_DIR: &str = "/dev/shm";
 
 /// How often the daemons are checked (and started where missing).
 pub const PASS: Duration = Duration::from_secs(2);
@@ -57,6 +62,8 @@ pub struct MpsDaemon {
     pub pipe_dir: PathBuf,
     /// `CUDA_MPS_LOG_DIRECTORY` on the host.
     pub log_dir: PathBuf,
+    /// The `/dev/shm` the daemons and their clients share, on the host.
+    pub shm_dir: PathBuf,
 }
 
 /// Starts and commands MPS control daemons.
@@ -101,6 +108,7 @@ impl MpsManager {
             uuid: uuid.to_owned(),
             pipe_dir: dir.join("pipe"),
             log_dir: dir.join("log"),
+            shm_dir: self.root.join("shm"),
         })
     }
 
@@ -109,8 +117,10 @@ impl MpsManager {
         let daemon = self.daemon(uuid)?;
         if self.control.command(&daemon, "get_server_list").is_err() {
             for dir in [&daemon.pipe_dir, &daemon.log_dir] {
-                create_private_dir(dir)?;
+                create_dir(dir, 0o755)?;
             }
+            // Clients create their segments here, as in any /dev/shm.
+            create_dir(&daemon.shm_dir, 0o1777)?;
             self.control.start(&daemon)?;
             wait_until_answers(self.control.as_ref(), &daemon)?;
             tracing::info!(gpu = %uuid, pipe = %daemon.pipe_dir.display(), "MPS control daemon started");
@@ -158,9 +168,10 @@ impl MpsManager {
     }
 }
 
-/// Creates `dir` (and its parents) and makes it root's alone, 0755: the
-/// daemon's directories are shared with containers read-only.
-fn create_private_dir(dir: &Path) -> Result<(), Error> {
+/// Creates `dir` (and its parents) with `mode`: 0755 for the daemon's
+/// directories, which containers get read-only; 1777 for the shared
+/// `/dev/shm`. A symlink in its place is refused.
+fn create_dir(dir: &Path, mode: u32) -> Result<(), Error> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     let meta =
@@ -171,7 +182,7 @@ fn create_private_dir(dir: &Path) -> Result<(), Error> {
             dir.display()
         )));
     }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
         .map_err(Error::io(format!("setting the mode of {}", dir.display())))
 }
 
@@ -205,7 +216,7 @@ pub fn spawn_keeper(manager: Arc<MpsManager>, offers: tokio::sync::watch::Receiv
 
 impl Grant {
     /// The grant for a container on an MPS GPU: the GPU, the daemon's
-    /// directories read-only, and the client's share of the GPU
+    /// directories read-only, the shared `/dev/shm`, and the client's share of the GPU
     /// (`memory_mib` pinned, `cores` percent of the SMs; 0 or 100: all);
     /// no interposer, no region directory.
     pub fn with_mps(mut self, daemon: &MpsDaemon, memory_mib: u64, cores: u32) -> Self {
@@ -237,6 +248,11 @@ impl Grant {
                 container_path: CONTAINER_LOG_DIR.to_owned(),
                 host_path: daemon.log_dir.clone(),
                 read_only: true,
+            },
+            MountSpec {
+                container_path: SHM_DIR.to_owned(),
+                host_path: daemon.shm_dir.clone(),
+                read_only: false,
             },
         ];
         self

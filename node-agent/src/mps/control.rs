@@ -20,6 +20,8 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub struct NvidiaControl {
     program: PathBuf,
+    /// The `/dev/shm` the daemon sees (the agent's own).
+    shm: PathBuf,
 }
 
 impl NvidiaControl {
@@ -27,7 +29,14 @@ impl NvidiaControl {
     pub fn new(program: impl Into<PathBuf>) -> Self {
         Self {
             program: program.into(),
+            shm: PathBuf::from(super::SHM_DIR),
         }
+    }
+
+    /// The daemon's `/dev/shm` is `shm` instead of the agent's (tests).
+    pub fn with_shm(mut self, shm: impl Into<PathBuf>) -> Self {
+        self.shm = shm.into();
+        self
     }
 
     fn command_for(&self, daemon: &MpsDaemon) -> Command {
@@ -50,6 +59,20 @@ impl NvidiaControl {
 
 impl MpsControl for NvidiaControl {
     fn start(&self, daemon: &MpsDaemon) -> Result<(), Error> {
+        // The daemon runs here, with this process's /dev/shm: its clients
+        // get `shm_dir` as theirs, so the two must be one directory.
+        if !same_dir(&self.shm, &daemon.shm_dir) {
+            return Err(self.failed(
+                daemon,
+                "starting",
+                format!(
+                    "the agent's {} is not {}, which MPS containers get as theirs: the daemon and its clients would not share memory (the chart mounts it; without the chart, mount it at the agent's {})",
+                    self.shm.display(),
+                    daemon.shm_dir.display(),
+                    super::SHM_DIR
+                ),
+            ));
+        }
         let output = self
             .command_for(daemon)
             .arg("-d")
@@ -104,5 +127,14 @@ impl MpsControl for NvidiaControl {
             return Err(self.failed(daemon, line, format!("{}: {stderr}", output.status)));
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+/// Whether `a` and `b` are the same directory (one inode, however mounted).
+fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.is_dir() && a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }

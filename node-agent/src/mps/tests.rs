@@ -177,17 +177,19 @@ esac
     {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let manager = MpsManager::new(
-        Arc::new(NvidiaControl::new(&program)),
-        dir.path().join("mps"),
-    );
+    let root = dir.path().join("mps");
+    // The agent's /dev/shm is not the clients': the daemon is not started.
+    let elsewhere = MpsManager::new(Arc::new(NvidiaControl::new(&program)), &root);
+    let error = elsewhere.ensure("GPU-h100-0").unwrap_err().to_string();
+    assert!(error.contains("would not share memory"), "{error}");
+    let control = NvidiaControl::new(&program).with_shm(root.join("shm"));
+    let manager = MpsManager::new(Arc::new(control.clone()), &root);
     let daemon = manager.ensure("GPU-h100-0").unwrap();
     let started = std::fs::read_to_string(daemon.pipe_dir.join("started")).unwrap();
     assert_eq!(
         started.trim(),
         format!("GPU-h100-0 {}", daemon.log_dir.display())
     );
-    let control = NvidiaControl::new(&program);
     assert_eq!(
         control
             .command(&daemon, "get_default_active_thread_percentage")
@@ -200,7 +202,7 @@ esac
         .unwrap_err()
         .to_string();
     assert!(error.contains("Cannot find MPS control daemon"), "{error}");
-    let missing = NvidiaControl::new(dir.path().join("absent"));
+    let missing = NvidiaControl::new(dir.path().join("absent")).with_shm(root.join("shm"));
     let error = missing.start(&daemon).unwrap_err().to_string();
     assert!(
         error.contains("absent") && error.contains("GPU-h100-0"),
@@ -214,6 +216,7 @@ fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
         uuid: "GPU-a".into(),
         pipe_dir: "/var/lib/tessera/mps/GPU-a/pipe".into(),
         log_dir: "/var/lib/tessera/mps/GPU-a/log".into(),
+        shm_dir: "/var/lib/tessera/mps/shm".into(),
     };
     let list = DeviceList::default();
     let mut grant = Grant {
@@ -249,8 +252,19 @@ fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
             ("NVIDIA_VISIBLE_DEVICES", "GPU-a"),
         ]
     );
-    assert_eq!(grant.mounts.len(), 2);
-    assert!(grant.mounts.iter().all(|m| m.read_only));
+    let mounts: Vec<(&str, bool)> = grant
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            (CONTAINER_PIPE_DIR, true),
+            (CONTAINER_LOG_DIR, true),
+            ("/dev/shm", false)
+        ]
+    );
     assert_eq!(grant.mounts[0].host_path, daemon.pipe_dir);
     // All of the GPU's SMs: no thread percentage.
     let whole = Grant { ..grant.clone() }.with_mps(&daemon, 81559, 100);
