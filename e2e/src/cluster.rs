@@ -9,8 +9,12 @@
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, api::ListParams};
+use kube::{
+    Api,
+    api::{ListParams, PostParams},
+};
 use serde_json::{Value, json};
+use tessera_api::v1alpha1::GpuNodeConfig;
 
 use crate::{
     ControlPlane, Error, Lifetime, Options,
@@ -84,14 +88,33 @@ impl LocalCluster {
         artifacts: &Artifacts,
         extra: Value,
     ) -> Result<Self, Error> {
+        Self::start_with_configs(dir, lifetime, nodes, artifacts, extra, &[]).await
+    }
+
+    /// [`LocalCluster::start_with`] where `configs` exist before Tessera is
+    /// installed, as a GitOps repository would have them: the CRDs are
+    /// applied and the GpuNodeConfigs created first (helm then leaves the
+    /// existing CRDs alone), so each agent's first offer already follows them.
+    pub async fn start_with_configs(
+        dir: Option<PathBuf>,
+        lifetime: Lifetime,
+        nodes: &[NodeGpus],
+        artifacts: &Artifacts,
+        extra: Value,
+        configs: &[GpuNodeConfig],
+    ) -> Result<Self, Error> {
         let turn = ONE_AT_A_TIME.lock().await;
         let plane = ControlPlane::start_with(Options {
             dir,
             lifetime,
-            install_crds: false,
+            install_crds: !configs.is_empty(),
             serve_pods: true,
         })
         .await?;
+        let api: Api<GpuNodeConfig> = Api::all(plane.client().await?);
+        for config in configs {
+            api.create(&PostParams::default(), config).await?;
+        }
         plane.start_controller_manager().await?;
         plane
             .start_scheduler("profiles:\n- schedulerName: default-scheduler\n")

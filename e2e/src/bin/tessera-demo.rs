@@ -17,6 +17,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
+use tessera_api::v1alpha1::GpuNodeConfig;
 use tessera_e2e::artifacts::Artifacts;
 use tessera_e2e::cluster::{LocalCluster, NAMESPACE, NodeGpus};
 use tessera_e2e::node::{self, FakeGpu};
@@ -53,7 +54,7 @@ enum Command {
 }
 
 /// The demo's nodes: two models, GPUs on different NUMA nodes, and an A100
-/// in MIG mode (the release's GpuNodeConfig puts its node in dynamic MIG).
+/// in MIG mode (the GpuNodeConfig `mig-pool` puts its node in dynamic MIG).
 fn nodes() -> Vec<NodeGpus> {
     let mig = FakeGpu::many("mig", 1, "NVIDIA A100-SXM4-80GB", 81920, 1);
     vec![
@@ -125,17 +126,18 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy v1.36), images, helm install tessera charts/tessera",
     );
     // What a GitOps repository would hold: one GpuNodeConfig for the MIG node.
-    let values = serde_json::json!({"defaultGpuNodeConfig": {
-        "enabled": true,
-        "name": "mig-pool",
+    let mig_pool: GpuNodeConfig = serde_json::from_value(serde_json::json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
+        "metadata": {"name": "mig-pool"},
         "spec": {"nodeNames": [MIG_NODE], "operatingMode": "mig"},
-    }});
-    let cluster = LocalCluster::start_with(
+    }))?;
+    let cluster = LocalCluster::start_with_configs(
         Some(dir.to_owned()),
         Lifetime::Detached,
         &nodes,
         &artifacts,
-        values,
+        serde_json::json!({}),
+        &[mig_pool],
     )
     .await
     .context("starting the cluster and installing Tessera")?;
