@@ -11,7 +11,7 @@ use std::{path::Path, process::Command};
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration,
     coordination::v1::Lease,
-    core::v1::{Node, Pod, Secret},
+    core::v1::{Namespace, Node, Pod, Secret},
     rbac::v1::ClusterRole,
 };
 use kube::{
@@ -289,6 +289,19 @@ async fn node_agent_writes_only_its_own_node() {
     );
     // The agents' Leases share the release namespace with the scheduler
     // pods' leader-election Leases, which RBAC alone would let them take.
+    // (No scheduler pod runs here: the Lease is made as the controller would.)
+    let controller_leases: Api<Lease> = Api::namespaced(admin.clone(), NAMESPACE);
+    if controller_leases
+        .get_opt("tessera-controller")
+        .await
+        .unwrap()
+        .is_none()
+    {
+        controller_leases
+            .create(&PostParams::default(), &lease("tessera-controller"))
+            .await
+            .unwrap();
+    }
     refused(
         leases
             .patch(
@@ -347,6 +360,30 @@ async fn webhook_certificate_is_kept_on_upgrade_renewed_near_expiry_and_removed_
     let cluster = tessera_e2e::shared().await.unwrap();
     let client = cluster.client().await.unwrap();
     let (release, namespace) = ("certs", "certs-system");
+    // The scheduler pods may take their leader-election Leases before helm
+    // has created everything: the install must not trip over them.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let taken = |name: &str| -> Lease {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"holderIdentity": "certs-tessera-scheduler-0"},
+        }))
+        .unwrap()
+    };
+    for name in ["certs-tessera-scheduler", "tessera-controller"] {
+        leases
+            .create(&PostParams::default(), &taken(name))
+            .await
+            .unwrap();
+    }
     install(cluster, release, namespace, &[]);
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -409,6 +446,12 @@ async fn webhook_certificate_is_kept_on_upgrade_renewed_near_expiry_and_removed_
     command.args(["uninstall", release, "--namespace", namespace, "--wait"]);
     helm::run(&mut command).unwrap();
     assert!(webhooks.get_opt("certs-tessera").await.unwrap().is_none());
+    for name in ["certs-tessera-scheduler", "tessera-controller"] {
+        assert!(
+            leases.get_opt(name).await.unwrap().is_none(),
+            "the leader-election Lease {name} outlived the release"
+        );
+    }
     assert!(
         Api::<ClusterRole>::all(client.clone())
             .get_opt("certs-tessera-node-agent")
