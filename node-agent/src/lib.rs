@@ -2,6 +2,7 @@
 //!
 //! - [`backend`]: the node's GPUs from NVML or from a file of fake GPUs.
 //! - [`settings`]: the node's settings (GpuNodeConfig) applied to them.
+//! - [`dra`]: the node's GPUs as a DRA ResourceSlice (the DRA front door, in progress).
 //! - [`inventory`]: what the node offers, kept current.
 //! - [`install`]: the interposer copied from the image onto the host.
 //! - [`mig`]: dynamic MIG instances created at Allocate, destroyed at release.
@@ -15,6 +16,7 @@
 #![forbid(unsafe_code)]
 pub mod app;
 pub mod backend;
+pub mod dra;
 mod error;
 pub mod install;
 pub mod inventory;
