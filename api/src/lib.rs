@@ -27,7 +27,7 @@ pub mod mig;
 #[cfg(feature = "kube")]
 pub mod node_config;
 #[cfg(feature = "kube")]
-mod quantity;
+pub mod quantity;
 #[cfg(feature = "kube")]
 pub mod request;
 #[cfg(feature = "testing")]

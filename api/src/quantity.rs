@@ -16,6 +16,22 @@ pub(crate) enum QuantityError {
     Overflow,
 }
 
+/// A quantity of bytes (`8Gi`, `8192Mi`) as whole MiB; an error naming the
+/// rule otherwise (malformed, negative, fractional, or not whole MiB).
+pub fn bytes_as_mib(text: &str) -> Result<u64, String> {
+    let bytes = parse_whole(text)
+        .map_err(|e| format!("{text:?} is not a whole quantity of bytes ({e:?})"))?;
+    if bytes % (1 << 20) != 0 {
+        return Err(format!("{text:?} is not a whole number of MiB"));
+    }
+    Ok(bytes >> 20)
+}
+
+/// A quantity (`30`, `3e1`) as a whole number; an error naming the rule otherwise.
+pub fn whole(text: &str) -> Result<u64, String> {
+    parse_whole(text).map_err(|e| format!("{text:?} is not a whole number ({e:?})"))
+}
+
 /// Parses a quantity such as `3000`, `4k`, `2Gi`, `1e3` or `2000m` into an integer.
 pub(crate) fn parse_whole(text: &str) -> Result<u64, QuantityError> {
     let (negative, rest) = match text.as_bytes().first() {
@@ -97,7 +113,21 @@ fn suffix_exponents(suffix: &str) -> Option<(i32, u32)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{QuantityError::*, parse_whole};
+    use super::{QuantityError::*, bytes_as_mib, parse_whole, whole};
+
+    #[test]
+    fn bytes_become_whole_mib_or_an_error() {
+        assert_eq!(bytes_as_mib("8Gi"), Ok(8192));
+        assert_eq!(bytes_as_mib("81559Mi"), Ok(81559));
+        assert!(
+            bytes_as_mib("1000")
+                .unwrap_err()
+                .contains("whole number of MiB")
+        );
+        assert!(bytes_as_mib("-1Mi").is_err());
+        assert_eq!(whole("30"), Ok(30));
+        assert!(whole("0.5").is_err());
+    }
 
     #[test]
     fn whole_quantities() {

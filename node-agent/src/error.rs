@@ -21,6 +21,9 @@ pub enum Error {
     /// Starting or commanding an MPS control daemon failed.
     #[error("MPS: {0}")]
     Mps(String),
+    /// A DRA claim cannot be prepared as allocated.
+    #[error("DRA: {0}")]
+    Dra(String),
     /// `--kubeconfig` cannot be read or used.
     #[error("kubeconfig {}: {source}", .path.display())]
     Kubeconfig {

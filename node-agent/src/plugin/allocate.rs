@@ -222,56 +222,12 @@ pub fn grant(
     let uuids: Vec<&str> = container.devices.iter().map(|d| d.uuid.as_str()).collect();
     let listed = list.list(&uuids, &allocation.spec.pod_uid);
     let mut envs = listed.envs;
-    for (i, device) in container.devices.iter().enumerate() {
-        envs.insert(
-            env::memory_limit_var(i),
-            env::format_memory_limit(device.memory_mib),
-        );
-    }
+    let memories: Vec<u64> = container.devices.iter().map(|d| d.memory_mib).collect();
     let cores = container.devices.iter().map(|d| d.cores).max().unwrap_or(0);
-    envs.insert(env::CUDA_DEVICE_SM_LIMIT.to_owned(), cores.to_string());
-    if let Some(priority) = container.priority {
-        envs.insert(env::CUDA_TASK_PRIORITY.to_owned(), priority.to_string());
-    }
-    envs.insert(
-        env::CUDA_DEVICE_MEMORY_SHARED_CACHE.to_owned(),
-        format!("{CONTAINER_REGION_DIR}/{REGION_FILE}"),
-    );
-    let policy = match settings.gpu_core_policy {
-        CorePolicy::Default => "default",
-        CorePolicy::Force => "force",
-        CorePolicy::Disable => "disable",
-    };
-    envs.insert(
-        env::GPU_CORE_UTILIZATION_POLICY.to_owned(),
-        policy.to_owned(),
-    );
-    envs.insert(
-        env::LIBCUDA_LOG_LEVEL.to_owned(),
-        settings.lib_cuda_log_level.to_string(),
-    );
-    if settings.device_memory_scaling > 1.0 {
-        envs.insert(env::CUDA_OVERSUBSCRIBE.to_owned(), "true".to_owned());
-    }
+    envs.extend(slice_env(&memories, cores, container.priority, settings));
 
     let region_dir = paths.regions.join(region_name);
-    let mounts = vec![
-        MountSpec {
-            container_path: CONTAINER_LIBRARY.to_owned(),
-            host_path: paths.library.clone(),
-            read_only: true,
-        },
-        MountSpec {
-            container_path: CONTAINER_PRELOAD.to_owned(),
-            host_path: paths.preload.clone(),
-            read_only: true,
-        },
-        MountSpec {
-            container_path: CONTAINER_REGION_DIR.to_owned(),
-            host_path: region_dir.clone(),
-            read_only: false,
-        },
-    ];
+    let mounts = interposer_mounts(paths, &region_dir);
     let mismatched = requested
         .iter()
         .map(|id| uuid_of(id))
@@ -296,6 +252,73 @@ pub fn grant(
             .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
             .collect(),
     })
+}
+
+/// The interposer's environment for a container holding slices of
+/// `memories` MiB (in its CUDA device order) and `cores` percent of the SMs
+/// (0: no limit), under the node's `settings`: the limits, the region, the
+/// policy, the priority and the log level (the devices themselves come from
+/// the [`DeviceList`]).
+pub fn slice_env(
+    memories: &[u64],
+    cores: u32,
+    priority: Option<u32>,
+    settings: &NodeSettings,
+) -> BTreeMap<String, String> {
+    let mut envs = BTreeMap::new();
+    for (i, memory_mib) in memories.iter().enumerate() {
+        envs.insert(
+            env::memory_limit_var(i),
+            env::format_memory_limit(*memory_mib),
+        );
+    }
+    envs.insert(env::CUDA_DEVICE_SM_LIMIT.to_owned(), cores.to_string());
+    if let Some(priority) = priority {
+        envs.insert(env::CUDA_TASK_PRIORITY.to_owned(), priority.to_string());
+    }
+    envs.insert(
+        env::CUDA_DEVICE_MEMORY_SHARED_CACHE.to_owned(),
+        format!("{CONTAINER_REGION_DIR}/{REGION_FILE}"),
+    );
+    let policy = match settings.gpu_core_policy {
+        CorePolicy::Default => "default",
+        CorePolicy::Force => "force",
+        CorePolicy::Disable => "disable",
+    };
+    envs.insert(
+        env::GPU_CORE_UTILIZATION_POLICY.to_owned(),
+        policy.to_owned(),
+    );
+    envs.insert(
+        env::LIBCUDA_LOG_LEVEL.to_owned(),
+        settings.lib_cuda_log_level.to_string(),
+    );
+    if settings.device_memory_scaling > 1.0 {
+        envs.insert(env::CUDA_OVERSUBSCRIBE.to_owned(), "true".to_owned());
+    }
+    envs
+}
+
+/// The interposer's mounts: the library and the preload list read-only,
+/// and the container's region directory `region_dir` read-write.
+pub fn interposer_mounts(paths: &HostPaths, region_dir: &std::path::Path) -> Vec<MountSpec> {
+    vec![
+        MountSpec {
+            container_path: CONTAINER_LIBRARY.to_owned(),
+            host_path: paths.library.clone(),
+            read_only: true,
+        },
+        MountSpec {
+            container_path: CONTAINER_PRELOAD.to_owned(),
+            host_path: paths.preload.clone(),
+            read_only: true,
+        },
+        MountSpec {
+            container_path: CONTAINER_REGION_DIR.to_owned(),
+            host_path: region_dir.to_owned(),
+            read_only: false,
+        },
+    ]
 }
 
 /// The device IDs to prefer for the lock holder's next container: replicas

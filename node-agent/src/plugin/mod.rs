@@ -10,7 +10,7 @@ pub mod static_mig;
 
 pub use allocate::{
     AllocateError, CONTAINER_LIBRARY, CONTAINER_PRELOAD, CONTAINER_REGION_DIR, Grant, HostPaths,
-    MountSpec, REGION_FILE, grant, preferred,
+    MountSpec, REGION_FILE, grant, interposer_mounts, preferred, slice_env,
 };
 pub use device_list::{
     CDI_ANNOTATION_PLUGIN, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_CDI_KIND, DeviceList,

@@ -1,0 +1,164 @@
+//! What the agent publishes as the node's ResourceSlice. Pure: no I/O.
+//!
+//! One device per GPU the node offers in hami-core mode, shareable
+//! (`allowMultipleAllocations`, DRA consumable capacity) with two capacities
+//! a claim consumes part of:
+//! - `memory`: the GPU's offered memory; a claim names how much (`8Gi`), at
+//!   least 1 MiB, in whole MiB; a claim that names none takes all of it (the
+//!   policy's default), as a HAMi pod without `nvidia.com/gpumem` takes the
+//!   whole GPU's memory;
+//! - `cores`: percent of the SMs, 0 to 100 in steps of 1; a claim that names
+//!   none consumes 0 (no limit, shared), as HAMi's `gpucores` default.
+//!
+//! Attributes a claim may select on with CEL or constrain with
+//! `matchAttribute`: `uuid`, `model`, `index`, `numaNode` (when known).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::resource::v1::{
+        CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+        ResourcePool, ResourceSlice, ResourceSliceSpec,
+    },
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
+};
+use tessera_api::v1alpha1::{DeviceHealth, GpuDevice, OperatingMode};
+
+use super::{DRIVER, device_name};
+
+/// The node's ResourceSlice for `devices` (the offer), in pool `node`
+/// (one pool per node, one slice per pool) at `generation`. Unhealthy GPUs
+/// and GPUs in MIG or MPS mode are left out: DRA serves slices of whole
+/// hami-core GPUs.
+pub fn resource_slice(node: &str, generation: i64, devices: &[GpuDevice]) -> ResourceSlice {
+    let devices = devices
+        .iter()
+        .filter(|d| d.health == DeviceHealth::Healthy && d.mode == OperatingMode::HamiCore)
+        .map(device)
+        .collect();
+    ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("{node}-{DRIVER}")),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: DRIVER.to_owned(),
+            node_name: Some(node.to_owned()),
+            pool: ResourcePool {
+                name: node.to_owned(),
+                generation,
+                resource_slice_count: 1,
+            },
+            devices: Some(devices),
+            ..ResourceSliceSpec::default()
+        },
+    }
+}
+
+fn device(gpu: &GpuDevice) -> Device {
+    let string = |value: &str| DeviceAttribute {
+        string: Some(value.to_owned()),
+        ..DeviceAttribute::default()
+    };
+    let int = |value: u32| DeviceAttribute {
+        int: Some(i64::from(value)),
+        ..DeviceAttribute::default()
+    };
+    let mut attributes = BTreeMap::from([
+        ("uuid".to_owned(), string(&gpu.uuid)),
+        ("model".to_owned(), string(&gpu.model)),
+        ("index".to_owned(), int(gpu.index)),
+    ]);
+    if let Some(numa) = gpu.numa_node {
+        attributes.insert("numaNode".to_owned(), int(numa));
+    }
+    let memory = Quantity(format!("{}Mi", gpu.capacity.memory_mib));
+    let capacity = BTreeMap::from([
+        (
+            "memory".to_owned(),
+            DeviceCapacity {
+                value: memory.clone(),
+                request_policy: Some(CapacityRequestPolicy {
+                    // The API server requires a default beside a valid range.
+                    default: Some(memory),
+                    valid_range: Some(CapacityRequestPolicyRange {
+                        min: Quantity("1Mi".to_owned()),
+                        max: None,
+                        step: Some(Quantity("1Mi".to_owned())),
+                    }),
+                    valid_values: None,
+                }),
+            },
+        ),
+        (
+            "cores".to_owned(),
+            DeviceCapacity {
+                value: Quantity(gpu.capacity.cores.to_string()),
+                request_policy: Some(CapacityRequestPolicy {
+                    default: Some(Quantity("0".to_owned())),
+                    valid_range: Some(CapacityRequestPolicyRange {
+                        min: Quantity("0".to_owned()),
+                        max: Some(Quantity("100".to_owned())),
+                        step: Some(Quantity("1".to_owned())),
+                    }),
+                    valid_values: None,
+                }),
+            },
+        ),
+    ]);
+    Device {
+        name: device_name(gpu.index),
+        allow_multiple_allocations: Some(true),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        ..Device::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_api::testing::gpu;
+
+    use super::*;
+
+    #[test]
+    fn each_healthy_hami_core_gpu_is_one_shareable_device() {
+        let mut sick = gpu(2, "NVIDIA H100 80GB HBM3", 81559);
+        sick.health = DeviceHealth::Unhealthy;
+        let mut mps = gpu(3, "NVIDIA H100 80GB HBM3", 81559);
+        mps.mode = OperatingMode::Mps;
+        let mut near = gpu(1, "NVIDIA H100 80GB HBM3", 81559);
+        near.numa_node = Some(1);
+        let offer = [gpu(0, "NVIDIA H100 80GB HBM3", 81559), near, sick, mps];
+        let slice = resource_slice("node-a", 7, &offer);
+        assert_eq!(slice.spec.driver, "gpu.tessera.dev");
+        assert_eq!(slice.spec.node_name.as_deref(), Some("node-a"));
+        assert_eq!(slice.spec.pool.generation, 7);
+        let devices = slice.spec.devices.unwrap();
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1"]);
+        let one = &devices[1];
+        assert_eq!(one.allow_multiple_allocations, Some(true));
+        let attributes = one.attributes.as_ref().unwrap();
+        assert_eq!(attributes["uuid"].string.as_deref(), Some("GPU-1"));
+        assert_eq!(attributes["numaNode"].int, Some(1));
+        assert!(
+            !devices[0]
+                .attributes
+                .as_ref()
+                .unwrap()
+                .contains_key("numaNode")
+        );
+        let capacity = one.capacity.as_ref().unwrap();
+        assert_eq!(capacity["memory"].value.0, "81559Mi");
+        assert_eq!(capacity["cores"].value.0, "100");
+        let cores = capacity["cores"].request_policy.as_ref().unwrap();
+        assert_eq!(cores.default.as_ref().unwrap().0, "0");
+        let memory = capacity["memory"].request_policy.as_ref().unwrap();
+        assert_eq!(
+            memory.default.as_ref().unwrap().0,
+            "81559Mi",
+            "the whole GPU's memory"
+        );
+    }
+}
