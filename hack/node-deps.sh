@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Tessera's real nodes (make demo, the real-node tests) need:
-# containerd, runc, the CNI plugins, iptables for kube-proxy and a static
+# runc (containerd 2 comes from hack/tools.sh), the CNI plugins, iptables for kube-proxy and a static
 # busybox for the demo image; and promtool (Debian's prometheus package) for the
 # chart's alerting-rule tests. Debian/Ubuntu packages; needs root. Does nothing
 # when all are present.
@@ -11,7 +11,6 @@ command -v promtool >/dev/null || missing+=(prometheus)
 if [[ -n "${TESSERA_SKIP_REAL_NODES:-}" ]]; then
   echo "hack/node-deps.sh: TESSERA_SKIP_REAL_NODES is set; not checking real-node packages" >&2
 else
-  command -v containerd >/dev/null || missing+=(containerd)
   command -v runc >/dev/null || missing+=(runc)
   [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
   [[ -x /bin/busybox ]] || missing+=(busybox-static)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes, etcd, helm and kwok binaries Tessera's tests run, from the Go
+# Builds the Kubernetes, etcd, helm, kwok and containerd binaries Tessera's tests run, from the Go
 # modules pinned in e2e/tools/*/go.mod, into a cache outside the work tree.
 #
 #   hack/tools.sh          build what is missing, print the bin directory
@@ -13,12 +13,13 @@ K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.14
 HELM_VERSION=v3.21.4
 KWOK_VERSION=v0.8.0
+CONTAINERD_VERSION=v2.4.2
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${TESSERA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
 # The key changes whenever the pinned modules change, so an edit to
 # e2e/tools/*/go.{mod,sum} (a new version, a new binary) rebuilds.
 key=$(cat "$root"/e2e/tools/*/go.mod "$root"/e2e/tools/*/go.sum | sha256sum | cut -c1-12)
-bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-kwok-$KWOK_VERSION-$key/bin"
+bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-kwok-$KWOK_VERSION-containerd-$CONTAINERD_VERSION-$key/bin"
 
 if [[ "${1:-}" == "--path" ]]; then echo "$bin"; exit 0; fi
 if [[ -f "$bin/.complete" ]]; then echo "$bin"; exit 0; fi
@@ -60,7 +61,16 @@ echo "hack/tools.sh: building kwok $KWOK_VERSION" >&2
 (cd "$root/e2e/tools/kwok" && go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
   -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
 
+# containerd 2 and its runc shim for the real nodes (CDI on by default), and
+# ctr to import images into them.
+echo "hack/tools.sh: building containerd $CONTAINERD_VERSION" >&2
+(cd "$root/e2e/tools/containerd" && go build -tags no_btrfs,no_devmapper,no_zfs \
+  -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" -o "$tmp/" \
+  github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr)
+
 "$tmp/kube-apiserver" --version >&2
+"$tmp/containerd" --version >&2
 "$tmp/etcd" --version | head -1 >&2
 "$tmp/helm" version --short >&2
 "$tmp/kwok" --version >&2

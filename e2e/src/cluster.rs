@@ -238,7 +238,19 @@ impl LocalCluster {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        Error::Config(format!("{error}\npods:\n{pods}"))
+        // Pods stuck before running: the nodes' containerd and kubelet say why.
+        let mut logs = String::new();
+        for node in &self.nodes {
+            for name in ["containerd", "kubelet"] {
+                let log = node.dir().join(format!("{name}.log"));
+                logs.push_str(&format!(
+                    "--- {}:\n{}\n",
+                    log.display(),
+                    crate::process::log_tail(&log, 10)
+                ));
+            }
+        }
+        Error::Config(format!("{error}\npods:\n{pods}{logs}"))
     }
 }
 

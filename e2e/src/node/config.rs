@@ -59,8 +59,9 @@ pub(crate) fn fake_gpus(gpus: &[FakeGpu]) -> String {
     serde_yaml_ng::to_string(&json!({ "devices": fake_devices(gpus) })).unwrap_or_default()
 }
 
-/// containerd 1.6+'s configuration: its own root, state and sockets, the CRI
-/// plugin with the locally built sandbox image, overlayfs and runc.
+/// containerd's configuration (version 2, which containerd 2 migrates): its
+/// own root, state and sockets, the CRI plugin with the locally built sandbox
+/// image, overlayfs and runc, and CDI specs from the node's `cdi` directory.
 pub(crate) fn containerd(dir: &Path, stream_port: u16) -> String {
     let d = dir.display();
     format!(
@@ -79,6 +80,8 @@ state = "{d}/containerd/state"
   stream_server_port = "{stream_port}"
   disable_apparmor = true
   restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["{d}/cdi"]
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

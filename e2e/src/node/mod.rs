@@ -32,6 +32,7 @@ use crate::artifacts::Artifacts;
 use crate::control_plane::{free_port, host_ip};
 use crate::images::Archives;
 use crate::process::{self, Lifetime, Process};
+use crate::tools;
 use crate::{ControlPlane, Error};
 use cgroup::Subtree;
 use config::KubeletPorts;
@@ -269,10 +270,24 @@ impl RealNode {
         let config = self.dir.join("containerd.toml");
         fs::write(&config, config::containerd(&self.dir, free_port()?))
             .map_err(Error::io("write", &config))?;
+        let cdi = self.dir.join("cdi");
+        fs::create_dir_all(&cdi).map_err(Error::io("create", &cdi))?;
+        // containerd 2 from the tool cache (CDI on), finding its own runc
+        // shim first on PATH (not an older one from the system's packages).
+        let tools_dir = tools::bin_dir()?;
+        let path = match std::env::var("PATH") {
+            Ok(path) => format!("{}:{path}", tools_dir.display()),
+            Err(_) => tools_dir.display().to_string(),
+        };
         let mut containerd = self.spawn_inside(
             "containerd",
-            Path::new("containerd"),
-            &["--config".to_owned(), config.display().to_string()],
+            Path::new("env"),
+            &[
+                format!("PATH={path}"),
+                tools_dir.join("containerd").display().to_string(),
+                "--config".to_owned(),
+                config.display().to_string(),
+            ],
         )?;
         self.cgroup.adopt(containerd.pid())?;
         let socket = self.dir.join("containerd.sock");
@@ -290,7 +305,7 @@ impl RealNode {
         self.containerd = Some(containerd);
         self.record()?;
         for archive in &images.paths {
-            let output = Command::new("ctr")
+            let output = Command::new(tools::binary("ctr")?)
                 .arg("--address")
                 .arg(&socket)
                 .args(["-n", "k8s.io", "images", "import"])
