@@ -411,6 +411,12 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         let mut pending = Vec::new();
         for pod in &all {
             let name = pod.metadata.name.clone().unwrap_or_default();
+            // A pod deleted mid-stream may still be going (Running, with a
+            // deletion timestamp): settled once it is gone.
+            if pod.metadata.deletion_timestamp.is_some() {
+                unsettled.push(format!("{name} (terminating, on {:?})", node_of(pod)));
+                continue;
+            }
             match phase(pod) {
                 "Running" => {}
                 // A bare pod lost (judged below), or a Deployment's pod its
