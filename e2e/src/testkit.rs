@@ -60,7 +60,7 @@ pub async fn wait_for<T>(
     }
 }
 
-/// The message of the scheduler's first `FailedScheduling` event for the
+/// The message of the scheduler's latest `FailedScheduling` event for the
 /// pod `name` in `namespace`, once there is one.
 pub async fn scheduling_failure(client: &Client, namespace: &str, name: &str) -> Option<String> {
     let events = Api::<Event>::namespaced(client.clone(), namespace)
@@ -70,7 +70,8 @@ pub async fn scheduling_failure(client: &Client, namespace: &str, name: &str) ->
     events
         .items
         .into_iter()
-        .find(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .max_by_key(|e| e.last_timestamp.clone().map(|t| t.0))
         .and_then(|e| e.message)
 }
 

@@ -29,7 +29,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
-use tessera_e2e::testkit::{number, phase, section, skip_real_nodes};
+use tessera_e2e::testkit::{number, phase, scheduling_failure, section, skip_real_nodes};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -226,21 +226,6 @@ impl Chaos {
         }
         text
     }
-
-    /// The latest FailedScheduling message of a pod, if any.
-    async fn pending_reason(&self, pod: &str) -> Option<String> {
-        let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(self.client.clone(), "default");
-        let list = events
-            .list(&ListParams::default().fields(&format!("involvedObject.name={pod}")))
-            .await
-            .ok()?;
-        list.items
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
-            .max_by_key(|e| e.last_timestamp.clone().map(|t| t.0))
-            .and_then(|e| e.message)
-    }
 }
 
 /// Why a pod is lost, when it is: the phase Failed with the kubelet's
@@ -422,12 +407,14 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
                 // A bare pod lost (judged below), or a Deployment's pod its
                 // ReplicaSet replaces (judged by the Deployment's readiness).
                 "Failed" => {}
-                "Pending" if node_of(pod).is_empty() => match chaos.pending_reason(&name).await {
-                    Some(reason) if reason.contains("GPU") || reason.contains("MiB") => {
-                        pending.push((name, reason));
+                "Pending" if node_of(pod).is_empty() => {
+                    match scheduling_failure(&chaos.client, "default", &name).await {
+                        Some(reason) if reason.contains("GPU") || reason.contains("MiB") => {
+                            pending.push((name, reason));
+                        }
+                        _ => unsettled.push(name),
                     }
-                    _ => unsettled.push(name),
-                },
+                }
                 other => unsettled.push(format!("{name} ({other}, on {:?})", node_of(pod))),
             }
         }

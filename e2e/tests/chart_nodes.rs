@@ -17,7 +17,7 @@
 //! Needs what the real-node tests need (root, containerd, runc, CNI plugins,
 //! iptables); `TESSERA_SKIP_REAL_NODES=1` skips it, never silently.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration, coordination::v1::Lease, core::v1::Pod,
@@ -59,15 +59,8 @@ fn plain_pod(name: &str) -> Pod {
     .unwrap()
 }
 
-async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+async fn wait_for<T>(what: &str, check: impl AsyncFnMut() -> Option<T>) -> T {
+    tessera_e2e::testkit::wait_for(what, WAIT, check).await
 }
 
 fn logs(cluster: &LocalCluster, pod: &str) -> String {

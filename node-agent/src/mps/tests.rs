@@ -267,7 +267,7 @@ fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
     );
     assert_eq!(grant.mounts[0].host_path, daemon.pipe_dir);
     // All of the GPU's SMs: no thread percentage.
-    let whole = Grant { ..grant.clone() }.with_mps(&daemon, 81559, 100);
+    let whole = grant.clone().with_mps(&daemon, 81559, 100);
     assert!(!whole.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
     let none = grant.with_mps(&daemon, 81559, 0);
     assert!(!none.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
