@@ -14,6 +14,16 @@ pub const VERSION: &str = "v1alpha1";
 /// The scheduler name the webhook gives GPU pods unless configured otherwise.
 pub const DEFAULT_SCHEDULER_NAME: &str = "tessera-scheduler";
 
+/// The DRA front door's names.
+pub mod dra {
+    /// The DRA driver the node agents publish devices and prepare claims as.
+    pub const DRIVER: &str = "gpu.tessera.dev";
+    /// The DeviceClass that selects Tessera's GPUs (the chart installs it).
+    pub const DEVICE_CLASS: &str = "vgpu.tessera.dev";
+    /// The CDI kind (`vendor/class`) of the devices prepared claims get.
+    pub const CDI_KIND: &str = "tessera.dev/vgpu";
+}
+
 /// Default extended resource names a container puts in `resources.limits`.
 pub mod resources {
     /// Number of vGPUs; each one is on a different physical GPU.

@@ -92,6 +92,7 @@ pub fn resolve(
         filter_devices: p
             .get("filterDevices", |s| s.filter_devices.clone())
             .unwrap_or_else(|| d.filter_devices.clone()),
+        front_door: p.get("frontDoor", |s| s.front_door).unwrap_or(d.front_door),
         lib_cuda_log_level: p
             .get("libCudaLogLevel", |s| s.lib_cuda_log_level)
             .unwrap_or(d.lib_cuda_log_level),

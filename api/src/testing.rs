@@ -70,8 +70,9 @@ pub fn allocation(pod_name: &str, pod_uid: &str, node: &str) -> AllocationBuilde
             pod_uid: pod_uid.into(),
             node_name: node.into(),
             containers: Vec::new(),
-            gpu_policy: SchedulingPolicy::Spread,
-            node_policy: SchedulingPolicy::Binpack,
+            gpu_policy: Some(SchedulingPolicy::Spread),
+            node_policy: Some(SchedulingPolicy::Binpack),
+            claim: None,
             totals: AllocationTotals::default(),
             trace_context: None,
         },
@@ -115,8 +116,21 @@ impl AllocationBuilder {
 
     /// The GPU and node policies.
     pub fn policies(mut self, gpu: SchedulingPolicy, node: SchedulingPolicy) -> Self {
-        self.spec.gpu_policy = gpu;
-        self.spec.node_policy = node;
+        self.spec.gpu_policy = Some(gpu);
+        self.spec.node_policy = Some(node);
+        self
+    }
+
+    /// Makes it the DRA mirror of claim `name` (UID `uid`): named
+    /// `claim-<uid>`, without scheduling policies.
+    pub fn claim(mut self, name: &str, uid: &str) -> Self {
+        self.metadata.name = Some(format!("claim-{uid}"));
+        self.spec.gpu_policy = None;
+        self.spec.node_policy = None;
+        self.spec.claim = Some(crate::v1alpha1::ClaimReference {
+            name: name.into(),
+            uid: uid.into(),
+        });
         self
     }
 

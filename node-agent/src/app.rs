@@ -61,6 +61,22 @@ pub struct Args {
     /// The kubelet's device-plugin directory.
     #[arg(long, env = "TESSERA_DEVICE_PLUGIN_DIR", default_value = tessera_deviceplugin::DEVICE_PLUGIN_PATH)]
     pub device_plugin_dir: PathBuf,
+    /// The kubelet's plugins directory: the DRA plugin listens on
+    /// `<dir>/gpu.tessera.dev/dra.sock` (the kubelet's `<root-dir>/plugins`).
+    #[arg(
+        long,
+        env = "TESSERA_KUBELET_PLUGINS_DIR",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
+    pub kubelet_plugins_dir: PathBuf,
+    /// The kubelet's plugin registry, where the DRA plugin's registration
+    /// socket goes (the kubelet's `<root-dir>/plugins_registry`).
+    #[arg(long, env = "TESSERA_PLUGINS_REGISTRY_DIR", default_value = tessera_draplugin::PLUGINS_REGISTRY)]
+    pub plugins_registry_dir: PathBuf,
+    /// The directory of CDI specs the container runtime reads (containerd's
+    /// `cdi_spec_dirs`); prepared DRA claims get one spec file each here.
+    #[arg(long, env = "TESSERA_CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
     /// The extended resource the plugin registers.
     #[arg(long, env = "TESSERA_RESOURCE_NAME", default_value = tessera_api::names::resources::GPU)]
     pub resource_name: String,
@@ -292,15 +308,38 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         regions: args.state_dir.join("containers"),
     };
 
+    let doors = crate::door::track(view.clone(), offers.clone()).await;
     let (plugin_state, plugin_states) = tokio::sync::watch::channel(PluginState::NotRegistered);
     let lease_lapsed = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(publish::gpu_node(
         client.clone(),
         args.node_name.clone(),
         offers.clone(),
+        doors.clone(),
         plugin_states.clone(),
         lease_lapsed.clone(),
     ));
+    tokio::spawn(crate::dra::publish::keep(
+        client.clone(),
+        args.node_name.clone(),
+        offers.clone(),
+        doors.clone(),
+    ));
+    // Claims are prepared whatever the door: one allocated just before a
+    // switch away from DRA still starts (the switch waits for it).
+    let dra = crate::dra::service::DraService::new(
+        view.clone(),
+        offers.clone(),
+        paths.clone(),
+        args.cdi_dir.clone(),
+    );
+    let sockets = crate::dra::server::Sockets {
+        plugins_dir: args.kubelet_plugins_dir.clone(),
+        registry_dir: args.plugins_registry_dir.clone(),
+    };
+    tokio::spawn(crate::dra::server::run(sockets, dra));
+    // The device plugin offers nothing while the node serves through DRA.
+    let plugin_offers = crate::door::gate(offers.clone(), doors);
     let lease_site = args.lease_site();
     let lease = tokio::spawn(lease::keep(
         client.clone(),
@@ -352,10 +391,10 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     crate::mps::spawn_keeper(mps.clone(), offers.clone());
     plugin::static_mig::spawn(
         args.device_plugin_dir.clone(),
-        offers.clone(),
+        plugin_offers.clone(),
         args.device_list(),
     );
-    let service = Service::new(view, offers, paths, args.device_list(), mig, mps);
+    let service = Service::new(view, plugin_offers, paths, args.device_list(), mig, mps);
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.
     let plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));

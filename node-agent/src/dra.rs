@@ -1,24 +1,26 @@
-//! The DRA front door (issue 16, in progress): the node's GPUs offered as
-//! Dynamic Resource Allocation devices, shared by claims that consume part
-//! of their capacity, and served from the same ledger as the device plugin.
+//! The DRA front door: the node's GPUs offered as Dynamic Resource
+//! Allocation devices, shared by claims that consume part of their capacity,
+//! and recorded in the same ledger as the device plugin's pods.
 //!
-//! - [`slice`]: the node's ResourceSlice, from the offer.
-//! - [`prepare`]: what a prepared claim gives its containers, as a CDI spec.
-//!
-//! Not yet wired into the agent: no slice is published and no DRA plugin is
-//! registered with the kubelet.
+//! - [`slice`]: the node's ResourceSlice, from the offer; [`publish`] keeps
+//!   it in the cluster while the node serves through DRA ([`crate::door`]).
+//! - [`prepare`]: what a prepared claim gives its containers, as CDI specs.
+//! - [`mirror`]: the VgpuAllocation that records a prepared claim.
+//! - [`service`]: NodePrepareResources / NodeUnprepareResources.
+//! - [`server`]: the kubelet plugin's sockets and registration.
 
+pub mod mirror;
 pub mod prepare;
+pub mod publish;
+pub mod server;
+pub mod service;
 pub mod slice;
 
-pub use prepare::{ClaimGpu, cdi_spec, claim_gpus};
+pub use mirror::{mirror, mirror_name};
+pub use prepare::{ClaimGpu, cdi_spec, claim_gpus, prepared_devices};
 pub use slice::resource_slice;
 
-/// The DRA driver name Tessera's agents publish and prepare devices as.
-pub const DRIVER: &str = "gpu.tessera.dev";
-
-/// The CDI kind (`vendor/class`) of the devices the DRA door prepares.
-pub const CDI_KIND: &str = "tessera.dev/vgpu";
+pub use tessera_api::names::dra::{CDI_KIND, DRIVER};
 
 /// The device name of GPU `index` in the node's pool (a DNS label).
 pub fn device_name(index: u32) -> String {

@@ -2,7 +2,8 @@
 //!
 //! - [`backend`]: the node's GPUs from NVML or from a file of fake GPUs.
 //! - [`settings`]: the node's settings (GpuNodeConfig) applied to them.
-//! - [`dra`]: the node's GPUs as a DRA ResourceSlice (the DRA front door, in progress).
+//! - [`door`]: the node's front door (device plugin or DRA) and when it may switch.
+//! - [`dra`]: the DRA front door: ResourceSlice, kubelet DRA plugin, claim mirrors.
 //! - [`inventory`]: what the node offers, kept current.
 //! - [`install`]: the interposer copied from the image onto the host.
 //! - [`mig`]: dynamic MIG instances created at Allocate, destroyed at release.
@@ -16,6 +17,7 @@
 #![forbid(unsafe_code)]
 pub mod app;
 pub mod backend;
+pub mod door;
 pub mod dra;
 mod error;
 pub mod install;

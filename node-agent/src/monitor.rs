@@ -200,10 +200,7 @@ pub fn sharing_marks(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<boo
                 .iter()
                 .map(|d| users.get(d.uuid.as_str()).copied().unwrap_or(0) > 1)
                 .collect();
-            marks.insert(
-                format!("{}_{}", allocation.spec.pod_uid, container.name),
-                shared,
-            );
+            marks.insert(allocation.region_name(&container.name), shared);
         }
     }
     marks
@@ -250,11 +247,12 @@ pub async fn mark_sharing(view: crate::view::NodeView, regions: std::path::PathB
 /// is removed (a container just served may not be in the watch yet).
 const REGION_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// The region directories (`<pod-uid>_<container>`) under `regions` whose
-/// pod has no live allocation on the node, older than `REGION_GRACE` (10 minutes).
+/// The region directories (`<owner>_<container>`, the owner a pod's UID or a
+/// DRA claim's) under `regions` whose owner has no live allocation on the
+/// node, older than `REGION_GRACE` (10 minutes).
 pub fn stale_regions(
     regions: &Path,
-    live_pods: &std::collections::BTreeSet<String>,
+    live_owners: &std::collections::BTreeSet<String>,
 ) -> Vec<std::path::PathBuf> {
     let Ok(entries) = std::fs::read_dir(regions) else {
         return Vec::new();
@@ -270,7 +268,7 @@ pub fn stale_regions(
                 .ok()
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age >= REGION_GRACE);
-            old && !live_pods.contains(pod)
+            old && !live_owners.contains(pod)
         })
         .map(|entry| entry.path())
         .collect()
@@ -286,7 +284,7 @@ pub async fn collect_regions(view: crate::view::NodeView, regions: std::path::Pa
             .allocations()
             .into_iter()
             .filter(VgpuAllocation::is_live)
-            .map(|a| a.spec.pod_uid)
+            .map(|a| a.region_owner().to_owned())
             .collect();
         let root = regions.clone();
         let removed = tokio::task::spawn_blocking(move || {

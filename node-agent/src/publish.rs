@@ -18,15 +18,60 @@ use tessera_api::names::node_annotations::GPU_READY;
 use tessera_api::v1alpha1::{DeviceHealth, GpuNode, GpuNodeSpec, GpuNodeStatus};
 use tokio::sync::watch;
 
-use crate::{Error, inventory::Offer, plugin::PluginState};
+use crate::{Error, door::Door, inventory::Offer, plugin::PluginState};
 
-/// The GpuNode status for an offer, with the device plugin in `plugin`.
-pub fn status(offer: &Offer, plugin: PluginState) -> GpuNodeStatus {
+/// The GpuNode status for an offer, with the device plugin in `plugin`,
+/// served through `door`.
+pub fn status(offer: &Offer, plugin: PluginState, door: &Door) -> GpuNodeStatus {
     GpuNodeStatus {
         settings: offer.resolved.settings.clone(),
         applied_configs: offer.resolved.applied.clone(),
-        conditions: vec![ready_condition(&offer.devices, plugin)],
+        front_door: door.serving,
+        conditions: vec![
+            ready_condition(&offer.devices, plugin),
+            door_condition(door),
+        ],
         ..GpuNodeStatus::of_devices(offer.devices.clone())
+    }
+}
+
+/// `FrontDoor`: true while the node serves through the door its configs
+/// ask for; false, naming what holds the GPUs, while a switch waits.
+fn door_condition(door: &Door) -> Condition {
+    let (status, reason, message) = if door.waiting_for.is_empty() {
+        (
+            "True",
+            "AsConfigured",
+            format!(
+                "the GPUs are served through frontDoor {}",
+                door.serving.as_str()
+            ),
+        )
+    } else {
+        const SHOWN: usize = 5;
+        let mut holders = door.waiting_for[..door.waiting_for.len().min(SHOWN)].join(", ");
+        if door.waiting_for.len() > SHOWN {
+            holders.push_str(&format!(" and {} more", door.waiting_for.len() - SHOWN));
+        }
+        (
+            "False",
+            "SwitchWaiting",
+            format!(
+                "frontDoor {} is configured, but the node still holds {} allocation(s) through {} ({holders}); a door switches only while the node holds none, so the GPUs stay behind {} until they end",
+                door.wanted.as_str(),
+                door.waiting_for.len(),
+                door.serving.as_str(),
+                door.serving.as_str(),
+            ),
+        )
+    };
+    Condition {
+        type_: "FrontDoor".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        observed_generation: None,
     }
 }
 
@@ -93,6 +138,7 @@ pub async fn gpu_node(
     client: Client,
     node: String,
     mut offers: watch::Receiver<Offer>,
+    mut doors: watch::Receiver<Door>,
     mut plugin: watch::Receiver<PluginState>,
     lease_lapsed: std::sync::Arc<tokio::sync::Notify>,
 ) {
@@ -104,7 +150,11 @@ pub async fn gpu_node(
     recheck.tick().await;
     loop {
         let state = *plugin.borrow_and_update();
-        let mut wanted = status(&offers.borrow_and_update(), state);
+        let mut wanted = status(
+            &offers.borrow_and_update(),
+            state,
+            &doors.borrow_and_update(),
+        );
         keep_transition_times(&mut wanted, written.as_ref());
         if written.as_ref() != Some(&wanted) {
             match write(&client, &api, &node, &wanted).await {
@@ -131,6 +181,7 @@ pub async fn gpu_node(
             }
             changed = offers.changed() => if changed.is_err() { return },
             changed = plugin.changed() => if changed.is_err() { return },
+            changed = doors.changed() => if changed.is_err() { return },
             () = lease_lapsed.notified() => {
                 // The controller may have marked it Ready=Unknown meanwhile.
                 written = None;
@@ -153,7 +204,8 @@ pub async fn gpu_node(
 /// nodes, which have no agent) are published through this, so their
 /// GpuNodes are exactly what an agent would write.
 pub async fn publish_once(client: &Client, node: &str, offer: &Offer) -> Result<(), Error> {
-    let mut wanted = status(offer, PluginState::Registered);
+    let door = Door::settled(offer.resolved.settings.front_door);
+    let mut wanted = status(offer, PluginState::Registered, &door);
     keep_transition_times(&mut wanted, None);
     write(client, &Api::all(client.clone()), node, &wanted).await
 }

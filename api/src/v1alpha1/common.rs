@@ -29,6 +29,30 @@ impl OperatingMode {
     }
 }
 
+/// How pods reach a node's GPUs. A node serves through one door at a time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum FrontDoor {
+    /// HAMi's pod API: `nvidia.com/gpu` and friends, placed by Tessera's
+    /// scheduler extender and served by the kubelet device plugin.
+    #[default]
+    #[serde(rename = "devicePlugin")]
+    DevicePlugin,
+    /// Dynamic Resource Allocation: a ResourceSlice of shareable GPUs, claims
+    /// allocated by kube-scheduler and prepared by the agent's DRA plugin.
+    #[serde(rename = "dra")]
+    Dra,
+}
+
+impl FrontDoor {
+    /// The value as written in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DevicePlugin => "devicePlugin",
+            Self::Dra => "dra",
+        }
+    }
+}
+
 /// Who owns a MIG-mode GPU's instances and how they are offered, as in
 /// NVIDIA's device plugin (`single`, `mixed`) plus Tessera's dynamic MIG.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

@@ -6,7 +6,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    CorePolicy, DeviceHealth, FilterDevices, MigInstance, MigLayout, MigStrategy, OperatingMode,
+    CorePolicy, DeviceHealth, FilterDevices, FrontDoor, MigInstance, MigLayout, MigStrategy,
+    OperatingMode,
 };
 
 /// A node's GPU inventory. Cluster-scoped, named after the Node, owned by it.
@@ -52,6 +53,12 @@ use super::{
         priority = "1"
     ),
     printcolumn(
+        name = "Door",
+        type_ = "string",
+        json_path = ".status.frontDoor",
+        description = "How pods reach the GPUs now: devicePlugin or dra"
+    ),
+    printcolumn(
         name = "Ready",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status",
@@ -89,10 +96,16 @@ pub struct GpuNodeStatus {
     /// The effective settings: cluster defaults overridden by matching GpuNodeConfigs.
     #[serde(default)]
     pub settings: NodeSettings,
+    /// The door the agent serves the GPUs through now: the device plugin
+    /// (HAMi's pod API) or DRA.
+    #[serde(default)]
+    pub front_door: FrontDoor,
     /// Names of the GpuNodeConfig objects that contributed to `settings`, lowest precedence first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applied_configs: Vec<String>,
-    /// Standard conditions; `Ready` is true when the agent serves the kubelet.
+    /// Standard conditions; `Ready` is true when the agent serves the kubelet;
+    /// `FrontDoor` is false while a switch of door waits for the node's
+    /// allocations to end.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -206,6 +219,10 @@ pub struct NodeSettings {
     /// GPUs the agent leaves out.
     #[serde(default)]
     pub filter_devices: FilterDevices,
+    /// The front door the configs ask for; `GpuNodeStatus.frontDoor` is the
+    /// one the agent serves (they differ while a switch waits).
+    #[serde(default)]
+    pub front_door: FrontDoor,
     /// Interposer log level (0-4) given to containers.
     pub lib_cuda_log_level: u8,
     /// When compute limits apply in containers.
@@ -223,6 +240,7 @@ impl Default for NodeSettings {
             mig_strategy: MigStrategy::None,
             mig_profiles: Vec::new(),
             filter_devices: FilterDevices::default(),
+            front_door: FrontDoor::DevicePlugin,
             lib_cuda_log_level: 2,
             gpu_core_policy: CorePolicy::Default,
         }

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{CorePolicy, MigStrategy, OperatingMode};
+use super::{CorePolicy, FrontDoor, MigStrategy, OperatingMode};
 
 /// Overrides the cluster's GPU defaults on the nodes it selects. Cluster-scoped.
 ///
@@ -72,6 +72,12 @@ use super::{CorePolicy, MigStrategy, OperatingMode};
         description = "Operating mode"
     ),
     printcolumn(
+        name = "Door",
+        type_ = "string",
+        json_path = ".spec.frontDoor",
+        description = "How pods reach the GPUs: devicePlugin or dra"
+    ),
+    printcolumn(
         name = "Matched",
         type_ = "integer",
         json_path = ".status.matchedNodeCount",
@@ -134,6 +140,12 @@ pub struct GpuNodeConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), inner(regex(pattern = r"^[1-8]g\.[0-9]+gb(\+me)?$")))]
     pub mig_profiles: Option<Vec<String>>,
+    /// How pods reach the node's GPUs: `devicePlugin` (HAMi's pod API, the
+    /// default) or `dra` (ResourceClaims of DeviceClass `vgpu.tessera.dev`).
+    /// The agent switches only while the node holds no allocation; until then
+    /// its GpuNode's `FrontDoor` condition says what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front_door: Option<FrontDoor>,
     /// GPUs the node agent must not expose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter_devices: Option<FilterDevices>,

@@ -21,7 +21,9 @@ mod mig;
 mod node_lock;
 mod vgpu_allocation;
 
-pub use common::{CorePolicy, DeviceHealth, MigStrategy, OperatingMode, SchedulingPolicy};
+pub use common::{
+    CorePolicy, DeviceHealth, FrontDoor, MigStrategy, OperatingMode, SchedulingPolicy,
+};
 pub use gpu_node::{
     CapacitySummary, DeviceCapacity, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, NodeSettings,
 };
@@ -31,6 +33,6 @@ pub use gpu_node_config::{
 pub use mig::{MigInstance, MigLayout, MigPlacement, MigProfile, MigSlice, ServedMigInstance};
 pub use node_lock::{MAX_LOCK_TTL_SECONDS, NodeLock, NodeLockSpec, PodReference};
 pub use vgpu_allocation::{
-    AllocationPhase, AllocationTotals, ContainerAllocation, DeviceSlice, TraceContext,
-    VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
+    AllocationPhase, AllocationTotals, ClaimReference, ContainerAllocation, DeviceSlice,
+    TraceContext, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
 };

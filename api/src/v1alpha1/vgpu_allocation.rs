@@ -11,6 +11,12 @@ use super::{MigSlice, SchedulingPolicy, ServedMigInstance};
 ///
 /// The spec is written once, when the scheduler binds the pod, and never
 /// changes; the node agent and the lifecycle controller advance `status`.
+///
+/// A pod that came through the DRA front door has one mirror allocation per
+/// ResourceClaim instead: written by the node agent when it prepares the
+/// claim, named `claim-<claim UID>`, owned by the claim, with `claim` set and
+/// one entry in `containers` per request of the claim; the agent releases it
+/// when it unprepares the claim.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "tessera.dev",
@@ -55,6 +61,12 @@ use super::{MigSlice, SchedulingPolicy, ServedMigInstance};
         description = "Percent of SMs over all slices"
     ),
     printcolumn(
+        name = "Claim",
+        type_ = "string",
+        json_path = ".spec.claim.name",
+        description = "The ResourceClaim this allocation mirrors (DRA front door)"
+    ),
+    printcolumn(
         name = "Phase",
         type_ = "string",
         json_path = ".status.phase",
@@ -81,13 +93,21 @@ pub struct VgpuAllocationSpec {
     #[schemars(length(min = 1, max = 253))]
     pub node_name: String,
     /// The GPU containers in the order the kubelet starts them (init containers
-    /// first); containers without GPU requests are absent.
+    /// first); containers without GPU requests are absent. In a DRA mirror,
+    /// the claim's requests (named as in the claim).
     #[schemars(length(min = 1, max = 64))]
     pub containers: Vec<ContainerAllocation>,
-    /// The GPU policy used to pick devices on the node.
-    pub gpu_policy: SchedulingPolicy,
-    /// The node policy used to rank nodes.
-    pub node_policy: SchedulingPolicy,
+    /// The GPU policy used to pick devices on the node; absent in a DRA
+    /// mirror (kube-scheduler's DynamicResources plugin picked them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_policy: Option<SchedulingPolicy>,
+    /// The node policy used to rank nodes; absent in a DRA mirror.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_policy: Option<SchedulingPolicy>,
+    /// The ResourceClaim (in the allocation's namespace) this allocation
+    /// mirrors, when the slices came through the DRA front door.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimReference>,
     /// Sums over all slices, for `kubectl get` and quick checks.
     pub totals: AllocationTotals,
     /// The W3C trace context of the scheduling decision, so the node agent's
@@ -96,11 +116,24 @@ pub struct VgpuAllocationSpec {
     pub trace_context: Option<TraceContext>,
 }
 
+/// A ResourceClaim in the allocation's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimReference {
+    /// The claim's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The claim's UID; the mirror never serves a later claim of that name.
+    #[schemars(length(min = 1, max = 64))]
+    pub uid: String,
+}
+
 /// The slices one container got.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerAllocation {
-    /// The container's name in the pod spec.
+    /// The container's name in the pod spec (in a DRA mirror, the claim's
+    /// request name).
     #[schemars(length(min = 1, max = 63))]
     pub name: String,
     /// One slice per requested vGPU, each on a different GPU.
@@ -154,6 +187,23 @@ pub struct AllocationTotals {
 }
 
 impl VgpuAllocation {
+    /// The name of the region directory of one of its containers, under the
+    /// node's regions root: `<pod UID>_<container>`, or for a DRA mirror
+    /// `<claim UID>_<request>` (several pods may share a claim, and a pod may
+    /// hold several claims with the same request names).
+    pub fn region_name(&self, container: &str) -> String {
+        format!("{}_{container}", self.region_owner())
+    }
+
+    /// Whose region directories these are: the claim's UID for a DRA
+    /// mirror, else the pod's (the part of [`Self::region_name`] before `_`).
+    pub fn region_owner(&self) -> &str {
+        self.spec
+            .claim
+            .as_ref()
+            .map_or(self.spec.pod_uid.as_str(), |c| c.uid.as_str())
+    }
+
     /// Whether the allocation still holds its slices: every phase but
     /// `Released` and `Failed` (no status yet counts as holding).
     pub fn is_live(&self) -> bool {

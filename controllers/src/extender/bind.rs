@@ -521,11 +521,14 @@ fn allocation_spec(
         node_name: args.node.clone(),
         totals: AllocationTotals::of(&containers),
         containers,
-        gpu_policy,
-        node_policy: request
-            .options
-            .node_policy
-            .unwrap_or(config.node_scheduler_policy),
+        gpu_policy: Some(gpu_policy),
+        node_policy: Some(
+            request
+                .options
+                .node_policy
+                .unwrap_or(config.node_scheduler_policy),
+        ),
+        claim: None,
         trace_context: trace,
     }
 }

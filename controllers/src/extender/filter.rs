@@ -54,6 +54,14 @@ pub fn filter(
             None => {
                 unresolvable.insert(name.to_owned(), NO_GPU_NODE.to_owned());
             }
+            // A node behind the DRA door takes no HAMi-style pod, whatever
+            // is preempted: unresolvable, in the node's own words.
+            Some(_)
+                if let Some(reason) = ledger.not_ready(name)
+                    && reason.starts_with(crate::projection::DRA_DOOR) =>
+            {
+                unresolvable.insert(name.to_owned(), reason.to_owned());
+            }
             Some(_) if let Some(reason) = ledger.not_ready(name) => {
                 failed.insert(name.to_owned(), format!("{NOT_READY}{reason}"));
             }

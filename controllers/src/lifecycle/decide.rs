@@ -7,9 +7,12 @@ use k8s_openapi::{
 };
 use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation};
 
-/// Why an allocation's slices are free again, if they are.
+/// Why an allocation's slices are free again, if they are. Never for a DRA
+/// mirror: its claim, not a pod, holds the slices (a claim may outlive its
+/// first pod or serve several); the node agent releases it when the kubelet
+/// unprepares the claim, and the garbage collector removes it with the claim.
 pub fn release_reason(allocation: &VgpuAllocation, pod: Option<&Pod>) -> Option<String> {
-    if !allocation.is_live() {
+    if !allocation.is_live() || allocation.spec.claim.is_some() {
         return None;
     }
     let Some(pod) =
@@ -37,10 +40,12 @@ pub fn admitted(pod: &Pod) -> bool {
 }
 
 /// Whether an allocation still says `Bound` (or nothing) although its pod's
-/// containers have started: the agent's write-back was lost.
+/// containers have started: the agent's write-back was lost. A DRA mirror is
+/// written by the agent already served, so never.
 pub fn served_unrecorded(allocation: &VgpuAllocation, pod: Option<&Pod>) -> bool {
     let phase = allocation.status.as_ref().and_then(|s| s.phase);
-    matches!(phase, None | Some(AllocationPhase::Bound))
+    allocation.spec.claim.is_none()
+        && matches!(phase, None | Some(AllocationPhase::Bound))
         && pod.is_some_and(|p| {
             p.metadata.uid.as_deref() == Some(allocation.spec.pod_uid.as_str()) && admitted(p)
         })
@@ -261,6 +266,26 @@ mod tests {
             None,
             "released once"
         );
+    }
+
+    #[test]
+    fn a_dra_mirror_is_never_released_or_recorded_by_the_lifecycle_controller() {
+        let mut mirror = allocation("u1", Some("Allocated"));
+        mirror.spec.claim = Some(tessera_api::v1alpha1::ClaimReference {
+            name: "c".into(),
+            uid: "claim-uid".into(),
+        });
+        assert_eq!(release_reason(&mirror, None), None, "its pod is gone");
+        assert_eq!(
+            release_reason(&mirror, Some(&pod("u1", Some("n1"), "Succeeded"))),
+            None,
+            "a claim may serve a later pod"
+        );
+        mirror.status = None;
+        assert!(!served_unrecorded(
+            &mirror,
+            Some(&pod("u1", Some("n1"), "Running"))
+        ));
     }
 
     #[test]

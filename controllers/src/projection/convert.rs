@@ -5,7 +5,7 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use tessera_api::{
     mig,
-    v1alpha1::{DeviceHealth, GpuNode, VgpuAllocation},
+    v1alpha1::{DeviceHealth, FrontDoor, GpuNode, VgpuAllocation},
 };
 
 use super::ledger::{AllocationKey, LiveAllocation, UuidSlice};
@@ -39,11 +39,25 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
         .collect()
 }
 
+/// How [`not_ready`]'s reason starts for a node behind the DRA door.
+pub const DRA_DOOR: &str = "FrontDoorDra";
+
 /// Why the node takes no pod now: its `Ready` condition is False (the agent
 /// says the kubelet would reject GPU pods at admission) or Unknown (the
-/// lifecycle controller found the agent's Lease lapsed). `None` when True,
-/// or when the GpuNode has no condition (older agents).
+/// lifecycle controller found the agent's Lease lapsed), or the node serves
+/// its GPUs through the DRA front door (no HAMi-style pod can have them).
+/// `None` when True, or when the GpuNode has no condition (older agents).
 pub fn not_ready(node: &GpuNode) -> Option<String> {
+    if node
+        .status
+        .as_ref()
+        .is_some_and(|s| s.front_door == FrontDoor::Dra)
+    {
+        return Some(format!(
+            "{DRA_DOOR}: the node serves its GPUs through DRA (frontDoor: dra); ask for them with a ResourceClaim of DeviceClass {}",
+            tessera_api::names::dra::DEVICE_CLASS
+        ));
+    }
     let condition = node
         .status
         .as_ref()?
@@ -92,4 +106,24 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
             })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_api::v1alpha1::{FrontDoor, GpuNode, GpuNodeStatus};
+
+    use super::not_ready;
+
+    #[test]
+    fn a_node_behind_the_dra_door_takes_no_hami_pod() {
+        let mut node = GpuNode::new("n1", Default::default());
+        node.status = Some(GpuNodeStatus::default());
+        assert_eq!(not_ready(&node), None);
+        node.status.as_mut().unwrap().front_door = FrontDoor::Dra;
+        let reason = not_ready(&node).unwrap();
+        assert!(
+            reason.contains("frontDoor: dra") && reason.contains("vgpu.tessera.dev"),
+            "{reason}"
+        );
+    }
 }

@@ -140,8 +140,19 @@ struct NodeState {
 }
 
 /// The node agent's host paths, private to each node when the chart's
-/// DaemonSet runs the agent (the chart's defaults).
-const AGENT_PATHS: [(&str, &str); 2] = [("agent", "/var/lib/tessera"), ("vgpu", "/usr/local/vgpu")];
+/// DaemonSet runs the agent (the chart's defaults): its state, the
+/// interposer, the kubelet's plugin directories under the node's kubelet
+/// root (the DRA plugin's sockets) and the CDI directory containerd reads.
+const AGENT_PATHS: [(&str, &str); 5] = [
+    ("agent", "/var/lib/tessera"),
+    ("vgpu", "/usr/local/vgpu"),
+    ("kubelet/plugins", "/var/lib/kubelet/plugins"),
+    (
+        "kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins_registry",
+    ),
+    ("cdi", "/var/run/cdi"),
+];
 
 /// Paths the kubelet or containerd use that are fixed, or shared between
 /// instances by default, and what each node has there instead (inside its
@@ -390,6 +401,15 @@ impl RealNode {
                 "--device-plugin-dir={}",
                 self.dir.join("device-plugins").display()
             ),
+            format!(
+                "--kubelet-plugins-dir={}",
+                self.dir.join("kubelet/plugins").display()
+            ),
+            format!(
+                "--plugins-registry-dir={}",
+                self.dir.join("kubelet/plugins_registry").display()
+            ),
+            format!("--cdi-dir={}", self.dir.join("cdi").display()),
             format!(
                 "--interposer-library={}",
                 self.artifacts.interposer.display()

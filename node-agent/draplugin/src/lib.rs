@@ -10,9 +10,13 @@
 //! A DRA driver serves both on unix sockets: the registration service in
 //! the kubelet's plugin registry ([`PLUGINS_REGISTRY`]), where the kubelet's
 //! plugin watcher finds it and asks [`pluginregistration::registration_server::Registration::get_info`],
-//! and the DRA service at the endpoint that answer names.
+//! and the DRA service at the endpoint that answer names. The kubelet's
+//! registration client sends an `:authority` tonic refuses; serve the
+//! registration service through [`authority::relay`].
 
 #![forbid(unsafe_code)]
+
+pub mod authority;
 
 /// The DRA plugin service: NodePrepareResources, NodeUnprepareResources.
 #[allow(missing_docs, clippy::all, rust_2018_idioms)]

@@ -1,19 +1,25 @@
 //! What a prepared ResourceClaim gives its containers. Pure: no I/O.
 //!
 //! The scheduler's DynamicResources plugin allocated the claim: each result
-//! names a device of this node's pool and the capacity the claim consumes
-//! of it (`memory`, `cores`). The container gets exactly what Allocate gives
-//! a device-plugin container: the GPUs in `NVIDIA_VISIBLE_DEVICES`, the
-//! interposer's limits and its mounts, here as the edits of one CDI device
-//! named after the claim (kind [`CDI_KIND`]), which containerd applies. The
-//! variables number the claim's GPUs from 0, so a container takes its GPUs
-//! from one claim (two claims' variables would collide).
+//! names a device of this node's pool, the request it serves and the
+//! capacity the claim consumes of it (`memory`, `cores`). A container gets
+//! exactly what Allocate gives a device-plugin container: the GPUs in
+//! `NVIDIA_VISIBLE_DEVICES`, the interposer's limits and its mounts. Here
+//! they are the edits of one CDI device per request of the claim, named
+//! `<claim UID>-<request>` (kind [`CDI_KIND`]), which containerd applies to
+//! every container that references the request (or the whole claim).
+//!
+//! The variables number a request's GPUs from 0, so a container takes its
+//! GPUs from one request: a container that references two requests (or a
+//! claim with two) gets both devices' edits, and the later one's
+//! `NVIDIA_VISIBLE_DEVICES` and limits win.
 
 use std::path::Path;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::{Value, json};
 use tessera_api::{env, quantity, v1alpha1::GpuDevice, v1alpha1::NodeSettings};
+use tessera_draplugin::dra::v1::Device;
 
 use super::{CDI_KIND, DRIVER, device_name};
 use crate::{
@@ -24,15 +30,27 @@ use crate::{
 /// One GPU of a claim and the share of it the claim holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimGpu {
+    /// The request of the claim it serves (the parent's name for a
+    /// `firstAvailable` subrequest: containers reference that).
+    pub request: String,
+    /// The device's name in the node's pool (`gpu-<index>`).
+    pub device: String,
     /// The GPU's UUID.
     pub uuid: String,
+    /// The GPU's index on the node.
+    pub index: u32,
+    /// The GPU's model.
+    pub model: String,
     /// MiB of its memory.
     pub memory_mib: u64,
     /// Percent of its SMs (0: no limit).
     pub cores: u32,
+    /// The share's ID, when the device is shared (consumable capacity).
+    pub share_id: Option<String>,
 }
 
-fn claim_error(claim: &ResourceClaim, message: String) -> Error {
+/// An error about claim `claim`, naming it.
+pub fn claim_error(claim: &ResourceClaim, message: impl std::fmt::Display) -> Error {
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     Error::Dra(format!("ResourceClaim {namespace}/{name}: {message}"))
@@ -53,7 +71,7 @@ pub fn claim_gpus(
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.devices.as_ref())
         .and_then(|d| d.results.as_deref())
-        .ok_or_else(|| claim_error(claim, "is not allocated".into()))?;
+        .ok_or_else(|| claim_error(claim, "is not allocated"))?;
     let mut gpus = Vec::new();
     for result in results
         .iter()
@@ -97,10 +115,19 @@ pub fn claim_gpus(
                 })?,
             None => 0,
         };
+        let request = result
+            .request
+            .split_once('/')
+            .map_or(result.request.as_str(), |(parent, _)| parent);
         gpus.push(ClaimGpu {
+            request: request.to_owned(),
+            device: result.device.clone(),
             uuid: gpu.uuid.clone(),
+            index: gpu.index,
+            model: gpu.model.clone(),
             memory_mib,
             cores,
+            share_id: result.share_id.clone(),
         });
     }
     if gpus.is_empty() {
@@ -112,22 +139,60 @@ pub fn claim_gpus(
     Ok(gpus)
 }
 
-/// The CDI spec of claim `uid`: one device, named after the claim, whose
-/// edits give a container the claim's GPUs and the interposer limiting it
-/// to its share, with its region directory `region_dir`.
-pub fn cdi_spec(
-    uid: &str,
-    gpus: &[ClaimGpu],
-    settings: &NodeSettings,
-    paths: &HostPaths,
-    region_dir: &Path,
-) -> Value {
-    let memories: Vec<u64> = gpus.iter().map(|g| g.memory_mib).collect();
-    let cores = gpus.iter().map(|g| g.cores).max().unwrap_or(0);
-    let mut envs = slice_env(&memories, cores, None, settings);
-    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
-    envs.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
-    let mounts: Vec<Value> = interposer_mounts(paths, region_dir)
+/// The claim's requests in first-result order, each with its GPUs.
+pub fn by_request(gpus: &[ClaimGpu]) -> Vec<(&str, Vec<&ClaimGpu>)> {
+    let mut requests: Vec<(&str, Vec<&ClaimGpu>)> = Vec::new();
+    for gpu in gpus {
+        match requests.iter_mut().find(|(r, _)| *r == gpu.request) {
+            Some((_, list)) => list.push(gpu),
+            None => requests.push((&gpu.request, vec![gpu])),
+        }
+    }
+    requests
+}
+
+/// The name of the CDI device of one request of claim `uid`.
+pub fn cdi_device(uid: &str, request: &str) -> String {
+    format!("{uid}-{request}")
+}
+
+/// The region directory name of one request of claim `uid` (see
+/// `VgpuAllocation::region_name`: the mirror's owner is the claim).
+pub fn region_name(uid: &str, request: &str) -> String {
+    format!("{uid}_{request}")
+}
+
+/// The CDI spec of claim `uid`: one device per request, whose edits give a
+/// container the request's GPUs and the interposer limiting it to its
+/// share, with its region directory under `paths.regions`.
+pub fn cdi_spec(uid: &str, gpus: &[ClaimGpu], settings: &NodeSettings, paths: &HostPaths) -> Value {
+    let devices: Vec<Value> = by_request(gpus)
+        .into_iter()
+        .map(|(request, gpus)| {
+            let memories: Vec<u64> = gpus.iter().map(|g| g.memory_mib).collect();
+            let cores = gpus.iter().map(|g| g.cores).max().unwrap_or(0);
+            let mut envs = slice_env(&memories, cores, None, settings);
+            let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+            envs.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
+            let region = paths.regions.join(region_name(uid, request));
+            json!({
+                "name": cdi_device(uid, request),
+                "containerEdits": {
+                    "env": envs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+                    "mounts": cdi_mounts(paths, &region),
+                },
+            })
+        })
+        .collect();
+    json!({
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "devices": devices,
+    })
+}
+
+fn cdi_mounts(paths: &HostPaths, region: &Path) -> Vec<Value> {
+    interposer_mounts(paths, region)
         .into_iter()
         .map(|m| {
             let access = if m.read_only { "ro" } else { "rw" };
@@ -137,18 +202,32 @@ pub fn cdi_spec(
                 "options": [access, "nosuid", "nodev", "bind"],
             })
         })
-        .collect();
-    json!({
-        "cdiVersion": "0.6.0",
-        "kind": CDI_KIND,
-        "devices": [{
-            "name": uid,
-            "containerEdits": {
-                "env": envs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
-                "mounts": mounts,
-            },
-        }],
-    })
+        .collect()
+}
+
+/// The devices NodePrepareResources answers for claim `uid`: every GPU
+/// result, with the request's CDI device on the first GPU of each request
+/// only (the kubelet hands a container the CDI devices of every result of
+/// the requests it references, and does not remove duplicates).
+pub fn prepared_devices(uid: &str, node: &str, gpus: &[ClaimGpu]) -> Vec<Device> {
+    let mut seen: Vec<&str> = Vec::new();
+    gpus.iter()
+        .map(|gpu| {
+            let first = !seen.contains(&gpu.request.as_str());
+            seen.push(&gpu.request);
+            Device {
+                request_names: vec![gpu.request.clone()],
+                pool_name: node.to_owned(),
+                device_name: gpu.device.clone(),
+                cdi_device_ids: if first {
+                    vec![format!("{CDI_KIND}={}", cdi_device(uid, &gpu.request))]
+                } else {
+                    Vec::new()
+                },
+                share_id: gpu.share_id.clone(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

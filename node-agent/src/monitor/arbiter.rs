@@ -50,7 +50,7 @@ pub fn container_gpus(allocations: &[VgpuAllocation]) -> BTreeMap<String, Contai
         .flat_map(|a| {
             a.spec.containers.iter().map(|c| {
                 (
-                    format!("{}_{}", a.spec.pod_uid, c.name),
+                    a.region_name(&c.name),
                     Container {
                         priority: if c.priority == Some(0) {
                             Priority::High

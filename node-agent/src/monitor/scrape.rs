@@ -167,7 +167,7 @@ pub fn render(scrape: &Scrape<'_>) -> String {
     for allocation in live_allocations(scrape.allocations) {
         let namespace = allocation.metadata.namespace.as_deref().unwrap_or_default();
         for c in &allocation.spec.containers {
-            let dir = format!("{}_{}", allocation.spec.pod_uid, c.name);
+            let dir = allocation.region_name(&c.name);
             for (i, slice) in c.devices.iter().enumerate() {
                 if let Some(l) = labels.get(slice.uuid.as_str()) {
                     memory_allocated

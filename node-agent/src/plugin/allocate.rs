@@ -203,7 +203,7 @@ pub fn grant(
     // come from the allocation object, so a `/` in either (`../../etc`,
     // `/etc`) would put a host directory, mounted read-write into the
     // container, outside the regions root.
-    let region_name = format!("{}_{}", allocation.spec.pod_uid, container.name);
+    let region_name = allocation.region_name(&container.name);
     if region_name.contains(['/', '\0']) {
         return Err(no_allocation(format!(
             "{} has pod UID {:?} and container {:?}, which do not make one directory name under the regions root",

@@ -65,21 +65,30 @@ fn a_claim_holds_the_capacity_it_consumed_of_each_device() {
         result("gpu-0", "node-b", &[]),
     ]);
     let gpus = claim_gpus(&claim, "node-a", &offer()).unwrap();
+    let held: Vec<(&str, &str, u64, u32)> = gpus
+        .iter()
+        .map(|g| (g.device.as_str(), g.uuid.as_str(), g.memory_mib, g.cores))
+        .collect();
     assert_eq!(
-        gpus,
-        [
-            ClaimGpu {
-                uuid: "GPU-1".into(),
-                memory_mib: 8192,
-                cores: 30
-            },
-            ClaimGpu {
-                uuid: "GPU-0".into(),
-                memory_mib: 81559,
-                cores: 0
-            },
-        ]
+        held,
+        [("gpu-1", "GPU-1", 8192, 30), ("gpu-0", "GPU-0", 81559, 0)]
     );
+    assert!(
+        gpus.iter()
+            .all(|g| g.request == "gpu" && g.model.contains("H100"))
+    );
+}
+
+#[test]
+fn a_subrequest_serves_its_parent_request() {
+    let claim = claim(vec![DeviceRequestAllocationResult {
+        request: "gpu/small".into(),
+        share_id: Some("share-1".into()),
+        ..result("gpu-0", "node-a", &[("memory", "2Gi")])
+    }]);
+    let gpus = claim_gpus(&claim, "node-a", &offer()).unwrap();
+    assert_eq!(gpus[0].request, "gpu");
+    assert_eq!(gpus[0].share_id.as_deref(), Some("share-1"));
 }
 
 #[test]
@@ -108,41 +117,45 @@ fn a_claim_that_cannot_be_served_says_why() {
     assert!(error(claim(vec![result("gpu-0", "node-b", &[])])).contains("no device of driver"));
 }
 
+fn claimed(request: &str, index: u32, memory_mib: u64, cores: u32) -> ClaimGpu {
+    ClaimGpu {
+        request: request.into(),
+        device: format!("gpu-{index}"),
+        uuid: format!("GPU-{index}"),
+        index,
+        model: "NVIDIA H100 80GB HBM3".into(),
+        memory_mib,
+        cores,
+        share_id: None,
+    }
+}
+
+fn env_of(device: &serde_json::Value) -> Vec<&str> {
+    device["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect()
+}
+
 #[test]
-fn the_cdi_device_gives_what_allocate_gives() {
+fn each_request_gets_a_cdi_device_that_gives_what_allocate_gives() {
     let gpus = [
-        ClaimGpu {
-            uuid: "GPU-1".into(),
-            memory_mib: 8192,
-            cores: 30,
-        },
-        ClaimGpu {
-            uuid: "GPU-0".into(),
-            memory_mib: 4096,
-            cores: 10,
-        },
+        claimed("gpu", 1, 8192, 30),
+        claimed("gpu", 0, 4096, 10),
+        claimed("other", 0, 2048, 0),
     ];
     let paths = HostPaths {
         library: "/usr/local/vgpu/libtessera_vgpu.so".into(),
         preload: "/var/lib/tessera/ld.so.preload".into(),
         regions: "/var/lib/tessera/containers".into(),
     };
-    let spec = cdi_spec(
-        "uid-1",
-        &gpus,
-        &NodeSettings::default(),
-        &paths,
-        Path::new("/var/lib/tessera/claims/uid-1"),
-    );
+    let spec = cdi_spec("uid-1", &gpus, &NodeSettings::default(), &paths);
     assert_eq!(spec["kind"], "tessera.dev/vgpu");
     let device = &spec["devices"][0];
-    assert_eq!(device["name"], "uid-1");
-    let env: Vec<&str> = device["containerEdits"]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_str().unwrap())
-        .collect();
+    assert_eq!(device["name"], "uid-1-gpu");
+    let env = env_of(device);
     for wanted in [
         "NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-0",
         "CUDA_DEVICE_MEMORY_LIMIT_0=8192m",
@@ -154,7 +167,49 @@ fn the_cdi_device_gives_what_allocate_gives() {
     }
     let mounts = device["containerEdits"]["mounts"].as_array().unwrap();
     assert_eq!(mounts.len(), 3);
-    assert_eq!(mounts[2]["hostPath"], "/var/lib/tessera/claims/uid-1");
+    assert_eq!(
+        mounts[2]["hostPath"],
+        "/var/lib/tessera/containers/uid-1_gpu"
+    );
     assert_eq!(mounts[2]["options"][0], "rw");
     assert_eq!(mounts[0]["options"][0], "ro");
+
+    let other = &spec["devices"][1];
+    assert_eq!(other["name"], "uid-1-other");
+    let env = env_of(other);
+    assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-0"), "{env:?}");
+    assert!(env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_0=2048m"), "{env:?}");
+    assert!(
+        !env.iter()
+            .any(|e| e.starts_with("CUDA_DEVICE_MEMORY_LIMIT_1"))
+    );
+}
+
+#[test]
+fn the_kubelet_gets_each_requests_cdi_device_once() {
+    let gpus = [
+        claimed("gpu", 1, 8192, 30),
+        claimed("gpu", 0, 4096, 10),
+        claimed("other", 0, 2048, 0),
+    ];
+    let devices = prepared_devices("uid-1", "node-a", &gpus);
+    let ids: Vec<(&str, &str, Vec<&str>)> = devices
+        .iter()
+        .map(|d| {
+            (
+                d.request_names[0].as_str(),
+                d.device_name.as_str(),
+                d.cdi_device_ids.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("gpu", "gpu-1", vec!["tessera.dev/vgpu=uid-1-gpu"]),
+            ("gpu", "gpu-0", vec![]),
+            ("other", "gpu-0", vec!["tessera.dev/vgpu=uid-1-other"]),
+        ]
+    );
+    assert!(devices.iter().all(|d| d.pool_name == "node-a"));
 }

@@ -1,0 +1,240 @@
+//! The kubelet's DRA plugin service: NodePrepareResources and
+//! NodeUnprepareResources for claims allocated from this node's pool.
+//!
+//! Preparing a claim reads it from the API server (the kubelet sends only
+//! its namespace, name and UID), writes its CDI spec into the CDI directory
+//! containerd reads, creates the region directory of each request and
+//! records the claim in the ledger as a mirror VgpuAllocation (Allocated).
+//! Unpreparing removes the CDI spec and marks the mirror Released. Both are
+//! idempotent: the kubelet repeats them after its own restarts and after
+//! errors, and the agent keeps no state of its own (the CDI files and the
+//! mirrors are the state, both survive an agent restart).
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::{
+    api::resource::v1::ResourceClaim, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp,
+};
+use kube::{Api, api::PostParams};
+use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation, VgpuAllocationStatus};
+use tessera_draplugin::dra::v1::{
+    Claim, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
+    NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse,
+    dra_plugin_server::DraPlugin,
+};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use super::{
+    claim_gpus, mirror, mirror_name,
+    prepare::{by_request, cdi_spec, claim_error, prepared_devices, region_name},
+};
+use crate::{Error, inventory::Offer, plugin::HostPaths, view::NodeView};
+
+/// The DRA plugin service of one node.
+#[derive(Clone)]
+pub struct DraService {
+    view: NodeView,
+    offers: watch::Receiver<Offer>,
+    paths: HostPaths,
+    cdi_dir: PathBuf,
+}
+
+impl DraService {
+    /// Prepares claims from `offers` (the node's real offer, not the device
+    /// plugin's), writing CDI specs into `cdi_dir`.
+    pub fn new(
+        view: NodeView,
+        offers: watch::Receiver<Offer>,
+        paths: HostPaths,
+        cdi_dir: PathBuf,
+    ) -> Self {
+        Self {
+            view,
+            offers,
+            paths,
+            cdi_dir,
+        }
+    }
+
+    /// The CDI spec file of claim `uid`, or an error for a UID that is not
+    /// one file name (UIDs come from the API server, but the path is built
+    /// from what the kubelet sent).
+    fn cdi_file(&self, uid: &str) -> Result<PathBuf, Error> {
+        if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(Error::Dra(format!(
+                "claim UID {uid:?} is not a UID (letters, digits and '-')"
+            )));
+        }
+        Ok(self.cdi_dir.join(format!("tessera.dev-vgpu_{uid}.json")))
+    }
+
+    async fn prepare(&self, claim: &Claim) -> Result<NodePrepareResourceResponse, Error> {
+        let file = self.cdi_file(&claim.uid)?;
+        let api = Api::<ResourceClaim>::namespaced(self.view.client().clone(), &claim.namespace);
+        let object = api.get(&claim.name).await.map_err(Error::kube(format!(
+            "reading ResourceClaim {}/{}",
+            claim.namespace, claim.name
+        )))?;
+        if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
+            return Err(claim_error(
+                &object,
+                format!(
+                    "has UID {:?}, not {:?}: the claim the kubelet asked for is gone",
+                    object.metadata.uid.clone().unwrap_or_default(),
+                    claim.uid
+                ),
+            ));
+        }
+        let node = self.view.node();
+        let offer = self.offers.borrow().clone();
+        let gpus = claim_gpus(&object, node, &offer.devices)?;
+        for (request, _) in by_request(&gpus) {
+            let dir = self.paths.regions.join(region_name(&claim.uid, request));
+            std::fs::create_dir_all(&dir).map_err(Error::io(format!(
+                "creating the region directory {}",
+                dir.display()
+            )))?;
+        }
+        let spec = cdi_spec(&claim.uid, &gpus, &offer.resolved.settings, &self.paths);
+        write_atomically(&file, &spec.to_string())?;
+        self.record(mirror(&object, node, &gpus)?).await?;
+        tracing::info!(
+            namespace = %claim.namespace,
+            claim = %claim.name,
+            devices = %gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(","),
+            "prepared claim"
+        );
+        Ok(NodePrepareResourceResponse {
+            devices: prepared_devices(&claim.uid, node, &gpus),
+            error: String::new(),
+        })
+    }
+
+    /// Creates the mirror (or finds it from an earlier prepare) and marks it
+    /// Allocated.
+    async fn record(&self, mirror: VgpuAllocation) -> Result<(), Error> {
+        let namespace = mirror.metadata.namespace.clone().unwrap_or_default();
+        let name = mirror.metadata.name.clone().unwrap_or_default();
+        let api = Api::<VgpuAllocation>::namespaced(self.view.client().clone(), &namespace);
+        let current = match api.create(&PostParams::default(), &mirror).await {
+            Ok(created) => created,
+            Err(kube::Error::Api(s)) if s.is_already_exists() => api.get(&name).await.map_err(
+                Error::kube(format!("reading VgpuAllocation {namespace}/{name}")),
+            )?,
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "creating VgpuAllocation {namespace}/{name}"
+                ))(e));
+            }
+        };
+        if current.status.as_ref().and_then(|s| s.phase) == Some(AllocationPhase::Allocated) {
+            return Ok(());
+        }
+        let status = VgpuAllocationStatus {
+            phase: Some(AllocationPhase::Allocated),
+            served_containers: current
+                .spec
+                .containers
+                .iter()
+                .map(|c| c.name.clone())
+                .collect(),
+            allocated_at: Some(Time(now())),
+            message: Some("the node agent prepared the claim".into()),
+            ..VgpuAllocationStatus::default()
+        };
+        crate::STATUS
+            .apply_at(&api, &name, None, &status)
+            .await
+            .map_err(Error::kube(format!(
+                "marking VgpuAllocation {namespace}/{name} Allocated"
+            )))?;
+        Ok(())
+    }
+
+    async fn unprepare(&self, claim: &Claim) -> Result<(), Error> {
+        let file = self.cdi_file(&claim.uid)?;
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("removing {}", file.display()))(e)),
+        }
+        let api = Api::<VgpuAllocation>::namespaced(self.view.client().clone(), &claim.namespace);
+        let name = mirror_name(&claim.uid);
+        let mirror = api.get_opt(&name).await.map_err(Error::kube(format!(
+            "reading VgpuAllocation {}/{name}",
+            claim.namespace
+        )))?;
+        if let Some(mirror) = mirror.filter(VgpuAllocation::is_live) {
+            let status = VgpuAllocationStatus {
+                phase: Some(AllocationPhase::Released),
+                released_at: Some(Time(now())),
+                message: Some("the kubelet unprepared the claim".into()),
+                ..mirror.status.clone().unwrap_or_default()
+            };
+            crate::STATUS
+                .apply_at(&api, &name, None, &status)
+                .await
+                .map_err(Error::kube(format!(
+                    "marking VgpuAllocation {}/{name} Released",
+                    claim.namespace
+                )))?;
+        }
+        tracing::info!(namespace = %claim.namespace, claim = %claim.name, "unprepared claim");
+        Ok(())
+    }
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default()
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory,
+/// so containerd never reads half a spec.
+fn write_atomically(path: &Path, text: &str) -> Result<(), Error> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    let temporary = path.with_extension("json.tmp");
+    std::fs::write(&temporary, text)
+        .map_err(Error::io(format!("writing {}", temporary.display())))?;
+    std::fs::rename(&temporary, path).map_err(Error::io(format!("renaming to {}", path.display())))
+}
+
+#[tonic::async_trait]
+impl DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<NodePrepareResourcesRequest>,
+    ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+        let mut claims = std::collections::HashMap::new();
+        for claim in request.into_inner().claims {
+            let answer = self.prepare(&claim).await.unwrap_or_else(|error| {
+                tracing::warn!(namespace = %claim.namespace, claim = %claim.name, %error, "preparing a claim failed");
+                NodePrepareResourceResponse {
+                    devices: Vec::new(),
+                    error: error.to_string(),
+                }
+            });
+            claims.insert(claim.uid, answer);
+        }
+        Ok(Response::new(NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+        let mut claims = std::collections::HashMap::new();
+        for claim in request.into_inner().claims {
+            let error = match self.unprepare(&claim).await {
+                Ok(()) => String::new(),
+                Err(error) => {
+                    tracing::warn!(namespace = %claim.namespace, claim = %claim.name, %error, "unpreparing a claim failed");
+                    error.to_string()
+                }
+            };
+            claims.insert(claim.uid, NodeUnprepareResourceResponse { error });
+        }
+        Ok(Response::new(NodeUnprepareResourcesResponse { claims }))
+    }
+}
