@@ -1,8 +1,9 @@
 //! `tessera-demo`: Tessera on this machine (`make demo` / `make demo-down`).
 //!
 //! Starts a control plane (with kube-controller-manager, the default
-//! kube-scheduler and kube-proxy) and three real nodes (containerd + kubelet)
-//! with fake GPUs, one of them in dynamic MIG mode, imports the locally built images into the nodes and installs
+//! kube-scheduler and kube-proxy) and four real nodes (containerd + kubelet)
+//! with fake GPUs, one of them in dynamic MIG mode and one serving through
+//! the DRA front door, imports the locally built images into the nodes and installs
 //! Tessera with `helm install` from `charts/tessera`, as a user does: the node
 //! agents run as a DaemonSet, kube-scheduler and tessera-controller as a
 //! Deployment. Then it applies the examples in `examples/demo/`, prints a short
@@ -25,8 +26,10 @@ use tessera_e2e::{Lifetime, helm, kube_proxy, tools};
 
 /// The demo's node in dynamic MIG mode.
 const MIG_NODE: &str = "gpu-mig";
+/// The demo's node behind the DRA front door.
+const DRA_NODE: &str = "gpu-dra";
 
-/// Runs Tessera with three real nodes of fake GPUs on this machine.
+/// Runs Tessera with four real nodes of fake GPUs on this machine.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
@@ -53,8 +56,9 @@ enum Command {
     Down,
 }
 
-/// The demo's nodes: two models, GPUs on different NUMA nodes, and an A100
-/// in MIG mode (the GpuNodeConfig `mig-pool` puts its node in dynamic MIG).
+/// The demo's nodes: two models, GPUs on different NUMA nodes, an A100 in
+/// MIG mode (the GpuNodeConfig `mig-pool` puts its node in dynamic MIG) and
+/// an L40S served through DRA claims (GpuNodeConfig `dra-pool`).
 fn nodes() -> Vec<NodeGpus> {
     let mig = FakeGpu::many("mig", 1, "NVIDIA A100-SXM4-80GB", 81920, 1);
     vec![
@@ -72,6 +76,11 @@ fn nodes() -> Vec<NodeGpus> {
             name: MIG_NODE.into(),
             mig: mig.iter().map(|g| g.uuid.clone()).collect(),
             gpus: mig,
+            ..Default::default()
+        },
+        NodeGpus {
+            name: DRA_NODE.into(),
+            gpus: FakeGpu::many("l40s", 1, "NVIDIA L40S", 46068, 1),
             ..Default::default()
         },
     ]
@@ -125,11 +134,17 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
     step(
         "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy v1.36), images, helm install tessera charts/tessera",
     );
-    // What a GitOps repository would hold: one GpuNodeConfig for the MIG node.
+    // What a GitOps repository would hold: a GpuNodeConfig for the MIG node
+    // and one for the node behind the DRA door.
     let mig_pool: GpuNodeConfig = serde_json::from_value(serde_json::json!({
         "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
         "metadata": {"name": "mig-pool"},
         "spec": {"nodeNames": [MIG_NODE], "operatingMode": "mig"},
+    }))?;
+    let dra_pool: GpuNodeConfig = serde_json::from_value(serde_json::json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
+        "metadata": {"name": "dra-pool"},
+        "spec": {"nodeNames": [DRA_NODE], "frontDoor": "dra"},
     }))?;
     let cluster = LocalCluster::start_with_configs(
         Some(dir.to_owned()),
@@ -137,7 +152,7 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         &nodes,
         &artifacts,
         serde_json::json!({}),
-        &[mig_pool],
+        &[mig_pool, dra_pool],
     )
     .await
     .context("starting the cluster and installing Tessera")?;
@@ -228,10 +243,25 @@ fn tour(
     )?;
     show("where each pod runs", &["get", "pods", "-o", "wide"])?;
     show(
-        "what each pod holds: device, MiB, cores",
+        "what each pod holds: device, MiB, cores; dra-pod's claim too (CLAIM)",
         &["get", "vgpuallocations"],
     )?;
-    show("the nodes' GPUs", &["get", "gpunodes"])?;
+    show(
+        "the nodes' GPUs and the door each serves them through",
+        &["get", "gpunodes"],
+    )?;
+    show(
+        "gpu-dra's GPU as a DRA device (shareable, capacity memory and cores)",
+        &["get", "resourceslices"],
+    )?;
+    show(
+        "dra-pod's claim, allocated by kube-scheduler's DynamicResources plugin",
+        &["get", "resourceclaims"],
+    )?;
+    show(
+        "dra-pod sees 8 GiB: its claim's limit, through CDI and the interposer",
+        &["logs", "dra-pod"],
+    )?;
     let events = [
         "get",
         "events",
