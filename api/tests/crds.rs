@@ -93,11 +93,13 @@ fn printer_columns_make_kubectl_get_useful() {
     };
     assert_eq!(
         columns("VgpuAllocation"),
-        ["POD", "NODE", "DEVICES", "MEMORY", "CORES", "PHASE", "AGE"]
+        [
+            "POD", "NODE", "DEVICES", "MEMORY", "CORES", "CLAIM", "PHASE", "AGE"
+        ]
     );
     assert_eq!(
         columns("GpuNode"),
-        ["GPUS", "MODEL", "MEMORY", "SLICES", "READY", "AGE"]
+        ["GPUS", "MODEL", "MEMORY", "SLICES", "DOOR", "READY", "AGE"]
     );
     assert_eq!(
         columns("NodeLock"),

@@ -160,6 +160,7 @@ async fn kubectl_get_prints_the_printer_columns() {
             "DEVICES",
             "MEMORY",
             "CORES",
+            "CLAIM",
             "PHASE",
             "AGE"
         ]
@@ -178,6 +179,7 @@ async fn kubectl_get_prints_the_printer_columns() {
             "GPU-aaaa,GPU-bbbb",
             "6000",
             "60",
+            // CLAIM is blank: a pod's allocation mirrors no claim.
             "Allocated"
         ]
     );
@@ -193,6 +195,7 @@ async fn kubectl_get_prints_the_printer_columns() {
     let gpunode_status = json!({"status": {
         "gpuCount": 2, "models": "NVIDIA A100-SXM4-80GB",
         "capacity": {"memoryMiB": 163840, "cores": 200, "slices": 20},
+        "frontDoor": "devicePlugin",
         "settings": {"deviceSplitCount": 10, "deviceMemoryScaling": 1.0, "deviceCoreScaling": 1.0, "operatingMode": "hami-core", "migStrategy": "none", "libCudaLogLevel": 2, "gpuCorePolicy": "default"},
         "conditions": [{"type": "Ready", "status": "True", "reason": "Serving", "message": "device plugin registered", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
     }});
@@ -207,12 +210,16 @@ async fn kubectl_get_prints_the_printer_columns() {
     let out = kubectl(cluster, &["get", "gpunodes"]);
     let mut lines = out.lines();
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "GPUS", "MODEL", "MEMORY", "READY", "AGE"]);
+    assert_eq!(
+        header,
+        ["NAME", "GPUS", "MODEL", "MEMORY", "DOOR", "READY", "AGE"]
+    );
     let row = lines.find(|l| l.starts_with("node-a")).unwrap();
     assert!(
         row.contains("2   ")
             && row.contains("NVIDIA A100-SXM4-80GB")
             && row.contains("163840")
+            && row.contains("devicePlugin")
             && row.contains("True"),
         "{row}"
     );
@@ -249,7 +256,7 @@ async fn kubectl_get_prints_the_printer_columns() {
     );
 
     let configs = dynamic::<GpuNodeConfig>(&client, None);
-    let config = json!({"metadata": {"name": "inference"}, "spec": {"nodeNames": ["inference-pool-*"], "deviceSplitCount": 4, "deviceMemoryScaling": 1.5, "operatingMode": "hami-core"}});
+    let config = json!({"metadata": {"name": "inference"}, "spec": {"nodeNames": ["inference-pool-*"], "deviceSplitCount": 4, "deviceMemoryScaling": 1.5, "operatingMode": "hami-core", "frontDoor": "dra"}});
     configs
         .create(&PostParams::default(), &object::<GpuNodeConfig>(config))
         .await
@@ -264,13 +271,17 @@ async fn kubectl_get_prints_the_printer_columns() {
             "MEM-SCALE",
             "CORE-SCALE",
             "MODE",
+            "DOOR",
             "MATCHED",
             "AGE"
         ]),
         "{out}"
     );
     assert!(
-        out.contains("inference-pool-*") && out.contains("1.5") && out.contains("hami-core"),
+        out.contains("inference-pool-*")
+            && out.contains("1.5")
+            && out.contains("hami-core")
+            && out.contains(" dra "),
         "{out}"
     );
 }

@@ -2,10 +2,13 @@
 //! pods of random sizes (bare pods, some deleted, and Deployments, one
 //! scaled) while the node agents and the controller are SIGKILLed at random
 //! moments (the kubelet starts them again, as it does in a cluster), and
-//! kube-apiserver and etcd are each killed and restarted once. Afterwards:
+//! kube-apiserver and etcd are each killed and restarted once. One node
+//! serves through the DRA front door: a third of the bare pods and the
+//! Deployment `serve` take their GPU with ResourceClaims there, so its agent
+//! is killed while it prepares and unprepares claims. Afterwards:
 //!
-//! - no GPU is promised beyond its memory, cores or slices (live allocations
-//!   folded against each GpuNode's devices);
+//! - no GPU is promised beyond its memory, cores or slices (live allocations,
+//!   DRA mirrors included, folded against each GpuNode's devices);
 //! - no live allocation outlives its pod by more than 30 s, no NodeLock is left;
 //! - every Running GPU container sees exactly its allocation's GPUs and memory;
 //! - every Deployment-owned pod Runs (or is Pending for lack of room, with
@@ -23,12 +26,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
-use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
+use tessera_api::v1alpha1::{AllocationPhase, GpuNode, GpuNodeConfig, NodeLock, VgpuAllocation};
 use tessera_e2e::testkit::{number, phase, scheduling_failure, section, skip_real_nodes};
 use tessera_e2e::{
     Lifetime,
@@ -43,7 +47,13 @@ const MIB: u64 = 1 << 20;
 /// How long the cluster has to settle once the faults stop.
 const SETTLE: Duration = Duration::from_secs(180);
 const NODES: [&str; 2] = ["chaos-a", "chaos-b"];
+/// The node behind the DRA door.
+const DRA_NODE: &str = "chaos-b";
 const DEPLOYMENTS: [&str; 3] = ["train", "serve", "batch"];
+/// The Deployment whose pods take their GPU through a claim.
+const DRA_DEPLOYMENT: &str = "serve";
+/// Claim templates of random sizes, `claim-0` ….
+const TEMPLATES: u64 = 4;
 
 /// xorshift64*: reproducible from the printed seed, no dependency.
 struct Rng(u64);
@@ -92,17 +102,57 @@ fn random_size(rng: &mut Rng) -> (u64, u32) {
     )
 }
 
-fn bare_pod(name: &str, rng: &mut Rng) -> Pod {
+/// A ResourceClaimTemplate `claim-<i>` of a random size.
+fn claim_template(i: u64, rng: &mut Rng) -> Value {
     let (mem, cores) = random_size(rng);
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": format!("claim-{i}"), "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{
+            "name": "gpu",
+            "exactly": {
+                "deviceClassName": "vgpu.tessera.dev",
+                "capacity": {"requests": {"memory": format!("{mem}Mi"), "cores": cores.to_string()}},
+            },
+        }]}}},
+    })
+}
+
+/// A pod spec whose container takes its GPU from a claim of `template`.
+fn claim_spec(template: &str) -> Value {
+    json!({
+        "terminationGracePeriodSeconds": 1,
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        "containers": [{
+            "name": "cuda", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", SCRIPT],
+            "resources": {"claims": [{"name": "gpu"}]},
+        }],
+    })
+}
+
+/// A bare pod: every third takes its GPU through a claim.
+fn bare_pod(name: &str, i: u64, rng: &mut Rng) -> Pod {
+    let spec = if i % 3 == 2 {
+        claim_spec(&format!("claim-{}", rng.below(TEMPLATES)))
+    } else {
+        let (mem, cores) = random_size(rng);
+        json!({"terminationGracePeriodSeconds": 1, "containers": [container(mem, cores)]})
+    };
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"chaos": "bare"}},
-        "spec": {"terminationGracePeriodSeconds": 1, "containers": [container(mem, cores)]},
+        "spec": spec,
     }))
     .unwrap()
 }
 
 fn deployment(name: &str, replicas: i32, rng: &mut Rng) -> Deployment {
     let (mem, cores) = random_size(rng);
+    let spec = if name == DRA_DEPLOYMENT {
+        claim_spec(&format!("claim-{}", rng.below(TEMPLATES)))
+    } else {
+        json!({"terminationGracePeriodSeconds": 1, "containers": [container(mem, cores)]})
+    };
     serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
@@ -110,7 +160,7 @@ fn deployment(name: &str, replicas: i32, rng: &mut Rng) -> Deployment {
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name, "chaos": "deployment"}},
-                "spec": {"terminationGracePeriodSeconds": 1, "containers": [container(mem, cores)]},
+                "spec": spec,
             },
         },
     }))
@@ -295,10 +345,38 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
             ..Default::default()
         })
         .collect();
-    let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
-        .await
-        .unwrap();
+    let dra_pool: GpuNodeConfig = serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
+        "metadata": {"name": "dra-pool"},
+        "spec": {"nodeNames": [DRA_NODE], "frontDoor": "dra"},
+    }))
+    .unwrap();
+    let cluster = LocalCluster::start_with_configs(
+        None,
+        Lifetime::Tied,
+        &nodes,
+        &artifacts,
+        json!({}),
+        &[dra_pool],
+    )
+    .await
+    .unwrap();
     let client = cluster.plane.client().await.unwrap();
+    let templates: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaimTemplate"),
+            "resourceclaimtemplates",
+        ),
+    );
+    for i in 0..TEMPLATES {
+        let template: DynamicObject = serde_json::from_value(claim_template(i, &mut rng)).unwrap();
+        templates
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+    }
     let mut chaos = Chaos {
         cluster,
         client: client.clone(),
@@ -339,7 +417,7 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
     let mut created = Vec::new();
     for i in 0..bare_count {
         let name = format!("bare-{i}");
-        let pod = bare_pod(&name, &mut chaos.rng);
+        let pod = bare_pod(&name, i, &mut chaos.rng);
         retrying(&format!("create {name}"), async || {
             pods.create(&PostParams::default(), &pod).await
         })
@@ -409,7 +487,11 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
                 "Failed" => {}
                 "Pending" if node_of(pod).is_empty() => {
                     match scheduling_failure(&chaos.client, "default", &name).await {
-                        Some(reason) if reason.contains("GPU") || reason.contains("MiB") => {
+                        Some(reason)
+                            if reason.contains("GPU")
+                                || reason.contains("MiB")
+                                || reason.contains("cannot allocate all claims") =>
+                        {
                             pending.push((name, reason));
                         }
                         _ => unsettled.push(name),
@@ -554,6 +636,7 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         .unwrap()
         .items;
     let mut checked = 0;
+    let mut through_dra = 0;
     for pod in all.iter().filter(|p| phase(p) == "Running") {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -592,10 +675,17 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
             "{name}: {out}"
         );
         checked += 1;
+        if allocation.spec.claim.is_some() {
+            through_dra += 1;
+        }
     }
     eprintln!(
-        "chaos: {checked} running containers see exactly their allocation; {} pods deleted mid-stream",
+        "chaos: {checked} running containers see exactly their allocation ({through_dra} through DRA claims); {} pods deleted mid-stream",
         deleted.len()
     );
     assert!(checked >= 20, "too few pods ran to judge: {checked}");
+    assert!(
+        through_dra >= 4,
+        "too few claim pods ran to judge: {through_dra}"
+    );
 }

@@ -320,6 +320,34 @@ async fn node_agent_writes_only_its_own_node() {
         "forbidden",
     );
 
+    // The DRA door: its own node's ResourceSlice of Tessera's driver only.
+    let slice = |node: &str, driver: &str| -> k8s_openapi::api::resource::v1::ResourceSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{node}-{driver}")},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [],
+            },
+        }))
+        .unwrap()
+    };
+    let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(agent.clone());
+    slices
+        .create(&dry_run, &slice("agent-node-a", "gpu.tessera.dev"))
+        .await
+        .expect("the agent publishes its own node's slice");
+    for (node, driver) in [
+        ("agent-node-b", "gpu.tessera.dev"),
+        ("agent-node-a", "gpu.nvidia.com"),
+    ] {
+        refused(
+            slices.create(&dry_run, &slice(node, driver)).await,
+            "may write only the ResourceSlices of driver gpu.tessera.dev on its own node",
+        );
+    }
+
     // A token of the agent's account not bound to a pod on a node writes nothing.
     let unbound = client_with_token(cluster, &token(cluster, None)).await;
     refused(
@@ -384,7 +412,10 @@ async fn webhook_certificate_is_kept_on_upgrade_renewed_near_expiry_and_removed_
             .await
             .unwrap();
     }
-    install(cluster, release, namespace, &[]);
+    // A second release in the cluster: the first one holds the DeviceClass
+    // (cluster-scoped, and its name is what claims ask for).
+    const SECOND: [&str; 2] = ["--set", "dra.deviceClass=false"];
+    install(cluster, release, namespace, &SECOND);
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -411,7 +442,7 @@ async fn webhook_certificate_is_kept_on_upgrade_renewed_near_expiry_and_removed_
         cluster,
         release,
         namespace,
-        &["--set", "config.defaultCores=10"],
+        &[&SECOND[..], &["--set", "config.defaultCores=10"]].concat(),
     );
     let kept = webhook_tls(&secrets.get("certs-tessera-webhook-tls").await.unwrap());
     assert_eq!(
@@ -426,7 +457,11 @@ async fn webhook_certificate_is_kept_on_upgrade_renewed_near_expiry_and_removed_
         cluster,
         release,
         namespace,
-        &["--set", "webhook.certificate.renewBeforeDays=400"],
+        &[
+            &SECOND[..],
+            &["--set", "webhook.certificate.renewBeforeDays=400"],
+        ]
+        .concat(),
     );
     let (new_ca, new_cert) = webhook_tls(&secrets.get("certs-tessera-webhook-tls").await.unwrap());
     assert_ne!(new_cert, cert, "a certificate near expiry was not renewed");

@@ -8,7 +8,9 @@
 //!   policy's default), as a HAMi pod without `nvidia.com/gpumem` takes the
 //!   whole GPU's memory;
 //! - `cores`: percent of the SMs, 0 to 100 in steps of 1; a claim that names
-//!   none consumes 0 (no limit, shared), as HAMi's `gpucores` default.
+//!   none consumes 0 (no limit, shared), as HAMi's `gpucores` default;
+//! - `slices`: the GPU's `deviceSplitCount`; every claim consumes exactly 1,
+//!   so no more claims share a GPU than HAMi-style pods could.
 //!
 //! Attributes a claim may select on with CEL or constrain with
 //! `matchAttribute`: `uuid`, `model`, `index`, `numaNode` (when known).
@@ -91,6 +93,17 @@ fn device(gpu: &GpuDevice) -> Device {
             },
         ),
         (
+            "slices".to_owned(),
+            DeviceCapacity {
+                value: Quantity(gpu.split_count.to_string()),
+                request_policy: Some(CapacityRequestPolicy {
+                    default: Some(Quantity("1".to_owned())),
+                    valid_range: None,
+                    valid_values: Some(vec![Quantity("1".to_owned())]),
+                }),
+            },
+        ),
+        (
             "cores".to_owned(),
             DeviceCapacity {
                 value: Quantity(gpu.capacity.cores.to_string()),
@@ -152,6 +165,9 @@ mod tests {
         let capacity = one.capacity.as_ref().unwrap();
         assert_eq!(capacity["memory"].value.0, "81559Mi");
         assert_eq!(capacity["cores"].value.0, "100");
+        assert_eq!(capacity["slices"].value.0, "10", "the split count");
+        let slices = capacity["slices"].request_policy.as_ref().unwrap();
+        assert_eq!(slices.valid_values.as_ref().unwrap()[0].0, "1");
         let cores = capacity["cores"].request_policy.as_ref().unwrap();
         assert_eq!(cores.default.as_ref().unwrap().0, "0");
         let memory = capacity["memory"].request_policy.as_ref().unwrap();
