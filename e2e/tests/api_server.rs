@@ -322,6 +322,15 @@ async fn invalid_gpu_node_configs_are_refused_with_the_field_and_rule() {
             ],
         ),
         (
+            "bad-front-door",
+            json!({"nodeNames": ["a"], "frontDoor": "both"}),
+            vec![
+                "spec.frontDoor",
+                "Unsupported value: \"both\"",
+                "\"devicePlugin\", \"dra\"",
+            ],
+        ),
+        (
             "bad-mig-strategy",
             json!({"nodeNames": ["a"], "migStrategy": "dynamic"}),
             vec!["spec.migStrategy", "\"none\", \"single\", \"mixed\""],

@@ -478,7 +478,12 @@ mod tests {
         assert_eq!(settings.device_split_count, 4);
         assert_eq!(settings.device_memory_scaling, 1.0);
         assert_eq!(parse_defaults("").unwrap(), NodeSettings::default());
+        assert_eq!(
+            parse_defaults("frontDoor: dra").unwrap().front_door,
+            tessera_api::v1alpha1::FrontDoor::Dra
+        );
         for (yaml, needle) in [
+            ("frontDoor: both", "both"),
             (
                 "deviceSplitCount: 0",
                 "deviceSplitCount: must be between 1 and 100",

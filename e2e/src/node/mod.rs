@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client};
+use k8s_openapi::api::{core::v1::Node, resource::v1::ResourceSlice};
+use kube::{Api, Client, api::ListParams};
 use serde::{Deserialize, Serialize};
 
 use crate::artifacts::Artifacts;
@@ -445,13 +445,20 @@ impl RealNode {
     }
 
     /// Waits until the Node is Ready and advertises its GPUs (as slices or
-    /// as static MIG instances).
+    /// as static MIG instances), or publishes them in its ResourceSlice
+    /// (a node behind the DRA front door).
     pub async fn wait_gpus(&mut self, client: &Client) -> Result<(), Error> {
         self.wait(client, true).await
     }
 
     async fn wait(&mut self, client: &Client, want_gpus: bool) -> Result<(), Error> {
         let nodes: Api<Node> = Api::all(client.clone());
+        let slices: Api<ResourceSlice> = Api::all(client.clone());
+        let ours = ListParams::default().fields(&format!(
+            "spec.nodeName={},spec.driver={}",
+            self.name,
+            tessera_api::names::dra::DRIVER
+        ));
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last = None;
         loop {
@@ -471,7 +478,14 @@ impl RealNode {
                         (name == tessera_api::names::resources::GPU
                             || name.starts_with("nvidia.com/mig-"))
                             && q.0 != "0"
-                    });
+                    })
+                    || (want_gpus
+                        && slices
+                            .list(&ours)
+                            .await?
+                            .items
+                            .iter()
+                            .any(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty())));
                 if ready && (gpus || !want_gpus) {
                     return Ok(());
                 }
