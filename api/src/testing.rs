@@ -179,6 +179,8 @@ pub fn gpu(index: u32, model: &str, memory_mib: u64) -> GpuDevice {
         split_count: 10,
         numa_node: None,
         nvlink_peers: Vec::new(),
+        compute_capability: None,
+        driver_version: None,
         health: DeviceHealth::Healthy,
         health_message: None,
         mode: OperatingMode::HamiCore,

@@ -67,6 +67,8 @@ pub fn physical_gpus(node: usize, gpus: u32) -> Vec<PhysicalGpu> {
                     .filter(|&peer| peer != index && peer * 2 / gpus.max(1) == numa)
                     .map(|peer| gpu_uuid(node, peer))
                     .collect(),
+                compute_capability: None,
+                driver_version: None,
                 health: tessera_api::v1alpha1::DeviceHealth::Healthy,
                 health_message: None,
                 mig: None,

@@ -15,6 +15,8 @@ async fn the_node_slice_is_valid_and_keeps_its_consumable_capacity() {
     let slices: Api<ResourceSlice> = Api::all(plane.client().await.unwrap());
     let mut near = gpu(1, "NVIDIA H100 80GB HBM3", 81559);
     near.numa_node = Some(1);
+    near.compute_capability = Some("9.0".into());
+    near.driver_version = Some("550.54.15".into());
     let slice = dra::resource_slice(
         "dra-node",
         1,

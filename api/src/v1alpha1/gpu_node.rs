@@ -156,6 +156,14 @@ pub struct GpuDevice {
     /// UUIDs of GPUs connected to this one by NVLink.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvlink_peers: Vec<String>,
+    /// The CUDA compute capability, `major.minor` (e.g. `9.0`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub compute_capability: Option<String>,
+    /// The NVIDIA driver's version (e.g. `550.54.15`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub driver_version: Option<String>,
     /// Whether the GPU can take new work.
     pub health: DeviceHealth,
     /// Why the GPU is unhealthy (e.g. the XID error), when it is.

@@ -46,12 +46,35 @@ pub fn fake_devices(gpus: &[FakeGpu]) -> Vec<serde_json::Value> {
     gpus.iter()
         .enumerate()
         .map(|(index, gpu)| {
-            json!({
+            let mut device = json!({
                 "uuid": gpu.uuid, "index": index, "model": gpu.model,
                 "memoryMiB": gpu.memory_mib, "numaNode": gpu.numa_node, "health": "Healthy",
-            })
+                "driverVersion": FAKE_DRIVER_VERSION,
+            });
+            if let Some(capability) = compute_capability(&gpu.model) {
+                device["computeCapability"] = json!(capability);
+            }
+            device
         })
         .collect()
+}
+
+/// The driver version fake GPUs report.
+pub const FAKE_DRIVER_VERSION: &str = "550.54.15";
+
+/// The CUDA compute capability of the models the tests and the demo use,
+/// as NVIDIA documents them.
+fn compute_capability(model: &str) -> Option<&'static str> {
+    [
+        ("H100", "9.0"),
+        ("H200", "9.0"),
+        ("A100", "8.0"),
+        ("L40S", "8.9"),
+        ("L4", "8.9"),
+    ]
+    .into_iter()
+    .find(|(name, _)| model.contains(name))
+    .map(|(_, capability)| capability)
 }
 
 /// The agent's `--fake-gpus-file`.

@@ -39,6 +39,12 @@ pub struct PhysicalGpu {
     /// UUIDs of GPUs linked to this one by NVLink.
     #[serde(default)]
     pub nvlink_peers: Vec<String>,
+    /// The CUDA compute capability, `major.minor` (`9.0` on an H100).
+    #[serde(default)]
+    pub compute_capability: Option<String>,
+    /// The NVIDIA driver's version (`550.54.15`).
+    #[serde(default)]
+    pub driver_version: Option<String>,
     /// Whether the GPU can take work.
     #[serde(default = "healthy")]
     pub health: DeviceHealth,

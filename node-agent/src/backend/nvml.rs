@@ -152,6 +152,11 @@ impl NvmlBackend {
             memory_mib: device.memory_info()?.total / (1 << 20),
             numa_node: numa_node(&pci.bus_id),
             nvlink_peers,
+            compute_capability: device
+                .cuda_compute_capability()
+                .ok()
+                .map(|c| format!("{}.{}", c.major, c.minor)),
+            driver_version: self.nvml.sys_driver_version().ok(),
             health: if xid.is_some() {
                 DeviceHealth::Unhealthy
             } else {
@@ -241,6 +246,8 @@ impl Backend for NvmlBackend {
                         memory_mib: 0,
                         numa_node: None,
                         nvlink_peers: Vec::new(),
+                        compute_capability: None,
+                        driver_version: None,
                         health: DeviceHealth::Unhealthy,
                         health_message: Some(format!("NVML: {error}")),
                         mig: None,

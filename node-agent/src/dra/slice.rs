@@ -13,7 +13,9 @@
 //!   so no more claims share a GPU than HAMi-style pods could.
 //!
 //! Attributes a claim may select on with CEL or constrain with
-//! `matchAttribute`: `uuid`, `model`, `index`, `numaNode` (when known).
+//! `matchAttribute`: `uuid`, `model`, `index`, and when known `numaNode`,
+//! `cudaComputeCapability` and `driverVersion` (versions, so CEL can compare
+//! them: `device.attributes["gpu.tessera.dev"].cudaComputeCapability.compareTo(semver("8.9.0")) >= 0`).
 
 use std::collections::BTreeMap;
 
@@ -74,6 +76,18 @@ fn device(gpu: &GpuDevice) -> Device {
     if let Some(numa) = gpu.numa_node {
         attributes.insert("numaNode".to_owned(), int(numa));
     }
+    let version = |value: Option<&String>| {
+        value.and_then(|v| semver(v)).map(|v| DeviceAttribute {
+            version: Some(v),
+            ..DeviceAttribute::default()
+        })
+    };
+    if let Some(capability) = version(gpu.compute_capability.as_ref()) {
+        attributes.insert("cudaComputeCapability".to_owned(), capability);
+    }
+    if let Some(driver) = version(gpu.driver_version.as_ref()) {
+        attributes.insert("driverVersion".to_owned(), driver);
+    }
     let memory = Quantity(format!("{}Mi", gpu.capacity.memory_mib));
     let capacity = BTreeMap::from([
         (
@@ -128,6 +142,21 @@ fn device(gpu: &GpuDevice) -> Device {
     }
 }
 
+/// `text` (`9.0`, `535.104.05`) as a semantic version's core
+/// (`9.0.0`, `535.104.5`), which DRA's `version` attributes must be; `None`
+/// when it is not one to three numbers.
+fn semver(text: &str) -> Option<String> {
+    let numbers: Vec<u64> = text
+        .split('.')
+        .map(|n| n.parse().ok())
+        .collect::<Option<_>>()?;
+    if numbers.is_empty() || numbers.len() > 3 {
+        return None;
+    }
+    let at = |i: usize| numbers.get(i).copied().unwrap_or(0);
+    Some(format!("{}.{}.{}", at(0), at(1), at(2)))
+}
+
 #[cfg(test)]
 mod tests {
     use tessera_api::testing::gpu;
@@ -142,6 +171,8 @@ mod tests {
         mps.mode = OperatingMode::Mps;
         let mut near = gpu(1, "NVIDIA H100 80GB HBM3", 81559);
         near.numa_node = Some(1);
+        near.compute_capability = Some("9.0".into());
+        near.driver_version = Some("535.104.05".into());
         let offer = [gpu(0, "NVIDIA H100 80GB HBM3", 81559), near, sick, mps];
         let slice = resource_slice("node-a", 7, &offer);
         assert_eq!(slice.spec.driver, "gpu.tessera.dev");
@@ -155,6 +186,15 @@ mod tests {
         let attributes = one.attributes.as_ref().unwrap();
         assert_eq!(attributes["uuid"].string.as_deref(), Some("GPU-1"));
         assert_eq!(attributes["numaNode"].int, Some(1));
+        assert_eq!(
+            attributes["cudaComputeCapability"].version.as_deref(),
+            Some("9.0.0")
+        );
+        assert_eq!(
+            attributes["driverVersion"].version.as_deref(),
+            Some("535.104.5"),
+            "a semantic version, without the leading zero"
+        );
         assert!(
             !devices[0]
                 .attributes
@@ -176,5 +216,15 @@ mod tests {
             "81559Mi",
             "the whole GPU's memory"
         );
+    }
+
+    #[test]
+    fn versions_become_semantic_versions_or_nothing() {
+        assert_eq!(semver("9.0").as_deref(), Some("9.0.0"));
+        assert_eq!(semver("550.54.15").as_deref(), Some("550.54.15"));
+        assert_eq!(semver("12").as_deref(), Some("12.0.0"));
+        for bad in ["", "9.x", "1.2.3.4", "-1.0"] {
+            assert_eq!(semver(bad), None, "{bad}");
+        }
     }
 }
