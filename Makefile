@@ -15,7 +15,7 @@ tools: ## Build etcd and Kubernetes v1.36 binaries into ~/.cache/tessera (once; 
 node-deps: ## Install what real nodes need (containerd, runc, CNI plugins, busybox; Debian/Ubuntu, as root)
 	@hack/node-deps.sh
 
-demo: tools node-deps ## Run Tessera locally: control plane, controller, two real nodes with fake GPUs, examples, a tour
+demo: tools node-deps ## Run Tessera locally: control plane, controller, four real nodes with fake GPUs (one behind the DRA door), examples, a tour
 	$(CARGO) build --workspace
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-demo -- up
 

@@ -110,9 +110,37 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
 
 #[cfg(test)]
 mod tests {
-    use tessera_api::v1alpha1::{FrontDoor, GpuNode, GpuNodeStatus};
+    use tessera_api::{
+        testing::{allocation, container, slice},
+        v1alpha1::{AllocationPhase, FrontDoor, GpuNode, GpuNodeStatus},
+    };
 
-    use super::not_ready;
+    use super::{live, not_ready};
+
+    #[test]
+    fn a_dra_mirror_holds_its_slices_in_the_ledger_like_a_pod() {
+        let mirror = allocation("infer", "pod-uid", "n1")
+            .claim("infer-gpu", "claim-uid")
+            .container(container("gpu", vec![slice("GPU-0", 0, 8192, 30)]))
+            .phase(AllocationPhase::Allocated)
+            .build();
+        let held = live(&mirror).expect("a prepared claim holds its slices");
+        assert_eq!(held.node, "n1");
+        assert_eq!(
+            (
+                held.slices[0].uuid.as_str(),
+                held.slices[0].memory_mib,
+                held.slices[0].cores
+            ),
+            ("GPU-0", 8192, 30)
+        );
+        let mut released = mirror;
+        released.status.as_mut().unwrap().phase = Some(AllocationPhase::Released);
+        assert!(
+            live(&released).is_none(),
+            "an unprepared claim holds nothing"
+        );
+    }
 
     #[test]
     fn a_node_behind_the_dra_door_takes_no_hami_pod() {

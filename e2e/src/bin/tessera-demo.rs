@@ -251,7 +251,7 @@ fn tour(
         &["get", "gpunodes"],
     )?;
     show(
-        "gpu-dra's GPU as a DRA device (shareable, capacity memory and cores)",
+        "gpu-dra's GPU as a DRA device (shareable; capacity memory, cores, slices)",
         &["get", "resourceslices"],
     )?;
     show(
