@@ -109,19 +109,7 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     use super::*;
-
-    fn gpu(request: &str, index: u32, memory_mib: u64, cores: u32) -> ClaimGpu {
-        ClaimGpu {
-            request: request.into(),
-            device: format!("gpu-{index}"),
-            uuid: format!("GPU-{index}"),
-            index,
-            model: "NVIDIA H100 80GB HBM3".into(),
-            memory_mib,
-            cores,
-            share_id: None,
-        }
-    }
+    use crate::dra::prepare::tests::claimed as gpu;
 
     fn claim(reserved: Vec<ResourceClaimConsumerReference>) -> ResourceClaim {
         let mut claim = ResourceClaim::default();

@@ -231,4 +231,4 @@ pub fn prepared_devices(uid: &str, node: &str, gpus: &[ClaimGpu]) -> Vec<Device>
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

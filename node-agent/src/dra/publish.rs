@@ -1,8 +1,9 @@
 //! Keeps the node's ResourceSlice as the door and the offer say: present
 //! (owned by the Node) while the node serves through DRA, absent otherwise.
 //! A watch of the node's slices of this driver brings back a slice that is
-//! deleted behind the agent's back (the kubelet wipes a driver's slices when
-//! the driver's plugin goes away for a while).
+//! deleted behind the agent's back: a starting kubelet deletes every
+//! ResourceSlice of its node, and a kubelet deletes a driver's slices when
+//! the driver's plugin has been gone for a while.
 
 use std::time::Duration;
 

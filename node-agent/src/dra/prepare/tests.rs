@@ -117,7 +117,8 @@ fn a_claim_that_cannot_be_served_says_why() {
     assert!(error(claim(vec![result("gpu-0", "node-b", &[])])).contains("no device of driver"));
 }
 
-fn claimed(request: &str, index: u32, memory_mib: u64, cores: u32) -> ClaimGpu {
+/// An H100 `GPU-<index>` share of `request` (the mirror's tests use it too).
+pub(crate) fn claimed(request: &str, index: u32, memory_mib: u64, cores: u32) -> ClaimGpu {
     ClaimGpu {
         request: request.into(),
         device: format!("gpu-{index}"),
