@@ -78,6 +78,7 @@ impl GpuHost {
     /// kubelet directory and fake GPUs.
     fn start_agent(&mut self, kubeconfig: &std::path::Path) {
         let state = self.dir.path().join("state");
+        let own = |sub: &str| self.dir.path().join(sub).display().to_string();
         let args: Vec<String> = [
             "--kubeconfig",
             &kubeconfig.display().to_string(),
@@ -91,6 +92,14 @@ impl GpuHost {
             "100",
             "--device-plugin-dir",
             &self.kubelet.dir().display().to_string(),
+            // The DRA plugin's sockets and CDI specs: the node's own, never
+            // the host's /var/lib/kubelet.
+            "--kubelet-plugins-dir",
+            &own("plugins"),
+            "--plugins-registry-dir",
+            &own("plugins_registry"),
+            "--cdi-dir",
+            &own("cdi"),
             "--interposer-library",
             "/opt/tessera/libtessera_vgpu.so",
             "--state-dir",
