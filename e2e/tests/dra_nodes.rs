@@ -13,8 +13,8 @@
 //! 4. The agent is SIGKILLed and the kubelet restarted: the prepared pods
 //!    keep their GPU, and deleting one unprepares its claim (mirror
 //!    Released), after which the Pending pod gets the room and runs.
-//! 5. Switching back waits for the claims, then the slice goes and
-//!    `nvidia.com/gpu` returns.
+//! 5. Switching back withdraws the slice at once, waits for the claims,
+//!    then `nvidia.com/gpu` returns.
 //!
 //! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
 
@@ -344,6 +344,21 @@ async fn claims_share_a_gpu_through_the_dra_door_on_the_same_ledger() {
     println!("a HAMi pod on a DRA node: {reason}");
     dra.delete("late-hami").await;
 
+    // A mirror whose claim no longer exists (deleted while the kubelet was
+    // away): the agent releases it on its own.
+    let stale = tessera_api::testing::allocation("gone-pod", "gone-pod-uid", NODE)
+        .claim("gone", "0b4e7c1a-dead-4d8a-a0a2-1f2c3d4e5f60")
+        .container(tessera_api::testing::container(
+            "gpu",
+            vec![tessera_api::testing::slice(&uuid, 0, 1024, 0)],
+        ))
+        .build();
+    let allocations: Api<VgpuAllocation> = Api::namespaced(dra.client.clone(), "default");
+    allocations
+        .create(&PostParams::default(), &stale)
+        .await
+        .unwrap();
+
     // 2. 8 GiB and 30 % of the GPU, enforced in the container.
     const CHUNK: u64 = 64 * MIB;
     let script = format!(
@@ -461,6 +476,16 @@ async fn claims_share_a_gpu_through_the_dra_door_on_the_same_ledger() {
     assert_eq!(specs.len(), 3, "one CDI spec per prepared claim: {specs:?}");
     assert!(!specs.iter().any(|s| s.contains(&claim_c.uid().unwrap())));
 
+    let stale = wait_for("the stale mirror to be released", MINUTE, async || {
+        let mirror = allocations.get(&stale.metadata.name.clone()?).await.ok()?;
+        (!mirror.is_live()).then_some(mirror)
+    })
+    .await;
+    println!(
+        "stale mirror: {:?}",
+        stale.status.and_then(|s| s.message).unwrap_or_default()
+    );
+
     // 5. Back to the device plugin, once the claims are gone.
     dra.set_door(FrontDoor::DevicePlugin).await;
     let (_, message) = wait_for("the switch back to wait", MINUTE, async || {
@@ -468,8 +493,17 @@ async fn claims_share_a_gpu_through_the_dra_door_on_the_same_ledger() {
     })
     .await;
     println!("FrontDoor while claims hold the GPU: {message}");
-    assert!(message.contains("through dra"), "{message}");
-    assert_eq!(dra.slices().await.len(), 1);
+    assert!(message.contains("stay behind dra"), "{message}");
+    // The slice is withdrawn at once, so no new claim lands here meanwhile.
+    wait_for("the slice to be withdrawn", MINUTE, async || {
+        dra.slices().await.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(
+        dra.allocatable_gpus().await,
+        0,
+        "nor is the device plugin back yet"
+    );
     for name in ["dra-a", "dra-b", "dra-d"] {
         dra.delete(name).await;
     }

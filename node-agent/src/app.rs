@@ -337,6 +337,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         plugins_dir: args.kubelet_plugins_dir.clone(),
         registry_dir: args.plugins_registry_dir.clone(),
     };
+    tokio::spawn(dra.clone().reconcile());
     tokio::spawn(crate::dra::server::run(sockets, dra));
     // The device plugin offers nothing while the node serves through DRA.
     let plugin_offers = crate::door::gate(offers.clone(), doors);

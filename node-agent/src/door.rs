@@ -83,14 +83,21 @@ impl Holders {
 
 /// The door to serve: `current` (what the agent served last, `None` when it
 /// does not know) switches to `wanted` only when nothing holds the node's
-/// GPUs. An agent that does not know serves the door its holders came
-/// through, else the wanted one.
-pub fn decide(current: Option<FrontDoor>, wanted: FrontDoor, holders: &Holders) -> Door {
+/// GPUs and the request has stood `settled` long enough for work already
+/// under way (a pod the extender just bound, a claim kube-scheduler just
+/// allocated from the slice) to show up as a holder. An agent that does not
+/// know serves the door its holders came through, else the wanted one.
+pub fn decide(
+    current: Option<FrontDoor>,
+    wanted: FrontDoor,
+    holders: &Holders,
+    settled: bool,
+) -> Door {
     let Some(current) = current.or_else(|| holders.door()) else {
         return Door::settled(wanted);
     };
     let waiting_for = holders.all();
-    if current == wanted || waiting_for.is_empty() {
+    if current == wanted || (waiting_for.is_empty() && settled) {
         return Door::settled(wanted);
     }
     Door {
@@ -100,9 +107,33 @@ pub fn decide(current: Option<FrontDoor>, wanted: FrontDoor, holders: &Holders) 
     }
 }
 
-/// How often a waiting switch looks again at the claims of the node's pool
-/// (they are not watched: only a switch away from DRA needs them).
-const RECHECK: Duration = Duration::from_secs(5);
+/// How long a switch request stands before the door switches, at least:
+/// long enough for the GpuNode (the extender stops placing pods) and the
+/// slice's withdrawal (kube-scheduler stops allocating claims) to take
+/// effect, and for what they let through to be recorded.
+pub const SETTLE: Duration = Duration::from_secs(10);
+
+/// How often a pending switch looks again (the claims of the node's pool
+/// are not watched: only a switch away from DRA needs them).
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// The door the node's GpuNode says was served: the agent's own last word.
+/// Read until it answers (a guess could leave a door the node still
+/// serves); `None` when there is no GpuNode (a new node, or a deleted one).
+async fn last_served(view: &NodeView) -> Option<FrontDoor> {
+    let api = Api::<GpuNode>::all(view.client().clone());
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match api.get_opt(view.node()).await {
+            Ok(node) => return node.and_then(|n| n.status).map(|s| s.front_door),
+            Err(error) => {
+                tracing::warn!(%error, "reading the node's GpuNode for its front door; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
 
 /// Keeps the node's [`Door`] current. It starts from the door the node's
 /// GpuNode says was served (the agent's own last word, kept across its
@@ -110,32 +141,36 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// allocations change, and every [`RECHECK`] while a switch waits.
 pub async fn track(view: NodeView, mut offers: watch::Receiver<Offer>) -> watch::Receiver<Door> {
     view.ready().await;
-    let last = Api::<GpuNode>::all(view.client().clone())
-        .get_opt(view.node())
-        .await
-        .ok()
-        .flatten()
-        .and_then(|n| n.status)
-        .map(|s| s.front_door);
+    let last = last_served(&view).await;
     let wanted = offers.borrow_and_update().resolved.settings.front_door;
-    let first = decide(last, wanted, &holders(&view, last, wanted).await);
+    // A restarted agent lets a pending switch settle again: what was under
+    // way while it was down may not be recorded yet.
+    let mut asked = std::time::Instant::now();
+    let first = decide(last, wanted, &holders(&view, last, wanted).await, false);
     log(&first);
     let (tx, rx) = watch::channel(first);
     let mut changes = view.changes();
     tokio::spawn(async move {
         loop {
-            let waiting = !tx.borrow().waiting_for.is_empty();
+            let pending = tx.borrow().serving != tx.borrow().wanted;
             tokio::select! {
                 changed = offers.changed() => if changed.is_err() { return },
                 changed = changes.changed() => if changed.is_err() { return },
-                () = tokio::time::sleep(RECHECK), if waiting => {}
+                () = tokio::time::sleep(RECHECK), if pending => {}
             }
-            let current = tx.borrow().serving;
+            let (current, before) = {
+                let door = tx.borrow();
+                (door.serving, door.wanted)
+            };
             let wanted = offers.borrow_and_update().resolved.settings.front_door;
+            if wanted != before {
+                asked = std::time::Instant::now();
+            }
             let door = decide(
                 Some(current),
                 wanted,
                 &holders(&view, Some(current), wanted).await,
+                asked.elapsed() >= SETTLE,
             );
             tx.send_if_modified(|was| {
                 let changed = *was != door;
@@ -151,10 +186,16 @@ pub async fn track(view: NodeView, mut offers: watch::Receiver<Offer>) -> watch:
 }
 
 fn log(door: &Door) {
-    if door.waiting_for.is_empty() {
+    if door.serving == door.wanted {
         tracing::info!(
             door = door.serving.as_str(),
             "serving the GPUs through this front door"
+        );
+    } else if door.waiting_for.is_empty() {
+        tracing::info!(
+            serving = door.serving.as_str(),
+            wanted = door.wanted.as_str(),
+            "front door switch requested; it settles before the door switches"
         );
     } else {
         tracing::warn!(
@@ -166,12 +207,13 @@ fn log(door: &Door) {
     }
 }
 
-/// The node's holders. Leaving DRA also waits for the claims allocated from
-/// the node's pool that no pod has started with yet (they have no mirror);
-/// that needs a list of every claim, so it is read only then.
+/// The node's holders. Leaving DRA (or not knowing whether the node served
+/// through it) also waits for the claims allocated from the node's pool that
+/// no pod has started with yet (they have no mirror); that needs a list of
+/// every claim, so it is read only then.
 async fn holders(view: &NodeView, serving: Option<FrontDoor>, wanted: FrontDoor) -> Holders {
     let mut holders = Holders::of(&view.allocations());
-    if serving == Some(FrontDoor::Dra) && wanted != FrontDoor::Dra {
+    if serving != Some(FrontDoor::DevicePlugin) && wanted != FrontDoor::Dra {
         let claims = Api::<ResourceClaim>::all(view.client().clone());
         match claims.list(&ListParams::default()).await {
             Ok(list) => holders.claims.extend(
@@ -192,7 +234,7 @@ async fn holders(view: &NodeView, serving: Option<FrontDoor>, wanted: FrontDoor)
 }
 
 /// Whether a claim holds a device of this node's pool.
-fn allocated_from(claim: &ResourceClaim, node: &str) -> bool {
+pub fn allocated_from(claim: &ResourceClaim, node: &str) -> bool {
     claim
         .status
         .as_ref()
@@ -249,14 +291,21 @@ mod tests {
     #[test]
     fn a_switch_happens_only_when_nothing_holds_the_gpus() {
         let none = Holders::default();
-        assert_eq!(decide(Some(DevicePlugin), Dra, &none), Door::settled(Dra));
         assert_eq!(
-            decide(Some(Dra), DevicePlugin, &none),
+            decide(Some(DevicePlugin), Dra, &none, true),
+            Door::settled(Dra)
+        );
+        assert_eq!(
+            decide(Some(Dra), DevicePlugin, &none, true),
             Door::settled(DevicePlugin)
         );
+        // Not before the request has settled: work under way may not show yet.
+        let early = decide(Some(Dra), DevicePlugin, &none, false);
+        assert_eq!((early.serving, early.wanted), (Dra, DevicePlugin));
+        assert!(early.waiting_for.is_empty());
         let busy = holders(&["ml/train"], &[]);
         assert_eq!(
-            decide(Some(DevicePlugin), Dra, &busy),
+            decide(Some(DevicePlugin), Dra, &busy, true),
             Door {
                 serving: DevicePlugin,
                 wanted: Dra,
@@ -265,22 +314,25 @@ mod tests {
         );
         // A claim allocated but not yet prepared holds the DRA door open.
         let claimed = holders(&[], &["ml/c2", "ml/c1"]);
-        let door = decide(Some(Dra), DevicePlugin, &claimed);
+        let door = decide(Some(Dra), DevicePlugin, &claimed, true);
         assert_eq!(door.serving, Dra);
         assert_eq!(door.waiting_for, ["ml/c1", "ml/c2"]);
         // Staying put never waits, whatever holds the GPUs.
-        assert_eq!(decide(Some(Dra), Dra, &claimed), Door::settled(Dra));
+        assert_eq!(decide(Some(Dra), Dra, &claimed, false), Door::settled(Dra));
     }
 
     #[test]
     fn an_agent_that_does_not_know_follows_its_holders() {
-        assert_eq!(decide(None, Dra, &Holders::default()), Door::settled(Dra));
-        let door = decide(None, Dra, &holders(&["ml/train"], &[]));
+        assert_eq!(
+            decide(None, Dra, &Holders::default(), false),
+            Door::settled(Dra)
+        );
+        let door = decide(None, Dra, &holders(&["ml/train"], &[]), true);
         assert_eq!((door.serving, door.wanted), (DevicePlugin, Dra));
-        let door = decide(None, DevicePlugin, &holders(&[], &["ml/c1"]));
+        let door = decide(None, DevicePlugin, &holders(&[], &["ml/c1"]), true);
         assert_eq!((door.serving, door.wanted), (Dra, DevicePlugin));
         assert_eq!(
-            decide(None, Dra, &holders(&[], &["ml/c1"])),
+            decide(None, Dra, &holders(&[], &["ml/c1"]), false),
             Door::settled(Dra)
         );
     }

@@ -38,13 +38,20 @@ pub fn status(offer: &Offer, plugin: PluginState, door: &Door) -> GpuNodeStatus 
 /// `FrontDoor`: true while the node serves through the door its configs
 /// ask for; false, naming what holds the GPUs, while a switch waits.
 fn door_condition(door: &Door) -> Condition {
-    let (status, reason, message) = if door.waiting_for.is_empty() {
+    let (serving, wanted) = (door.serving.as_str(), door.wanted.as_str());
+    let (status, reason, message) = if door.serving == door.wanted {
         (
             "True",
             "AsConfigured",
+            format!("the GPUs are served through frontDoor {serving}"),
+        )
+    } else if door.waiting_for.is_empty() {
+        (
+            "False",
+            "SwitchSettling",
             format!(
-                "the GPUs are served through frontDoor {}",
-                door.serving.as_str()
+                "frontDoor {wanted} is configured and nothing holds the GPUs; the node leaves {serving} once the request has stood {} s (what was already under way must show up first)",
+                crate::door::SETTLE.as_secs()
             ),
         )
     } else {
@@ -57,11 +64,8 @@ fn door_condition(door: &Door) -> Condition {
             "False",
             "SwitchWaiting",
             format!(
-                "frontDoor {} is configured, but the node still holds {} allocation(s) through {} ({holders}); a door switches only while the node holds none, so the GPUs stay behind {} until they end",
-                door.wanted.as_str(),
+                "frontDoor {wanted} is configured, but the node still holds {} allocation(s) ({holders}); a door switches only while the node holds none, so the GPUs stay behind {serving} until they end",
                 door.waiting_for.len(),
-                door.serving.as_str(),
-                door.serving.as_str(),
             ),
         )
     };

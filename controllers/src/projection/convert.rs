@@ -48,15 +48,20 @@ pub const DRA_DOOR: &str = "FrontDoorDra";
 /// its GPUs through the DRA front door (no HAMi-style pod can have them).
 /// `None` when True, or when the GpuNode has no condition (older agents).
 pub fn not_ready(node: &GpuNode) -> Option<String> {
-    if node
-        .status
-        .as_ref()
-        .is_some_and(|s| s.front_door == FrontDoor::Dra)
-    {
-        return Some(format!(
-            "{DRA_DOOR}: the node serves its GPUs through DRA (frontDoor: dra); ask for them with a ResourceClaim of DeviceClass {}",
-            tessera_api::names::dra::DEVICE_CLASS
-        ));
+    let class = tessera_api::names::dra::DEVICE_CLASS;
+    if let Some(status) = &node.status {
+        if status.front_door == FrontDoor::Dra {
+            return Some(format!(
+                "{DRA_DOOR}: the node serves its GPUs through DRA (frontDoor: dra); ask for them with a ResourceClaim of DeviceClass {class}"
+            ));
+        }
+        // Asked to switch: the device plugin takes nothing new meanwhile,
+        // or the switch might wait forever.
+        if status.settings.front_door == FrontDoor::Dra {
+            return Some(format!(
+                "{DRA_DOOR}: the node is switching to DRA (frontDoor: dra) and takes no new pod through the device plugin; ask for its GPUs with a ResourceClaim of DeviceClass {class}"
+            ));
+        }
     }
     let condition = node
         .status
@@ -147,6 +152,10 @@ mod tests {
         let mut node = GpuNode::new("n1", Default::default());
         node.status = Some(GpuNodeStatus::default());
         assert_eq!(not_ready(&node), None);
+        // Asked to switch: no new pod while the node drains.
+        node.status.as_mut().unwrap().settings.front_door = FrontDoor::Dra;
+        let reason = not_ready(&node).unwrap();
+        assert!(reason.contains("is switching to DRA"), "{reason}");
         node.status.as_mut().unwrap().front_door = FrontDoor::Dra;
         let reason = not_ready(&node).unwrap();
         assert!(

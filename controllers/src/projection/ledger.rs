@@ -196,13 +196,19 @@ impl Ledger {
             .map(String::as_str)
     }
 
-    /// Every GPU node with whether it takes pods now (its agent's `Ready`
-    /// condition is not False), sorted by name.
+    /// Every GPU node with whether its agent is ready (its `Ready`
+    /// condition is not False), sorted by name. A node behind the DRA door
+    /// takes no HAMi-style pod but is ready: it serves its claims.
     pub fn readiness(&self) -> Vec<(&str, bool)> {
         let mut nodes: Vec<(&str, bool)> = self
             .nodes
             .keys()
-            .map(|name| (name.as_str(), self.not_ready(name).is_none()))
+            .map(|name| {
+                let ready = self
+                    .not_ready(name)
+                    .is_none_or(|reason| reason.starts_with(super::DRA_DOOR));
+                (name.as_str(), ready)
+            })
             .collect();
         nodes.sort_unstable();
         nodes
@@ -387,6 +393,12 @@ mod tests {
         ledger.set_not_ready("ghost", Some("AgentStopping: draining".into()));
         assert_eq!(ledger.readiness(), [("n1", true), ("n2", false)]);
         ledger.set_not_ready("n2", None);
+        assert_eq!(ledger.readiness(), [("n1", true), ("n2", true)]);
+        // Behind the DRA door: no HAMi-style pod, but the agent is ready.
+        ledger.set_not_ready(
+            "n1",
+            Some(format!("{}: serves DRA", super::super::DRA_DOOR)),
+        );
         assert_eq!(ledger.readiness(), [("n1", true), ("n2", true)]);
         ledger.remove_node("n1");
         assert_eq!(ledger.readiness(), [("n2", true)]);

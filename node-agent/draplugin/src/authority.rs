@@ -30,6 +30,11 @@ const MAX_FRAME: usize = 16_384;
 /// The largest header block the relay collects (the kubelet's are a few
 /// hundred bytes); a larger one ends the connection.
 const MAX_BLOCK: usize = 1 << 20;
+/// The most a header block may decode to: a small block of references to a
+/// large table entry would otherwise decode to gigabytes.
+const MAX_DECODED: usize = 64 << 10;
+/// The HPACK table size the server side (h2) announces by default.
+const TABLE_SIZE: usize = 4096;
 
 /// Relays one HTTP/2 connection from `client` to `server` until either
 /// side closes it.
@@ -67,6 +72,7 @@ where
     }
     to.write_all(&preface).await?;
     let mut decoder = Decoder::new();
+    decoder.set_max_allowed_table_size(TABLE_SIZE);
     let mut encoder = Encoder::new();
     // A header block being collected: stream, END_STREAM, fragments.
     let mut block: Option<(u32, u8, Vec<u8>)> = None;
@@ -84,6 +90,9 @@ where
         from.read_exact(&mut payload).await?;
         match kind {
             HEADERS => {
+                if block.is_some() {
+                    return Err(invalid("HEADERS inside a header block"));
+                }
                 let fragment = header_fragment(flags, &payload)?;
                 block = Some((stream, flags & END_STREAM, fragment.to_vec()));
             }
@@ -109,9 +118,19 @@ where
         let Some((stream, end_stream, fragments)) = block.take() else {
             continue;
         };
-        let headers = decoder
-            .decode(&fragments)
+        let mut headers: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut decoded = 0usize;
+        decoder
+            .decode_with_cb(&fragments, |name, value| {
+                decoded += name.len() + value.len();
+                if decoded <= MAX_DECODED {
+                    headers.push((name.into_owned(), value.into_owned()));
+                }
+            })
             .map_err(|e| invalid(&format!("HPACK: {e:?}")))?;
+        if decoded > MAX_DECODED {
+            return Err(invalid("header block decodes too large"));
+        }
         let encoded = encoder.encode(
             headers
                 .iter()

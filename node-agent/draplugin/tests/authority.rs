@@ -143,3 +143,26 @@ async fn through_the_relay_the_kubelets_request_is_answered() {
     assert_eq!(info.name, "gpu.tessera.dev");
     assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
 }
+
+#[tokio::test]
+async fn a_header_block_that_decodes_to_too_much_ends_the_connection() {
+    let connections = server();
+    let (mut client, kubelet_end) = tokio::io::duplex(1 << 20);
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    connections.send(Ok(theirs)).await.unwrap();
+    let relay = tokio::spawn(relay(kubelet_end, ours));
+    // One 4000-byte header added to the table, then 200 references to it
+    // (one byte each): 800 kB decoded from about 4 kB.
+    let mut block = Encoder::new().encode([(&b"x-big"[..], &[b'a'; 4000][..])]);
+    block[0] = 0x40 | (block[0] & 0x3f); // literal with incremental indexing
+    block.extend(std::iter::repeat_n(0xbe, 200)); // index 62: the new entry
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x4, 1, &block));
+    client.write_all(&out).await.unwrap();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), relay)
+        .await
+        .expect("the relay gives up at once")
+        .unwrap();
+    assert!(ended.unwrap_err().to_string().contains("too large"));
+}

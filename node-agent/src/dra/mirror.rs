@@ -12,7 +12,7 @@ use tessera_api::v1alpha1::{
     VgpuAllocationSpec,
 };
 
-use super::prepare::{ClaimGpu, by_request, claim_error};
+use super::prepare::{ClaimGpu, by_request, claim_error, merged};
 use crate::Error;
 
 /// The mirror of claim `uid`'s name: `claim-<UID>` (claim names may equal
@@ -50,23 +50,17 @@ pub fn mirror(
     let containers: Vec<ContainerAllocation> = by_request(gpus)
         .into_iter()
         .map(|(request, gpus)| {
-            let mut devices: Vec<DeviceSlice> = Vec::new();
-            for gpu in gpus {
-                match devices.iter_mut().find(|d| d.uuid == gpu.uuid) {
-                    Some(slice) => {
-                        slice.memory_mib += gpu.memory_mib;
-                        slice.cores = (slice.cores + gpu.cores).min(100);
-                    }
-                    None => devices.push(DeviceSlice {
-                        uuid: gpu.uuid.clone(),
-                        index: gpu.index,
-                        model: gpu.model.clone(),
-                        memory_mib: gpu.memory_mib,
-                        cores: gpu.cores,
-                        mig: None,
-                    }),
-                }
-            }
+            let devices = merged(&gpus)
+                .into_iter()
+                .map(|gpu| DeviceSlice {
+                    uuid: gpu.uuid,
+                    index: gpu.index,
+                    model: gpu.model,
+                    memory_mib: gpu.memory_mib,
+                    cores: gpu.cores,
+                    mig: None,
+                })
+                .collect();
             ContainerAllocation {
                 name: request.to_owned(),
                 devices,

@@ -151,6 +151,23 @@ pub fn by_request(gpus: &[ClaimGpu]) -> Vec<(&str, Vec<&ClaimGpu>)> {
     requests
 }
 
+/// A request's GPUs with two shares of one GPU (a request for two devices
+/// that the scheduler placed on the same shareable GPU) made one share of
+/// their sum, in first-result order: a container sees each GPU once.
+pub fn merged(gpus: &[&ClaimGpu]) -> Vec<ClaimGpu> {
+    let mut merged: Vec<ClaimGpu> = Vec::new();
+    for gpu in gpus {
+        match merged.iter_mut().find(|m| m.uuid == gpu.uuid) {
+            Some(share) => {
+                share.memory_mib += gpu.memory_mib;
+                share.cores = (share.cores + gpu.cores).min(100);
+            }
+            None => merged.push((*gpu).clone()),
+        }
+    }
+    merged
+}
+
 /// The name of the CDI device of one request of claim `uid`.
 pub fn cdi_device(uid: &str, request: &str) -> String {
     format!("{uid}-{request}")
@@ -169,6 +186,7 @@ pub fn cdi_spec(uid: &str, gpus: &[ClaimGpu], settings: &NodeSettings, paths: &H
     let devices: Vec<Value> = by_request(gpus)
         .into_iter()
         .map(|(request, gpus)| {
+            let gpus = merged(&gpus);
             let memories: Vec<u64> = gpus.iter().map(|g| g.memory_mib).collect();
             let cores = gpus.iter().map(|g| g.cores).max().unwrap_or(0);
             let mut envs = slice_env(&memories, cores, None, settings);

@@ -1,5 +1,6 @@
 //! Keeps the node's ResourceSlice as the door and the offer say: present
-//! (owned by the Node) while the node serves through DRA, absent otherwise.
+//! (owned by the Node) while the node serves through DRA and no other door
+//! is asked for, absent otherwise.
 //! A watch of the node's slices of this driver brings back a slice that is
 //! deleted behind the agent's back: a starting kubelet deletes every
 //! ResourceSlice of its node, and a kubelet deletes a driver's slices when
@@ -92,9 +93,14 @@ pub async fn keep(
     let name = resource_slice(&node, 1, &[]).name_any();
     let mut written = Written::default();
     loop {
-        let serving = doors.borrow_and_update().serving;
+        // Withdrawn as soon as another door is asked for: no new claim is
+        // allocated here while the node waits to switch.
+        let open = {
+            let door = doors.borrow_and_update();
+            door.serving == FrontDoor::Dra && door.wanted == FrontDoor::Dra
+        };
         let devices = offers.borrow_and_update().devices.clone();
-        let wanted = if serving == FrontDoor::Dra {
+        let wanted = if open {
             let mut slice = resource_slice(&node, 1, &devices);
             slice.metadata.owner_references =
                 owner(&client, &node).await.ok().flatten().map(|o| vec![o]);

@@ -112,9 +112,11 @@ fn listen(socket: &Path) -> Result<tokio::net::UnixListener, Error> {
 async fn serve_once(sockets: &Sockets, service: DraService) -> Result<(), Error> {
     let endpoint = sockets.endpoint();
     let registration = sockets.registration();
-    // The DRA socket first: the kubelet connects to it as soon as the
-    // registration socket appears.
+    // Both sockets before anything is spawned (a failure leaves nothing
+    // running); the DRA socket first: the kubelet connects to it as soon as
+    // the registration socket appears.
     let dra = listen(&endpoint)?;
+    let reg = listen(&registration)?;
     let mut dra_server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(DraPluginServer::new(service))
@@ -123,7 +125,6 @@ async fn serve_once(sockets: &Sockets, service: DraService) -> Result<(), Error>
     let registrar = Registrar {
         endpoint: endpoint.display().to_string(),
     };
-    let reg = listen(&registration)?;
     // Each kubelet connection reaches the server through the relay that
     // makes its `:authority` one tonic accepts.
     let (connections, incoming) = tokio::sync::mpsc::channel::<std::io::Result<DuplexStream>>(4);
@@ -132,10 +133,16 @@ async fn serve_once(sockets: &Sockets, service: DraService) -> Result<(), Error>
             .add_service(RegistrationServer::new(registrar))
             .serve_with_incoming(ReceiverStream::new(incoming)),
     );
-    let relaying = tokio::spawn(async move {
+    let mut relaying = tokio::spawn(async move {
         loop {
-            let Ok((kubelet, _)) = reg.accept().await else {
-                return;
+            let kubelet = match reg.accept().await {
+                Ok((kubelet, _)) => kubelet,
+                // Out of file descriptors, for instance: wait, keep serving.
+                Err(error) => {
+                    tracing::warn!(%error, "accepting on the registration socket failed");
+                    tokio::time::sleep(CHECK).await;
+                    continue;
+                }
             };
             let (ours, theirs) = tokio::io::duplex(64 * 1024);
             if connections.send(Ok(theirs)).await.is_err() {
@@ -154,6 +161,7 @@ async fn serve_once(sockets: &Sockets, service: DraService) -> Result<(), Error>
         tokio::select! {
             finished = &mut dra_server => break Err(format!("the DRA server exited: {finished:?}")),
             finished = &mut reg_server => break Err(format!("the registration server exited: {finished:?}")),
+            finished = &mut relaying => break Err(format!("the registration relay exited: {finished:?}")),
             () = tokio::time::sleep(CHECK) => {}
         }
         if (identity(&endpoint), identity(&registration)) != served {

@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::{
     api::resource::v1::ResourceClaim, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp,
 };
-use kube::{Api, api::PostParams};
+use kube::{
+    Api,
+    api::{DeleteParams, PostParams, Preconditions},
+};
 use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation, VgpuAllocationStatus};
 use tessera_draplugin::dra::v1::{
     Claim, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
@@ -111,21 +114,45 @@ impl DraService {
         })
     }
 
-    /// Creates the mirror (or finds it from an earlier prepare) and marks it
-    /// Allocated.
+    /// Creates the mirror (or finds it from an earlier prepare of the same
+    /// allocation) and marks it Allocated. A mirror left from an earlier
+    /// allocation of the claim (a standalone claim is deallocated when no
+    /// pod reserves it, and may be allocated again elsewhere or to other
+    /// GPUs) is replaced.
     async fn record(&self, mirror: VgpuAllocation) -> Result<(), Error> {
         let namespace = mirror.metadata.namespace.clone().unwrap_or_default();
         let name = mirror.metadata.name.clone().unwrap_or_default();
         let api = Api::<VgpuAllocation>::namespaced(self.view.client().clone(), &namespace);
-        let current = match api.create(&PostParams::default(), &mirror).await {
-            Ok(created) => created,
-            Err(kube::Error::Api(s)) if s.is_already_exists() => api.get(&name).await.map_err(
-                Error::kube(format!("reading VgpuAllocation {namespace}/{name}")),
-            )?,
-            Err(e) => {
-                return Err(Error::kube(format!(
-                    "creating VgpuAllocation {namespace}/{name}"
-                ))(e));
+        let context = |what: &str| format!("{what} VgpuAllocation {namespace}/{name}");
+        let current = loop {
+            match api.create(&PostParams::default(), &mirror).await {
+                Ok(created) => break created,
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+                Err(e) => return Err(Error::kube(context("creating"))(e)),
+            }
+            let Some(found) = api
+                .get_opt(&name)
+                .await
+                .map_err(Error::kube(context("reading")))?
+            else {
+                continue;
+            };
+            if found.spec == mirror.spec {
+                break found;
+            }
+            tracing::info!(
+                namespace,
+                mirror = name,
+                "replacing the mirror of an earlier allocation of the claim"
+            );
+            let params = DeleteParams::default().preconditions(Preconditions {
+                uid: found.metadata.uid.clone(),
+                resource_version: None,
+            });
+            match api.delete(&name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+                Err(e) => return Err(Error::kube(context("replacing"))(e)),
             }
         };
         if current.status.as_ref().and_then(|s| s.phase) == Some(AllocationPhase::Allocated) {
@@ -152,7 +179,8 @@ impl DraService {
         Ok(())
     }
 
-    async fn unprepare(&self, claim: &Claim) -> Result<(), Error> {
+    /// Removes the claim's CDI spec and marks its mirror Released, saying `why`.
+    async fn unprepare(&self, claim: &Claim, why: &str) -> Result<(), Error> {
         let file = self.cdi_file(&claim.uid)?;
         match std::fs::remove_file(&file) {
             Ok(()) => {}
@@ -169,7 +197,7 @@ impl DraService {
             let status = VgpuAllocationStatus {
                 phase: Some(AllocationPhase::Released),
                 released_at: Some(Time(now())),
-                message: Some("the kubelet unprepared the claim".into()),
+                message: Some(why.to_owned()),
                 ..mirror.status.clone().unwrap_or_default()
             };
             crate::STATUS
@@ -182,6 +210,56 @@ impl DraService {
         }
         tracing::info!(namespace = %claim.namespace, claim = %claim.name, "unprepared claim");
         Ok(())
+    }
+}
+
+/// How often the node's live mirrors are checked against their claims.
+const RECONCILE: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl DraService {
+    /// Releases, every [`RECONCILE`], the live mirrors whose claim is gone,
+    /// is another claim of that name, or no longer holds a device of this
+    /// node's pool: the kubelet unprepares a claim only while it knows of
+    /// it, so a claim deleted while the kubelet was down, or a kubelet whose
+    /// state was wiped, would otherwise leave its mirror holding the GPUs
+    /// in the ledger (and the node's door) forever.
+    pub async fn reconcile(self) {
+        let mut ticks = tokio::time::interval(RECONCILE);
+        loop {
+            ticks.tick().await;
+            for mirror in self.view.allocations() {
+                let Some(claim) = mirror.spec.claim.clone().filter(|_| mirror.is_live()) else {
+                    continue;
+                };
+                let namespace = mirror.metadata.namespace.clone().unwrap_or_default();
+                let claims =
+                    Api::<ResourceClaim>::namespaced(self.view.client().clone(), &namespace);
+                let stale = match claims.get_opt(&claim.name).await {
+                    Ok(None) => true,
+                    Ok(Some(found)) => {
+                        found.metadata.uid.as_deref() != Some(claim.uid.as_str())
+                            || !crate::door::allocated_from(&found, self.view.node())
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "reading a mirrored claim; trying again later");
+                        false
+                    }
+                };
+                if !stale {
+                    continue;
+                }
+                let gone = Claim {
+                    namespace,
+                    uid: claim.uid,
+                    name: claim.name,
+                };
+                tracing::info!(namespace = %gone.namespace, claim = %gone.name, "the claim is gone or no longer allocated here; releasing its mirror");
+                let why = "the claim is gone or no longer allocated on this node";
+                if let Err(error) = self.unprepare(&gone, why).await {
+                    tracing::warn!(%error, "releasing a stale mirror failed; retrying later");
+                }
+            }
+        }
     }
 }
 
@@ -226,7 +304,10 @@ impl DraPlugin for DraService {
     ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
         let mut claims = std::collections::HashMap::new();
         for claim in request.into_inner().claims {
-            let error = match self.unprepare(&claim).await {
+            let error = match self
+                .unprepare(&claim, "the kubelet unprepared the claim")
+                .await
+            {
                 Ok(()) => String::new(),
                 Err(error) => {
                     tracing::warn!(namespace = %claim.namespace, claim = %claim.name, %error, "unpreparing a claim failed");

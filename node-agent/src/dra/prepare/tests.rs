@@ -187,6 +187,25 @@ fn each_request_gets_a_cdi_device_that_gives_what_allocate_gives() {
 }
 
 #[test]
+fn two_shares_of_one_gpu_in_a_request_are_one_gpu_with_their_sum() {
+    let gpus = [claimed("gpu", 1, 4096, 20), claimed("gpu", 1, 2048, 10)];
+    let paths = HostPaths {
+        library: "/l.so".into(),
+        preload: "/p".into(),
+        regions: "/r".into(),
+    };
+    let spec = cdi_spec("uid-1", &gpus, &NodeSettings::default(), &paths);
+    let env = env_of(&spec["devices"][0]);
+    assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-1"), "{env:?}");
+    assert!(env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_0=6144m"), "{env:?}");
+    assert!(env.contains(&"CUDA_DEVICE_SM_LIMIT=30"), "{env:?}");
+    assert!(
+        !env.iter()
+            .any(|e| e.starts_with("CUDA_DEVICE_MEMORY_LIMIT_1"))
+    );
+}
+
+#[test]
 fn the_kubelet_gets_each_requests_cdi_device_once() {
     let gpus = [
         claimed("gpu", 1, 8192, 30),
