@@ -348,6 +348,42 @@ async fn node_agent_writes_only_its_own_node() {
         );
     }
 
+    // Allocations: another node's pod allocation is out of reach, but the
+    // mirror another node left of a DRA claim may be deleted (the agent
+    // preparing the claim anew replaces it).
+    let allocations: Api<tessera_api::v1alpha1::VgpuAllocation> =
+        Api::namespaced(admin.clone(), "default");
+    let on_b = |name: &str| {
+        let slice = tessera_api::testing::slice("GPU-b-0", 0, 1024, 0);
+        let built = tessera_api::testing::allocation(name, "uid-b", "agent-node-b")
+            .container(tessera_api::testing::container("cuda", vec![slice]));
+        if name.starts_with("claim-") {
+            built.claim("claim-b", "b0b0").build()
+        } else {
+            built.build()
+        }
+    };
+    for allocation in [on_b("pod-on-b"), on_b("claim-b0b0")] {
+        allocations
+            .create(&PostParams::default(), &allocation)
+            .await
+            .unwrap();
+    }
+    let as_agent: Api<tessera_api::v1alpha1::VgpuAllocation> =
+        Api::namespaced(agent.clone(), "default");
+    let delete_dry = kube::api::DeleteParams {
+        dry_run: true,
+        ..kube::api::DeleteParams::default()
+    };
+    refused(
+        as_agent.delete("pod-on-b", &delete_dry).await,
+        "may not write the allocation of a pod on agent-node-b",
+    );
+    as_agent
+        .delete("claim-b0b0", &delete_dry)
+        .await
+        .expect("the mirror of a claim another node left may be deleted");
+
     // A token of the agent's account not bound to a pod on a node writes nothing.
     let unbound = client_with_token(cluster, &token(cluster, None)).await;
     refused(
