@@ -42,6 +42,8 @@ use namespace::MountNamespace;
 const DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins";
 /// How long a node has to become Ready with its GPUs advertised.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a starting kubelet may take to answer `/healthz`.
+const KUBELET_HEALTHY_TIMEOUT: Duration = Duration::from_secs(90);
 /// Where `stop_detached` finds what a detached node left running.
 const STATE_FILE: &str = "node.json";
 
@@ -367,13 +369,15 @@ impl RealNode {
         }
         let mut kubelet = self.spawn_inside("kubelet", &crate::tools::binary("kubelet")?, &args)?;
         let addr = format!("127.0.0.1:{}", self.ports.healthz);
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // As long as a node may take to be Ready: with several nodes starting
+        // at once on two cores, a kubelet once needed more than 60 s.
+        let deadline = Instant::now() + KUBELET_HEALTHY_TIMEOUT;
         while !crate::http::get_ok(&addr, "/healthz").await {
             kubelet.check_running()?;
             if Instant::now() > deadline {
                 return Err(Error::Timeout {
                     what: format!("kubelet of {} to be healthy", self.name),
-                    seconds: 60,
+                    seconds: KUBELET_HEALTHY_TIMEOUT.as_secs(),
                 });
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
