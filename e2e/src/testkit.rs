@@ -1,5 +1,5 @@
-//! What the real-node tests share: pod manifests, reading a probe's output,
-//! pod phases and `/metrics` samples.
+//! What the real-node tests share: a one-node cluster, pod manifests,
+//! reading a probe's output, pod phases and `/metrics` samples.
 
 use std::{
     collections::BTreeMap,
@@ -20,6 +20,30 @@ pub fn skip_real_nodes(what: &str) -> bool {
         return true;
     }
     false
+}
+
+/// A local cluster (tied to the test) with one real node `name` holding one
+/// fake GPU of `model` and `memory_mib`, Tessera not installed yet; and
+/// that GPU's UUID.
+pub async fn one_gpu_node(
+    name: &str,
+    model: &str,
+    memory_mib: u64,
+) -> (crate::cluster::LocalCluster, String) {
+    crate::remove_stale_dirs();
+    let artifacts = crate::artifacts::Artifacts::locate().unwrap();
+    let gpus = crate::node::FakeGpu::many(name, 1, model, memory_mib, 1);
+    let uuid = gpus[0].uuid.clone();
+    let nodes = [crate::cluster::NodeGpus {
+        name: name.into(),
+        gpus,
+        ..Default::default()
+    }];
+    let cluster =
+        crate::cluster::LocalCluster::start(None, crate::Lifetime::Tied, &nodes, &artifacts)
+            .await
+            .unwrap();
+    (cluster, uuid)
 }
 
 /// A bare pod in `default` running `script` in the CUDA demo image, with one

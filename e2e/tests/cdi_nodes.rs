@@ -11,13 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::PostParams};
 use serde_json::json;
-use tessera_e2e::testkit::{self, gpu_pod, skip_real_nodes};
-use tessera_e2e::{
-    Lifetime,
-    artifacts::Artifacts,
-    cluster::{LocalCluster, NodeGpus},
-    node::FakeGpu,
-};
+use tessera_e2e::testkit::{self, gpu_pod, one_gpu_node, skip_real_nodes};
 
 const NODE: &str = "cdi-node";
 
@@ -26,18 +20,7 @@ async fn containerd_applies_the_cdi_device_allocate_names() {
     if skip_real_nodes("real-node CDI test") {
         return;
     }
-    tessera_e2e::remove_stale_dirs();
-    let artifacts = Artifacts::locate().unwrap();
-    let gpus = FakeGpu::many(NODE, 1, "NVIDIA H100 80GB HBM3", 81559, 1);
-    let uuid = gpus[0].uuid.clone();
-    let nodes = [NodeGpus {
-        name: NODE.into(),
-        gpus,
-        ..Default::default()
-    }];
-    let mut cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
-        .await
-        .unwrap();
+    let (mut cluster, uuid) = one_gpu_node(NODE, "NVIDIA H100 80GB HBM3", 81559).await;
     // The node's CDI spec for its GPU, as nvidia-ctk would write it.
     let spec = json!({
         "cdiVersion": "0.6.0",

@@ -31,16 +31,9 @@ use kube::{
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{AllocationPhase, FrontDoor, GpuNode, GpuNodeConfig, VgpuAllocation};
 use tessera_e2e::testkit::{
-    gpu_pod, number, phase, scheduling_failure, section, skip_real_nodes, wait_for,
+    gpu_pod, number, one_gpu_node, phase, scheduling_failure, section, skip_real_nodes, wait_for,
 };
-use tessera_e2e::{
-    Lifetime,
-    artifacts::Artifacts,
-    chaos::kill_in_pod,
-    cluster::{LocalCluster, NodeGpus},
-    images,
-    node::FakeGpu,
-};
+use tessera_e2e::{chaos::kill_in_pod, cluster::LocalCluster, images};
 
 const NODE: &str = "dra-node";
 const MIB: u64 = 1 << 20;
@@ -274,18 +267,7 @@ async fn claims_share_a_gpu_through_the_dra_door_on_the_same_ledger() {
     if skip_real_nodes("real-node DRA test") {
         return;
     }
-    tessera_e2e::remove_stale_dirs();
-    let artifacts = Artifacts::locate().unwrap();
-    let gpus = FakeGpu::many(NODE, 1, "NVIDIA L40S", 24576, 1);
-    let uuid = gpus[0].uuid.clone();
-    let nodes = [NodeGpus {
-        name: NODE.into(),
-        gpus,
-        ..Default::default()
-    }];
-    let mut cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
-        .await
-        .unwrap();
+    let (mut cluster, uuid) = one_gpu_node(NODE, "NVIDIA L40S", 24576).await;
     cluster.helm_install(&[]).await.unwrap();
     let client = cluster.plane.client().await.unwrap();
     let dra = Dra { cluster, client };

@@ -320,8 +320,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         lease_lapsed.clone(),
     ));
     tokio::spawn(crate::dra::publish::keep(
-        client.clone(),
-        args.node_name.clone(),
+        view.clone(),
         offers.clone(),
         doors.clone(),
     ));

@@ -14,7 +14,7 @@ use kube::{Api, ResourceExt, api::ListParams};
 use tessera_api::v1alpha1::{FrontDoor, GpuNode, VgpuAllocation};
 use tokio::sync::watch;
 
-use crate::{dra::DRIVER, inventory::Offer, view::NodeView};
+use crate::{dra::allocated_from, inventory::Offer, view::NodeView};
 
 /// The door the node serves through and the one its configs ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -210,10 +210,12 @@ fn log(door: &Door) {
 /// The node's holders. Leaving DRA (or not knowing whether the node served
 /// through it) also waits for the claims allocated from the node's pool that
 /// no pod has started with yet (they have no mirror); that needs a list of
-/// every claim, so it is read only then.
+/// every claim, so it is read only then, and only once no allocation holds
+/// the node (the switch waits for those anyway).
 async fn holders(view: &NodeView, serving: Option<FrontDoor>, wanted: FrontDoor) -> Holders {
     let mut holders = Holders::of(&view.allocations());
-    if serving != Some(FrontDoor::DevicePlugin) && wanted != FrontDoor::Dra {
+    let held = !holders.pods.is_empty() || !holders.claims.is_empty();
+    if !held && serving != Some(FrontDoor::DevicePlugin) && wanted != FrontDoor::Dra {
         let claims = Api::<ResourceClaim>::all(view.client().clone());
         match claims.list(&ListParams::default()).await {
             Ok(list) => holders.claims.extend(
@@ -231,17 +233,6 @@ async fn holders(view: &NodeView, serving: Option<FrontDoor>, wanted: FrontDoor)
         }
     }
     holders
-}
-
-/// Whether a claim holds a device of this node's pool.
-pub fn allocated_from(claim: &ResourceClaim, node: &str) -> bool {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
-        .is_some_and(|r| r.iter().any(|r| r.driver == DRIVER && r.pool == node))
 }
 
 /// The offer as the device plugin sees it: no device while the node serves

@@ -17,7 +17,7 @@ pub mod service;
 pub mod slice;
 
 pub use mirror::{mirror, mirror_name};
-pub use prepare::{ClaimGpu, cdi_spec, claim_gpus, prepared_devices};
+pub use prepare::{ClaimGpu, allocated_from, cdi_spec, claim_gpus, prepared_devices};
 pub use slice::resource_slice;
 
 pub use tessera_api::names::dra::{CDI_KIND, DRIVER};

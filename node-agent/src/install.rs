@@ -44,18 +44,30 @@ pub fn install_interposer(from: &Path, to: &Path) -> Result<Installed, Error> {
     if fs::read(to).is_ok_and(|current| current == contents) {
         return Ok(Installed::AlreadyCurrent);
     }
+    replace(to, &contents, MODE).map_err(|(action, source)| failed(action)(source))?;
+    Ok(Installed::Copied)
+}
+
+/// Replaces `to` with `contents` (mode `mode`) atomically and durably:
+/// written and synced beside it, renamed over it, the directory synced;
+/// creates the directory when missing. A reader sees the old file or the
+/// new one, never part of one. On failure, names the step that failed.
+pub(crate) fn replace(
+    to: &Path,
+    contents: &[u8],
+    mode: u32,
+) -> Result<(), (&'static str, std::io::Error)> {
     let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) else {
-        return Err(failed("finding the target's directory")(
+        return Err((
+            "finding the target's directory",
             std::io::Error::other("the target has no directory"),
         ));
     };
-    fs::create_dir_all(dir).map_err(failed("creating the target's directory"))?;
+    fs::create_dir_all(dir).map_err(|e| ("creating the target's directory", e))?;
     let temporary = temporary_path(to);
-    let written = write_synced(&temporary, &contents)
+    let written = write_synced(&temporary, contents, mode)
         .and_then(|()| fs::rename(&temporary, to))
-        .map_err(failed(
-            "writing the new file and renaming it over the target",
-        ));
+        .map_err(|e| ("writing the new file and renaming it over the target", e));
     if written.is_err() {
         let _ = fs::remove_file(&temporary);
     }
@@ -63,8 +75,7 @@ pub fn install_interposer(from: &Path, to: &Path) -> Result<Installed, Error> {
     // Make the rename itself durable.
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(failed("syncing the target's directory"))?;
-    Ok(Installed::Copied)
+        .map_err(|e| ("syncing the target's directory", e))
 }
 
 /// A name beside `to` that no other process uses: `.<name>.<pid>.tmp`.
@@ -73,16 +84,16 @@ fn temporary_path(to: &Path) -> PathBuf {
     to.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
-fn write_synced(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+fn write_synced(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
     let mut file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(MODE)
+        .mode(mode)
         .open(path)?;
     file.write_all(contents)?;
     // The umask may have narrowed the mode given at creation.
-    file.set_permissions(fs::Permissions::from_mode(MODE))?;
+    file.set_permissions(fs::Permissions::from_mode(mode))?;
     file.sync_all()
 }
 

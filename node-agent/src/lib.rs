@@ -38,6 +38,13 @@ pub use error::Error;
 /// (server-side) under this name.
 pub const FIELD_MANAGER: &str = "tessera-node-agent";
 
+/// Now, in whole seconds, as the API server stores timestamps (so a
+/// timestamp read back compares equal to the one written).
+pub(crate) fn whole_seconds_now() -> k8s_openapi::jiff::Timestamp {
+    use k8s_openapi::jiff::Timestamp;
+    Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default()
+}
+
 /// Writes status by server-side apply as [`FIELD_MANAGER`].
 pub(crate) const STATUS: tessera_kubekit::StatusWriter =
     tessera_kubekit::StatusWriter::new(FIELD_MANAGER);

@@ -123,8 +123,7 @@ fn keep_transition_times(wanted: &mut GpuNodeStatus, previous: Option<&GpuNodeSt
             .into_iter()
             .flat_map(|p| &p.conditions)
             .find(|c| c.type_ == condition.type_ && c.status == condition.status);
-        // Whole seconds, as the API server stores them, so a read-back compares equal.
-        let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default();
+        let now = crate::whole_seconds_now();
         condition.last_transition_time =
             before.map_or_else(|| Time(now), |c| c.last_transition_time.clone());
     }
@@ -327,12 +326,16 @@ pub(crate) async fn owner(client: &Client, node: &str) -> Result<Option<OwnerRef
         .get_opt(node)
         .await
         .map_err(Error::kube("reading the Node"))?;
-    Ok(found.and_then(|n| {
-        n.controller_owner_ref(&()).map(|mut o| {
-            o.controller = Some(false);
-            o
-        })
-    }))
+    Ok(found.as_ref().and_then(owner_of))
+}
+
+/// The owner reference a Node's dependents (its GpuNode, its ResourceSlice)
+/// carry: not as controller, so the Node's own controllers ignore them.
+pub(crate) fn owner_of(node: &Node) -> Option<OwnerReference> {
+    node.controller_owner_ref(&()).map(|mut o| {
+        o.controller = Some(false);
+        o
+    })
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use serde_json::{Value, json};
 use tessera_api::{env, quantity, v1alpha1::GpuDevice, v1alpha1::NodeSettings};
 use tessera_draplugin::dra::v1::Device;
@@ -56,6 +56,22 @@ pub fn claim_error(claim: &ResourceClaim, message: impl std::fmt::Display) -> Er
     Error::Dra(format!("ResourceClaim {namespace}/{name}: {message}"))
 }
 
+/// The claim's allocated devices, of every driver and pool, if allocated.
+fn allocation_results(claim: &ResourceClaim) -> Option<&[DeviceRequestAllocationResult]> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_deref())
+}
+
+/// Whether a claim holds a device of `node`'s pool of this driver.
+pub fn allocated_from(claim: &ResourceClaim, node: &str) -> bool {
+    allocation_results(claim)
+        .is_some_and(|r| r.iter().any(|r| r.driver == DRIVER && r.pool == node))
+}
+
 /// The GPUs of `node` the claim was allocated, with the capacity it
 /// consumes of each; results of other drivers or pools are not ours. A
 /// result without `memory` holds the GPU's whole memory and one without
@@ -65,13 +81,8 @@ pub fn claim_gpus(
     node: &str,
     offer: &[GpuDevice],
 ) -> Result<Vec<ClaimGpu>, Error> {
-    let results = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_deref())
-        .ok_or_else(|| claim_error(claim, "is not allocated"))?;
+    let results =
+        allocation_results(claim).ok_or_else(|| claim_error(claim, "is not allocated"))?;
     let mut gpus = Vec::new();
     for result in results
         .iter()

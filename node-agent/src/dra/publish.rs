@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::{
-    Api, Client, ResourceExt,
+    Api, ResourceExt,
     api::{DeleteParams, PostParams},
     runtime::watcher,
 };
@@ -19,7 +19,7 @@ use tessera_kubekit::Watch;
 use tokio::sync::watch;
 
 use super::{DRIVER, resource_slice};
-use crate::{door::Door, inventory::Offer, publish::owner};
+use crate::{door::Door, inventory::Offer, publish::owner_of, view::NodeView};
 
 /// What to do to make the cluster's slice the wanted one.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,12 +75,12 @@ pub fn plan(
 
 /// Runs until the process stops.
 pub async fn keep(
-    client: Client,
-    node: String,
+    view: NodeView,
     mut offers: watch::Receiver<Offer>,
     mut doors: watch::Receiver<Door>,
 ) {
-    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let node = view.node().to_owned();
+    let api: Api<ResourceSlice> = Api::all(view.client().clone());
     let changed = watch::channel(0u64).0;
     let ours =
         watcher::Config::default().fields(&format!("spec.nodeName={node},spec.driver={DRIVER}"));
@@ -102,8 +102,12 @@ pub async fn keep(
         let devices = offers.borrow_and_update().devices.clone();
         let wanted = if open {
             let mut slice = resource_slice(&node, 1, &devices);
-            slice.metadata.owner_references =
-                owner(&client, &node).await.ok().flatten().map(|o| vec![o]);
+            // The Node from the agent's own watch of it.
+            slice.metadata.owner_references = view
+                .node_object()
+                .as_ref()
+                .and_then(owner_of)
+                .map(|o| vec![o]);
             Some(slice)
         } else {
             None

@@ -9,7 +9,6 @@
 //! stops, so the kubelet always finds a live plugin.
 
 use std::{
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -27,7 +26,7 @@ use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::{Request, Response, Status};
 
 use super::{DRIVER, service::DraService};
-use crate::Error;
+use crate::{Error, plugin::identity};
 
 /// Where the plugin's sockets go, as the kubelet sees them.
 #[derive(Clone, Debug)]
@@ -94,10 +93,6 @@ pub async fn run(sockets: Sockets, service: DraService) {
         }
         tokio::time::sleep(CHECK).await;
     }
-}
-
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 fn listen(socket: &Path) -> Result<tokio::net::UnixListener, Error> {

@@ -10,11 +10,9 @@
 //! errors, and the agent keeps no state of its own (the CDI files and the
 //! mirrors are the state, both survive an agent restart).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use k8s_openapi::{
-    api::resource::v1::ResourceClaim, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp,
-};
+use k8s_openapi::{api::resource::v1::ResourceClaim, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Api,
     api::{DeleteParams, PostParams, Preconditions},
@@ -100,7 +98,10 @@ impl DraService {
             )))?;
         }
         let spec = cdi_spec(&claim.uid, &gpus, &offer.resolved.settings, &self.paths);
-        write_atomically(&file, &spec.to_string())?;
+        // Atomically: containerd never reads half a spec.
+        crate::install::replace(&file, spec.to_string().as_bytes(), CDI_MODE).map_err(
+            |(action, source)| Error::io(format!("{action} {}", file.display()))(source),
+        )?;
         self.record(mirror(&object, node, &gpus)?).await?;
         tracing::info!(
             namespace = %claim.namespace,
@@ -166,7 +167,7 @@ impl DraService {
                 .iter()
                 .map(|c| c.name.clone())
                 .collect(),
-            allocated_at: Some(Time(now())),
+            allocated_at: Some(Time(crate::whole_seconds_now())),
             message: Some("the node agent prepared the claim".into()),
             ..VgpuAllocationStatus::default()
         };
@@ -196,7 +197,7 @@ impl DraService {
         if let Some(mirror) = mirror.filter(VgpuAllocation::is_live) {
             let status = VgpuAllocationStatus {
                 phase: Some(AllocationPhase::Released),
-                released_at: Some(Time(now())),
+                released_at: Some(Time(crate::whole_seconds_now())),
                 message: Some(why.to_owned()),
                 ..mirror.status.clone().unwrap_or_default()
             };
@@ -211,12 +212,7 @@ impl DraService {
         tracing::info!(namespace = %claim.namespace, claim = %claim.name, "unprepared claim");
         Ok(())
     }
-}
 
-/// How often the node's live mirrors are checked against their claims.
-const RECONCILE: std::time::Duration = std::time::Duration::from_secs(30);
-
-impl DraService {
     /// Releases, every [`RECONCILE`], the live mirrors whose claim is gone,
     /// is another claim of that name, or no longer holds a device of this
     /// node's pool: the kubelet unprepares a claim only while it knows of
@@ -238,7 +234,7 @@ impl DraService {
                     Ok(None) => true,
                     Ok(Some(found)) => {
                         found.metadata.uid.as_deref() != Some(claim.uid.as_str())
-                            || !crate::door::allocated_from(&found, self.view.node())
+                            || !super::allocated_from(&found, self.view.node())
                     }
                     Err(error) => {
                         tracing::debug!(%error, "reading a mirrored claim; trying again later");
@@ -263,20 +259,11 @@ impl DraService {
     }
 }
 
-fn now() -> Timestamp {
-    Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default()
-}
+/// Permissions of a CDI spec: containerd reads it, only root writes it.
+const CDI_MODE: u32 = 0o644;
 
-/// Writes `text` to `path` through a temporary file in the same directory,
-/// so containerd never reads half a spec.
-fn write_atomically(path: &Path, text: &str) -> Result<(), Error> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-    let temporary = path.with_extension("json.tmp");
-    std::fs::write(&temporary, text)
-        .map_err(Error::io(format!("writing {}", temporary.display())))?;
-    std::fs::rename(&temporary, path).map_err(Error::io(format!("renaming to {}", path.display())))
-}
+/// How often the node's live mirrors are checked against their claims.
+const RECONCILE: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[tonic::async_trait]
 impl DraPlugin for DraService {

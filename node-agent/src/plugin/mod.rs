@@ -17,6 +17,7 @@ pub use device_list::{
     DeviceListStrategy, Listed, parse_cdi_annotation_prefix, parse_cdi_kind,
 };
 pub use ids::{device_list, replica_id, uuid_of};
+pub(crate) use server::identity;
 pub use server::{DeviceStream, Endpoint, Plugin, PluginState, device_stream, run};
 pub use service::{Service, options};
 

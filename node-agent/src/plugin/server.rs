@@ -75,7 +75,7 @@ impl Endpoint {
 }
 
 /// Identifies one incarnation of a file (a re-created socket differs).
-fn identity(path: &Path) -> Option<(u64, u64, i64)> {
+pub(crate) fn identity(path: &Path) -> Option<(u64, u64, i64)> {
     std::fs::metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino(), m.ctime_nsec()))

@@ -2,7 +2,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Preconditions};
 use tessera_api::v1alpha1::{
     AllocationPhase, MigLayout, NodeLock, OperatingMode, ServedMigInstance, VgpuAllocation,
@@ -324,7 +324,7 @@ impl Service {
         };
         if grant.last {
             status.phase = Some(AllocationPhase::Allocated);
-            let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default();
+            let now = crate::whole_seconds_now();
             status.allocated_at = Some(Time(now));
         }
         // Guarded by the version read: the list is built from it.
