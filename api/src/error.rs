@@ -20,7 +20,7 @@ pub enum Error {
     #[error("config {field}: {rule}")]
     InvalidConfig {
         /// The setting, as written in the configuration file.
-        field: &'static str,
+        field: String,
         /// The rule it broke.
         rule: String,
     },

@@ -58,6 +58,39 @@ pub mod annotations {
     pub const NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
 }
 
+/// Hygon DCUs' pod annotations (HAMi `pkg/device/hygon`).
+pub mod hygon {
+    /// Comma list; only DCUs whose type contains one of the entries.
+    pub const USE_DCU_TYPE: &str = "hygon.com/use-dcutype";
+    /// Comma list; DCUs whose type contains one of the entries are excluded.
+    pub const NOUSE_DCU_TYPE: &str = "hygon.com/nouse-dcutype";
+    /// Comma list of DCU UUIDs; only these may be used.
+    pub const USE_UUID: &str = "hygon.com/use-gpuuuid";
+    /// Comma list of DCU UUIDs that must not be used.
+    pub const NOUSE_UUID: &str = "hygon.com/nouse-gpuuuid";
+}
+
+/// Ascend NPUs' pod annotations (HAMi `pkg/device/ascend`).
+pub mod ascend {
+    /// `hami-core`: HAMi's hami-vnpu-core soft split instead of the driver's
+    /// vNPU templates.
+    pub const VNPU_MODE: &str = "huawei.com/vnpu-mode";
+    /// The one value of [`VNPU_MODE`].
+    pub const HAMI_CORE: &str = "hami-core";
+    /// Node annotation: `"true"` when the node runs hami-vnpu-core.
+    pub const NODE_SOFT_SPLIT: &str = "hami-vnpu-core";
+
+    /// The pod annotation listing the NPUs of `device_type` a pod may use.
+    pub fn use_uuid(device_type: &str) -> String {
+        format!("hami.io/use-{device_type}-uuid")
+    }
+
+    /// The pod annotation listing NPUs of `device_type` a pod must not use.
+    pub fn nouse_uuid(device_type: &str) -> String {
+        format!("hami.io/no-use-{device_type}-uuid")
+    }
+}
+
 /// Annotations Tessera writes on Nodes.
 pub mod node_annotations {
     /// The node agent's readiness for GPU pods (`True` or `False: <reason>`),

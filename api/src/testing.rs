@@ -37,6 +37,8 @@ pub const MODEL: &str = "NVIDIA A100-SXM4-80GB";
 /// A slice of device `uuid` (index `index`, model [`MODEL`]).
 pub fn slice(uuid: &str, index: u32, memory_mib: u64, cores: u32) -> DeviceSlice {
     DeviceSlice {
+        family: Default::default(),
+        template: None,
         uuid: uuid.into(),
         index,
         model: MODEL.into(),
@@ -168,6 +170,8 @@ impl AllocationBuilder {
 /// all of its memory and 100 % cores offered, split 10 ways, hami-core.
 pub fn gpu(index: u32, model: &str, memory_mib: u64) -> GpuDevice {
     GpuDevice {
+        family: Default::default(),
+        network_id: None,
         uuid: format!("GPU-{index}"),
         index,
         model: model.into(),

@@ -374,6 +374,8 @@ fn model(c: &GenContainer, config: &RequestConfig) -> Option<Expected> {
         memory,
         cores,
         priority: priority.map(|p| p as u32),
+        family: Default::default(),
+        vendor: None,
     }))
 }
 

@@ -75,6 +75,8 @@ async fn one(
     }
     let pod = pods::create(pods_api, &pod).await?;
     let slice = DeviceSlice {
+        family: Default::default(),
+        template: None,
         uuid: fleet::gpu_uuid(n, g),
         index: g,
         model: fleet::MODEL.to_owned(),

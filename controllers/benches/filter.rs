@@ -43,6 +43,8 @@ fn main() {
         for n in 0..NODES {
             let devices = (0..GPUS)
                 .map(|g| GpuDevice {
+                    family: Default::default(),
+                    network_id: None,
                     uuid: format!("GPU-{n:05}-{g}"),
                     index: g as u32,
                     model: "NVIDIA A100-SXM4-80GB".into(),

@@ -121,7 +121,13 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         identity: identity.clone(),
         lease_duration: std::time::Duration::from_secs(15),
     };
-    let projection = start_loops(client.clone(), &watches, election, agent_lease_namespace);
+    let projection = start_loops(
+        client.clone(),
+        &watches,
+        election,
+        agent_lease_namespace,
+        crate::vendors::Sources::of(&config.request),
+    );
     let metrics = Metrics::new(projection.clone());
     let webhook = std::net::TcpListener::bind(webhook_addr).map_err(Error::serve(format!(
         "listening on {webhook_addr} (--webhook-addr)"
@@ -169,13 +175,18 @@ pub fn start_loops(
     watches: &crate::cache::Watches,
     election: crate::leader::Election,
     agent_lease_namespace: Option<String>,
+    vendors: crate::vendors::Sources,
 ) -> Projection {
     let cache = Cache::spawn(client.clone(), watches);
     let projection = Projection::spawn_on(&cache);
     tokio::spawn(async move {
         election
             .run(client, move || {
-                crate::lifecycle::run_with(cache.clone(), agent_lease_namespace.clone())
+                crate::lifecycle::run_with(
+                    cache.clone(),
+                    agent_lease_namespace.clone(),
+                    vendors.clone(),
+                )
             })
             .await
     });

@@ -122,7 +122,7 @@ mod tests {
             Error::Stale("s".into()),
             Error::serve("listening")(std::io::Error::other("x")),
             Error::Request(tessera_api::Error::InvalidConfig {
-                field: "defaultCores",
+                field: "defaultCores".into(),
                 rule: "must be between 0 and 100".into(),
             }),
         ];

@@ -21,6 +21,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod projection;
 pub mod telemetry;
+pub mod vendors;
 pub mod webhook;
 
 pub use error::Error;

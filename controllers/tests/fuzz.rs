@@ -269,6 +269,8 @@ fn projection(cluster: &Cluster) -> Projection {
                 .enumerate()
                 .map(
                     |(g, &(memory_mib, cores, split_count, healthy, numa_node))| GpuDevice {
+                        family: Default::default(),
+                        network_id: None,
                         uuid: format!("GPU-n{n}-{g}"),
                         index: g as u32,
                         model: "NVIDIA A100-SXM4-80GB".into(),

@@ -29,6 +29,9 @@ async fn half_gpus_share_one_device_and_a_larger_request_goes_elsewhere() {
     let half = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"});
     cluster.create_pod("half-1", half.clone(), json!({})).await;
     let first = cluster.node_of("half-1").await;
+    // One after another: a node still in its bind-to-Allocate window scores
+    // lowest, so a pod arriving inside it is spread (documented rule).
+    cluster.served("half-1").await;
     cluster.create_pod("half-2", half, json!({})).await;
     assert_eq!(
         cluster.node_of("half-2").await,
@@ -220,6 +223,7 @@ async fn binpack_and_spread_place_differently() {
         )
         .await;
     let x = cluster.node_of("big").await;
+    cluster.served("big").await;
     let y = if x == "n1" { "n2" } else { "n1" };
     assert_eq!(devices_of(&cluster, "big").await, format!("GPU-{x}-0"));
 
@@ -235,6 +239,7 @@ async fn binpack_and_spread_place_differently() {
         y,
         "node spread picks the emptier node"
     );
+    cluster.served("spread-node").await;
 
     cluster
         .create_pod("default-policies", tenth.clone(), json!({}))
@@ -244,6 +249,7 @@ async fn binpack_and_spread_place_differently() {
         x,
         "node binpack (default) picks the fuller node"
     );
+    cluster.served("default-policies").await;
     assert_eq!(
         devices_of(&cluster, "default-policies").await,
         format!("GPU-{x}-1"),

@@ -155,6 +155,8 @@ async fn one_condition_applied_leaves_the_rest_of_the_gpu_node() {
         .await
         .unwrap();
     let device = |uuid: &str| GpuDevice {
+        family: Default::default(),
+        network_id: None,
         uuid: uuid.into(),
         ..testing::gpu(0, "m", 100)
     };

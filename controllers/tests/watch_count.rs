@@ -56,7 +56,13 @@ async fn the_leader_lists_and_watches_each_kind_once() {
         lease_duration: Duration::from_secs(15),
     };
     let lease = Some("kube-node-lease".to_owned());
-    let projection = start_loops(client.clone(), &watches, election, lease);
+    let projection = start_loops(
+        client.clone(),
+        &watches,
+        election,
+        lease,
+        Default::default(),
+    );
     projection.wait_synced().await;
     // Leadership, then every lifecycle watch's list and first watch.
     let started = tokio::time::Instant::now();

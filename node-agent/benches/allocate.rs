@@ -126,6 +126,8 @@ async fn main() {
             .container(testing::container(
                 "main",
                 vec![DeviceSlice {
+                    family: Default::default(),
+                    template: None,
                     model: "NVIDIA H100 80GB HBM3".into(),
                     ..testing::slice(&gpu, u32::try_from(round % GPUS).unwrap(), 1000, 10)
                 }],

@@ -347,6 +347,8 @@ mod tests {
         health
             .iter()
             .map(|h| GpuDevice {
+                family: Default::default(),
+                network_id: None,
                 uuid: "GPU-x".into(),
                 split_count: 1,
                 health: *h,

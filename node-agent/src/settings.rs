@@ -28,6 +28,8 @@ pub fn offered(
         .filter(|d| !filter.uuids.contains(&d.uuid) && !filter.indexes.contains(&d.index))
         .flat_map(|d| {
             let whole = GpuDevice {
+                family: Default::default(),
+                network_id: None,
                 uuid: d.uuid.clone(),
                 index: d.index,
                 model: d.model.clone(),
@@ -162,6 +164,8 @@ fn mig_offer(
             mig.instances
                 .iter()
                 .map(|instance| GpuDevice {
+                    family: Default::default(),
+                    network_id: None,
                     uuid: instance.uuid.clone(),
                     model: format!("{} MIG {}", whole.model, instance.profile),
                     memory_mib: instance.memory_mib,

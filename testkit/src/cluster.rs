@@ -75,8 +75,9 @@ impl Cluster {
         let extender = extender_client(&plane).await;
         let cache = Cache::spawn(client.clone(), &watches);
         let projection = Projection::spawn_on(&cache);
-        tokio::spawn(tessera_controllers::lifecycle::run(cache));
         let config = Arc::new(config);
+        let request = config.request.clone();
+        tokio::spawn(async move { tessera_controllers::lifecycle::run(cache, &request).await });
         let metrics = Metrics::new(projection.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -174,6 +175,8 @@ impl Cluster {
             .unwrap();
         let devices = (0..gpus)
             .map(|i| GpuDevice {
+                family: Default::default(),
+                network_id: None,
                 uuid: format!("GPU-{name}-{i}"),
                 numa_node: Some(i / 2),
                 ..testing::gpu(i, model, mib)
@@ -232,6 +235,38 @@ impl Cluster {
                 "pod {name} was never bound"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until pod `name` is bound and served: its allocation is
+    /// `Allocated` and the extender's projection holds no NodeLock, so no
+    /// node is in a bind-to-Allocate window. Prioritize scores a node in that
+    /// window lowest (`engine::prioritized_score`), so a test that means
+    /// "pods arrive one after another" waits here between them.
+    pub async fn served(&self, name: &str) {
+        self.node_of(name).await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let allocated = self
+                .allocation(name)
+                .await
+                .status
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p == tessera_api::v1alpha1::AllocationPhase::Allocated);
+            if allocated
+                && self
+                    .metrics()
+                    .await
+                    .lines()
+                    .any(|l| l == "tessera_node_locks 0")
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "pod {name} was never served (allocation Allocated, no NodeLock left)"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

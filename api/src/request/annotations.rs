@@ -98,7 +98,7 @@ pub(super) fn parse(
 }
 
 /// A comma list with blanks removed.
-fn list(value: Option<&str>) -> Vec<String> {
+pub(super) fn list(value: Option<&str>) -> Vec<String> {
     value
         .into_iter()
         .flat_map(|v| v.split(','))

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::vendors::{HygonConfig, VnpusConfig};
 use crate::names::resources;
 use crate::{Error, Result};
 
@@ -18,6 +19,12 @@ pub struct RequestConfig {
     /// vGPUs for a container that names memory or cores but no count.
     #[serde(rename = "defaultGPUNum")]
     pub default_gpu_num: u32,
+    /// HAMi's `hygon:` section; absent: Hygon DCUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hygon: Option<HygonConfig>,
+    /// HAMi's `vnpus:` section; absent: Ascend NPUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vnpus: Option<VnpusConfig>,
 }
 
 impl Default for RequestConfig {
@@ -28,6 +35,8 @@ impl Default for RequestConfig {
             default_memory: 0,
             default_cores: 0,
             default_gpu_num: 1,
+            hygon: None,
+            vnpus: None,
         }
     }
 }
@@ -35,9 +44,9 @@ impl Default for RequestConfig {
 impl RequestConfig {
     /// Checks the defaults make sense, naming the first setting that does not.
     pub fn validate(&self) -> Result<()> {
-        let invalid = |field, rule: &str| {
+        let invalid = |field: &str, rule: &str| {
             Err(Error::InvalidConfig {
-                field,
+                field: field.to_owned(),
                 rule: rule.to_owned(),
             })
         };
@@ -53,14 +62,8 @@ impl RequestConfig {
                 "must be at most 16777216 MiB (0 means the whole device)",
             );
         }
-        let names = &self.resources;
-        let all = [
-            &names.count,
-            &names.memory,
-            &names.memory_percentage,
-            &names.cores,
-            &names.priority,
-        ];
+        super::vendors::validate(self.hygon.as_ref(), self.vnpus.as_ref())?;
+        let all = self.resource_names();
         if all.iter().any(|n| !n.contains('/')) {
             return invalid(
                 "resources",
@@ -68,9 +71,41 @@ impl RequestConfig {
             );
         }
         if all.iter().enumerate().any(|(i, a)| all[..i].contains(a)) {
-            return invalid("resources", "resource names must be distinct");
+            return invalid(
+                "resources",
+                "resource names must be distinct, across NVIDIA and every vendor section",
+            );
         }
         Ok(())
+    }
+
+    /// Every extended resource name pods may ask for, NVIDIA's and those of
+    /// every configured vendor (empty optional names left out): what the
+    /// webhook matches and kube-scheduler leaves to the extender.
+    pub fn resource_names(&self) -> Vec<&str> {
+        let names = &self.resources;
+        let mut all = vec![
+            names.count.as_str(),
+            &names.memory,
+            &names.memory_percentage,
+            &names.cores,
+            &names.priority,
+        ];
+        if let Some(hygon) = &self.hygon {
+            all.extend([
+                hygon.resource_count_name.as_str(),
+                &hygon.resource_memory_name,
+                &hygon.resource_core_name,
+            ]);
+        }
+        for chip in self.vnpus.iter().flat_map(|v| &v.configs) {
+            all.push(&chip.resource_name);
+            all.push(&chip.resource_memory_name);
+            if !chip.resource_core_name.is_empty() {
+                all.push(&chip.resource_core_name);
+            }
+        }
+        all
     }
 }
 

@@ -10,6 +10,7 @@ use super::{
 };
 use crate::Violation;
 use crate::quantity::{QuantityError, parse_whole};
+use crate::v1alpha1::DeviceFamily;
 
 /// Parses a container; `Ok(None)` when it asks for no GPU.
 pub(super) fn parse(
@@ -75,10 +76,12 @@ pub(super) fn parse(
     reader.finish(Some(ContainerRequest {
         name: container.name.clone(),
         kind,
+        family: DeviceFamily::Nvidia,
         count: narrow(count),
         memory,
         cores,
         priority,
+        vendor: None,
     }))
 }
 
@@ -87,26 +90,26 @@ fn lookup<'a>(map: Option<&'a BTreeMap<String, Quantity>>, name: &str) -> Option
 }
 
 /// Values are bounded by `read` well below `u32::MAX`.
-fn narrow(value: u64) -> u32 {
+pub(super) fn narrow(value: u64) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)
 }
 
 /// One resource as read from a container.
-enum Field {
+pub(super) enum Field {
     Absent,
     Invalid,
     Value(u64),
 }
 
-struct Reader<'a> {
-    container: &'a Container,
-    violations: Vec<Violation>,
+pub(super) struct Reader<'a> {
+    pub(super) container: &'a Container,
+    pub(super) violations: Vec<Violation>,
 }
 
 impl Reader<'_> {
     /// Reads a resource from limits (or requests when no limit is set) and
     /// checks it is a whole number in `min..=max`.
-    fn read(&mut self, name: &str, min: u64, max: u64) -> Field {
+    pub(super) fn read(&mut self, name: &str, min: u64, max: u64) -> Field {
         let resources = self.container.resources.as_ref();
         let limits = resources.and_then(|r| r.limits.as_ref());
         let requests = resources.and_then(|r| r.requests.as_ref());
@@ -129,7 +132,7 @@ impl Reader<'_> {
     }
 
     /// `value` when every field read so far was valid, else the violations.
-    fn finish<T>(self, value: T) -> Result<T, Vec<Violation>> {
+    pub(super) fn finish<T>(self, value: T) -> Result<T, Vec<Violation>> {
         if self.violations.is_empty() {
             Ok(value)
         } else {
@@ -137,7 +140,7 @@ impl Reader<'_> {
         }
     }
 
-    fn violate(&mut self, field: &str, rule: String) {
+    pub(super) fn violate(&mut self, field: &str, rule: String) {
         self.violations.push(Violation {
             container: Some(self.container.name.clone()),
             field: field.to_owned(),

@@ -30,8 +30,11 @@
 //! Pods that ask for no GPU give `Ok(None)` and their annotations are not read.
 
 mod annotations;
+mod ascend;
 mod config;
 mod container;
+mod hygon;
+mod vendors;
 
 #[cfg(test)]
 mod tests;
@@ -42,6 +45,9 @@ use crate::{Error, Result, Violations};
 
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
+pub use vendors::{HygonConfig, VnpuConfig, VnpuTemplate, VnpusConfig};
+
+use crate::v1alpha1::DeviceFamily;
 
 /// Largest number of vGPUs one container may ask for.
 pub const MAX_GPUS_PER_CONTAINER: u32 = 64;
@@ -72,6 +78,45 @@ pub struct ContainerRequest {
     pub cores: u32,
     /// Compute-limiter priority (0 high, 1 low), when given.
     pub priority: Option<u32>,
+    /// The accelerator family the request is for. A container asking for
+    /// several families gives one request per family, in the order
+    /// NVIDIA, Hygon, Ascend.
+    pub family: DeviceFamily,
+    /// What a request for another vendor's devices adds; `None` for NVIDIA.
+    pub vendor: Option<VendorRequest>,
+}
+
+/// The vendor-specific part of a request for a family other than NVIDIA.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VendorRequest {
+    /// The device type the devices must have, exactly (Ascend's chip
+    /// `Ascend910B4`); `None`: any device of the family.
+    pub device_type: Option<String>,
+    /// The vendor template the memory was rounded up to (Ascend `vir04`).
+    pub template: Option<String>,
+    /// The pod's type and UUID filters for this family.
+    pub filters: DeviceFilters,
+    /// Ascend: the pod asked for HAMi's soft split
+    /// (`huawei.com/vnpu-mode: hami-core`), so only nodes running
+    /// hami-vnpu-core fit, and cores count in percent.
+    pub soft_split: bool,
+    /// Ascend 910C in a SuperPod: NPUs come in module pairs (indexes 2k, 2k+1).
+    pub pairs: bool,
+    /// Ascend 910: choose NPUs on as few networks (`NetworkID`) as possible.
+    pub by_network: bool,
+}
+
+/// A pod's device filters for one family, from its annotations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceFilters {
+    /// Only devices whose type contains one of these (case-insensitive); empty: any.
+    pub use_types: Vec<String>,
+    /// Devices whose type contains one of these (case-insensitive) are excluded.
+    pub nouse_types: Vec<String>,
+    /// Only these device UUIDs; empty: any.
+    pub use_uuids: Vec<String>,
+    /// These device UUIDs are excluded.
+    pub nouse_uuids: Vec<String>,
 }
 
 /// Where a container sits in the pod's life.
@@ -135,11 +180,19 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
             )
         });
         let app = spec.containers.iter().map(|c| (c, ContainerKind::App));
+        let annotations = pod.metadata.annotations.as_ref();
         for (container, kind) in init.chain(app) {
-            match container::parse(container, kind, config) {
+            let mut collect = |parsed: Result<Option<ContainerRequest>, Vec<_>>| match parsed {
                 Ok(Some(request)) => containers.push(request),
                 Ok(None) => {}
                 Err(mut found) => violations.append(&mut found),
+            };
+            collect(container::parse(container, kind, config));
+            if let Some(hygon) = &config.hygon {
+                collect(hygon::parse(container, kind, hygon, annotations));
+            }
+            for chip in config.vnpus.iter().flat_map(|v| &v.configs) {
+                collect(ascend::parse(container, kind, chip, annotations));
             }
         }
     }

@@ -30,6 +30,8 @@ fn req(count: u32, memory: MemoryRequest, cores: u32) -> ContainerRequest {
         memory,
         cores,
         priority: None,
+        family: Default::default(),
+        vendor: None,
     }
 }
 
@@ -284,6 +286,7 @@ fn cluster_defaults_and_renamed_resources_apply() {
         default_memory: 4096,
         default_cores: 25,
         default_gpu_num: 2,
+        ..RequestConfig::default()
     };
     config.validate().unwrap();
     let only_cores = one(json!({"nvidia.com/gpucores": "10"}));

@@ -29,6 +29,61 @@ impl OperatingMode {
     }
 }
 
+/// Which accelerator family a device belongs to: NVIDIA GPUs served by
+/// Tessera's node agent, or another vendor's devices served by that vendor's
+/// own device plugin (as HAMi uses it) and scheduled by Tessera. Values are
+/// lowercase; each vendor's pod API is HAMi's (docs/vendors.md).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceFamily {
+    /// NVIDIA GPUs (`nvidia.com/gpu`), served by Tessera's node agent.
+    #[default]
+    Nvidia,
+    /// Hygon DCUs (`hygon.com/dcunum`), served by HAMi's dcu-vgpu-device-plugin.
+    Hygon,
+    /// Huawei Ascend NPUs (`huawei.com/Ascend910B4` and the other chips),
+    /// served by HAMi's ascend-device-plugin.
+    Ascend,
+}
+
+impl DeviceFamily {
+    /// Every family, in the order documents list them.
+    pub const ALL: [Self; 3] = [Self::Nvidia, Self::Hygon, Self::Ascend];
+
+    /// The value as written in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nvidia => "nvidia",
+            Self::Hygon => "hygon",
+            Self::Ascend => "ascend",
+        }
+    }
+
+    /// Whether this is the default family (stored objects that name none).
+    pub fn is_nvidia(&self) -> bool {
+        *self == Self::Nvidia
+    }
+}
+
+impl std::fmt::Display for DeviceFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How pods reach a node's GPUs. A node serves through one door at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum FrontDoor {

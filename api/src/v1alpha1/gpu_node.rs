@@ -6,8 +6,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    CorePolicy, DeviceHealth, FilterDevices, FrontDoor, MigInstance, MigLayout, MigStrategy,
-    OperatingMode,
+    CorePolicy, DeviceFamily, DeviceHealth, FilterDevices, FrontDoor, MigInstance, MigLayout,
+    MigStrategy, OperatingMode,
 };
 
 /// A node's GPU inventory. Cluster-scoped, named after the Node, owned by it.
@@ -141,6 +141,16 @@ pub struct GpuDevice {
     pub uuid: String,
     /// The GPU's index on the node (NVML order).
     pub index: u32,
+    /// The accelerator family; absent means `nvidia`. Devices of other
+    /// families are read by the controller from what their vendor's device
+    /// plugin reports on the Node (docs/vendors.md).
+    #[serde(default, skip_serializing_if = "DeviceFamily::is_nvidia")]
+    pub family: DeviceFamily,
+    /// The network the device is on, where its vendor reports one (Ascend
+    /// 910's `NetworkID`): devices of a multi-device container are taken
+    /// from as few networks as possible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_id: Option<u32>,
     /// The model name, e.g. `NVIDIA A100-SXM4-80GB`.
     pub model: String,
     /// Physical device memory in MiB.

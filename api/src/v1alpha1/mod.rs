@@ -22,7 +22,7 @@ mod node_lock;
 mod vgpu_allocation;
 
 pub use common::{
-    CorePolicy, DeviceHealth, FrontDoor, MigStrategy, OperatingMode, SchedulingPolicy,
+    CorePolicy, DeviceFamily, DeviceHealth, FrontDoor, MigStrategy, OperatingMode, SchedulingPolicy,
 };
 pub use gpu_node::{
     CapacitySummary, DeviceCapacity, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, NodeSettings,

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{MigSlice, SchedulingPolicy, ServedMigInstance};
+use super::{DeviceFamily, MigSlice, SchedulingPolicy, ServedMigInstance};
 
 /// Which GPU slices a pod got. Namespaced, named after the pod, owned by it.
 ///
@@ -47,6 +47,12 @@ use super::{MigSlice, SchedulingPolicy, ServedMigInstance};
         type_ = "string",
         json_path = ".spec.totals.devices",
         description = "GPU UUIDs the pod uses"
+    ),
+    printcolumn(
+        name = "Family",
+        type_ = "string",
+        json_path = ".spec.totals.families",
+        description = "Accelerator families of the slices (nvidia, ascend, hygon)"
     ),
     printcolumn(
         name = "Memory",
@@ -157,9 +163,17 @@ pub struct DeviceSlice {
     pub uuid: String,
     /// The GPU's index on the node.
     pub index: u32,
+    /// The device's accelerator family; absent means `nvidia`.
+    #[serde(default, skip_serializing_if = "DeviceFamily::is_nvidia")]
+    pub family: DeviceFamily,
     /// The GPU's model, for display.
     #[serde(default)]
     pub model: String,
+    /// The vendor's partition template the slice is cut as, where the vendor
+    /// has them (Ascend vNPU `vir04`): the memory is the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub template: Option<String>,
     /// Device memory in MiB.
     #[serde(rename = "memoryMiB")]
     #[schemars(range(min = 1))]
@@ -179,6 +193,12 @@ pub struct DeviceSlice {
 pub struct AllocationTotals {
     /// The distinct GPU UUIDs, comma-separated, in first-use order.
     pub devices: String,
+    /// The distinct accelerator families of the slices, comma-separated,
+    /// sorted (`nvidia`, `ascend,nvidia`); empty in objects written before
+    /// families existed (all `nvidia`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 256))]
+    pub families: String,
     /// Device memory in MiB.
     #[serde(rename = "memoryMiB")]
     pub memory_mib: u64,
@@ -218,15 +238,18 @@ impl AllocationTotals {
     /// Computes the totals of a set of container allocations.
     pub fn of(containers: &[ContainerAllocation]) -> Self {
         let mut uuids: Vec<&str> = Vec::new();
+        let mut families = std::collections::BTreeSet::new();
         let mut totals = Self::default();
         for slice in containers.iter().flat_map(|c| &c.devices) {
             if !uuids.contains(&slice.uuid.as_str()) {
                 uuids.push(&slice.uuid);
             }
+            families.insert(slice.family.as_str());
             totals.memory_mib += slice.memory_mib;
             totals.cores += slice.cores;
         }
         totals.devices = uuids.join(",");
+        totals.families = families.into_iter().collect::<Vec<_>>().join(",");
         totals
     }
 }

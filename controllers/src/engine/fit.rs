@@ -3,7 +3,7 @@
 use tessera_api::{
     mig,
     request::{ContainerRequest, PodOptions, PodRequest},
-    v1alpha1::{OperatingMode, SchedulingPolicy},
+    v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy},
 };
 
 use super::{
@@ -51,12 +51,13 @@ pub fn feasible(
 ) -> Result<(), Rejection> {
     if let [container] = request.containers.as_slice()
         && !request.options.numa_bind
+        && !container.vendor.as_ref().is_some_and(|v| v.pairs)
     {
-        let filters = Filters::new(&request.options);
+        let filters = Filters::new(container, &request.options);
         let wanted = container.count as usize;
         let mut passing = 0;
         for (i, (device, used)) in node.devices.iter().zip(&node.usage).enumerate() {
-            if check(i, device, used, container, &filters, &request.options).is_ok() {
+            if filters.same_kind(device) && check(i, device, used, container, &filters).is_ok() {
                 passing += 1;
                 if passing >= wanted {
                     return Ok(());
@@ -74,11 +75,20 @@ fn fit_container(
     options: &PodOptions,
     policy: SchedulingPolicy,
 ) -> Result<Vec<Slice>, Rejection> {
-    let filters = Filters::new(options);
+    let filters = Filters::new(container, options);
     let mut census = Census::default();
     let mut candidates: Vec<(Slice, f64)> = Vec::new();
+    // Devices of the container's family and type; the others are not
+    // candidates, and not counted in the reason either.
+    let mut total = 0;
+    let mut all_networked = true;
     for (i, (device, used)) in devices.iter().zip(usage).enumerate() {
-        match check(i, device, used, container, &filters, options) {
+        if !filters.same_kind(device) {
+            continue;
+        }
+        total += 1;
+        all_networked &= device.network_id.is_some();
+        match check(i, device, used, container, &filters) {
             Ok(slice) => candidates.push((slice, device_load(device, used))),
             Err(cause) => census.note(cause, device, used, container),
         }
@@ -92,11 +102,19 @@ fn fit_container(
     });
     let wanted = container.count as usize;
     let fitting = candidates.len();
-    let chosen: Vec<Slice> = if options.numa_bind {
+    let vendor = container.vendor.as_ref();
+    let chosen: Vec<Slice> = if options.numa_bind && container.family.is_nvidia() {
         match pick_one_numa_node(devices, &candidates, wanted) {
             Ok(slices) => slices,
-            Err(best) => return Err(Rejection::numa(container, fitting, best, devices.len())),
+            Err(best) => return Err(Rejection::numa(container, fitting, best, total)),
         }
+    } else if vendor.is_some_and(|v| v.pairs) {
+        match pick_module_pairs(devices, &candidates, wanted) {
+            Ok(slices) => slices,
+            Err(whole) => return Err(Rejection::pairs(container, fitting, whole, total)),
+        }
+    } else if vendor.is_some_and(|v| v.by_network) && all_networked {
+        pick_fewest_networks(devices, &candidates, wanted)
     } else {
         candidates
             .into_iter()
@@ -105,9 +123,67 @@ fn fit_container(
             .collect()
     };
     if chosen.len() < wanted {
-        return Err(census.into_rejection(container, fitting, devices.len()));
+        return Err(census.into_rejection(container, fitting, total));
     }
     Ok(chosen)
+}
+
+/// Ascend 910C in a SuperPod: whole modules (NPUs `2k` and `2k+1`) whose
+/// two NPUs both fit, in candidate order of their first NPU; otherwise the
+/// number of whole modules there are (HAMi's `computeBestCombination910C`).
+fn pick_module_pairs(
+    devices: &[GpuDevice],
+    candidates: &[(Slice, f64)],
+    wanted: usize,
+) -> Result<Vec<Slice>, usize> {
+    let module = |slice: &Slice| devices[slice.device].index / 2;
+    let mut chosen = Vec::with_capacity(wanted);
+    let mut seen = Vec::new();
+    for (i, (slice, _)) in candidates.iter().enumerate() {
+        let m = module(slice);
+        if seen.contains(&m) {
+            continue;
+        }
+        // The first NPU of a module met here finds its partner later on.
+        let Some((partner, _)) = candidates[i + 1..].iter().find(|(o, _)| module(o) == m) else {
+            continue;
+        };
+        seen.push(m);
+        if chosen.len() < wanted {
+            chosen.extend([*slice, *partner]);
+        }
+    }
+    let whole = seen.len();
+    if chosen.len() >= wanted {
+        chosen.truncate(wanted);
+        Ok(chosen)
+    } else {
+        Err(whole)
+    }
+}
+
+/// Ascend 910: NPUs from the network (`NetworkID`) with the most fitting
+/// NPUs first, then the next, keeping candidate order within a network
+/// (HAMi's `computeBestCombination`, deterministic).
+fn pick_fewest_networks(
+    devices: &[GpuDevice],
+    candidates: &[(Slice, f64)],
+    wanted: usize,
+) -> Vec<Slice> {
+    let mut groups: Vec<(Option<u32>, Vec<Slice>)> = Vec::new();
+    for (slice, _) in candidates {
+        let network = devices[slice.device].network_id;
+        match groups.iter_mut().find(|(n, _)| *n == network) {
+            Some((_, group)) => group.push(*slice),
+            None => groups.push((network, vec![*slice])),
+        }
+    }
+    groups.sort_by_key(|(_, group)| std::cmp::Reverse(group.len()));
+    groups
+        .into_iter()
+        .flat_map(|(_, group)| group)
+        .take(wanted)
+        .collect()
 }
 
 /// The first NUMA node (in candidate order) with `wanted` fitting devices;
@@ -133,19 +209,51 @@ fn pick_one_numa_node(
         .ok_or(best)
 }
 
-/// Type filters lowered once per container.
-struct Filters {
+/// Which devices a container may use: its family and type, and the pod's
+/// type and UUID filters for that family, lowered once per container.
+struct Filters<'a> {
+    family: DeviceFamily,
+    device_type: Option<&'a str>,
     use_types: Vec<String>,
     nouse_types: Vec<String>,
+    use_uuids: &'a [String],
+    nouse_uuids: &'a [String],
+    /// NVIDIA: the mode `nvidia.com/vgpu-mode` asks for.
+    vgpu_mode: Option<OperatingMode>,
+    /// Ascend: the pod wants HAMi's soft split.
+    soft_split: bool,
 }
 
-impl Filters {
-    fn new(options: &PodOptions) -> Self {
+impl<'a> Filters<'a> {
+    fn new(container: &'a ContainerRequest, options: &'a PodOptions) -> Self {
         let lower = |v: &[String]| v.iter().map(|t| t.to_lowercase()).collect();
-        Self {
-            use_types: lower(&options.use_gpu_types),
-            nouse_types: lower(&options.nouse_gpu_types),
+        match &container.vendor {
+            Some(vendor) => Self {
+                family: container.family,
+                device_type: vendor.device_type.as_deref(),
+                use_types: lower(&vendor.filters.use_types),
+                nouse_types: lower(&vendor.filters.nouse_types),
+                use_uuids: &vendor.filters.use_uuids,
+                nouse_uuids: &vendor.filters.nouse_uuids,
+                vgpu_mode: None,
+                soft_split: vendor.soft_split,
+            },
+            None => Self {
+                family: container.family,
+                device_type: None,
+                use_types: lower(&options.use_gpu_types),
+                nouse_types: lower(&options.nouse_gpu_types),
+                use_uuids: &options.use_gpu_uuids,
+                nouse_uuids: &options.nouse_gpu_uuids,
+                vgpu_mode: options.vgpu_mode,
+                soft_split: false,
+            },
         }
+    }
+
+    /// Whether the device is of the family (and exact type) asked for.
+    fn same_kind(&self, device: &GpuDevice) -> bool {
+        device.family == self.family && self.device_type.is_none_or(|t| device.model == t)
     }
 }
 
@@ -156,8 +264,7 @@ fn check(
     device: &GpuDevice,
     used: &DeviceUsage,
     container: &ContainerRequest,
-    filters: &Filters,
-    options: &PodOptions,
+    filters: &Filters<'_>,
 ) -> Result<Slice, Cause> {
     let mut slice = Slice {
         device: index,
@@ -183,14 +290,17 @@ fn check(
             return Err(Cause::TypeExcluded);
         }
     }
-    if !options.use_gpu_uuids.is_empty() && !options.use_gpu_uuids.contains(&device.uuid) {
+    if !filters.use_uuids.is_empty() && !filters.use_uuids.contains(&device.uuid) {
         return Err(Cause::UuidNotWanted);
     }
-    if options.nouse_gpu_uuids.contains(&device.uuid) {
+    if filters.nouse_uuids.contains(&device.uuid) {
         return Err(Cause::UuidExcluded);
     }
-    if options.vgpu_mode.is_some_and(|mode| mode != device.mode) {
+    if filters.vgpu_mode.is_some_and(|mode| mode != device.mode) {
         return Err(Cause::ModeMismatch);
+    }
+    if filters.soft_split && device.mode != OperatingMode::HamiCore {
+        return Err(Cause::NoSoftSplit);
     }
     if device.mode == OperatingMode::Mps && container.count > 1 {
         return Err(Cause::MpsOneGpu);
@@ -219,6 +329,11 @@ fn check(
     }
     if used.slices >= device.split_count {
         return Err(Cause::NoFreeSlice);
+    }
+    // HAMi's rule for every family: a request without cores may not share
+    // a device whose cores are all handed out (it would get no compute).
+    if slice.cores == 0 && device.cores > 0 && used.cores >= device.cores {
+        return Err(Cause::CoresExhausted);
     }
     // A sum past the integer's range does not fit either.
     if used

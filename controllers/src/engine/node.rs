@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tessera_api::{
     mig::{self, Mask},
-    v1alpha1::{MigLayout, OperatingMode},
+    v1alpha1::{DeviceFamily, MigLayout, OperatingMode},
 };
 
 use super::Slice;
@@ -16,8 +16,13 @@ pub struct GpuDevice {
     pub uuid: String,
     /// The GPU's index on its node.
     pub index: u32,
-    /// The model name.
+    /// The model name; for other vendors the device type they report
+    /// (`Ascend910B4`, `DCU`), which a request's type must equal exactly.
     pub model: String,
+    /// The accelerator family.
+    pub family: DeviceFamily,
+    /// The network the device is on, where the vendor reports one (Ascend 910).
+    pub network_id: Option<u32>,
     /// Schedulable memory in MiB.
     pub memory_mib: u64,
     /// Schedulable cores (100 × core scaling).

@@ -9,8 +9,9 @@ use std::fmt::{self, Write};
 
 use tessera_api::{
     mig,
-    names::annotations,
+    names::{annotations, ascend, hygon},
     request::{ContainerRequest, MemoryRequest},
+    v1alpha1::DeviceFamily,
 };
 
 use super::{DeviceUsage, EXCLUSIVE_CORES, GpuDevice};
@@ -31,9 +32,11 @@ pub(super) enum Cause {
     Cores,
     MpsOneGpu,
     MigNoRoom,
+    CoresExhausted,
+    NoSoftSplit,
 }
 
-const CAUSES: usize = 13;
+const CAUSES: usize = 15;
 
 /// Tally of why devices were rejected for one container.
 #[derive(Debug, Default)]
@@ -105,37 +108,51 @@ impl Census {
         total: usize,
     ) -> Rejection {
         let mut message = needs(container, fitting, total);
+        let noun = noun(container);
         if total == 0 {
-            message.push_str(": the node has no GPUs");
+            let _ = write!(message, ": the node has no {noun}s");
             return Rejection { message };
         }
+        let keys = FilterKeys::of(container);
         let mut parts = Vec::new();
         let mut part = |cause: Cause, text: String| {
             let n = self.counts[cause as usize];
             if n > 0 {
-                parts.push(format!("{n} GPU{} {text}", if n == 1 { "" } else { "s" }));
+                parts.push(format!(
+                    "{n} {noun}{} {text}",
+                    if n == 1 { "" } else { "s" }
+                ));
             }
         };
         part(Cause::Unhealthy, "unhealthy".into());
         part(
             Cause::TypeNotWanted,
-            format!("not of a type in {}", annotations::USE_GPU_TYPE),
+            format!("not of a type in {}", keys.use_type),
         );
         part(
             Cause::TypeExcluded,
-            format!("excluded by {}", annotations::NOUSE_GPU_TYPE),
+            format!("excluded by {}", keys.nouse_type),
         );
         part(
             Cause::UuidNotWanted,
-            format!("not listed in {}", annotations::USE_GPU_UUID),
+            format!("not listed in {}", keys.use_uuid),
         );
         part(
             Cause::UuidExcluded,
-            format!("excluded by {}", annotations::NOUSE_GPU_UUID),
+            format!("excluded by {}", keys.nouse_uuid),
         );
         part(
             Cause::ModeMismatch,
             format!("not in the mode {} asks for", annotations::VGPU_MODE),
+        );
+        part(
+            Cause::NoSoftSplit,
+            format!(
+                "on a node without hami-vnpu-core, which {}: {} needs (node annotation {}: \"true\")",
+                ascend::VNPU_MODE,
+                ascend::HAMI_CORE,
+                ascend::NODE_SOFT_SPLIT
+            ),
         );
         part(
             Cause::HeldExclusively,
@@ -143,9 +160,13 @@ impl Census {
         );
         part(
             Cause::NotEmptyForExclusive,
-            format!("in use, but {EXCLUSIVE_CORES} cores needs an empty GPU"),
+            format!("in use, but {EXCLUSIVE_CORES} cores needs an empty {noun}"),
         );
         part(Cause::NoFreeSlice, "with no free slice".into());
+        part(
+            Cause::CoresExhausted,
+            "with every core handed out, so a request for 0 cores may not share it".into(),
+        );
         part(
             Cause::MpsOneGpu,
             "in MPS mode, which serves one GPU per container (one MPS daemon per GPU)".into(),
@@ -193,6 +214,28 @@ impl Rejection {
         &self.message
     }
 
+    pub(super) fn pairs(
+        container: &ContainerRequest,
+        fitting: usize,
+        whole: usize,
+        total: usize,
+    ) -> Self {
+        let mut message = needs(container, fitting, total);
+        let _ = write!(
+            message,
+            ": {} NPUs are allocated in module pairs and only {whole} module{} {} both NPUs free (needs {})",
+            container
+                .vendor
+                .as_ref()
+                .and_then(|v| v.device_type.as_deref())
+                .unwrap_or("Ascend910C"),
+            if whole == 1 { "" } else { "s" },
+            if whole == 1 { "has" } else { "have" },
+            container.count / 2
+        );
+        Self { message }
+    }
+
     pub(super) fn numa(
         container: &ContainerRequest,
         fitting: usize,
@@ -218,14 +261,80 @@ impl fmt::Display for Rejection {
 
 fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
     let count = container.count;
+    let noun = noun(container);
+    let template = container
+        .vendor
+        .as_ref()
+        .and_then(|v| v.template.as_deref())
+        .map(|t| format!(" (vNPU template {t})"))
+        .unwrap_or_default();
     format!(
-        "container {:?} needs {count} GPU{} with {} and {} cores{}; {fitting} of {total} GPUs fit",
+        "container {:?} needs {count} {noun}{} with {}{template} and {} cores{}; {fitting} of {total} {noun}s fit",
         container.name,
         if count == 1 { "" } else { "s" },
         memory(container.memory),
         container.cores,
         if count == 1 { "" } else { " each" },
     )
+}
+
+/// What one device of the container's family is called in a reason.
+fn noun(container: &ContainerRequest) -> String {
+    match container.family {
+        DeviceFamily::Nvidia => "GPU".into(),
+        DeviceFamily::Hygon => "DCU".into(),
+        DeviceFamily::Ascend => {
+            let chip = container
+                .vendor
+                .as_ref()
+                .and_then(|v| v.device_type.as_deref());
+            format!("{} NPU", chip.unwrap_or("Ascend"))
+        }
+    }
+}
+
+/// The annotations behind each filter of the container's family.
+struct FilterKeys {
+    use_type: String,
+    nouse_type: String,
+    use_uuid: String,
+    nouse_uuid: String,
+}
+
+impl FilterKeys {
+    fn of(container: &ContainerRequest) -> Self {
+        let chip = container
+            .vendor
+            .as_ref()
+            .and_then(|v| v.device_type.as_deref())
+            .unwrap_or_default();
+        let [use_type, nouse_type, use_uuid, nouse_uuid] = match container.family {
+            DeviceFamily::Nvidia => [
+                annotations::USE_GPU_TYPE.into(),
+                annotations::NOUSE_GPU_TYPE.into(),
+                annotations::USE_GPU_UUID.into(),
+                annotations::NOUSE_GPU_UUID.into(),
+            ],
+            DeviceFamily::Hygon => [
+                hygon::USE_DCU_TYPE.into(),
+                hygon::NOUSE_DCU_TYPE.into(),
+                hygon::USE_UUID.into(),
+                hygon::NOUSE_UUID.into(),
+            ],
+            DeviceFamily::Ascend => [
+                String::new(),
+                String::new(),
+                ascend::use_uuid(chip),
+                ascend::nouse_uuid(chip),
+            ],
+        };
+        Self {
+            use_type,
+            nouse_type,
+            use_uuid,
+            nouse_uuid,
+        }
+    }
 }
 
 fn memory(request: MemoryRequest) -> String {

@@ -14,6 +14,8 @@ use SchedulingPolicy::{Binpack, Spread};
 
 fn gpu(uuid: &str, model: &str, memory_mib: u64, numa: u32) -> GpuDevice {
     GpuDevice {
+        family: Default::default(),
+        network_id: None,
         uuid: uuid.into(),
         index: uuid
             .trim_start_matches(|c: char| !c.is_ascii_digit())
@@ -54,6 +56,8 @@ fn container(name: &str, count: u32, memory: MemoryRequest, cores: u32) -> Conta
         memory,
         cores,
         priority: None,
+        family: Default::default(),
+        vendor: None,
     }
 }
 
@@ -172,6 +176,8 @@ fn a_hundred_cores_takes_an_empty_gpu_and_keeps_it() {
 #[test]
 fn split_count_limits_slices() {
     let mut node = NodeGpus::new(vec![GpuDevice {
+        family: Default::default(),
+        network_id: None,
         split_count: 2,
         ..gpu("GPU-0", "A100", 81920, 0)
     }]);
@@ -433,6 +439,8 @@ fn devices() -> impl Strategy<Value = Vec<GpuDevice>> {
             .enumerate()
             .map(
                 |(i, (memory_mib, cores, split_count, numa, healthy))| GpuDevice {
+                    family: Default::default(),
+                    network_id: None,
                     cores,
                     split_count,
                     healthy: healthy || i == 0,
@@ -490,6 +498,8 @@ proptest! {
 fn mig_gpu(uuid: &str) -> GpuDevice {
     let model = "NVIDIA A100-SXM4-80GB";
     GpuDevice {
+        family: Default::default(),
+        network_id: None,
         mode: OperatingMode::Mig,
         mig: tessera_api::mig::layout_for_model(model).map(std::sync::Arc::new),
         ..gpu(uuid, model, 81920, 0)
@@ -572,12 +582,16 @@ fn mig_instances_fill_a_gpu_without_overlap_then_say_what_is_free() {
 fn instances_on_the_hardware_but_in_no_allocation_keep_the_scheduler_away() {
     // An instance nobody holds at slices 4-7 (its pod went, not yet destroyed).
     let node = NodeGpus::new(vec![GpuDevice {
+        family: Default::default(),
+        network_id: None,
         mig_present: 0xf0,
         ..mig_gpu("GPU-0")
     }]);
     let placement = fit(&node, &one(1, Mib(30_000), 0), Binpack).unwrap();
     assert_eq!(cuts(&node, &placement)[0].2, 0, "3g.40gb goes to 0, not 4");
     let node = NodeGpus::new(vec![GpuDevice {
+        family: Default::default(),
+        network_id: None,
         mig_present: 0x11,
         ..mig_gpu("GPU-0")
     }]);

@@ -213,11 +213,28 @@ impl Binder {
             .observe(waiting.elapsed().as_secs_f64());
         let allocations: Api<VgpuAllocation> =
             Api::namespaced(self.client.clone(), &args.pod_namespace);
+        // What another vendor's device plugin reads at Allocate; empty for
+        // a pod of NVIDIA GPUs only.
+        let handoff = crate::vendors::handoff::pod_annotations(
+            &spec,
+            &crate::vendors::handoff::container_order(pod),
+            &self.config.request,
+            k8s_openapi::jiff::Timestamp::now(),
+        );
         let result = async {
             self.recheck(args, devices, placement, held.resource_version.as_deref())
                 .await?;
             let version = create_allocation(&allocations, pod, spec).await?;
-            if let Err(error) = post_binding(pods, args).await {
+            let bound = async {
+                if !handoff.is_empty() {
+                    super::handoff::hand_off(&self.client, pods, args, &handoff).await?;
+                }
+                post_binding(pods, args).await
+            };
+            if let Err(error) = bound.await {
+                if !handoff.is_empty() {
+                    super::handoff::take_back(&self.client, pods, args, &handoff).await;
+                }
                 let _ = allocations
                     .delete(&args.pod_name, &DeleteParams::default())
                     .await;
@@ -488,33 +505,34 @@ fn allocation_spec(
     config: &Config,
     trace: Option<TraceContext>,
 ) -> VgpuAllocationSpec {
-    let containers: Vec<ContainerAllocation> = placement
-        .containers
-        .iter()
-        .map(|c| ContainerAllocation {
-            priority: request
-                .containers
-                .iter()
-                .find(|r| r.name == c.name)
-                .and_then(|r| r.priority),
-            name: c.name.clone(),
-            devices: c
-                .slices
-                .iter()
-                .map(|s| {
-                    let d = &devices[s.device];
-                    DeviceSlice {
-                        uuid: d.uuid.clone(),
-                        index: d.index,
-                        model: d.model.clone(),
-                        memory_mib: s.memory_mib,
-                        cores: s.cores,
-                        mig: mig_slice(d, s),
-                    }
-                })
-                .collect(),
-        })
-        .collect();
+    // Placements come in request order; a container asking for several
+    // families has one request (and placement) per family, merged here into
+    // one entry whose slices name their family.
+    let mut containers: Vec<ContainerAllocation> = Vec::new();
+    for (c, wanted) in placement.containers.iter().zip(&request.containers) {
+        let template = wanted.vendor.as_ref().and_then(|v| v.template.clone());
+        let slices = c.slices.iter().map(|s| {
+            let d = &devices[s.device];
+            DeviceSlice {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                family: d.family,
+                model: d.model.clone(),
+                template: template.clone(),
+                memory_mib: s.memory_mib,
+                cores: s.cores,
+                mig: mig_slice(d, s),
+            }
+        });
+        match containers.iter_mut().find(|a| a.name == c.name) {
+            Some(merged) => merged.devices.extend(slices),
+            None => containers.push(ContainerAllocation {
+                priority: wanted.priority,
+                name: c.name.clone(),
+                devices: slices.collect(),
+            }),
+        }
+    }
     VgpuAllocationSpec {
         pod_name: args.pod_name.clone(),
         pod_uid: uid.to_owned(),

@@ -6,6 +6,7 @@
 
 mod bind;
 mod filter;
+mod handoff;
 mod lock;
 mod probe;
 mod seen;

@@ -39,16 +39,42 @@ pub fn admitted(pod: &Pod) -> bool {
     })
 }
 
+/// Whether another vendor's device plugin says it served the pod at
+/// Allocate (HAMi's `hami.io/bind-phase: success`). Only pods bound to a
+/// vendor's devices carry it: Bind writes `allocating`, the plugin
+/// `success` or `failed`.
+pub fn vendor_served(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::vendors::handoff::BIND_PHASE))
+        .is_some_and(|phase| phase == "success")
+}
+
 /// Whether an allocation still says `Bound` (or nothing) although its pod's
-/// containers have started: the agent's write-back was lost. A DRA mirror is
-/// written by the agent already served, so never.
+/// containers have started, or a vendor plugin served it: the agent's
+/// write-back was lost, or no Tessera agent serves the pod (another
+/// vendor's plugin did). A DRA mirror is written by the agent already
+/// served, so never.
 pub fn served_unrecorded(allocation: &VgpuAllocation, pod: Option<&Pod>) -> bool {
     let phase = allocation.status.as_ref().and_then(|s| s.phase);
     allocation.spec.claim.is_none()
         && matches!(phase, None | Some(AllocationPhase::Bound))
         && pod.is_some_and(|p| {
-            p.metadata.uid.as_deref() == Some(allocation.spec.pod_uid.as_str()) && admitted(p)
+            p.metadata.uid.as_deref() == Some(allocation.spec.pod_uid.as_str())
+                && (admitted(p) || (vendor_served(p) && !holds_nvidia(allocation)))
         })
+}
+
+/// Whether any slice of the allocation is an NVIDIA GPU's (served by the
+/// node agent, which records it itself).
+fn holds_nvidia(allocation: &VgpuAllocation) -> bool {
+    allocation
+        .spec
+        .containers
+        .iter()
+        .flat_map(|c| &c.devices)
+        .any(|d| d.family.is_nvidia())
 }
 
 /// What to do with a NodeLock.
@@ -100,6 +126,11 @@ pub fn lock_action(
     });
     if admitted {
         return LockAction::Release("the holder pod's containers were started".into());
+    }
+    if vendor_served(pod) && !allocation.is_some_and(holds_nvidia) {
+        return LockAction::Release(
+            "the vendor's device plugin served the holder (hami.io/bind-phase: success)".into(),
+        );
     }
     let served = allocation
         .filter(|a| a.spec.pod_uid == holder_uid)

@@ -46,9 +46,14 @@ use crate::{Error, cache::Cache};
 const RETRY: Duration = Duration::from_secs(5);
 
 /// Runs the controllers on `cache` until the process stops, with the
-/// agents' Leases in `kube-node-lease`.
-pub async fn run(cache: Cache) {
-    run_with(cache, Some("kube-node-lease".to_owned())).await;
+/// agents' Leases in `kube-node-lease` and the vendor sources of `request`.
+pub async fn run(cache: Cache, request: &tessera_api::request::RequestConfig) {
+    run_with(
+        cache,
+        Some("kube-node-lease".to_owned()),
+        crate::vendors::Sources::of(request),
+    )
+    .await;
 }
 
 /// Runs the controllers on `cache` until the process stops (or the future
@@ -59,7 +64,11 @@ pub async fn run(cache: Cache) {
 /// the Leases when `cache` watches that namespace. Every Pod, Node and
 /// GpuNodeConfig is watched here, once each for all the controllers, and
 /// only while this future runs.
-pub async fn run_with(cache: Cache, agent_lease_namespace: Option<String>) {
+pub async fn run_with(
+    cache: Cache,
+    agent_lease_namespace: Option<String>,
+    vendors: crate::vendors::Sources,
+) {
     let client = cache.client().clone();
     let everything = watcher::Config::default;
     // Every Pod and Node of the cluster, kept as the few fields read here.
@@ -103,6 +112,7 @@ pub async fn run_with(cache: Cache, agent_lease_namespace: Option<String>) {
             );
         },
         configs::run(client.clone(), &configs, &nodes),
+        crate::vendors::nodes::run(client.clone(), &nodes, vendors),
         async {
             if let Some(leases) = leases {
                 leases::run(client.clone(), leases).await;

@@ -11,7 +11,11 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod, PodSpec, PodStatus}
 /// any container or init container has a status (the kubelet admitted it).
 pub fn pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
-    meta.annotations = None;
+    // Only what a vendor plugin answers at Allocate.
+    meta.annotations = meta.annotations.take().and_then(|mut a| {
+        let phase = a.remove(crate::vendors::handoff::BIND_PHASE)?;
+        Some([(crate::vendors::handoff::BIND_PHASE.to_owned(), phase)].into())
+    });
     meta.managed_fields = None;
     meta.finalizers = None;
     meta.generate_name = None;
@@ -36,13 +40,26 @@ fn admitted_marker(statuses: Option<&[ContainerStatus]>) -> Option<Vec<Container
 }
 
 /// Keeps a Node's name, UID, resourceVersion and labels (what selects a
-/// GpuNodeConfig); drops its spec and status (images, conditions, ...).
+/// GpuNodeConfig), what vendor device plugins report (the `hami.io/node-*`
+/// annotations, `hami-vnpu-core`, and `status.allocatable`); drops the rest
+/// of its spec and status (images, conditions, ...).
 pub fn node(node: &mut Node) {
     let meta = &mut node.metadata;
-    meta.annotations = None;
+    meta.annotations = meta.annotations.take().map(|mut a| {
+        a.retain(|key, _| {
+            key.starts_with("hami.io/node-") || key == tessera_api::names::ascend::NODE_SOFT_SPLIT
+        });
+        a
+    });
     meta.managed_fields = None;
     node.spec = None;
-    node.status = None;
+    node.status = node
+        .status
+        .take()
+        .map(|status| k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: status.allocatable,
+            ..Default::default()
+        });
 }
 
 #[cfg(test)]
@@ -106,14 +123,26 @@ mod tests {
     }
 
     #[test]
-    fn a_pruned_node_keeps_its_labels() {
+    fn a_pruned_node_keeps_its_labels_and_what_vendor_plugins_report() {
         let mut n: Node = serde_json::from_value(json!({
-            "metadata": {"name": "n1", "labels": {"gpu": "on"}},
-            "status": {"images": [{"names": ["x"], "sizeBytes": 1}]},
+            "metadata": {"name": "n1", "labels": {"gpu": "on"}, "annotations": {
+                "hami.io/node-dcu-register": "DCU-0,4,16384,100,DCU,0,true:",
+                "hami-vnpu-core": "true",
+                "node.alpha.kubernetes.io/ttl": "0",
+            }},
+            "status": {"images": [{"names": ["x"], "sizeBytes": 1}],
+                       "allocatable": {"hygon.com/dcunum": "4"}},
         }))
         .unwrap();
         node(&mut n);
         assert_eq!(n.metadata.labels.unwrap()["gpu"], "on");
-        assert!(n.status.is_none());
+        let annotations = n.metadata.annotations.unwrap();
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["hami-vnpu-core", "hami.io/node-dcu-register"]
+        );
+        let status = n.status.unwrap();
+        assert!(status.images.is_none());
+        assert_eq!(status.allocatable.unwrap()["hygon.com/dcunum"].0, "4");
     }
 }

@@ -51,6 +51,8 @@ fn gpu_node(name: &str, ready: Option<bool>) -> GpuNode {
     let mut node = testing::gpu_node(
         name,
         vec![GpuDevice {
+            family: Default::default(),
+            network_id: None,
             uuid: format!("GPU-{name}"),
             ..testing::gpu(0, "A100", 1000)
         }],

@@ -23,6 +23,8 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
             uuid: d.uuid.clone(),
             index: d.index,
             model: d.model.clone(),
+            family: d.family,
+            network_id: d.network_id,
             memory_mib: d.capacity.memory_mib,
             cores: d.capacity.cores,
             split_count: d.split_count,

@@ -323,6 +323,8 @@ mod tests {
 
     fn device(uuid: &str) -> GpuDevice {
         GpuDevice {
+            family: Default::default(),
+            network_id: None,
             uuid: uuid.into(),
             index: 0,
             model: "A100".into(),

@@ -53,6 +53,8 @@ pub fn mirror(
             let devices = merged(&gpus)
                 .into_iter()
                 .map(|gpu| DeviceSlice {
+                    family: Default::default(),
+                    template: None,
                     uuid: gpu.uuid,
                     index: gpu.index,
                     model: gpu.model,

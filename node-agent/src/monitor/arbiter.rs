@@ -396,6 +396,8 @@ mod tests {
                 ["GPU-1", "GPU-0"]
                     .iter()
                     .map(|u| DeviceSlice {
+                        family: Default::default(),
+                        template: None,
                         uuid: (*u).into(),
                         memory_mib: 1,
                         ..Default::default()

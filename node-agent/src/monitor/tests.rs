@@ -8,6 +8,8 @@ use crate::plugin::REGION_FILE;
 
 pub(super) fn device(uuid: &str, index: u32, health: DeviceHealth) -> GpuDevice {
     GpuDevice {
+        family: Default::default(),
+        network_id: None,
         uuid: uuid.into(),
         health,
         ..testing::gpu(index, testing::MODEL, 81_920)

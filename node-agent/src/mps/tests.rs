@@ -10,6 +10,8 @@ use crate::plugin::{DeviceList, Grant};
 
 fn device(uuid: &str, mode: OperatingMode) -> GpuDevice {
     GpuDevice {
+        family: Default::default(),
+        network_id: None,
         uuid: uuid.into(),
         mode,
         ..tessera_api::testing::gpu(0, "NVIDIA H100 80GB HBM3", 81559)

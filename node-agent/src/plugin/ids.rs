@@ -53,6 +53,8 @@ mod tests {
         assert_eq!(uuid_of("GPU-plain"), "GPU-plain");
         let devices = vec![
             GpuDevice {
+                family: Default::default(),
+                network_id: None,
                 uuid: "GPU-0".into(),
                 split_count: 2,
                 numa_node: Some(1),
@@ -60,6 +62,8 @@ mod tests {
                 ..Default::default()
             },
             GpuDevice {
+                family: Default::default(),
+                network_id: None,
                 uuid: "GPU-1".into(),
                 split_count: 3,
                 health: DeviceHealth::Unhealthy,

@@ -1,0 +1,208 @@
+//! The vendor sections of HAMi's device configuration (ConfigMap
+//! `hami-scheduler-device`, file `device-config.yaml`), read as HAMi writes
+//! them: a HAMi user copies the `hygon:` and `vnpus:` sections into Tessera's
+//! controller configuration unchanged (docs/vendors.md).
+//!
+//! A section that is absent turns its family off: the webhook and the
+//! extender then leave pods asking for those resources alone.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// HAMi's `hygon:` section: Hygon DCUs, served by HAMi's
+/// `dcu-vgpu-device-plugin`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct HygonConfig {
+    /// Number of DCUs (`hygon.com/dcunum`).
+    pub resource_count_name: String,
+    /// MiB per DCU (`hygon.com/dcumem`).
+    pub resource_memory_name: String,
+    /// Percent of a DCU's compute units (`hygon.com/dcucores`; 100 when absent).
+    pub resource_core_name: String,
+    /// The memory resource counts in units of this many MiB (0 and 1: MiB).
+    pub memory_factor: u32,
+}
+
+impl Default for HygonConfig {
+    /// HAMi's defaults (`--dcu-name`, `--dcu-memory`, `--dcu-cores`).
+    fn default() -> Self {
+        Self {
+            resource_count_name: "hygon.com/dcunum".into(),
+            resource_memory_name: "hygon.com/dcumem".into(),
+            resource_core_name: "hygon.com/dcucores".into(),
+            memory_factor: 1,
+        }
+    }
+}
+
+/// HAMi's `vnpus:` section: Huawei Ascend NPUs, one entry per chip, served by
+/// HAMi's `ascend-device-plugin`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct VnpusConfig {
+    /// Whether nodes run HAMi's `hami-vnpu-core` soft split unless their
+    /// Node annotation `hami-vnpu-core` says otherwise.
+    pub hami_vnpu_core: bool,
+    /// One entry per Ascend chip.
+    pub configs: Vec<VnpuConfig>,
+}
+
+/// One Ascend chip: its resource names, memory and vNPU templates.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct VnpuConfig {
+    /// The chip's name as the driver reports it (`910B4`).
+    pub chip_name: String,
+    /// The device type HAMi and the plugin key everything by (`Ascend910B4`):
+    /// the register annotation `hami.io/node-register-<commonWord>`, the pod
+    /// annotation `huawei.com/<commonWord>`, devices' `type`.
+    pub common_word: String,
+    /// Number of NPUs (`huawei.com/Ascend910B4`).
+    pub resource_name: String,
+    /// MiB per NPU (`huawei.com/Ascend910B4-memory`).
+    pub resource_memory_name: String,
+    /// Percent of an NPU's AI cores, only with `huawei.com/vnpu-mode:
+    /// hami-core` (`huawei.com/Ascend910B4-core`).
+    pub resource_core_name: String,
+    /// The MiB a whole card gives a container.
+    pub memory_allocatable: u64,
+    /// The card's memory in MiB; a request above it fits no card.
+    pub memory_capacity: u64,
+    /// The memory resource counts in units of this many MiB (0 and 1: MiB).
+    pub memory_factor: u32,
+    /// AI cores per card (for display; HAMi does not schedule by it).
+    pub ai_core: u32,
+    /// AI CPUs per card (for display).
+    #[serde(rename = "aiCPU")]
+    pub ai_cpu: u32,
+    /// RuntimeClass HAMi's webhook gives pods that do not name one (accepted
+    /// for compatibility; Tessera's webhook sets it the same way).
+    pub runtime_class_name: String,
+    /// HAMi's webhook adds an empty `ASCEND_VISIBLE_DEVICES` to containers
+    /// without NPUs when set (accepted for compatibility, applied the same way).
+    pub overwrite_env: bool,
+    /// The vNPU templates, any order: a memory request rounds up to the
+    /// smallest template that holds it.
+    pub templates: Vec<VnpuTemplate>,
+    /// Ascend 910C in a SuperPod: NPUs are allocated in module pairs.
+    pub super_pod: bool,
+}
+
+/// One vNPU template of an Ascend chip.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct VnpuTemplate {
+    /// The template's name (`vir04`, `vir05_1c_16g`).
+    pub name: String,
+    /// Its memory in MiB.
+    pub memory: u64,
+    /// Its AI cores.
+    pub ai_core: u32,
+    /// Its AI CPUs.
+    #[serde(rename = "aiCPU")]
+    pub ai_cpu: u32,
+}
+
+impl VnpuConfig {
+    /// The MiB a memory request of `mib` takes on this chip, and the template
+    /// it is cut as: the smallest template holding it, else the whole card
+    /// (`memoryAllocatable`, no template) while it is within
+    /// `memoryCapacity`; `None` when no card holds it (HAMi's `trimMemory`).
+    pub fn trim_memory(&self, mib: u64) -> Option<(u64, Option<&str>)> {
+        let mut templates: Vec<&VnpuTemplate> = self.templates.iter().collect();
+        templates.sort_by_key(|t| t.memory);
+        if let Some(t) = templates.into_iter().find(|t| mib <= t.memory) {
+            return Some((t.memory, Some(t.name.as_str())));
+        }
+        (mib <= self.memory_capacity).then_some((self.memory_allocatable, None))
+    }
+
+    /// Whether NPUs of this chip are scheduled by network (Ascend 910s
+    /// report a `NetworkID`).
+    pub fn is_910(&self) -> bool {
+        self.common_word.starts_with("Ascend910")
+    }
+
+    /// Whether NPUs are allocated in module pairs (Ascend 910C in a SuperPod).
+    pub fn pairs(&self) -> bool {
+        self.common_word == "Ascend910C" && self.super_pod
+    }
+
+    /// The Node annotation the plugin registers its NPUs in.
+    pub fn register_annotation(&self) -> String {
+        format!("hami.io/node-register-{}", self.common_word)
+    }
+
+    /// The Node annotation of the register handshake.
+    pub fn handshake_annotation(&self) -> String {
+        format!("hami.io/node-handshake-{}", self.common_word)
+    }
+
+    /// The pod annotation listing the NPUs a pod may use.
+    pub fn use_uuid_annotation(&self) -> String {
+        crate::names::ascend::use_uuid(&self.common_word)
+    }
+
+    /// The pod annotation listing NPUs a pod must not use.
+    pub fn nouse_uuid_annotation(&self) -> String {
+        crate::names::ascend::nouse_uuid(&self.common_word)
+    }
+}
+
+/// Checks a vendor section, naming the first setting that is wrong.
+pub(super) fn validate(hygon: Option<&HygonConfig>, vnpus: Option<&VnpusConfig>) -> Result<()> {
+    let invalid = |field: String, rule: &str| {
+        Err(Error::InvalidConfig {
+            field,
+            rule: rule.to_owned(),
+        })
+    };
+    if let Some(vnpus) = vnpus {
+        for (i, chip) in vnpus.configs.iter().enumerate() {
+            let at = |field: &str| format!("vnpus.configs[{i}].{field}");
+            if chip.common_word.is_empty()
+                || !chip
+                    .common_word
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-')
+            {
+                return invalid(
+                    at("commonWord"),
+                    "must be a non-empty device type of letters, digits and '-' (e.g. Ascend910B4)",
+                );
+            }
+            if vnpus.configs[..i]
+                .iter()
+                .any(|c| c.common_word == chip.common_word)
+            {
+                return invalid(at("commonWord"), "each chip may be configured once");
+            }
+            if chip.memory_capacity == 0 || chip.memory_allocatable == 0 {
+                return invalid(
+                    at("memoryAllocatable"),
+                    "memoryAllocatable and memoryCapacity must be positive MiB",
+                );
+            }
+            if chip.memory_allocatable > chip.memory_capacity {
+                return invalid(at("memoryAllocatable"), "must not exceed memoryCapacity");
+            }
+            if let Some(t) = chip
+                .templates
+                .iter()
+                .find(|t| t.memory == 0 || t.memory > chip.memory_capacity || t.name.is_empty())
+            {
+                return invalid(
+                    at("templates"),
+                    &format!(
+                        "template {:?} must have a name and 1 to memoryCapacity ({}) MiB, has {}",
+                        t.name, chip.memory_capacity, t.memory
+                    ),
+                );
+            }
+        }
+    }
+    let _ = hygon;
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! What another vendor's device plugin reads at Allocate, in HAMi's exact
+//! encodings (`pkg/device/devices.go` `EncodePodSingleDevice`,
+//! `pkg/scheduler/scheduler.go` `Bind`, `pkg/util/nodelock`, each vendor's
+//! `PatchAnnotations`): the plugin finds the pod by `hami.io/vgpu-node` and
+//! `hami.io/bind-phase: allocating`, reads its devices from
+//! `hami.io/<x>-devices-to-allocate` (Ascend also `huawei.com/<chip>`), sets
+//! `bind-phase` to `success` and deletes the Node's `hami.io/mutex.lock`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use serde::Serialize;
+use tessera_api::{
+    request::RequestConfig,
+    v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
+};
+
+/// The node a pod was placed on (HAMi's `AssignedNodeAnnotations`).
+pub const VGPU_NODE: &str = "hami.io/vgpu-node";
+/// When it was placed, Unix seconds.
+pub const VGPU_TIME: &str = "hami.io/vgpu-time";
+/// When Bind ran, Unix seconds.
+pub const BIND_TIME: &str = "hami.io/bind-time";
+/// `allocating` from Bind until the plugin says `success` or `failed`.
+pub const BIND_PHASE: &str = "hami.io/bind-phase";
+/// The Node annotation a plugin deletes when it has served the pod:
+/// `<RFC 3339 time>,<namespace>,<pod>`.
+pub const MUTEX_LOCK: &str = "hami.io/mutex.lock";
+/// HAMi's Ascend annotation with the time of the Filter decision.
+const PREDICATE_TIME: &str = "predicate-time";
+
+/// The annotation keys of one vendor device type: where the plugin reads
+/// its devices, and the copy HAMi keeps for itself (Hygon's are spelled
+/// `dcu`, Ascend's with the chip: HAMi's `InRequestDevices`).
+fn keys(device_type: &str) -> (String, String) {
+    let word = if device_type == "DCU" {
+        "dcu"
+    } else {
+        device_type
+    };
+    (
+        format!("hami.io/{word}-devices-to-allocate"),
+        format!("hami.io/{word}-devices-allocated"),
+    )
+}
+
+/// The device type a family's slices are keyed by in HAMi's annotations:
+/// Hygon's `DCU`; Ascend's chip (`Ascend910B4`).
+fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
+    match slice.family {
+        DeviceFamily::Nvidia => None,
+        DeviceFamily::Hygon => Some("DCU"),
+        DeviceFamily::Ascend => Some(slice.model.as_str()),
+    }
+}
+
+/// One Ascend NPU as `huawei.com/<chip>` lists it (Go's omitempty kept).
+#[derive(Serialize)]
+struct RuntimeInfo<'a> {
+    #[serde(rename = "UUID")]
+    uuid: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    temp: &'a str,
+    #[serde(skip_serializing_if = "is_zero")]
+    memory: u64,
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    core: u32,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// The pod annotations Bind writes for the vendor slices of `spec`, or an
+/// empty map when it holds only NVIDIA GPUs. `containers` are the pod's
+/// container names in kubelet order (init containers first): HAMi's
+/// encoding keeps one `;`-ended entry per container, empty where a
+/// container has no device of that type.
+pub fn pod_annotations(
+    spec: &VgpuAllocationSpec,
+    containers: &[String],
+    config: &RequestConfig,
+    now: Timestamp,
+) -> BTreeMap<String, String> {
+    let mut types: Vec<&str> = spec
+        .containers
+        .iter()
+        .flat_map(|c| &c.devices)
+        .filter_map(handoff_type)
+        .collect();
+    types.sort_unstable();
+    types.dedup();
+    let mut out = BTreeMap::new();
+    if types.is_empty() {
+        return out;
+    }
+    let seconds = now.as_second().to_string();
+    out.insert(VGPU_NODE.to_owned(), spec.node_name.clone());
+    out.insert(VGPU_TIME.to_owned(), seconds.clone());
+    out.insert(BIND_TIME.to_owned(), seconds.clone());
+    out.insert(BIND_PHASE.to_owned(), "allocating".to_owned());
+    for device_type in types {
+        let slices_of = |name: &str| -> Vec<&DeviceSlice> {
+            spec.containers
+                .iter()
+                .filter(|c| c.name == name)
+                .flat_map(|c| &c.devices)
+                .filter(|d| handoff_type(d) == Some(device_type))
+                .collect()
+        };
+        let mut encoded = String::new();
+        for name in containers {
+            for d in slices_of(name) {
+                encoded.push_str(&format!(
+                    "{},{device_type},{},{}:",
+                    d.uuid, d.memory_mib, d.cores
+                ));
+            }
+            encoded.push(';');
+        }
+        let (to_allocate, allocated) = keys(device_type);
+        out.insert(to_allocate, encoded.clone());
+        out.insert(allocated, encoded);
+        let chip = config
+            .vnpus
+            .iter()
+            .flat_map(|v| &v.configs)
+            .find(|c| c.common_word == device_type);
+        if let Some(chip) = chip {
+            let infos: Vec<RuntimeInfo<'_>> = containers
+                .iter()
+                .flat_map(|name| slices_of(name))
+                .map(|d| RuntimeInfo {
+                    uuid: &d.uuid,
+                    temp: d.template.as_deref().unwrap_or_default(),
+                    memory: d.memory_mib,
+                    core: d.cores,
+                })
+                .collect();
+            out.insert(
+                format!("huawei.com/{}", chip.common_word),
+                serde_json::to_string(&infos).unwrap_or_else(|_| "[]".into()),
+            );
+            out.insert(PREDICATE_TIME.to_owned(), seconds.clone());
+        }
+    }
+    out
+}
+
+/// The container names of a pod in kubelet order: init containers, then
+/// app containers.
+pub fn container_order(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+/// The Node lock value for a pod, as HAMi's `GenerateNodeLockKeyByPod`.
+pub fn mutex_value(namespace: &str, pod: &str, now: Timestamp) -> String {
+    let time = now
+        .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+        .strftime("%Y-%m-%dT%H:%M:%SZ");
+    format!("{time},{namespace},{pod}")
+}
+
+/// Whether a Node lock value names this pod (HAMi's owner check: the
+/// value ends with `,<namespace>,<pod>`).
+pub fn mutex_held_by(value: &str, namespace: &str, pod: &str) -> bool {
+    value.ends_with(&format!(",{namespace},{pod}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_api::{
+        request::{VnpuConfig, VnpusConfig},
+        testing::{allocation, container},
+        v1alpha1::DeviceSlice,
+    };
+
+    use super::*;
+
+    fn slice(
+        uuid: &str,
+        family: DeviceFamily,
+        model: &str,
+        mib: u64,
+        cores: u32,
+        template: Option<&str>,
+    ) -> DeviceSlice {
+        DeviceSlice {
+            uuid: uuid.into(),
+            family,
+            model: model.into(),
+            memory_mib: mib,
+            cores,
+            template: template.map(Into::into),
+            ..DeviceSlice::default()
+        }
+    }
+
+    #[test]
+    fn hygon_devices_are_encoded_per_container_with_empty_entries_kept() {
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "main",
+                vec![
+                    slice("DCU-0", DeviceFamily::Hygon, "DCU-Z100", 4096, 30, None),
+                    slice("DCU-1", DeviceFamily::Hygon, "DCU-Z100", 4096, 30, None),
+                ],
+            ))
+            .build()
+            .spec;
+        let order = vec!["init".to_owned(), "main".to_owned(), "sidecar".to_owned()];
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let out = pod_annotations(&spec, &order, &RequestConfig::default(), now);
+        assert_eq!(
+            out["hami.io/dcu-devices-to-allocate"],
+            ";DCU-0,DCU,4096,30:DCU-1,DCU,4096,30:;;"
+        );
+        assert_eq!(
+            out["hami.io/dcu-devices-allocated"],
+            out["hami.io/dcu-devices-to-allocate"]
+        );
+        assert_eq!(out[VGPU_NODE], "n1");
+        assert_eq!(out[BIND_PHASE], "allocating");
+        assert_eq!(out[BIND_TIME], "1795773600");
+        assert!(!out.contains_key("huawei.com/DCU"));
+    }
+
+    #[test]
+    fn ascend_gets_hamis_runtime_info_with_the_template() {
+        let config = RequestConfig {
+            vnpus: Some(VnpusConfig {
+                hami_vnpu_core: false,
+                configs: vec![VnpuConfig {
+                    common_word: "Ascend910B4".into(),
+                    ..VnpuConfig::default()
+                }],
+            }),
+            ..RequestConfig::default()
+        };
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "main",
+                vec![slice(
+                    "NPU-3",
+                    DeviceFamily::Ascend,
+                    "Ascend910B4",
+                    8192,
+                    0,
+                    Some("vir05_1c_8g"),
+                )],
+            ))
+            .build()
+            .spec;
+        let out = pod_annotations(&spec, &["main".to_owned()], &config, Timestamp::now());
+        assert_eq!(
+            out["hami.io/Ascend910B4-devices-to-allocate"],
+            "NPU-3,Ascend910B4,8192,0:;"
+        );
+        assert_eq!(
+            out["huawei.com/Ascend910B4"],
+            r#"[{"UUID":"NPU-3","temp":"vir05_1c_8g","memory":8192}]"#
+        );
+        assert!(out.contains_key("predicate-time"));
+    }
+
+    #[test]
+    fn an_nvidia_only_allocation_writes_nothing() {
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "main",
+                vec![tessera_api::testing::slice("GPU-0", 0, 1000, 10)],
+            ))
+            .build()
+            .spec;
+        assert!(
+            pod_annotations(
+                &spec,
+                &["main".to_owned()],
+                &RequestConfig::default(),
+                Timestamp::now()
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_node_lock_is_hamis_time_namespace_pod() {
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let value = mutex_value("ml", "train", now);
+        assert_eq!(value, "2026-11-27T10:00:00Z,ml,train");
+        assert!(mutex_held_by(&value, "ml", "train"));
+        assert!(!mutex_held_by(&value, "ml", "rain"));
+    }
+}

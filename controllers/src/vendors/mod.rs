@@ -1,0 +1,45 @@
+//! Other vendors' devices (HAMi's heterogeneous half): what their own device
+//! plugins report on Nodes, turned into GpuNodes the extender schedules from,
+//! and what those plugins read back from pods at Bind.
+//!
+//! - [`register`]: HAMi's register annotations, decoded with every bound checked.
+//! - [`view`]: a Node's annotations to a GpuNode status, with HAMi's handshake.
+//! - [`handoff`]: the pod and Node annotations a vendor plugin reads at
+//!   Allocate (`hami.io/<x>-devices-to-allocate`, `huawei.com/<chip>`,
+//!   `hami.io/bind-phase`, `hami.io/mutex.lock`).
+//! - [`nodes`]: the controller that keeps vendor GpuNodes current (leader only).
+//!
+//! Pure logic lives in `register`, `view` and `handoff`; only `nodes` and
+//! Bind talk to the API server.
+
+pub mod handoff;
+pub(crate) mod nodes;
+pub mod register;
+pub mod view;
+
+pub use view::{Source, VendorView, sources};
+
+/// The label on GpuNodes the controller writes from vendor annotations
+/// (value `vendor-plugin`); GpuNodes without it are the node agent's.
+pub const SOURCE_LABEL: &str = "tessera.dev/gpunode-source";
+/// [`SOURCE_LABEL`]'s value.
+pub const VENDOR_PLUGIN: &str = "vendor-plugin";
+
+/// What the vendor-node controller reads from the configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sources {
+    /// Every configured source.
+    pub sources: Vec<Source>,
+    /// Whether Ascend nodes run hami-vnpu-core unless their Node says otherwise.
+    pub soft_split_default: bool,
+}
+
+impl Sources {
+    /// The sources `config` turns on.
+    pub fn of(config: &tessera_api::request::RequestConfig) -> Self {
+        Self {
+            sources: sources(config),
+            soft_split_default: config.vnpus.as_ref().is_some_and(|v| v.hami_vnpu_core),
+        }
+    }
+}

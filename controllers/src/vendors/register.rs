@@ -1,0 +1,269 @@
+//! The Node annotations in which HAMi's vendor device plugins register their
+//! devices, decoded as HAMi decodes them (`pkg/device/devices.go`:
+//! `DecodeNodeDevices` for the CSV form, `UnMarshalNodeDevices` for JSON).
+//!
+//! A Node's annotations are written by the plugin, a privileged component,
+//! but anyone who may patch Nodes can write them too: every size and count
+//! is bounded, and anything malformed is an error naming the rule, never a
+//! panic or a guessed device.
+
+use serde::Deserialize;
+
+/// Devices one annotation may list (a GpuNode holds at most 64).
+pub const MAX_DEVICES: usize = 64;
+/// Longest annotation value decoded (Kubernetes allows 256 KiB for all
+/// annotations of an object together).
+pub const MAX_LEN: usize = 64 * 1024;
+/// Longest device id or type accepted.
+const MAX_ID: usize = 128;
+
+/// One device as its plugin registered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registered {
+    /// The device's id (its UUID).
+    pub id: String,
+    /// Its index on the node.
+    pub index: u32,
+    /// How many containers may share it (HAMi's `count`).
+    pub count: u32,
+    /// Device memory in MiB.
+    pub memory_mib: u64,
+    /// Compute as the vendor counts it (percent, or AI cores for Ascend).
+    pub cores: u32,
+    /// The device type (`DCU`, `Ascend910B4`).
+    pub device_type: String,
+    /// NUMA node.
+    pub numa: Option<u32>,
+    /// Whether the plugin reports it healthy.
+    pub healthy: bool,
+    /// Ascend's `custominfo.NetworkID`.
+    pub network_id: Option<u32>,
+}
+
+/// Decodes the CSV form: `id,count,devmem,devcore,type,numa,health[,index,mode]:`
+/// per device (Hygon's `hami.io/node-dcu-register`).
+pub fn decode_csv(value: &str) -> Result<Vec<Registered>, String> {
+    check_len(value)?;
+    if !value.contains(':') {
+        return Err(
+            "has no ':' after the device list (HAMi's CSV form ends every device with ':')".into(),
+        );
+    }
+    let mut devices = Vec::new();
+    for (n, entry) in value.split(':').filter(|e| !e.is_empty()).enumerate() {
+        let fields: Vec<&str> = entry.split(',').collect();
+        if fields.len() != 7 && fields.len() != 9 {
+            return Err(format!(
+                "device {n} has {} comma-separated fields; HAMi's form has 7 (id,count,devmem,devcore,type,numa,health) or 9 (…,index,mode)",
+                fields.len()
+            ));
+        }
+        let number = |i: usize, what: &str| -> Result<u64, String> {
+            fields[i].trim().parse::<u64>().map_err(|_| {
+                format!(
+                    "device {n}: {what} {:?} is not a non-negative whole number",
+                    fields[i]
+                )
+            })
+        };
+        let health = match fields[6].trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "t" => true,
+            "false" | "0" | "f" => false,
+            other => return Err(format!("device {n}: health {other:?} is not true or false")),
+        };
+        let numa = fields[5]
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| format!("device {n}: numa {:?} is not a whole number", fields[5]))?;
+        let index = if fields.len() == 9 {
+            number(7, "index")?
+        } else {
+            n as u64
+        };
+        devices.push(Registered {
+            id: text(fields[0], n, "id")?,
+            index: bounded(index, n, "index")?,
+            count: bounded(number(1, "count")?, n, "count")?,
+            memory_mib: number(2, "devmem")?,
+            cores: bounded(number(3, "devcore")?, n, "devcore")?,
+            device_type: text(fields[4], n, "type")?,
+            numa: u32::try_from(numa).ok(),
+            healthy: health,
+            network_id: None,
+        });
+        if devices.len() > MAX_DEVICES {
+            return Err(format!("lists more than {MAX_DEVICES} devices"));
+        }
+    }
+    if devices.is_empty() {
+        return Err("lists no device".into());
+    }
+    Ok(devices)
+}
+
+/// One entry of the JSON form, with HAMi's field names.
+#[derive(Deserialize)]
+struct JsonDevice {
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default)]
+    count: i64,
+    #[serde(default)]
+    devmem: i64,
+    #[serde(default)]
+    devcore: i64,
+    #[serde(default, rename = "type")]
+    device_type: String,
+    #[serde(default)]
+    numa: Option<i64>,
+    #[serde(default)]
+    health: bool,
+    #[serde(default)]
+    custominfo: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Decodes the JSON form: a list of HAMi `DeviceInfo` objects (Ascend's
+/// `hami.io/node-register-<chip>`).
+pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
+    check_len(value)?;
+    let list: Vec<JsonDevice> =
+        serde_json::from_str(value).map_err(|e| format!("is not a JSON list of devices: {e}"))?;
+    if list.is_empty() {
+        return Err("lists no device".into());
+    }
+    if list.len() > MAX_DEVICES {
+        return Err(format!(
+            "lists {} devices, more than {MAX_DEVICES}",
+            list.len()
+        ));
+    }
+    list.into_iter()
+        .enumerate()
+        .map(|(n, d)| {
+            let non_negative = |v: i64, what: &str| {
+                u64::try_from(v).map_err(|_| format!("device {n}: {what} {v} is negative"))
+            };
+            let network_id = match d.custominfo.as_ref().and_then(|c| c.get("NetworkID")) {
+                None => None,
+                Some(v) => Some(
+                    v.as_f64()
+                        .filter(|f| f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(f))
+                        .map(|f| f as u32)
+                        .ok_or_else(|| {
+                            format!("device {n}: custominfo.NetworkID {v} is not a whole number")
+                        })?,
+                ),
+            };
+            Ok(Registered {
+                id: text(&d.id, n, "id")?,
+                index: bounded(d.index.unwrap_or(n as u64), n, "index")?,
+                count: bounded(non_negative(d.count, "count")?, n, "count")?,
+                memory_mib: non_negative(d.devmem, "devmem")?,
+                cores: bounded(non_negative(d.devcore, "devcore")?, n, "devcore")?,
+                device_type: text(&d.device_type, n, "type")?,
+                numa: d.numa.and_then(|v| u32::try_from(v).ok()),
+                healthy: d.health,
+                network_id,
+            })
+        })
+        .collect()
+}
+
+fn check_len(value: &str) -> Result<(), String> {
+    if value.len() > MAX_LEN {
+        return Err(format!("is {} bytes, more than {MAX_LEN}", value.len()));
+    }
+    Ok(())
+}
+
+fn text(value: &str, n: usize, what: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value.is_empty() || value.len() > MAX_ID || value.chars().any(char::is_control) {
+        return Err(format!(
+            "device {n}: {what} must be 1 to {MAX_ID} printable characters, got {value:?}"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+fn bounded(value: u64, n: usize, what: &str) -> Result<u32, String> {
+    u32::try_from(value).map_err(|_| format!("device {n}: {what} {value} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hamis_csv_form_decodes_with_and_without_index_and_mode() {
+        // As HAMi's EncodeNodeDevices writes it, and the older 7-field form.
+        let nine = decode_csv("DCU-0,4,16384,100,DCU-Z100,0,true,0,hami-core:DCU-1,4,16384,100,DCU-Z100,1,false,1,hami-core:").unwrap();
+        assert_eq!(nine.len(), 2);
+        assert_eq!(
+            (
+                nine[1].id.as_str(),
+                nine[1].index,
+                nine[1].count,
+                nine[1].memory_mib,
+                nine[1].cores,
+                nine[1].numa,
+                nine[1].healthy
+            ),
+            ("DCU-1", 1, 4, 16384, 100, Some(1), false)
+        );
+        let seven = decode_csv("a,10,1024,100,DCU,0,true:").unwrap();
+        assert_eq!((seven[0].index, seven[0].device_type.as_str()), (0, "DCU"));
+    }
+
+    #[test]
+    fn hamis_json_form_decodes_with_network_ids() {
+        // mock-device-plugin's README sample, plus custominfo as the Ascend plugin writes it.
+        let devices = decode_json(r#"[{"id":"MOCK-0","count":4,"devmem":32768,"devcore":20,"type":"Ascend910B4","health":true,"custominfo":{"NetworkID":3}},{"id":"MOCK-1","index":1,"count":4,"devmem":32768,"devcore":20,"type":"Ascend910B4","health":true}]"#).unwrap();
+        assert_eq!(devices[0].network_id, Some(3));
+        assert_eq!(devices[1].network_id, None);
+        assert_eq!(devices[0].memory_mib, 32768);
+    }
+
+    #[test]
+    fn hostile_or_broken_values_are_refused_with_the_rule() {
+        let cases = [
+            (decode_csv("no separator"), "no ':'"),
+            (decode_csv("a,1,2:"), "3 comma-separated fields"),
+            (decode_csv("a,1,-5,100,DCU,0,true:"), "devmem \"-5\""),
+            (decode_csv("a,1,5,100,DCU,0,maybe:"), "health \"maybe\""),
+            (
+                decode_csv("a,99999999999,5,100,DCU,0,true:"),
+                "count 99999999999 is too large",
+            ),
+            (decode_csv(",1,5,100,DCU,0,true:"), "id must be"),
+            (decode_csv(":"), "no device"),
+            (decode_json("{}"), "not a JSON list"),
+            (decode_json("[]"), "no device"),
+            (
+                decode_json(r#"[{"id":"x","type":"T","devmem":-1}]"#),
+                "devmem -1 is negative",
+            ),
+            (
+                decode_json(r#"[{"id":"x","type":"T","custominfo":{"NetworkID":"a"}}]"#),
+                "NetworkID",
+            ),
+            (decode_json(&"x".repeat(MAX_LEN + 1)), "more than"),
+        ];
+        for (result, expected) in cases {
+            let error = result.expect_err(expected);
+            assert!(
+                error.contains(expected),
+                "{error:?} should say {expected:?}"
+            );
+        }
+        let many = format!(
+            "[{}]",
+            vec![r#"{"id":"x","type":"T"}"#; MAX_DEVICES + 1].join(",")
+        );
+        assert!(decode_json(&many).unwrap_err().contains("more than 64"));
+        let many_csv = "a,1,1,1,T,0,true:".repeat(MAX_DEVICES + 1);
+        assert!(decode_csv(&many_csv).unwrap_err().contains("more than 64"));
+    }
+}

@@ -1,0 +1,446 @@
+//! From what vendor device plugins report on a Node to the GpuNode status
+//! Tessera schedules from: pure, so every rule is tested without a cluster.
+//!
+//! Each configured source (Hygon's `hami.io/node-dcu-register`, one
+//! `hami.io/node-register-<chip>` per Ascend chip) is decoded on its own; a
+//! malformed one is reported and ignored, never guessed at. HAMi's register
+//! handshake decides whether a source is still alive (`CheckHealth`): the
+//! scheduler writes `Requesting_<time>` to the source's handshake
+//! annotation, the plugin answers `Reported_<time>` on its next register
+//! pass; a `Requesting` older than 60 s, with the node no longer
+//! advertising the source's count resource, means the plugin is gone and
+//! its devices are dropped.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    apimachinery::pkg::{
+        api::resource::Quantity,
+        apis::meta::v1::{Condition, Time},
+    },
+    jiff::{SignedDuration, Timestamp, civil::DateTime, tz::TimeZone},
+};
+use tessera_api::{
+    names::ascend::NODE_SOFT_SPLIT,
+    request::RequestConfig,
+    v1alpha1::{
+        DeviceCapacity, DeviceFamily, DeviceHealth, GpuDevice, GpuNodeStatus, OperatingMode,
+    },
+};
+
+use super::register::{Registered, decode_csv, decode_json};
+
+/// How long a `Requesting` handshake may stay unanswered (HAMi: 60 s).
+pub const HANDSHAKE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
+/// HAMi's handshake time format (Go's `time.DateTime`), read and written in UTC.
+const HANDSHAKE_FORMAT: &str = "%Y-%m-%d %H:%M:%S";
+
+/// Hygon's register annotation.
+pub const HYGON_REGISTER: &str = "hami.io/node-dcu-register";
+/// Hygon's handshake annotation.
+pub const HYGON_HANDSHAKE: &str = "hami.io/node-handshake-dcu";
+
+/// One place a vendor plugin reports devices on a Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The family the devices belong to.
+    pub family: DeviceFamily,
+    /// The register annotation.
+    pub register: String,
+    /// The handshake annotation.
+    pub handshake: String,
+    /// The extended resource the plugin advertises devices as.
+    pub count_resource: String,
+    /// The device type every device of the source is scheduled as (Ascend:
+    /// the chip's `commonWord`); `None`: as the plugin reports it.
+    pub device_type: Option<String>,
+    /// How the annotation is encoded.
+    pub json: bool,
+}
+
+/// Every source the configuration turns on.
+pub fn sources(config: &RequestConfig) -> Vec<Source> {
+    let mut sources = Vec::new();
+    if let Some(hygon) = &config.hygon {
+        sources.push(Source {
+            family: DeviceFamily::Hygon,
+            register: HYGON_REGISTER.into(),
+            handshake: HYGON_HANDSHAKE.into(),
+            count_resource: hygon.resource_count_name.clone(),
+            device_type: None,
+            json: false,
+        });
+    }
+    for chip in config.vnpus.iter().flat_map(|v| &v.configs) {
+        sources.push(Source {
+            family: DeviceFamily::Ascend,
+            register: chip.register_annotation(),
+            handshake: chip.handshake_annotation(),
+            count_resource: chip.resource_name.clone(),
+            device_type: Some(chip.common_word.clone()),
+            json: true,
+        });
+    }
+    sources
+}
+
+/// What a Node's vendor annotations say, and what to do about them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VendorView {
+    /// The devices of every live, well-formed source.
+    pub devices: Vec<GpuDevice>,
+    /// Sources whose annotation is malformed: (annotation, what is wrong).
+    pub malformed: Vec<(String, String)>,
+    /// Sources whose plugin stopped answering the handshake: annotation names.
+    pub expired: Vec<String>,
+    /// Handshake annotations to write now: (key, value).
+    pub handshakes: Vec<(String, String)>,
+}
+
+/// The Node's vendor view; `None` when it carries no configured source's
+/// register annotation (not a vendor node).
+pub fn view(
+    annotations: &BTreeMap<String, String>,
+    allocatable: &BTreeMap<String, Quantity>,
+    sources: &[Source],
+    soft_split_default: bool,
+    now: Timestamp,
+) -> Option<VendorView> {
+    let mut view = VendorView::default();
+    let mut any = false;
+    let soft_split = match annotations.get(NODE_SOFT_SPLIT) {
+        Some(value) => value == "true",
+        None => soft_split_default,
+    };
+    for source in sources {
+        let Some(value) = annotations.get(&source.register) else {
+            continue;
+        };
+        any = true;
+        match handshake(annotations.get(&source.handshake), now) {
+            Handshake::Answered => {
+                view.handshakes.push((
+                    source.handshake.clone(),
+                    format!("Requesting_{}", stamp(now)),
+                ));
+            }
+            Handshake::Waiting => {}
+            Handshake::Expired if advertises(allocatable, &source.count_resource) => {}
+            Handshake::Expired => {
+                view.expired.push(source.handshake.clone());
+                continue;
+            }
+        }
+        let decoded = if source.json {
+            decode_json(value)
+        } else {
+            decode_csv(value)
+        };
+        match decoded {
+            Ok(devices) => {
+                for d in devices {
+                    if !view.devices.iter().any(|known| known.uuid == d.id) {
+                        view.devices.push(device(d, source, soft_split));
+                    }
+                }
+            }
+            Err(error) => view.malformed.push((source.register.clone(), error)),
+        }
+    }
+    any.then_some(view)
+}
+
+/// The GpuNode status for a view: its devices and a `Ready` condition that
+/// names what is missing. `previous` keeps transition times of conditions
+/// that did not change.
+pub fn status(
+    view: &VendorView,
+    previous: Option<&GpuNodeStatus>,
+    now: Timestamp,
+) -> GpuNodeStatus {
+    let mut status = GpuNodeStatus::of_devices(view.devices.clone());
+    let mut problems: Vec<String> = view
+        .malformed
+        .iter()
+        .map(|(key, error)| format!("annotation {key} {error}; its devices are ignored"))
+        .collect();
+    problems.extend(view.expired.iter().map(|key| {
+        format!("the device plugin has not answered the {key} handshake for 60 s; its devices are dropped")
+    }));
+    let (state, reason) = match (view.devices.is_empty(), problems.is_empty()) {
+        (false, true) => ("True", "VendorPluginRegistered"),
+        (false, false) => ("True", "SomeSourcesIgnored"),
+        (true, _) if !view.malformed.is_empty() => ("False", "RegisterAnnotationMalformed"),
+        (true, _) => ("False", "HandshakeExpired"),
+    };
+    let message = if problems.is_empty() {
+        "the vendor's device plugin registered the devices and answers the handshake".to_owned()
+    } else {
+        problems.join("; ")
+    };
+    let since = previous
+        .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Ready"))
+        .filter(|c| c.status == state)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    status.conditions = vec![Condition {
+        type_: "Ready".into(),
+        status: state.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: since,
+        observed_generation: None,
+    }];
+    status
+}
+
+fn device(d: Registered, source: &Source, soft_split: bool) -> GpuDevice {
+    let ascend = source.family == DeviceFamily::Ascend;
+    GpuDevice {
+        uuid: d.id,
+        index: d.index,
+        family: source.family,
+        network_id: d.network_id,
+        model: source.device_type.clone().unwrap_or(d.device_type),
+        memory_mib: d.memory_mib,
+        capacity: DeviceCapacity {
+            memory_mib: d.memory_mib,
+            // Ascend reports AI cores; requests count percent (HAMi's
+            // effective total is 100).
+            cores: if ascend { 100 } else { d.cores },
+        },
+        split_count: d.count,
+        numa_node: d.numa,
+        health: if d.healthy {
+            DeviceHealth::Healthy
+        } else {
+            DeviceHealth::Unhealthy
+        },
+        // Ascend: the driver's vNPU templates are a hard split (as MIG is);
+        // hami-vnpu-core is HAMi's soft split.
+        mode: if ascend && !soft_split {
+            OperatingMode::Mig
+        } else {
+            OperatingMode::HamiCore
+        },
+        ..GpuDevice::default()
+    }
+}
+
+enum Handshake {
+    /// The plugin answered (or no handshake yet): ask again.
+    Answered,
+    /// Asked less than 60 s ago (or at a time that cannot be read).
+    Waiting,
+    /// Asked more than 60 s ago and not answered.
+    Expired,
+}
+
+fn handshake(value: Option<&String>, now: Timestamp) -> Handshake {
+    let Some(value) = value.filter(|v| v.contains("Requesting")) else {
+        return Handshake::Answered;
+    };
+    let Some(asked) = value.split_once('_').and_then(|(_, t)| parse_stamp(t)) else {
+        return Handshake::Waiting;
+    };
+    if now.duration_since(asked) > HANDSHAKE_TIMEOUT {
+        Handshake::Expired
+    } else {
+        Handshake::Waiting
+    }
+}
+
+fn advertises(allocatable: &BTreeMap<String, Quantity>, resource: &str) -> bool {
+    allocatable
+        .get(resource)
+        .is_some_and(|q| !matches!(q.0.trim(), "" | "0"))
+}
+
+/// `now` as HAMi writes handshake times, in UTC.
+pub fn stamp(now: Timestamp) -> String {
+    now.to_zoned(TimeZone::UTC)
+        .strftime(HANDSHAKE_FORMAT)
+        .to_string()
+}
+
+fn parse_stamp(text: &str) -> Option<Timestamp> {
+    DateTime::strptime(HANDSHAKE_FORMAT, text.trim())
+        .ok()?
+        .to_zoned(TimeZone::UTC)
+        .ok()
+        .map(|z| z.timestamp())
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_api::request::{HygonConfig, VnpuConfig, VnpusConfig};
+
+    use super::*;
+
+    fn config() -> RequestConfig {
+        RequestConfig {
+            hygon: Some(HygonConfig::default()),
+            vnpus: Some(VnpusConfig {
+                hami_vnpu_core: false,
+                configs: vec![VnpuConfig {
+                    common_word: "Ascend910B4".into(),
+                    resource_name: "huawei.com/Ascend910B4".into(),
+                    resource_memory_name: "huawei.com/Ascend910B4-memory".into(),
+                    memory_allocatable: 32768,
+                    memory_capacity: 32768,
+                    ..VnpuConfig::default()
+                }],
+            }),
+            ..RequestConfig::default()
+        }
+    }
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
+    }
+
+    const ASCEND: &str = r#"[{"id":"NPU-0","count":4,"devmem":32768,"devcore":20,"type":"Ascend910B4","health":true,"custominfo":{"NetworkID":1}}]"#;
+
+    #[test]
+    fn a_node_without_vendor_annotations_has_no_vendor_view() {
+        let sources = sources(&config());
+        let plain = annotations(&[("tessera.dev/gpu-ready", "True")]);
+        assert_eq!(
+            view(&plain, &BTreeMap::new(), &sources, false, Timestamp::now()),
+            None
+        );
+    }
+
+    #[test]
+    fn both_families_become_devices_and_a_handshake_is_asked_for() {
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let node = annotations(&[
+            (
+                HYGON_REGISTER,
+                "DCU-0,4,16384,100,DCU-Z100,0,true,0,hami-core:",
+            ),
+            (HYGON_HANDSHAKE, "Reported_2026-11-27 09:59:50"),
+            ("hami.io/node-register-Ascend910B4", ASCEND),
+        ]);
+        let seen = view(&node, &BTreeMap::new(), &sources(&config()), false, now).unwrap();
+        assert_eq!(seen.devices.len(), 2);
+        let dcu = &seen.devices[0];
+        assert_eq!(
+            (
+                dcu.family,
+                dcu.model.as_str(),
+                dcu.capacity.cores,
+                dcu.split_count
+            ),
+            (DeviceFamily::Hygon, "DCU-Z100", 100, 4)
+        );
+        let npu = &seen.devices[1];
+        assert_eq!(
+            (
+                npu.family,
+                npu.model.as_str(),
+                npu.capacity.cores,
+                npu.network_id,
+                npu.mode
+            ),
+            (
+                DeviceFamily::Ascend,
+                "Ascend910B4",
+                100,
+                Some(1),
+                OperatingMode::Mig
+            )
+        );
+        assert_eq!(
+            seen.handshakes,
+            vec![
+                (
+                    HYGON_HANDSHAKE.to_owned(),
+                    "Requesting_2026-11-27 10:00:00".to_owned()
+                ),
+                (
+                    "hami.io/node-handshake-Ascend910B4".to_owned(),
+                    "Requesting_2026-11-27 10:00:00".to_owned()
+                ),
+            ]
+        );
+        let status = status(&seen, None, now);
+        assert_eq!(
+            (status.gpu_count, status.conditions[0].status.as_str()),
+            (2, "True")
+        );
+    }
+
+    #[test]
+    fn an_unanswered_handshake_drops_the_source_after_60_s_unless_still_advertised() {
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let node = annotations(&[
+            (HYGON_REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
+            (HYGON_HANDSHAKE, "Requesting_2026-11-27 09:58:59"),
+        ]);
+        let sources = sources(&config());
+        let gone = view(&node, &BTreeMap::new(), &sources, false, now).unwrap();
+        assert!(gone.devices.is_empty());
+        assert_eq!(gone.expired, vec![HYGON_HANDSHAKE.to_owned()]);
+        assert!(gone.handshakes.is_empty(), "no new request while one waits");
+        let status = status(&gone, None, now);
+        assert_eq!(
+            (
+                status.conditions[0].status.as_str(),
+                status.conditions[0].reason.as_str()
+            ),
+            ("False", "HandshakeExpired")
+        );
+
+        let advertised = BTreeMap::from([("hygon.com/dcunum".to_owned(), Quantity("4".into()))]);
+        assert_eq!(
+            view(&node, &advertised, &sources, false, now)
+                .unwrap()
+                .devices
+                .len(),
+            1
+        );
+
+        let recent = annotations(&[
+            (HYGON_REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
+            (HYGON_HANDSHAKE, "Requesting_2026-11-27 09:59:30"),
+        ]);
+        let waiting = view(&recent, &BTreeMap::new(), &sources, false, now).unwrap();
+        assert_eq!((waiting.devices.len(), waiting.handshakes.len()), (1, 0));
+    }
+
+    #[test]
+    fn a_malformed_source_is_reported_and_ignored_while_the_others_count() {
+        let node = annotations(&[
+            (HYGON_REGISTER, "garbage"),
+            ("hami.io/node-register-Ascend910B4", ASCEND),
+            (NODE_SOFT_SPLIT, "true"),
+        ]);
+        let seen = view(
+            &node,
+            &BTreeMap::new(),
+            &sources(&config()),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        assert_eq!(seen.devices.len(), 1);
+        assert_eq!(
+            seen.devices[0].mode,
+            OperatingMode::HamiCore,
+            "the node runs hami-vnpu-core"
+        );
+        assert_eq!(seen.malformed[0].0, HYGON_REGISTER);
+        let status = status(&seen, None, Timestamp::now());
+        assert_eq!(status.conditions[0].reason, "SomeSourcesIgnored");
+        assert!(
+            status.conditions[0]
+                .message
+                .contains("hami.io/node-dcu-register has no ':'"),
+            "{}",
+            status.conditions[0].message
+        );
+    }
+}
