@@ -38,6 +38,8 @@ mod vendors;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod vendor_tests;
 
 use k8s_openapi::api::core::v1::Pod;
 

@@ -29,6 +29,8 @@ mod score;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod vendor_tests;
 
 pub use fit::{feasible, fit};
 pub use node::{DeviceUsage, GpuDevice, NodeGpus};

@@ -1,0 +1,309 @@
+//! Hygon and Ascend requests, one row per HAMi rule (HAMi's
+//! `GenerateResourceRequests` and `MutateAdmission` cases).
+
+use k8s_openapi::api::core::v1::Pod;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn config() -> RequestConfig {
+    let chip = |word: &str, memory, templates: Vec<(&str, u64)>, super_pod| VnpuConfig {
+        common_word: word.into(),
+        resource_name: format!("huawei.com/{word}"),
+        resource_memory_name: format!("huawei.com/{word}-memory"),
+        resource_core_name: format!("huawei.com/{word}-core"),
+        memory_allocatable: memory,
+        memory_capacity: memory,
+        templates: templates
+            .into_iter()
+            .map(|(name, memory)| VnpuTemplate {
+                name: name.into(),
+                memory,
+                ..VnpuTemplate::default()
+            })
+            .collect(),
+        super_pod,
+        ..VnpuConfig::default()
+    };
+    RequestConfig {
+        hygon: Some(HygonConfig::default()),
+        vnpus: Some(VnpusConfig {
+            hami_vnpu_core: false,
+            configs: vec![
+                chip(
+                    "Ascend910A",
+                    32768,
+                    vec![("vir16", 17476), ("vir02", 2184), ("vir04", 4369)],
+                    false,
+                ),
+                chip("Ascend910C", 65536, Vec::new(), true),
+            ],
+        }),
+        ..RequestConfig::default()
+    }
+}
+
+fn pod(limits: Value, annotations: Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "annotations": annotations},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+    }))
+    .unwrap()
+}
+
+fn parsed(limits: Value, annotations: Value) -> Result<Vec<ContainerRequest>, String> {
+    parse_pod(&pod(limits, annotations), &config())
+        .map(|r| r.map(|r| r.containers).unwrap_or_default())
+        .map_err(|e| e.to_string())
+}
+
+/// (family, count, memory, cores, template)
+fn shape(r: &ContainerRequest) -> (DeviceFamily, u32, MemoryRequest, u32, Option<String>) {
+    (
+        r.family,
+        r.count,
+        r.memory,
+        r.cores,
+        r.vendor.as_ref().and_then(|v| v.template.clone()),
+    )
+}
+
+#[test]
+fn hygon_requests_follow_hami() {
+    use MemoryRequest::{Mib, Percent};
+    let rows = [
+        (json!({"hygon.com/dcunum": "1"}), (1, Percent(100), 100)),
+        (
+            json!({"hygon.com/dcunum": "2", "hygon.com/dcumem": "4096", "hygon.com/dcucores": "30"}),
+            (2, Mib(4096), 30),
+        ),
+        (
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "0"}),
+            (1, Percent(100), 100),
+        ),
+        (
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcucores": "250"}),
+            (1, Percent(100), 100),
+        ),
+    ];
+    for (limits, (count, memory, cores)) in rows {
+        let got = parsed(limits.clone(), json!({})).unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (DeviceFamily::Hygon, count, memory, cores, None),
+            "{limits}"
+        );
+    }
+    assert_eq!(
+        parsed(json!({"hygon.com/dcunum": "0"}), json!({})).unwrap(),
+        vec![]
+    );
+    let filters = parsed(
+        json!({"hygon.com/dcunum": "1"}),
+        json!({"hygon.com/use-dcutype": "Z100, K100", "hygon.com/nouse-gpuuuid": "DCU-3"}),
+    )
+    .unwrap();
+    let f = &filters[0].vendor.as_ref().unwrap().filters;
+    assert_eq!(
+        (f.use_types.clone(), f.nouse_uuids.clone()),
+        (
+            vec!["Z100".to_owned(), "K100".to_owned()],
+            vec!["DCU-3".to_owned()]
+        )
+    );
+}
+
+#[test]
+fn ascend_memory_rounds_up_to_a_template_or_the_whole_card() {
+    use MemoryRequest::Mib;
+    let rows = [
+        (json!({"huawei.com/Ascend910A": "1"}), (1, Mib(32768), None)),
+        (
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "3000"}),
+            (1, Mib(4369), Some("vir04")),
+        ),
+        (
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "2184"}),
+            (1, Mib(2184), Some("vir02")),
+        ),
+        (
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "20000"}),
+            (1, Mib(32768), None),
+        ),
+        (
+            json!({"huawei.com/Ascend910A": "2", "huawei.com/Ascend910A-memory": "32768"}),
+            (2, Mib(32768), None),
+        ),
+        (json!({"huawei.com/Ascend910C": "1"}), (2, Mib(65536), None)),
+        (json!({"huawei.com/Ascend910C": "4"}), (4, Mib(65536), None)),
+    ];
+    for (limits, (count, memory, template)) in rows {
+        let got = parsed(limits.clone(), json!({})).unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (
+                DeviceFamily::Ascend,
+                count,
+                memory,
+                0,
+                template.map(str::to_owned)
+            ),
+            "{limits}"
+        );
+    }
+    let soft = parsed(
+        json!({"huawei.com/Ascend910A": "2", "huawei.com/Ascend910A-memory": "3000", "huawei.com/Ascend910A-core": "40"}),
+        json!({"huawei.com/vnpu-mode": "hami-core"}),
+    )
+    .unwrap();
+    assert_eq!(
+        shape(&soft[0]),
+        (DeviceFamily::Ascend, 2, Mib(3000), 40, None),
+        "soft split takes memory as asked"
+    );
+    assert!(soft[0].vendor.as_ref().unwrap().soft_split);
+}
+
+#[test]
+fn broken_vendor_rules_are_refused_naming_the_container_field_and_rule() {
+    let rows = [
+        (
+            json!({"hygon.com/dcumem": "1024"}),
+            json!({}),
+            "container \"c\": hygon.com/dcumem: is set but hygon.com/dcunum is not; ask for at least 1 DCU",
+        ),
+        (
+            json!({"hygon.com/dcunum": "1.5"}),
+            json!({}),
+            "hygon.com/dcunum: must be a whole number",
+        ),
+        (
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "40000"}),
+            json!({}),
+            "huawei.com/Ascend910A-memory: 40000 MiB is more than a Ascend910A card holds (32768 MiB)",
+        ),
+        (
+            json!({"huawei.com/Ascend910A": "2", "huawei.com/Ascend910A-memory": "3000"}),
+            json!({}),
+            "a vNPU (4369 MiB, template vir04) can only be asked for with huawei.com/Ascend910A: 1",
+        ),
+        (
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-core": "10"}),
+            json!({}),
+            "huawei.com/Ascend910A-core: is only supported with the pod annotation huawei.com/vnpu-mode: hami-core",
+        ),
+        (
+            json!({"huawei.com/Ascend910A": "1"}),
+            json!({"huawei.com/vnpu-mode": "soft"}),
+            "annotation huawei.com/vnpu-mode: must be \"hami-core\"",
+        ),
+        (
+            json!({"huawei.com/Ascend910C": "3"}),
+            json!({}),
+            "huawei.com/Ascend910C: must be 1 or an even number, got 3",
+        ),
+        (
+            json!({"huawei.com/Ascend910A-memory": "3000"}),
+            json!({}),
+            "is set but huawei.com/Ascend910A is not",
+        ),
+    ];
+    for (limits, annotations, want) in rows {
+        let error = parsed(limits.clone(), annotations).expect_err(want);
+        assert!(
+            error.contains(want),
+            "{limits}: {error:?} should say {want:?}"
+        );
+    }
+    // A core of 0 is no core: allowed without hami-core (HAMi's case).
+    assert!(
+        parsed(
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-core": "0"}),
+            json!({})
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn a_container_may_ask_for_several_families() {
+    let got = parsed(
+        json!({"nvidia.com/gpu": "1", "hygon.com/dcunum": "1", "huawei.com/Ascend910A": "1"}),
+        json!({}),
+    )
+    .unwrap();
+    let families: Vec<DeviceFamily> = got.iter().map(|r| r.family).collect();
+    assert_eq!(
+        families,
+        [
+            DeviceFamily::Nvidia,
+            DeviceFamily::Hygon,
+            DeviceFamily::Ascend
+        ]
+    );
+    assert!(got.iter().all(|r| r.name == "c"));
+}
+
+#[test]
+fn hamis_vendor_sections_are_read_as_written_and_checked() {
+    // From HAMi's charts/hami/templates/scheduler/device-configmap.yaml.
+    let yaml = r#"
+hygon:
+  resourceCountName: hygon.com/dcunum
+  resourceMemoryName: hygon.com/dcumem
+  resourceCoreName: hygon.com/dcucores
+  memoryFactor: 1
+vnpus:
+  hamiVnpuCore: false
+  configs:
+  - chipName: 310P3
+    commonWord: Ascend310P
+    resourceName: huawei.com/Ascend310P
+    resourceMemoryName: huawei.com/Ascend310P-memory
+    resourceCoreName: huawei.com/Ascend310P-core
+    memoryAllocatable: 21527
+    memoryCapacity: 24576
+    memoryFactor: 1
+    aiCore: 8
+    aiCPU: 7
+    runtimeClassName: ""
+    overwriteEnv: false
+    templates:
+      - name: vir01
+        memory: 3072
+        aiCore: 1
+        aiCPU: 1
+"#;
+    let config: RequestConfig = serde_yaml_ng::from_str(yaml).unwrap();
+    config.validate().unwrap();
+    let chip = &config.vnpus.as_ref().unwrap().configs[0];
+    assert_eq!(chip.trim_memory(3000), Some((3072, Some("vir01"))));
+    assert_eq!(
+        chip.trim_memory(24000),
+        Some((21527, None)),
+        "above every template: the whole card"
+    );
+    assert_eq!(chip.trim_memory(24577), None);
+    assert!(
+        config
+            .resource_names()
+            .contains(&"huawei.com/Ascend310P-memory")
+    );
+
+    let mut clash = config.clone();
+    clash.hygon.as_mut().unwrap().resource_count_name = "nvidia.com/gpu".into();
+    assert!(
+        clash
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("distinct")
+    );
+    let mut bad = config;
+    bad.vnpus.as_mut().unwrap().configs[0].memory_allocatable = 30000;
+    assert_eq!(
+        bad.validate().unwrap_err().to_string(),
+        "config vnpus.configs[0].memoryAllocatable: must not exceed memoryCapacity"
+    );
+}

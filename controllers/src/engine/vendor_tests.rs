@@ -1,0 +1,566 @@
+//! Other vendors' placement rules as tables, after HAMi's own cases
+//! (`pkg/device/hygon/device_test.go` and `pkg/device/ascend/device_test.go`,
+//! `TestDevices_Fit`, `TestDevices_Fit_910C`): same devices and usage, the
+//! request written as a pod and parsed as the webhook and extender parse it,
+//! the same fit or no fit, and a reason naming HAMi's cause in words.
+//!
+//! Where Tessera chooses differently on purpose, the row says so: HAMi walks
+//! devices from the last index down; Tessera orders them by the GPU policy
+//! (spread: emptiest first, ties to the lower index). HAMi's `mutex` GPU
+//! policy has no Tessera counterpart (100 cores asks for an empty device).
+
+use k8s_openapi::api::core::v1::Pod;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use tessera_api::{
+    request::{HygonConfig, RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig, parse_pod},
+    v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy},
+};
+
+use super::*;
+
+/// HAMi's `configStr` chips: 910A with its four templates, 910C in a SuperPod.
+fn config() -> RequestConfig {
+    let template = |name: &str, memory| VnpuTemplate {
+        name: name.into(),
+        memory,
+        ..VnpuTemplate::default()
+    };
+    let chip = |word: &str, memory, templates, super_pod| VnpuConfig {
+        chip_name: word.trim_start_matches("Ascend").into(),
+        common_word: word.into(),
+        resource_name: format!("huawei.com/{word}"),
+        resource_memory_name: format!("huawei.com/{word}-memory"),
+        resource_core_name: format!("huawei.com/{word}-core"),
+        memory_allocatable: memory,
+        memory_capacity: memory,
+        templates,
+        super_pod,
+        ..VnpuConfig::default()
+    };
+    RequestConfig {
+        hygon: Some(HygonConfig::default()),
+        vnpus: Some(VnpusConfig {
+            hami_vnpu_core: false,
+            configs: vec![
+                chip(
+                    "Ascend910A",
+                    32768,
+                    vec![
+                        template("vir02", 2184),
+                        template("vir04", 4369),
+                        template("vir08", 8738),
+                        template("vir16", 17476),
+                    ],
+                    false,
+                ),
+                chip("Ascend910C", 65536, Vec::new(), true),
+            ],
+        }),
+        ..RequestConfig::default()
+    }
+}
+
+/// A device as HAMi's `DeviceUsage` rows give it: id, count (split),
+/// used slices, total/used memory, total/used cores, health.
+#[derive(Clone, Copy)]
+struct Row {
+    id: &'static str,
+    count: u32,
+    used: u32,
+    total_mem: u64,
+    used_mem: u64,
+    used_cores: u32,
+    healthy: bool,
+}
+
+const FREE: Row = Row {
+    id: "dev-0",
+    count: 100,
+    used: 0,
+    total_mem: 1280,
+    used_mem: 0,
+    used_cores: 0,
+    healthy: true,
+};
+
+fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus {
+    let devices = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| GpuDevice {
+            uuid: r.id.into(),
+            index: u32::try_from(i).unwrap(),
+            model: model.into(),
+            family,
+            network_id: None,
+            memory_mib: r.total_mem,
+            cores: 100,
+            split_count: r.count,
+            numa_node: Some(0),
+            healthy: r.healthy,
+            mode: OperatingMode::HamiCore,
+            mig: None,
+            mig_present: 0,
+        })
+        .collect();
+    let mut node = NodeGpus::new(devices);
+    for (usage, r) in node.usage.iter_mut().zip(rows) {
+        *usage = DeviceUsage {
+            memory_mib: r.used_mem,
+            cores: r.used_cores,
+            slices: r.used,
+            ..DeviceUsage::default()
+        };
+    }
+    node
+}
+
+fn pod(limits: Value, annotations: Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "annotations": annotations},
+        "spec": {"containers": [{"name": "main", "image": "i", "resources": {"limits": limits}}]},
+    }))
+    .unwrap()
+}
+
+/// Fits `limits` (with pod `annotations`) on `node`: the chosen device ids,
+/// or the reason.
+fn place(node: &NodeGpus, limits: Value, annotations: Value) -> Result<Vec<String>, String> {
+    let request = parse_pod(&pod(limits, annotations), &config())
+        .map_err(|e| e.to_string())?
+        .expect("asks for devices");
+    fit(node, &request, SchedulingPolicy::Spread)
+        .map(|p| {
+            p.slices()
+                .map(|s| node.devices[s.device].uuid.clone())
+                .collect()
+        })
+        .map_err(|r| r.to_string())
+}
+
+fn expect(case: &str, got: Result<Vec<String>, String>, want: Result<&[&str], &str>) {
+    match (got, want) {
+        (Ok(ids), Ok(want)) => assert_eq!(ids, want, "{case}"),
+        (Err(reason), Err(want)) => {
+            assert!(
+                reason.contains(want),
+                "{case}: {reason:?} should say {want:?}"
+            );
+        }
+        (got, want) => panic!("{case}: got {got:?}, want {want:?}"),
+    }
+}
+
+#[test]
+fn hygon_fits_as_hami_does() {
+    let dcu = |rows: &[Row]| node(DeviceFamily::Hygon, "DCU", rows);
+    let small = FREE;
+    let cases: [(&str, NodeGpus, Value, Value, Result<&[&str], &str>); 13] = [
+        (
+            // HAMi picks dev-1 (last index first); spread's tie goes to dev-0.
+            "fit success",
+            dcu(&[
+                Row {
+                    total_mem: 128,
+                    ..small
+                },
+                Row {
+                    id: "dev-1",
+                    total_mem: 128,
+                    ..small
+                },
+            ]),
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "64", "hygon.com/dcucores": "50"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "fit fail: memory not enough (CardInsufficientMemory)",
+            dcu(&[Row {
+                total_mem: 128,
+                ..small
+            }]),
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "512", "hygon.com/dcucores": "50"}),
+            json!({}),
+            Err("1 DCU without 512 MiB free (largest free is 128 MiB on dev-0)"),
+        ),
+        (
+            "fit fail: core not enough (CardInsufficientCore)",
+            dcu(&[Row {
+                total_mem: 1024,
+                used_cores: 100,
+                ..small
+            }]),
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "512", "hygon.com/dcucores": "50"}),
+            json!({}),
+            Err("1 DCU without 50 cores free"),
+        ),
+        (
+            "fit fail: type mismatch (CardTypeMismatch, hygon.com/use-dcutype)",
+            dcu(&[small]),
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "512"}),
+            json!({"hygon.com/use-dcutype": "K100"}),
+            Err("1 DCU not of a type in hygon.com/use-dcutype"),
+        ),
+        (
+            "fit fail: user assign use uuid mismatch (CardUuidMismatch)",
+            dcu(&[Row {
+                id: "dev-1",
+                ..small
+            }]),
+            json!({"hygon.com/dcunum": "2", "hygon.com/dcumem": "512", "hygon.com/dcucores": "50"}),
+            json!({"hygon.com/use-gpuuuid": "dev-0"}),
+            Err("1 DCU not listed in hygon.com/use-gpuuuid"),
+        ),
+        (
+            "fit fail: user assign no use uuid match (CardUuidMismatch)",
+            dcu(&[small]),
+            json!({"hygon.com/dcunum": "2", "hygon.com/dcumem": "512", "hygon.com/dcucores": "50"}),
+            json!({"hygon.com/nouse-gpuuuid": "dev-0"}),
+            Err("1 DCU excluded by hygon.com/nouse-gpuuuid"),
+        ),
+        (
+            "fit fail: card overused (CardTimeSlicingExhausted)",
+            dcu(&[Row { used: 100, ..small }]),
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "512", "hygon.com/dcucores": "50"}),
+            json!({}),
+            Err("1 DCU with no free slice"),
+        ),
+        (
+            "fit success: but core limit can't exceed 100",
+            dcu(&[small]),
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "512", "hygon.com/dcucores": "120"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "fit fail: card exclusively (ExclusiveDeviceAllocateConflict)",
+            dcu(&[Row { used: 20, ..small }]),
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "512", "hygon.com/dcucores": "100"}),
+            json!({}),
+            Err("1 DCU in use, but 100 cores needs an empty DCU"),
+        ),
+        (
+            "fit fail: CardComputeUnitsExhausted",
+            dcu(&[Row {
+                used: 20,
+                used_cores: 100,
+                ..small
+            }]),
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "512", "hygon.com/dcucores": "0"}),
+            json!({}),
+            Err("1 DCU with every core handed out, so a request for 0 cores may not share it"),
+        ),
+        (
+            "fit fail: AllocatedCardsInsufficientRequest",
+            dcu(&[Row {
+                used: 20,
+                used_cores: 10,
+                ..small
+            }]),
+            json!({"hygon.com/dcunum": "2", "hygon.com/dcumem": "512", "hygon.com/dcucores": "50"}),
+            json!({}),
+            Err("needs 2 DCUs with 512 MiB and 50 cores each; 1 of 1 DCUs fit"),
+        ),
+        (
+            // No dcumem: the whole card (HAMi's MemPercentagereq 100), and
+            // 100 cores by default.
+            "fit success: memory percentage",
+            dcu(&[small]),
+            json!({"hygon.com/dcunum": "1"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "fit fail: partial allocation for multiple cards",
+            dcu(&[
+                small,
+                Row {
+                    id: "dev-1",
+                    used: 100,
+                    ..small
+                },
+            ]),
+            json!({"hygon.com/dcunum": "2", "hygon.com/dcumem": "512", "hygon.com/dcucores": "50"}),
+            json!({}),
+            Err("1 of 2 DCUs fit: 1 DCU with no free slice"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+}
+
+#[test]
+fn ascend_fits_as_hami_does() {
+    let npu = |rows: &[Row]| node(DeviceFamily::Ascend, "Ascend910A", rows);
+    let card = Row {
+        total_mem: 32768,
+        ..FREE
+    };
+    let networks = |ids: [u32; 3]| {
+        let mut n = npu(&[
+            card,
+            Row {
+                id: "dev-1",
+                ..card
+            },
+            Row {
+                id: "dev-2",
+                ..card
+            },
+        ]);
+        for (d, id) in n.devices.iter_mut().zip(ids) {
+            d.network_id = Some(id);
+        }
+        n
+    };
+    let mut legacy = npu(&[card]);
+    legacy.devices[0].mode = OperatingMode::Mig;
+    let cases: [(&str, NodeGpus, Value, Value, Result<&[&str], &str>); 10] = [
+        (
+            "fit success",
+            npu(&[
+                card,
+                Row {
+                    id: "dev-1",
+                    ..card
+                },
+            ]),
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "2000"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "fit fail: memory not enough, named with the template it rounds up to",
+            npu(&[Row {
+                used: 1,
+                used_mem: 30000,
+                ..card
+            }]),
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "3000"}),
+            json!({}),
+            Err(
+                "needs 1 Ascend910A NPU with 4369 MiB (vNPU template vir04) and 0 cores; 0 of 1 Ascend910A NPUs fit: 1 Ascend910A NPU without 4369 MiB free (largest free is 2768 MiB on dev-0)",
+            ),
+        ),
+        (
+            "fit fail: user assign use uuid mismatch",
+            npu(&[Row {
+                id: "dev-1",
+                ..card
+            }]),
+            json!({"huawei.com/Ascend910A": "1"}),
+            json!({"hami.io/use-Ascend910A-uuid": "dev-0"}),
+            Err("1 Ascend910A NPU not listed in hami.io/use-Ascend910A-uuid"),
+        ),
+        (
+            "fit fail: card overused",
+            npu(&[Row { used: 100, ..card }]),
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "2000"}),
+            json!({}),
+            Err("1 Ascend910A NPU with no free slice"),
+        ),
+        (
+            "fit fail: CardNotHealth",
+            npu(&[Row {
+                healthy: false,
+                ..card
+            }]),
+            json!({"huawei.com/Ascend910A": "1"}),
+            json!({}),
+            Err("1 Ascend910A NPU unhealthy"),
+        ),
+        (
+            // HAMi answers dev-2, dev-1: the network with most free NPUs.
+            "fit success. schedule by NetworkID",
+            networks([0, 1, 1]),
+            json!({"huawei.com/Ascend910A": "2"}),
+            json!({}),
+            Ok(&["dev-1", "dev-2"]),
+        ),
+        (
+            "fit fail: hami-core pod on legacy node (ModeNotFit)",
+            legacy.clone(),
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "2000"}),
+            json!({"huawei.com/vnpu-mode": "hami-core"}),
+            Err("on a node without hami-vnpu-core"),
+        ),
+        (
+            "fit ok: annotation-less pod on hami-core node follows node",
+            npu(&[card]),
+            json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "2000"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "fit success: whole-card legacy pod on legacy node",
+            legacy,
+            json!({"huawei.com/Ascend910A": "1"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "another chip's NPUs are not candidates",
+            node(DeviceFamily::Ascend, "Ascend910B4", &[card]),
+            json!({"huawei.com/Ascend910A": "1"}),
+            json!({}),
+            Err("0 of 0 Ascend910A NPUs fit: the node has no Ascend910A NPUs"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+}
+
+#[test]
+fn ascend_910c_takes_whole_modules() {
+    let card = Row {
+        total_mem: 65536,
+        ..FREE
+    };
+    let npus = node(
+        DeviceFamily::Ascend,
+        "Ascend910C",
+        &[
+            card,
+            Row {
+                id: "dev-1",
+                ..card
+            },
+            Row {
+                id: "dev-2",
+                ..card
+            },
+        ],
+    );
+    // HAMi's TestDevices_Fit_910C: dev-0 and dev-1 are module 0, dev-2 has
+    // no partner.
+    expect(
+        "fit success: full modules only",
+        place(&npus, json!({"huawei.com/Ascend910C": "2"}), json!({})),
+        Ok(&["dev-0", "dev-1"]),
+    );
+    expect(
+        "1 becomes a module pair",
+        place(&npus, json!({"huawei.com/Ascend910C": "1"}), json!({})),
+        Ok(&["dev-0", "dev-1"]),
+    );
+    let mut busy = npus.clone();
+    busy.usage[0].slices = 100;
+    expect(
+        "a module with one NPU taken is no module",
+        place(&busy, json!({"huawei.com/Ascend910C": "2"}), json!({})),
+        Err(
+            "Ascend910C NPUs are allocated in module pairs and only 0 modules have both NPUs free (needs 1)",
+        ),
+    );
+    expect(
+        "odd counts are refused at admission",
+        place(&npus, json!({"huawei.com/Ascend910C": "3"}), json!({})),
+        Err("must be 1 or an even number, got 3"),
+    );
+}
+
+#[test]
+fn a_pod_of_two_families_gets_each_from_its_own_devices() {
+    let mut node = node(DeviceFamily::Hygon, "DCU", &[FREE]);
+    node.devices.push(GpuDevice {
+        uuid: "npu-0".into(),
+        family: DeviceFamily::Ascend,
+        model: "Ascend910A".into(),
+        memory_mib: 32768,
+        ..node.devices[0].clone()
+    });
+    node.usage.push(DeviceUsage::default());
+    expect(
+        "both",
+        place(
+            &node,
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "512", "huawei.com/Ascend910A": "1"}),
+            json!({}),
+        ),
+        Ok(&["dev-0", "npu-0"]),
+    );
+    expect(
+        "NVIDIA asks find no NVIDIA GPU there",
+        place(&node, json!({"nvidia.com/gpu": "1"}), json!({})),
+        Err("the node has no GPUs"),
+    );
+}
+
+#[test]
+fn nvidia_now_keeps_a_no_cores_request_off_a_gpu_whose_cores_are_all_handed_out() {
+    let mut node = node(DeviceFamily::Nvidia, "NVIDIA A100", &[FREE]);
+    node.usage[0] = DeviceUsage {
+        cores: 100,
+        slices: 2,
+        memory_mib: 100,
+        ..DeviceUsage::default()
+    };
+    expect(
+        "no cores left",
+        place(&node, json!({"nvidia.com/gpumem": "100"}), json!({})),
+        Err("1 GPU with every core handed out"),
+    );
+}
+
+proptest! {
+    /// No sequence of pods of any family, placed where the engine says and
+    /// charged, overbooks a device (invariant I1 for every family).
+    #[test]
+    fn no_family_is_ever_overbooked(
+        pods in prop::collection::vec((0u8..4, 1u32..4, 0u64..40_000, 0u32..=100), 1..40),
+    ) {
+        let mut node = node(DeviceFamily::Hygon, "DCU", &[
+            Row { total_mem: 16384, count: 4, ..FREE },
+            Row { id: "dev-1", total_mem: 16384, count: 4, ..FREE },
+        ]);
+        for i in 0..4 {
+            node.devices.push(GpuDevice {
+                uuid: format!("npu-{i}"),
+                index: i,
+                family: DeviceFamily::Ascend,
+                model: if i < 2 { "Ascend910A" } else { "Ascend910C" }.into(),
+                memory_mib: 32768,
+                split_count: 3,
+                network_id: Some(i % 2),
+                ..node.devices[0].clone()
+            });
+            node.usage.push(DeviceUsage::default());
+        }
+        for i in 0..2 {
+            node.devices.push(GpuDevice {
+                uuid: format!("GPU-{i}"),
+                family: DeviceFamily::Nvidia,
+                model: "NVIDIA L4".into(),
+                memory_mib: 24576,
+                split_count: 5,
+                network_id: None,
+                ..node.devices[0].clone()
+            });
+            node.usage.push(DeviceUsage::default());
+        }
+        for (family, count, memory, cores) in pods {
+            let limits = match family {
+                0 => json!({"hygon.com/dcunum": count.to_string(), "hygon.com/dcumem": memory.to_string(), "hygon.com/dcucores": cores.to_string()}),
+                1 => json!({"huawei.com/Ascend910A": count.to_string(), "huawei.com/Ascend910A-memory": memory.min(32768).to_string()}),
+                2 => json!({"huawei.com/Ascend910C": (count * 2).to_string()}),
+                _ => json!({"nvidia.com/gpu": count.to_string(), "nvidia.com/gpumem": memory.max(1).to_string(), "nvidia.com/gpucores": cores.to_string()}),
+            };
+            let Ok(Some(request)) = parse_pod(&pod(limits, json!({})), &config()) else {
+                continue;
+            };
+            if let Ok(placement) = fit(&node, &request, SchedulingPolicy::Binpack) {
+                for (slice, container) in placement.containers.iter().flat_map(|c| c.slices.iter().map(move |s| (s, c))) {
+                    let device = &node.devices[slice.device];
+                    let wanted = request.containers.iter().find(|r| r.name == container.name && r.family == device.family);
+                    prop_assert!(wanted.is_some(), "a slice on a device of another family");
+                    node.charge(slice);
+                }
+            }
+            prop_assert!(node.within_capacity());
+        }
+    }
+}
