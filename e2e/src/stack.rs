@@ -33,6 +33,20 @@ pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.
 /// the extender annotates a Node `tessera.dev/gpu-freed` when capacity
 /// appears there.
 pub fn scheduler_config(extender_port: u16) -> String {
+    scheduler_config_for(
+        extender_port,
+        &tessera_api::request::RequestConfig::default().resource_names(),
+    )
+}
+
+/// [`scheduler_config`] with `resources` as the extender's
+/// `managedResources` (every family's names: kube-scheduler calls the
+/// extender only for pods that ask for one of them).
+pub fn scheduler_config_for(extender_port: u16, resources: &[&str]) -> String {
+    let managed: String = resources
+        .iter()
+        .map(|name| format!("  - {{name: {name}, ignoredByScheduler: true}}\n"))
+        .collect();
     format!(
         r#"
 profiles:
@@ -51,12 +65,7 @@ extenders:
   nodeCacheCapable: true
   httpTimeout: 30s
   managedResources:
-  - {{name: nvidia.com/gpu, ignoredByScheduler: true}}
-  - {{name: nvidia.com/gpumem, ignoredByScheduler: true}}
-  - {{name: nvidia.com/gpumem-percentage, ignoredByScheduler: true}}
-  - {{name: nvidia.com/gpucores, ignoredByScheduler: true}}
-  - {{name: nvidia.com/priority, ignoredByScheduler: true}}
-"#
+{managed}"#
     )
 }
 

@@ -43,8 +43,8 @@ pub struct Cluster {
 /// kube-scheduler with only the extender scoring for `tessera-scheduler`
 /// (the default score plugins are off so placements are deterministic),
 /// binding through the extender.
-fn scheduler_config(port: u16) -> String {
-    tessera_e2e::stack::scheduler_config(port)
+fn scheduler_config(port: u16, config: &Config) -> String {
+    tessera_e2e::stack::scheduler_config_for(port, &config.request.resource_names())
 }
 
 impl Cluster {
@@ -89,7 +89,7 @@ impl Cluster {
             metrics.clone(),
         ));
         plane
-            .start_scheduler(&scheduler_config(port))
+            .start_scheduler(&scheduler_config(port, &config))
             .await
             .expect("kube-scheduler");
 
@@ -175,8 +175,6 @@ impl Cluster {
             .unwrap();
         let devices = (0..gpus)
             .map(|i| GpuDevice {
-                family: Default::default(),
-                network_id: None,
                 uuid: format!("GPU-{name}-{i}"),
                 numa_node: Some(i / 2),
                 ..testing::gpu(i, model, mib)

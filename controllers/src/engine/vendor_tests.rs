@@ -139,6 +139,15 @@ fn place(node: &NodeGpus, limits: Value, annotations: Value) -> Result<Vec<Strin
         .map_err(|r| r.to_string())
 }
 
+/// One row: name, node, limits, pod annotations, the devices or the reason.
+type Case = (
+    &'static str,
+    NodeGpus,
+    Value,
+    Value,
+    Result<&'static [&'static str], &'static str>,
+);
+
 fn expect(case: &str, got: Result<Vec<String>, String>, want: Result<&[&str], &str>) {
     match (got, want) {
         (Ok(ids), Ok(want)) => assert_eq!(ids, want, "{case}"),
@@ -156,7 +165,7 @@ fn expect(case: &str, got: Result<Vec<String>, String>, want: Result<&[&str], &s
 fn hygon_fits_as_hami_does() {
     let dcu = |rows: &[Row]| node(DeviceFamily::Hygon, "DCU", rows);
     let small = FREE;
-    let cases: [(&str, NodeGpus, Value, Value, Result<&[&str], &str>); 13] = [
+    let cases: [Case; 13] = [
         (
             // HAMi picks dev-1 (last index first); spread's tie goes to dev-0.
             "fit success",
@@ -318,7 +327,7 @@ fn ascend_fits_as_hami_does() {
     };
     let mut legacy = npu(&[card]);
     legacy.devices[0].mode = OperatingMode::Mig;
-    let cases: [(&str, NodeGpus, Value, Value, Result<&[&str], &str>); 10] = [
+    let cases: [Case; 10] = [
         (
             "fit success",
             npu(&[

@@ -1,0 +1,449 @@
+//! Other vendors' devices end to end with a real kube-apiserver and
+//! kube-scheduler: Nodes annotated as HAMi's vendor plugins annotate them
+//! become GpuNodes; Hygon and Ascend pods are placed with the vendors'
+//! rules; Bind writes what those plugins read; the plugin's answer
+//! (`hami.io/bind-phase: success`, the Node lock deleted) marks the
+//! allocation Allocated and frees the node; broken or stale registrations
+//! are reported and ignored.
+//!
+//! No node agent or kubelet here: [`plugin_serves`] does what HAMi's vendor
+//! plugins do at Allocate (`PodAllocationTrySuccess` in
+//! Project-HAMi/ascend-device-plugin and dcu-vgpu-device-plugin). The mock
+//! plugins on real kubelets are in the e2e tests.
+
+use tessera_testkit::cluster as support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+};
+use serde_json::{Value, json};
+use support::{Cluster, WAIT};
+use tessera_api::{
+    request::{HygonConfig, VnpuConfig, VnpuTemplate, VnpusConfig},
+    v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
+};
+use tessera_controllers::config::Config;
+
+fn config() -> Config {
+    let mut config = Config::default();
+    config.request.hygon = Some(HygonConfig::default());
+    config.request.vnpus = Some(VnpusConfig {
+        hami_vnpu_core: false,
+        configs: vec![VnpuConfig {
+            chip_name: "910B4".into(),
+            common_word: "Ascend910B4".into(),
+            resource_name: "huawei.com/Ascend910B4".into(),
+            resource_memory_name: "huawei.com/Ascend910B4-memory".into(),
+            resource_core_name: "huawei.com/Ascend910B4-core".into(),
+            memory_allocatable: 32768,
+            memory_capacity: 32768,
+            templates: vec![
+                VnpuTemplate {
+                    name: "vir05_1c_8g".into(),
+                    memory: 8192,
+                    ..VnpuTemplate::default()
+                },
+                VnpuTemplate {
+                    name: "vir10_3c_16g".into(),
+                    memory: 16384,
+                    ..VnpuTemplate::default()
+                },
+            ],
+            ..VnpuConfig::default()
+        }],
+    });
+    config
+}
+
+const DCUS: &str =
+    "DCU-a,4,16384,100,DCU-Z100,0,true,0,hami-core:DCU-b,4,16384,100,DCU-Z100,0,true,1,hami-core:";
+const NPUS: &str = r#"[{"id":"NPU-a","index":0,"count":4,"devmem":32768,"devcore":20,"type":"Ascend910B4","health":true,"custominfo":{"NetworkID":0}},{"id":"NPU-b","index":1,"count":4,"devmem":32768,"devcore":20,"type":"Ascend910B4","health":true,"custominfo":{"NetworkID":0}}]"#;
+
+/// A Ready Node as a vendor plugin leaves it: `annotations`, and the
+/// plugin's resources in allocatable.
+async fn vendor_node(cluster: &Cluster, name: &str, annotations: Value, allocatable: Value) {
+    cluster.add_node(name, json!({})).await;
+    patch_node(cluster, name, annotations).await;
+    let nodes: Api<Node> = Api::all(cluster.client.clone());
+    let mut all = json!({"cpu": "64", "memory": "512Gi", "pods": "250"});
+    all.as_object_mut()
+        .unwrap()
+        .extend(allocatable.as_object().unwrap().clone());
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocatable": all.clone(), "capacity": all}})),
+        )
+        .await
+        .unwrap();
+}
+
+async fn patch_node(cluster: &Cluster, name: &str, annotations: Value) {
+    Api::<Node>::all(cluster.client.clone())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Polls until `check` says yes, naming `what` when it never does.
+async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn gpu_node(cluster: &Cluster, name: &str) -> Option<GpuNode> {
+    Api::<GpuNode>::all(cluster.client.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+fn ready(node: &GpuNode) -> Option<(String, String)> {
+    let c = node
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+async fn pod(cluster: &Cluster, name: &str) -> Pod {
+    Api::<Pod>::namespaced(cluster.client.clone(), "default")
+        .get(name)
+        .await
+        .unwrap()
+}
+
+async fn node_annotation(cluster: &Cluster, node: &str, key: &str) -> Option<String> {
+    Api::<Node>::all(cluster.client.clone())
+        .get(node)
+        .await
+        .unwrap()
+        .annotations()
+        .get(key)
+        .cloned()
+}
+
+/// What HAMi's vendor plugins do at Allocate for the pod they find by
+/// `hami.io/vgpu-node` and `bind-phase: allocating`: set `success`, delete
+/// the Node's `hami.io/mutex.lock`.
+async fn plugin_serves(cluster: &Cluster, name: &str) {
+    let served = pod(cluster, name).await;
+    let annotations = served.annotations();
+    assert_eq!(annotations["hami.io/bind-phase"], "allocating");
+    let node = annotations["hami.io/vgpu-node"].clone();
+    Api::<Pod>::namespaced(cluster.client.clone(), "default")
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"hami.io/bind-phase": "success"}}})),
+        )
+        .await
+        .unwrap();
+    patch_node(cluster, &node, json!({"hami.io/mutex.lock": null})).await;
+}
+
+async fn phase(cluster: &Cluster, name: &str) -> Option<AllocationPhase> {
+    cluster.allocation(name).await.status.and_then(|s| s.phase)
+}
+
+async fn lock_gone(cluster: &Cluster, node: &str) -> bool {
+    Api::<NodeLock>::all(cluster.client.clone())
+        .get_opt(node)
+        .await
+        .unwrap()
+        .is_none()
+}
+
+#[tokio::test]
+async fn hygon_and_ascend_pods_are_placed_handed_off_and_served() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "dcu-1",
+        json!({"hami.io/node-dcu-register": DCUS, "hami.io/node-handshake-dcu": "Reported_2026-11-27 10:00:00"}),
+        json!({"hygon.com/dcunum": "8"}),
+    )
+    .await;
+    vendor_node(
+        &cluster,
+        "npu-1",
+        json!({"hami.io/node-register-Ascend910B4": NPUS}),
+        json!({"huawei.com/Ascend910B4": "8"}),
+    )
+    .await;
+
+    // The controller's view of each Node: a GpuNode owned by it, labelled.
+    let dcu = until("a GpuNode for dcu-1", async || {
+        gpu_node(&cluster, "dcu-1")
+            .await
+            .filter(|g| g.status.as_ref().is_some_and(|s| s.gpu_count == 2))
+    })
+    .await;
+    assert_eq!(dcu.labels()["tessera.dev/gpunode-source"], "vendor-plugin");
+    assert_eq!(dcu.owner_references()[0].kind, "Node");
+    let status = dcu.status.unwrap();
+    assert_eq!(
+        (
+            status.devices[0].family,
+            status.devices[0].model.as_str(),
+            status.models.as_str()
+        ),
+        (DeviceFamily::Hygon, "DCU-Z100", "DCU-Z100")
+    );
+    assert_eq!(
+        ready(&gpu_node(&cluster, "dcu-1").await.unwrap())
+            .unwrap()
+            .0,
+        "True"
+    );
+    // HAMi's handshake: the scheduler side asks, the plugin answers.
+    let asked = until("a handshake request on npu-1", async || {
+        node_annotation(&cluster, "npu-1", "hami.io/node-handshake-Ascend910B4").await
+    })
+    .await;
+    assert!(asked.starts_with("Requesting_"), "{asked}");
+    until("npu-1 in the projection", async || {
+        cluster.projection.read().node("npu-1").map(|_| ())
+    })
+    .await;
+
+    // A Hygon pod: placed on a DCU, the plugin's annotations written.
+    cluster
+        .create_pod(
+            "dcu-pod",
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "4096", "hygon.com/dcucores": "30"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("dcu-pod").await, "dcu-1");
+    let bound = pod(&cluster, "dcu-pod").await;
+    let a = bound.annotations();
+    assert_eq!(a["hami.io/vgpu-node"], "dcu-1");
+    assert_eq!(a["hami.io/bind-phase"], "allocating");
+    let handed = &a["hami.io/dcu-devices-to-allocate"];
+    assert!(
+        handed == "DCU-a,DCU,4096,30:;" || handed == "DCU-b,DCU,4096,30:;",
+        "{handed}"
+    );
+    let mutex = node_annotation(&cluster, "dcu-1", "hami.io/mutex.lock")
+        .await
+        .unwrap();
+    assert!(mutex.ends_with(",default,dcu-pod"), "{mutex}");
+    let allocation = cluster.allocation("dcu-pod").await;
+    assert_eq!(allocation.spec.totals.families, "hygon");
+    assert_eq!(
+        allocation.spec.containers[0].devices[0].family,
+        DeviceFamily::Hygon
+    );
+    assert!(
+        !lock_gone(&cluster, "dcu-1").await,
+        "the node stays locked until the plugin serves"
+    );
+
+    // The plugin serves: the allocation is Allocated and the node free.
+    plugin_serves(&cluster, "dcu-pod").await;
+    until("dcu-pod Allocated", async || {
+        (phase(&cluster, "dcu-pod").await == Some(AllocationPhase::Allocated)).then_some(())
+    })
+    .await;
+    until("dcu-1 unlocked", async || {
+        lock_gone(&cluster, "dcu-1").await.then_some(())
+    })
+    .await;
+
+    // Ascend: 3000 MiB becomes the 8 GiB template, named to the plugin.
+    cluster
+        .create_pod(
+            "npu-pod",
+            json!({"huawei.com/Ascend910B4": "1", "huawei.com/Ascend910B4-memory": "3000"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("npu-pod").await, "npu-1");
+    let a = pod(&cluster, "npu-pod").await.annotations().clone();
+    let info: Value = serde_json::from_str(&a["huawei.com/Ascend910B4"]).unwrap();
+    assert_eq!(info[0]["temp"], "vir05_1c_8g");
+    assert_eq!(info[0]["memory"], 8192);
+    assert!(a["hami.io/Ascend910B4-devices-to-allocate"].ends_with(",Ascend910B4,8192,0:;"));
+    let allocation = cluster.allocation("npu-pod").await;
+    let slice = &allocation.spec.containers[0].devices[0];
+    assert_eq!(
+        (slice.template.as_deref(), slice.memory_mib),
+        (Some("vir05_1c_8g"), 8192)
+    );
+    plugin_serves(&cluster, "npu-pod").await;
+    until("npu-1 unlocked", async || {
+        lock_gone(&cluster, "npu-1").await.then_some(())
+    })
+    .await;
+
+    // A whole card fits on the other NPU; the next one waits, with the
+    // vendor's words (the vNPU left 24 GiB of its NPU, not a whole card).
+    cluster
+        .create_pod("card-1", json!({"huawei.com/Ascend910B4": "1"}), json!({}))
+        .await;
+    assert_eq!(cluster.node_of("card-1").await, "npu-1");
+    assert_ne!(
+        cluster.allocation("card-1").await.spec.totals.devices,
+        cluster.allocation("npu-pod").await.spec.totals.devices
+    );
+    plugin_serves(&cluster, "card-1").await;
+    until("npu-1 unlocked", async || {
+        lock_gone(&cluster, "npu-1").await.then_some(())
+    })
+    .await;
+    cluster
+        .create_pod("card-2", json!({"huawei.com/Ascend910B4": "1"}), json!({}))
+        .await;
+    let reasons = cluster.failed_scheduling("card-2").await.join("\n");
+    assert!(
+        reasons.contains("needs 1 Ascend910B4 NPU with 32768 MiB and 0 cores; 0 of 2 Ascend910B4 NPUs fit: 2 Ascend910B4 NPUs without 32768 MiB free (largest free is 24576 MiB on"),
+        "{reasons}"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_of_two_vendors_gets_both_on_one_node() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "both-1",
+        json!({"hami.io/node-dcu-register": DCUS, "hami.io/node-register-Ascend910B4": NPUS}),
+        json!({"hygon.com/dcunum": "8", "huawei.com/Ascend910B4": "8"}),
+    )
+    .await;
+    until("both-1 with 4 devices", async || {
+        cluster
+            .projection
+            .read()
+            .node("both-1")
+            .filter(|n| n.devices.len() == 4)
+            .map(|_| ())
+    })
+    .await;
+    cluster
+        .create_pod(
+            "two",
+            json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "1024", "huawei.com/Ascend910B4": "1", "huawei.com/Ascend910B4-memory": "8192"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("two").await, "both-1");
+    let allocation = cluster.allocation("two").await;
+    assert_eq!(allocation.spec.totals.families, "ascend,hygon");
+    assert_eq!(
+        allocation.spec.containers.len(),
+        1,
+        "one container, slices of both families"
+    );
+    let a = pod(&cluster, "two").await.annotations().clone();
+    assert!(a.contains_key("hami.io/dcu-devices-to-allocate"));
+    assert!(a.contains_key("huawei.com/Ascend910B4"));
+    plugin_serves(&cluster, "two").await;
+    until("two Allocated", async || {
+        (phase(&cluster, "two").await == Some(AllocationPhase::Allocated)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn malformed_and_stale_registrations_are_reported_and_ignored() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "dcu-2",
+        json!({"hami.io/node-dcu-register": "DCU-x,4,oops,100,DCU,0,true:"}),
+        json!({}),
+    )
+    .await;
+    let broken = until("dcu-2 marked not ready", async || {
+        gpu_node(&cluster, "dcu-2")
+            .await
+            .filter(|g| ready(g).is_some())
+    })
+    .await;
+    assert_eq!(
+        ready(&broken).unwrap(),
+        ("False".to_owned(), "RegisterAnnotationMalformed".to_owned())
+    );
+    assert_eq!(broken.status.unwrap().gpu_count, 0, "no device guessed");
+    let events = until("a Warning event on dcu-2", async || {
+        let list = Api::<Event>::namespaced(cluster.client.clone(), "default")
+            .list(&ListParams::default().fields("involvedObject.name=dcu-2"))
+            .await
+            .unwrap();
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("MalformedRegisterAnnotation"))
+    })
+    .await;
+    let message = events.message.unwrap();
+    assert!(
+        message.contains("annotation hami.io/node-dcu-register device 0: devmem \"oops\" is not a non-negative whole number"),
+        "{message}"
+    );
+
+    // Fixed by the plugin: the devices appear.
+    patch_node(
+        &cluster,
+        "dcu-2",
+        json!({"hami.io/node-dcu-register": DCUS}),
+    )
+    .await;
+    until("dcu-2 with its DCUs", async || {
+        gpu_node(&cluster, "dcu-2")
+            .await
+            .filter(|g| g.status.as_ref().is_some_and(|s| s.gpu_count == 2))
+    })
+    .await;
+
+    // The plugin stops answering: a Requesting over 60 s old, nothing advertised.
+    let old = "Requesting_2020-01-01 00:00:00";
+    patch_node(
+        &cluster,
+        "dcu-2",
+        json!({"hami.io/node-handshake-dcu": old}),
+    )
+    .await;
+    let expired = until("dcu-2 expired", async || {
+        gpu_node(&cluster, "dcu-2")
+            .await
+            .filter(|g| ready(g).is_some_and(|r| r.1 == "HandshakeExpired"))
+    })
+    .await;
+    assert_eq!(expired.status.unwrap().gpu_count, 0);
+    cluster
+        .create_pod("late", json!({"hygon.com/dcunum": "1"}), json!({}))
+        .await;
+    let reasons = cluster.failed_scheduling("late").await.join("\n");
+    assert!(reasons.contains("HandshakeExpired: the device plugin has not answered the hami.io/node-handshake-dcu handshake"), "{reasons}");
+
+    // The annotations go: so does the GpuNode.
+    patch_node(
+        &cluster,
+        "dcu-2",
+        json!({"hami.io/node-dcu-register": null, "hami.io/node-handshake-dcu": null}),
+    )
+    .await;
+    until("dcu-2's GpuNode deleted", async || {
+        gpu_node(&cluster, "dcu-2").await.is_none().then_some(())
+    })
+    .await;
+}
