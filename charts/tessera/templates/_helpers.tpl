@@ -78,16 +78,42 @@ Secret, the webhook configuration and the Deployment's checksum.
 {{- end -}}
 
 {{/*
-A CEL condition on a resource name `k`: it is one of Tessera's GPU resources
-(config.resources), e.g. `k in ['nvidia.com/gpu', 'nvidia.com/gpumem', ...]`.
+Every extended resource name Tessera schedules, one per line: NVIDIA's
+(config.resources) and those of each vendor section (config.hygon with HAMi's
+defaults for names left out, each config.vnpus.configs chip). The webhook's
+match conditions and kube-scheduler's managedResources both use this list.
+*/}}
+{{- define "tessera.resourceNames" -}}
+{{- $names := list -}}
+{{- range $key := list "count" "memory" "memoryPercentage" "cores" "priority" -}}
+{{- $names = append $names (index $.Values.config.resources $key) -}}
+{{- end -}}
+{{- if kindIs "map" .Values.config.hygon -}}
+{{- $hygon := .Values.config.hygon -}}
+{{- $names = append $names ($hygon.resourceCountName | default "hygon.com/dcunum") -}}
+{{- $names = append $names ($hygon.resourceMemoryName | default "hygon.com/dcumem") -}}
+{{- $names = append $names ($hygon.resourceCoreName | default "hygon.com/dcucores") -}}
+{{- end -}}
+{{- with .Values.config.vnpus -}}
+{{- range .configs -}}
+{{- $names = append $names .resourceName -}}
+{{- $names = append $names .resourceMemoryName -}}
+{{- if .resourceCoreName }}{{ $names = append $names .resourceCoreName }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" (uniq $names) -}}
+{{- end -}}
+
+{{/*
+A CEL condition on a resource name `k`: it is one of Tessera's resources
+(tessera.resourceNames), e.g. `k in ['nvidia.com/gpu', 'nvidia.com/gpumem', ...]`.
 Exact names, not a prefix: other resources of the same vendor (static MIG's
 `nvidia.com/mig-3g.20gb`, another device plugin's) are not Tessera's to admit.
 */}}
 {{- define "tessera.gpuResourceMatch" -}}
 {{- $names := list -}}
-{{- range $key := list "count" "memory" "memoryPercentage" "cores" "priority" -}}
-{{- $name := printf "'%s'" (index $.Values.config.resources $key) -}}
-{{- if not (has $name $names) }}{{ $names = append $names $name }}{{ end -}}
+{{- range $name := splitList "\n" (include "tessera.resourceNames" .) -}}
+{{- $names = append $names (printf "'%s'" $name) -}}
 {{- end -}}
 k in [{{ join ", " $names }}]
 {{- end -}}
