@@ -23,6 +23,20 @@ pub struct Artifacts {
 }
 
 impl Artifacts {
+    /// `tessera-mock-vendor-plugin`, beside the node agent (built with the
+    /// workspace; only vendor nodes need it, so it is looked for then).
+    pub fn mock_vendor_plugin(&self) -> Result<PathBuf, Error> {
+        let path = self.agent.with_file_name("tessera-mock-vendor-plugin");
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Error::Config(format!(
+                "missing build output {}; run `cargo build --workspace` first",
+                path.display()
+            )))
+        }
+    }
+
     /// Looks in `TESSERA_ARTIFACTS_DIR`, else `<CARGO_TARGET_DIR or
     /// target>/debug`, and fails naming whatever is missing.
     pub fn locate() -> Result<Self, Error> {

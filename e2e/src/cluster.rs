@@ -43,6 +43,13 @@ pub struct NodeGpus {
     /// MIG instances the operator made, by GPU UUID: profile names (the
     /// fake file's `mig.geometry`, for static MIG).
     pub mig_geometry: BTreeMap<String, Vec<String>>,
+    /// Another vendor's devices instead of NVIDIA GPUs: the node runs a
+    /// mock of that vendor's device plugin (`tessera-mock-vendor-plugin`)
+    /// and no Tessera agent (it is not labelled `gpu: "on"`).
+    pub vendor: Option<(
+        crate::mock_vendor::Vendor,
+        Vec<crate::mock_vendor::MockDevice>,
+    )>,
 }
 
 /// What runs: the real nodes, kube-proxy and the control plane (dropped in
@@ -121,14 +128,27 @@ impl LocalCluster {
             .await?;
         let archives = images::build_all(&plane.dir().join("images"), artifacts)?;
         let mut running = Vec::new();
-        for spec in nodes {
+        for wanted in nodes {
+            let label = match &wanted.vendor {
+                None => ("gpu".to_owned(), "on".to_owned()),
+                Some((crate::mock_vendor::Vendor::Hygon, _)) => {
+                    ("accelerator".to_owned(), "hygon".to_owned())
+                }
+                Some((crate::mock_vendor::Vendor::Ascend { .. }, _)) => {
+                    ("accelerator".to_owned(), "ascend".to_owned())
+                }
+            };
             let spec = NodeSpec {
-                name: spec.name.clone(),
-                gpus: spec.gpus.clone(),
-                labels: BTreeMap::from([("gpu".to_owned(), "on".to_owned())]),
+                name: wanted.name.clone(),
+                gpus: wanted.gpus.clone(),
+                labels: BTreeMap::from([label]),
                 agent: AgentMode::Chart,
             };
-            running.push(RealNode::start(&plane, &spec, artifacts, &archives).await?);
+            let mut node = RealNode::start(&plane, &spec, artifacts, &archives).await?;
+            if let Some((vendor, devices)) = &wanted.vendor {
+                node.start_vendor_plugin(vendor.clone(), devices.clone())?;
+            }
+            running.push(node);
         }
         // kube-proxy waits for its own Node: the first node's name.
         let first = nodes

@@ -33,6 +33,7 @@ pub mod kube_proxy;
 mod kubeconfig;
 pub mod kubelet;
 mod kwok;
+pub mod mock_vendor;
 pub mod node;
 pub mod oci;
 pub mod pki;

@@ -127,9 +127,25 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         )
         .await
         .expect("the controller may bump tessera.dev/gpu-freed");
+    // Bind's lock for other vendors' plugins, and HAMi's register handshake.
+    for allowed in [
+        serde_json::json!({"metadata": {"annotations": {"hami.io/mutex.lock": "2026-11-27T10:00:00Z,default,p"}}}),
+        serde_json::json!({"metadata": {"annotations": {"hami.io/mutex.lock": null}}}),
+        serde_json::json!({"metadata": {"annotations": {"hami.io/node-handshake-dcu": "Requesting_2026-11-27 10:00:00"}}}),
+    ] {
+        as_controller
+            .patch(
+                NODE,
+                &kube::api::PatchParams::default(),
+                &patch(allowed.clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{allowed} was refused: {e}"));
+    }
     for forbidden in [
         serde_json::json!({"metadata": {"labels": {"gpu": "off"}}}),
         serde_json::json!({"metadata": {"annotations": {"other": "x"}}}),
+        serde_json::json!({"metadata": {"annotations": {"hami.io/node-dcu-register": "forged"}}}),
         serde_json::json!({"spec": {"unschedulable": true}}),
     ] {
         match as_controller
@@ -143,7 +159,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
             Err(kube::Error::Api(status)) => assert!(
                 status
                     .message
-                    .contains("may change only the tessera.dev/gpu-freed annotation"),
+                    .contains("may change only the annotations tessera.dev/gpu-freed, hami.io/mutex.lock and hami.io/node-handshake-* of a Node"),
                 "{forbidden}: {}",
                 status.message
             ),

@@ -275,6 +275,7 @@ async fn static_mixed_mig_serves_hamis_mig_example_one_instance_per_pod() {
         mig: vec![uuid.clone()],
         mig_geometry: [(uuid, vec!["3g.20gb".to_owned(), "3g.20gb".to_owned()])].into(),
         gpus,
+        vendor: None,
     }];
     let defaults = json!({"nodeDefaults": {"operatingMode": "mig", "migStrategy": "mixed"}});
     let cluster = LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, defaults)

@@ -127,6 +127,8 @@ pub struct RealNode {
     kubelet: Option<Process>,
     agent: Option<Process>,
     agent_mode: AgentMode,
+    /// Another vendor's (mock) device plugin, and the resource it advertises.
+    vendor_plugin: Option<(Process, String)>,
 }
 
 /// What a node records in `<dir>/node.json` while it runs, for
@@ -226,6 +228,7 @@ impl RealNode {
             kubelet: None,
             agent: None,
             agent_mode: spec.agent,
+            vendor_plugin: None,
         };
         sysctl::original();
         let namespace = MountNamespace::create(dir.join("namespace.log"), node.lifetime)?;
@@ -434,6 +437,42 @@ impl RealNode {
         self.record()
     }
 
+    /// Starts a mock vendor device plugin for this node's kubelet
+    /// (`tessera-mock-vendor-plugin`, from the artifacts' directory), with
+    /// `vendor` and `devices`; the node then counts as having GPUs once its
+    /// kubelet advertises the vendor's resource.
+    pub fn start_vendor_plugin(
+        &mut self,
+        vendor: crate::mock_vendor::Vendor,
+        devices: Vec<crate::mock_vendor::MockDevice>,
+    ) -> Result<(), Error> {
+        let plugin = crate::mock_vendor::MockPlugin {
+            vendor,
+            node: self.name.clone(),
+            devices,
+            plugin_dir: self.dir.join("device-plugins"),
+            interval: Duration::from_secs(10),
+        };
+        let spec = self.dir.join("mock-vendor-plugin.json");
+        let text =
+            serde_json::to_string_pretty(&plugin).map_err(|e| Error::Config(e.to_string()))?;
+        fs::write(&spec, text).map_err(Error::io("write", &spec))?;
+        let program = self.artifacts.mock_vendor_plugin()?;
+        let args = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--spec={}", spec.display()),
+        ];
+        let process = Process::spawn(
+            "tessera-mock-vendor-plugin",
+            &program,
+            &args,
+            self.dir.join("tessera-mock-vendor-plugin.log"),
+            self.lifetime,
+        )?;
+        self.vendor_plugin = Some((process, plugin.resource()));
+        self.record()
+    }
+
     /// Stops the node agent.
     pub fn stop_agent(&mut self) {
         if let Some(mut agent) = self.agent.take() {
@@ -474,22 +513,20 @@ impl RealNode {
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True");
                 // GPU slices, or static MIG instances (`nvidia.com/mig-*`).
-                let gpus = status
-                    .allocatable
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|(name, q)| {
-                        (name == tessera_api::names::resources::GPU
-                            || name.starts_with("nvidia.com/mig-"))
-                            && q.0 != "0"
-                    })
-                    || (want_gpus
-                        && slices
-                            .list(&ours)
-                            .await?
-                            .items
-                            .iter()
-                            .any(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty())));
+                let allocatable = status.allocatable.unwrap_or_default();
+                let gpus = allocatable.iter().any(|(name, q)| {
+                    (name == tessera_api::names::resources::GPU
+                        || name.starts_with("nvidia.com/mig-"))
+                        && q.0 != "0"
+                }) || self.vendor_plugin.as_ref().is_some_and(|(_, resource)| {
+                    allocatable.get(resource).is_some_and(|q| q.0 != "0")
+                }) || (want_gpus
+                    && slices
+                        .list(&ours)
+                        .await?
+                        .items
+                        .iter()
+                        .any(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty())));
                 if ready && (gpus || !want_gpus) {
                     return Ok(());
                 }
@@ -498,6 +535,7 @@ impl RealNode {
             for process in [&mut self.containerd, &mut self.kubelet, &mut self.agent]
                 .into_iter()
                 .flatten()
+                .chain(self.vendor_plugin.as_mut().map(|(p, _)| p))
             {
                 process.check_running()?;
             }
@@ -525,6 +563,9 @@ impl RealNode {
     /// Stops everything the node runs and removes what it left behind;
     /// also after a start that failed half-way.
     pub fn stop(&mut self) {
+        if let Some((mut plugin, _)) = self.vendor_plugin.take() {
+            plugin.stop();
+        }
         self.stop_agent();
         self.stop_kubelet();
         // Containers, shims and containerd: everything in the subtree.
@@ -543,6 +584,7 @@ impl RealNode {
             processes: [&self.containerd, &self.kubelet, &self.agent]
                 .into_iter()
                 .flatten()
+                .chain(self.vendor_plugin.as_ref().map(|(p, _)| p))
                 .map(|p| (p.name().to_owned(), p.pid()))
                 .collect(),
             holder: self.namespace.as_ref().map_or(0, |n| n.holder.pid()),
@@ -567,6 +609,7 @@ impl RealNode {
             self.containerd.take(),
             self.kubelet.take(),
             self.agent.take(),
+            self.vendor_plugin.take().map(|(p, _)| p),
         ]
         .into_iter()
         .flatten()

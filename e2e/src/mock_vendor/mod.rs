@@ -1,0 +1,318 @@
+//! A mock of another vendor's device plugin, speaking HAMi's protocol as the
+//! real plugins do, for nodes without the vendor's hardware:
+//!
+//! - **Register** (Project-HAMi/ascend-device-plugin `internal/server/register.go`
+//!   `registerHAMi`; dcu-vgpu-device-plugin `internal/pkg/api/device_register.go`):
+//!   every `interval` it writes the Node's register annotation (Ascend:
+//!   JSON `hami.io/node-register-<chip>` with `custominfo.NetworkID`, and
+//!   `hami-vnpu-core: "false"`; Hygon: CSV `hami.io/node-dcu-register`) and
+//!   answers the handshake with `Reported_<time>`.
+//! - **Kubelet device plugin** (`v1beta1`, the real kubelet): registers the
+//!   vendor's count resource (`huawei.com/<chip>`, `hygon.com/dcunum`) with
+//!   `count` replicas of each device, as those plugins advertise them.
+//! - **Allocate** (ascend-device-plugin `internal/server/server.go` `Allocate`
+//!   and `allocate.go`; HAMi `pkg/util/util.go` `GetPendingPod`,
+//!   `pkg/device-plugin/.../plugin/util.go` `PodAllocationTrySuccess`):
+//!   finds the pod through the Node's `hami.io/mutex.lock` (else the pending
+//!   pod with `hami.io/vgpu-node` and `bind-phase`), takes the next
+//!   container's devices from `hami.io/<x>-devices-to-allocate`, refuses a
+//!   count that differs from the kubelet's, answers with the vendor's
+//!   variables, writes the erased annotation back, and once no container is
+//!   left sets `bind-phase: success` and deletes the lock (`failed` on error).
+//!
+//! What the real plugins hand the container and the mock cannot (device
+//! nodes, driver mounts, the vNPU itself) becomes variables: Ascend's own
+//! `ASCEND_VISIBLE_DEVICES` and `ASCEND_VNPU_SPECS`; for Hygon, whose
+//! plugin passes `/dev/dri` nodes and a vdev file, `HIP_VISIBLE_DEVICES`
+//! and `TESSERA_MOCK_DCU_VDEV` (`<uuid>:<MiB>:<cores>` per DCU).
+
+mod protocol;
+mod service;
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    jiff::{Timestamp, tz::TimeZone},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+pub use protocol::{Handed, all_served, decode, encode, pop_next};
+
+use crate::Error;
+
+/// Which vendor the mock plays.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    /// Hygon DCUs, as HAMi's dcu-vgpu-device-plugin.
+    Hygon,
+    /// Ascend NPUs of one chip (`Ascend910B4`), as HAMi's ascend-device-plugin.
+    Ascend {
+        /// The chip's `commonWord`.
+        chip: String,
+    },
+}
+
+/// One device the mock registers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MockDevice {
+    /// Its UUID.
+    pub id: String,
+    /// MiB.
+    pub memory_mib: u64,
+    /// Compute as the vendor counts it (percent; AI cores for Ascend).
+    pub cores: u32,
+    /// How many containers may share it.
+    pub count: u32,
+    /// Ascend's `NetworkID`.
+    pub network_id: Option<u32>,
+}
+
+/// A mock plugin for one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MockPlugin {
+    /// The vendor.
+    pub vendor: Vendor,
+    /// The Node it runs on.
+    pub node: String,
+    /// Its devices, in index order.
+    pub devices: Vec<MockDevice>,
+    /// The kubelet's device-plugin directory (where `kubelet.sock` is).
+    pub plugin_dir: PathBuf,
+    /// How often the register annotation is written (HAMi's plugins: 30 s).
+    pub interval: Duration,
+}
+
+impl MockPlugin {
+    /// The resource the kubelet advertises the devices as.
+    pub fn resource(&self) -> String {
+        match &self.vendor {
+            Vendor::Hygon => "hygon.com/dcunum".into(),
+            Vendor::Ascend { chip } => format!("huawei.com/{chip}"),
+        }
+    }
+
+    /// The device type in HAMi's pod annotations.
+    pub fn device_type(&self) -> &str {
+        match &self.vendor {
+            Vendor::Hygon => "DCU",
+            Vendor::Ascend { chip } => chip,
+        }
+    }
+
+    /// The pod annotation the plugin reads its devices from.
+    pub fn to_allocate(&self) -> String {
+        match &self.vendor {
+            Vendor::Hygon => "hami.io/dcu-devices-to-allocate".into(),
+            Vendor::Ascend { chip } => format!("hami.io/{chip}-devices-to-allocate"),
+        }
+    }
+
+    fn socket_name(&self) -> String {
+        match &self.vendor {
+            Vendor::Hygon => "mock-hygon.sock".into(),
+            Vendor::Ascend { chip } => format!("mock-{}.sock", chip.to_lowercase()),
+        }
+    }
+
+    /// The Node annotations one register pass writes at `now`.
+    pub fn register_annotations(&self, now: Timestamp) -> BTreeMap<String, String> {
+        let time = now.to_zoned(TimeZone::UTC);
+        let mut out = BTreeMap::new();
+        match &self.vendor {
+            Vendor::Hygon => {
+                let csv: String = self
+                    .devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        format!(
+                            "{},{},{},{},DCU-Z100,0,true,{i},hami-core:",
+                            d.id, d.count, d.memory_mib, d.cores
+                        )
+                    })
+                    .collect();
+                out.insert("hami.io/node-dcu-register".into(), csv);
+                out.insert(
+                    "hami.io/node-handshake-dcu".into(),
+                    format!("Reported_{}", time.strftime("%Y-%m-%d %H:%M:%S")),
+                );
+            }
+            Vendor::Ascend { chip } => {
+                let devices: Vec<_> = self
+                    .devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        let mut device = json!({"index": i, "id": d.id, "count": d.count,
+                            "devmem": d.memory_mib, "devcore": d.cores, "type": chip, "health": true});
+                        if let Some(network) = d.network_id {
+                            device["custominfo"] = json!({"NetworkID": network});
+                        }
+                        device
+                    })
+                    .collect();
+                out.insert(
+                    format!("hami.io/node-register-{chip}"),
+                    serde_json::Value::from(devices).to_string(),
+                );
+                out.insert(
+                    format!("hami.io/node-handshake-{chip}"),
+                    format!("Reported_{}", time.strftime("%Y.%m.%d %H:%M:%S")),
+                );
+                out.insert("hami-vnpu-core".into(), "false".into());
+            }
+        }
+        out
+    }
+
+    /// The variables a container gets for `devices` of pod `annotations`.
+    pub fn env(
+        &self,
+        devices: &[Handed],
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, String> {
+        let index = |uuid: &str| {
+            self.devices
+                .iter()
+                .position(|d| d.id == uuid)
+                .ok_or_else(|| format!("unknown uuid: {uuid}"))
+        };
+        let indexes = devices
+            .iter()
+            .map(|d| index(&d.uuid).map(|i| i.to_string()))
+            .collect::<Result<Vec<_>, _>>()?
+            .join(",");
+        let mut env = BTreeMap::new();
+        match &self.vendor {
+            Vendor::Hygon => {
+                env.insert("HIP_VISIBLE_DEVICES".into(), indexes);
+                let vdev: Vec<String> = devices
+                    .iter()
+                    .map(|d| format!("{}:{}:{}", d.uuid, d.memory_mib, d.cores))
+                    .collect();
+                env.insert("TESSERA_MOCK_DCU_VDEV".into(), vdev.join(","));
+            }
+            Vendor::Ascend { chip } => {
+                env.insert("ASCEND_VISIBLE_DEVICES".into(), indexes);
+                let key = format!("huawei.com/{chip}");
+                let info: Vec<serde_json::Value> = annotations
+                    .get(&key)
+                    .map(|v| serde_json::from_str(v))
+                    .transpose()
+                    .map_err(|e| format!("annotation {key} invalid: {e}"))?
+                    .ok_or_else(|| format!("annotation {key} not set"))?;
+                let template = info
+                    .iter()
+                    .filter(|i| devices.iter().any(|d| i["UUID"] == d.uuid.as_str()))
+                    .find_map(|i| i["temp"].as_str().filter(|t| !t.is_empty()));
+                if let Some(template) = template {
+                    env.insert("ASCEND_VNPU_SPECS".into(), template.into());
+                }
+            }
+        }
+        Ok(env)
+    }
+
+    /// Registers on the Node and serves the kubelet until the process stops.
+    pub async fn run(self, client: Client) -> Result<(), Error> {
+        let register = {
+            let (plugin, client) = (self.clone(), client.clone());
+            async move {
+                loop {
+                    if let Err(error) = plugin.register(&client).await {
+                        tracing::warn!(%error, "register pass failed; retrying");
+                    }
+                    tokio::time::sleep(plugin.interval).await;
+                }
+            }
+        };
+        tokio::select! {
+            () = register => Ok(()),
+            result = service::serve(self, client) => result,
+        }
+    }
+
+    async fn register(&self, client: &Client) -> Result<(), Error> {
+        let annotations = self.register_annotations(Timestamp::now());
+        Api::<Node>::all(client.clone())
+            .patch(
+                &self.node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The pod the kubelet is allocating for (HAMi's `GetPendingPod`).
+    async fn pending_pod(&self, client: &Client) -> Result<Pod, String> {
+        let node = Api::<Node>::all(client.clone())
+            .get(&self.node)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(lock) = node.annotations().get("hami.io/mutex.lock") {
+            let parts: Vec<&str> = lock.split(',').collect();
+            if let [_, namespace, name] = parts.as_slice() {
+                return Api::<Pod>::namespaced(client.clone(), namespace)
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string());
+            }
+        }
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        let pods = Api::<Pod>::all(client.clone())
+            .list(&on_node)
+            .await
+            .map_err(|e| e.to_string())?;
+        pods.items
+            .into_iter()
+            .find(|p| {
+                let a = p.annotations();
+                p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
+                    && a.contains_key("hami.io/bind-time")
+                    && matches!(
+                        a.get("hami.io/bind-phase").map(String::as_str),
+                        Some("allocating" | "success")
+                    )
+                    && a.get("hami.io/vgpu-node") == Some(&self.node)
+            })
+            .ok_or_else(|| format!("no binding pod found on node {}", self.node))
+    }
+
+    /// Sets `bind-phase` and releases the Node lock when it is the pod's
+    /// (HAMi's `updatePodAnnotationsAndReleaseLock`).
+    async fn finish(&self, client: &Client, pod: &Pod, phase: &str) {
+        let namespace = pod.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        let set = json!({"metadata": {"annotations": {"hami.io/bind-phase": phase}}});
+        if let Err(error) = pods
+            .patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(set))
+            .await
+        {
+            tracing::warn!(%error, "could not set bind-phase");
+        }
+        let nodes: Api<Node> = Api::all(client.clone());
+        let owner = format!(",{namespace},{}", pod.name_any());
+        let ours = nodes.get(&self.node).await.ok().is_some_and(|n| {
+            n.annotations()
+                .get("hami.io/mutex.lock")
+                .is_some_and(|v| v.ends_with(&owner))
+        });
+        if ours {
+            let release = json!({"metadata": {"annotations": {"hami.io/mutex.lock": null}}});
+            if let Err(error) = nodes
+                .patch(&self.node, &PatchParams::default(), &Patch::Merge(release))
+                .await
+            {
+                tracing::warn!(%error, "could not release hami.io/mutex.lock");
+            }
+        }
+    }
+}

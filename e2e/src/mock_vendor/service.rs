@@ -1,0 +1,223 @@
+//! The mock plugin's kubelet side: the `v1beta1` DevicePlugin service on its
+//! socket, registered with the kubelet again whenever `kubelet.sock` is new.
+
+use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, pin::Pin, time::Duration};
+
+use futures::Stream;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use tessera_deviceplugin::{
+    HEALTHY, KUBELET_SOCKET, VERSION, connect_unix,
+    v1beta1::{
+        AllocateRequest, AllocateResponse, ContainerAllocateResponse, Device, DevicePluginOptions,
+        Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
+        PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest,
+        device_plugin_server::{DevicePlugin, DevicePluginServer},
+        registration_client::RegistrationClient,
+    },
+};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use super::{MockPlugin, protocol};
+use crate::Error;
+
+const CHECK: Duration = Duration::from_secs(1);
+
+#[derive(Clone)]
+struct Service {
+    plugin: MockPlugin,
+    client: Client,
+}
+
+type Devices = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
+
+/// Serves and registers until the process stops; starts over when the
+/// kubelet restarts or removes the socket.
+pub(super) async fn serve(plugin: MockPlugin, client: Client) -> Result<(), Error> {
+    let kubelet = plugin.plugin_dir.join(KUBELET_SOCKET);
+    let socket = plugin.plugin_dir.join(plugin.socket_name());
+    loop {
+        let _ = std::fs::remove_file(&socket);
+        let listener =
+            tokio::net::UnixListener::bind(&socket).map_err(Error::io("listening on", &socket))?;
+        let service = Service {
+            plugin: plugin.clone(),
+            client: client.clone(),
+        };
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::new(service))
+                .serve_with_incoming(UnixListenerStream::new(listener)),
+        );
+        let registered = loop {
+            let seen = identity(&kubelet);
+            if seen.is_some() && register(&plugin, &kubelet).await.is_ok() {
+                break seen;
+            }
+            tokio::time::sleep(CHECK).await;
+        };
+        tracing::info!(resource = %plugin.resource(), "registered with the kubelet");
+        while identity(&kubelet) == registered && identity(&socket).is_some() {
+            tokio::time::sleep(CHECK).await;
+        }
+        tracing::info!("kubelet restarted or socket removed; registering again");
+        server.abort();
+    }
+}
+
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+async fn register(plugin: &MockPlugin, kubelet: &Path) -> Result<(), String> {
+    let channel = connect_unix(kubelet).await.map_err(|e| e.to_string())?;
+    RegistrationClient::new(channel)
+        .register(RegisterRequest {
+            version: VERSION.to_owned(),
+            endpoint: plugin.socket_name(),
+            resource_name: plugin.resource(),
+            options: Some(DevicePluginOptions::default()),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+impl Service {
+    /// HAMi's plugin Allocate: one response per container request, each
+    /// from the pod's next container entry.
+    async fn allocate_for(
+        &self,
+        pod: &Pod,
+        request: &AllocateRequest,
+    ) -> Result<AllocateResponse, String> {
+        let key = self.plugin.to_allocate();
+        let annotations = pod.annotations();
+        let value = annotations
+            .get(&key)
+            .ok_or_else(|| format!("annotation {key} not set"))?;
+        let mut containers = protocol::decode(value)?;
+        let mut response = AllocateResponse::default();
+        for wanted in &request.container_requests {
+            let (_, devices) =
+                protocol::pop_next(&mut containers).ok_or("no pending device allocation found")?;
+            if devices.len() != wanted.devices_ids.len() {
+                return Err(format!(
+                    "device number not matched: annotation has {}, request has {}",
+                    devices.len(),
+                    wanted.devices_ids.len()
+                ));
+            }
+            let envs: HashMap<String, String> = self
+                .plugin
+                .env(&devices, annotations)?
+                .into_iter()
+                .collect();
+            response
+                .container_responses
+                .push(ContainerAllocateResponse {
+                    envs,
+                    ..ContainerAllocateResponse::default()
+                });
+        }
+        let erased = json!({"metadata": {"annotations": {&key: protocol::encode(&containers)}}});
+        Api::<Pod>::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default())
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(erased),
+            )
+            .await
+            .map_err(|e| format!("erase allocated containers annotation: {e}"))?;
+        Ok(response)
+    }
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for Service {
+    type ListAndWatchStream = Devices;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(DevicePluginOptions::default()))
+    }
+
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        // `count` replicas of each device, as HAMi's plugins advertise them.
+        let devices = self
+            .plugin
+            .devices
+            .iter()
+            .flat_map(|d| {
+                (0..d.count).map(move |k| Device {
+                    id: format!("{}-{k}", d.id),
+                    health: HEALTHY.to_owned(),
+                    ..Device::default()
+                })
+            })
+            .collect();
+        let first = futures::stream::once(async move { Ok(ListAndWatchResponse { devices }) });
+        Ok(Response::new(Box::pin(futures::StreamExt::chain(
+            first,
+            futures::stream::pending(),
+        ))))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        Ok(Response::new(PreferredAllocationResponse::default()))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let pod = self
+            .plugin
+            .pending_pod(&self.client)
+            .await
+            .map_err(|e| Status::internal(format!("get pending pod error: {e}")))?;
+        match self.allocate_for(&pod, request.get_ref()).await {
+            Ok(response) => {
+                // HAMi's PodAllocationTrySuccess: success once every
+                // container of this device type is served.
+                let pods: Api<Pod> =
+                    Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+                let refreshed = pods.get(&pod.name_any()).await.ok();
+                let left = refreshed
+                    .as_ref()
+                    .and_then(|p| p.annotations().get(&self.plugin.to_allocate()).cloned())
+                    .unwrap_or_default();
+                if protocol::all_served(&left, self.plugin.device_type()) {
+                    self.plugin.finish(&self.client, &pod, "success").await;
+                }
+                tracing::info!(pod = %pod.name_any(), "allocated");
+                Ok(Response::new(response))
+            }
+            Err(error) => {
+                tracing::warn!(pod = %pod.name_any(), error, "allocate failed");
+                self.plugin.finish(&self.client, &pod, "failed").await;
+                Err(Status::internal(error))
+            }
+        }
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        Ok(Response::new(PreStartContainerResponse::default()))
+    }
+}

@@ -1,0 +1,298 @@
+//! Other vendors on real kubelets beside an NVIDIA node: an Ascend node and
+//! a Hygon node, each served by a mock of HAMi's vendor device plugin
+//! (`tessera-mock-vendor-plugin`, registered with the node's real kubelet),
+//! Tessera installed by its chart with HAMi's `hygon:` and `vnpus:` sections.
+//! Pods of each family run with the vendor's variables, are recorded in one
+//! ledger (`kubectl get vgpuallocations` shows them side by side), wait with
+//! the vendor's reason when nothing fits, and release; a malformed register
+//! annotation is reported and the plugin's next pass repairs it.
+//!
+//! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use tessera_api::v1alpha1::{AllocationPhase, GpuNode, VgpuAllocation};
+use tessera_e2e::{
+    Lifetime,
+    artifacts::Artifacts,
+    cluster::{LocalCluster, NodeGpus},
+    images,
+    mock_vendor::{MockDevice, Vendor},
+    node::FakeGpu,
+    testkit::{gpu_pod, phase, scheduling_failure, skip_real_nodes, wait_for},
+};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn npus() -> Vec<MockDevice> {
+    (0..2)
+        .map(|i| MockDevice {
+            id: format!("NPU-{i}"),
+            memory_mib: 32768,
+            cores: 20,
+            count: 4,
+            network_id: Some(0),
+        })
+        .collect()
+}
+
+fn dcus() -> Vec<MockDevice> {
+    (0..2)
+        .map(|i| MockDevice {
+            id: format!("DCU-{i}"),
+            memory_mib: 16384,
+            cores: 100,
+            count: 4,
+            network_id: None,
+        })
+        .collect()
+}
+
+/// HAMi's `vnpus:` entry for the 910B4, and `hygon: {}` (HAMi's names).
+fn vendor_values() -> Value {
+    json!({"config": {
+        "hygon": {},
+        "vnpus": {"hamiVnpuCore": false, "configs": [{
+            "chipName": "910B4", "commonWord": "Ascend910B4",
+            "resourceName": "huawei.com/Ascend910B4",
+            "resourceMemoryName": "huawei.com/Ascend910B4-memory",
+            "resourceCoreName": "huawei.com/Ascend910B4-core",
+            "memoryAllocatable": 32768, "memoryCapacity": 32768, "aiCore": 20, "aiCPU": 7,
+            "templates": [
+                {"name": "vir05_1c_8g", "memory": 8192, "aiCore": 5, "aiCPU": 1},
+                {"name": "vir10_3c_16g", "memory": 16384, "aiCore": 10, "aiCPU": 3},
+            ],
+        }]},
+    }})
+}
+
+/// A pod printing its environment, with `limits`.
+fn vendor_pod(name: &str, limits: Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "env | sort; echo END; sleep 3600"],
+                "resources": {"limits": limits},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+async fn logs_when_done(cluster: &LocalCluster, name: &str) -> String {
+    wait_for(
+        &format!("{name} to print its environment"),
+        LIMIT,
+        async || {
+            let out = cluster.plane.logs("default", name).ok()?;
+            out.contains("END").then_some(out)
+        },
+    )
+    .await
+}
+
+async fn allocation(client: &Client, name: &str) -> VgpuAllocation {
+    Api::<VgpuAllocation>::namespaced(client.clone(), "default")
+        .get(name)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ascend_and_hygon_pods_run_beside_nvidia_through_their_vendors_plugins() {
+    if skip_real_nodes("real-node vendor test") {
+        return;
+    }
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let nodes = [
+        NodeGpus {
+            name: "gpu-1".into(),
+            gpus: FakeGpu::many("gpu1", 1, "NVIDIA L4", 23034, 1),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: "npu-1".into(),
+            vendor: Some((
+                Vendor::Ascend {
+                    chip: "Ascend910B4".into(),
+                },
+                npus(),
+            )),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: "dcu-1".into(),
+            vendor: Some((Vendor::Hygon, dcus())),
+            ..Default::default()
+        },
+    ];
+    let cluster =
+        LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, vendor_values())
+            .await
+            .unwrap();
+    let client = cluster.plane.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // The vendor nodes' GpuNodes, from the plugins' annotations.
+    for (node, family) in [("npu-1", "ascend"), ("dcu-1", "hygon")] {
+        wait_for(&format!("{node}'s GpuNode"), LIMIT, async || {
+            let g = Api::<GpuNode>::all(client.clone())
+                .get_opt(node)
+                .await
+                .ok()??;
+            let status = g.status?;
+            (status.gpu_count == 2 && status.devices[0].family.as_str() == family).then_some(())
+        })
+        .await;
+    }
+
+    let create = |pod: Pod| {
+        let pods = pods.clone();
+        async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
+    };
+    create(
+        serde_json::from_value(gpu_pod(
+            "nv",
+            4096,
+            Some(30),
+            "env | sort; echo END; sleep 3600",
+        ))
+        .unwrap(),
+    )
+    .await;
+    create(vendor_pod(
+        "npu",
+        json!({"huawei.com/Ascend910B4": 1, "huawei.com/Ascend910B4-memory": 3000}),
+    ))
+    .await;
+    create(vendor_pod(
+        "dcu",
+        json!({"hygon.com/dcunum": 1, "hygon.com/dcumem": 4096, "hygon.com/dcucores": 30}),
+    ))
+    .await;
+
+    let nv = logs_when_done(&cluster, "nv").await;
+    assert!(nv.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m"), "{nv}");
+    let npu = logs_when_done(&cluster, "npu").await;
+    assert!(
+        npu.contains("ASCEND_VISIBLE_DEVICES=0") || npu.contains("ASCEND_VISIBLE_DEVICES=1"),
+        "{npu}"
+    );
+    assert!(npu.contains("ASCEND_VNPU_SPECS=vir05_1c_8g"), "{npu}");
+    let dcu = logs_when_done(&cluster, "dcu").await;
+    assert!(dcu.contains("HIP_VISIBLE_DEVICES="), "{dcu}");
+    assert!(
+        dcu.contains(":4096:30"),
+        "the DCU's vdev says 4096 MiB and 30 cores: {dcu}"
+    );
+
+    // One ledger: every family's holder, Allocated once served.
+    for (name, family) in [("nv", "nvidia"), ("npu", "ascend"), ("dcu", "hygon")] {
+        let served = wait_for(
+            &format!("{name}'s allocation Allocated"),
+            LIMIT,
+            async || {
+                let a = allocation(&client, name).await;
+                (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
+            },
+        )
+        .await;
+        assert_eq!(served.spec.totals.families, family);
+    }
+    let table = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["get", "vgpuallocations", "-n", "default"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(table.contains("FAMILY"), "{table}");
+    for line in ["nvidia", "ascend", "hygon"] {
+        assert!(table.contains(line), "{table}");
+    }
+    let npu_pod = pods.get("npu").await.unwrap();
+    let annotations = npu_pod.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations["hami.io/bind-phase"], "success");
+    assert_eq!(
+        annotations["hami.io/Ascend910B4-devices-to-allocate"], ";",
+        "the plugin erased what it served"
+    );
+
+    // Two whole cards do not fit beside the vNPU: the vendor's words.
+    create(vendor_pod(
+        "two-cards",
+        json!({"huawei.com/Ascend910B4": 2}),
+    ))
+    .await;
+    let reason = wait_for("two-cards to be refused", LIMIT, async || {
+        scheduling_failure(&client, "default", "two-cards").await
+    })
+    .await;
+    assert!(
+        reason.contains(
+            "needs 2 Ascend910B4 NPUs with 32768 MiB and 0 cores each; 1 of 2 Ascend910B4 NPUs fit"
+        ),
+        "{reason}"
+    );
+    // The vNPU goes: its slices are released and the two cards run.
+    pods.delete("npu", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    wait_for("two-cards to run", LIMIT, async || {
+        let pod = pods.get("two-cards").await.ok()?;
+        (phase(&pod) == "Running").then_some(())
+    })
+    .await;
+    let two = logs_when_done(&cluster, "two-cards").await;
+    assert!(two.contains("ASCEND_VISIBLE_DEVICES=0,1"), "{two}");
+
+    // A malformed register annotation: reported on the Node, no device
+    // guessed; the plugin's next register pass repairs it.
+    Api::<Node>::all(client.clone())
+        .patch(
+            "dcu-1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"hami.io/node-dcu-register": "not,a:device"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let warning = wait_for("a MalformedRegisterAnnotation event", LIMIT, async || {
+        let events = Api::<Event>::namespaced(client.clone(), "default")
+            .list(&ListParams::default().fields("involvedObject.name=dcu-1"))
+            .await
+            .ok()?;
+        events
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("MalformedRegisterAnnotation"))
+    })
+    .await;
+    assert!(
+        warning
+            .message
+            .unwrap_or_default()
+            .contains("hami.io/node-dcu-register device 0 has 2 comma-separated fields"),
+    );
+    wait_for("dcu-1's DCUs back", LIMIT, async || {
+        let g = Api::<GpuNode>::all(client.clone())
+            .get_opt("dcu-1")
+            .await
+            .ok()??;
+        (g.status?.gpu_count == 2).then_some(())
+    })
+    .await;
+}
