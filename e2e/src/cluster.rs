@@ -279,6 +279,7 @@ impl LocalCluster {
 pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
     let fake: serde_json::Map<String, Value> = nodes
         .iter()
+        .filter(|n| n.vendor.is_none())
         .map(|n| (n.name.clone(), json!(node::fake_devices(&n.gpus))))
         .collect();
     let mig: serde_json::Map<String, Value> = nodes
