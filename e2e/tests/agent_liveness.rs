@@ -114,8 +114,8 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         ),
         ..Default::default()
     };
-    let as_controller: Api<k8s_openapi::api::core::v1::Node> =
-        Api::all(kube::Client::try_from(config).unwrap());
+    let controller_client = kube::Client::try_from(config).unwrap();
+    let as_controller: Api<k8s_openapi::api::core::v1::Node> = Api::all(controller_client.clone());
     let patch = |value: serde_json::Value| kube::api::Patch::Merge(value);
     as_controller
         .patch(
@@ -166,6 +166,48 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
             other => panic!("{forbidden} was not refused: {other:?}"),
         }
     }
+    // On pods, only what other vendors' device plugins read.
+    let admin_pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    admin_pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "plain"},
+                "spec": {"containers": [{"name": "c", "image": "example.invalid/none"}]},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let controller_pods: Api<Pod> = Api::namespaced(controller_client, "default");
+    controller_pods
+        .patch(
+            "plain",
+            &kube::api::PatchParams::default(),
+            &patch(serde_json::json!({"metadata": {"annotations": {"hami.io/bind-phase": "allocating", "huawei.com/Ascend910B4": "[]"}}})),
+        )
+        .await
+        .expect("Bind's vendor annotations are allowed");
+    for forbidden in [
+        serde_json::json!({"metadata": {"labels": {"app": "x"}}}),
+        serde_json::json!({"metadata": {"annotations": {"other": "x"}}}),
+    ] {
+        match controller_pods
+            .patch("plain", &kube::api::PatchParams::default(), &patch(forbidden.clone()))
+            .await
+        {
+            Err(kube::Error::Api(status)) => assert!(
+                status.message.contains("may change only the hami.io/*, huawei.com/* and predicate-time annotations of a pod"),
+                "{forbidden}: {}",
+                status.message
+            ),
+            other => panic!("{forbidden} was not refused: {other:?}"),
+        }
+    }
+    admin_pods
+        .delete("plain", &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
 
     // The agent pod Ready, its GpuNode Ready: a GPU pod runs.
     let started = Instant::now();
