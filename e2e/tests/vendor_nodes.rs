@@ -23,54 +23,12 @@ use tessera_e2e::{
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
     images,
-    mock_vendor::{MockDevice, Vendor},
+    mock_vendor::{Vendor, ascend_910b4, chart_values, hygon_dcus},
     node::FakeGpu,
     testkit::{gpu_pod, phase, scheduling_failure, skip_real_nodes, wait_for},
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn npus() -> Vec<MockDevice> {
-    (0..2)
-        .map(|i| MockDevice {
-            id: format!("NPU-{i}"),
-            memory_mib: 32768,
-            cores: 20,
-            count: 4,
-            network_id: Some(0),
-        })
-        .collect()
-}
-
-fn dcus() -> Vec<MockDevice> {
-    (0..2)
-        .map(|i| MockDevice {
-            id: format!("DCU-{i}"),
-            memory_mib: 16384,
-            cores: 100,
-            count: 4,
-            network_id: None,
-        })
-        .collect()
-}
-
-/// HAMi's `vnpus:` entry for the 910B4, and `hygon: {}` (HAMi's names).
-fn vendor_values() -> Value {
-    json!({"config": {
-        "hygon": {},
-        "vnpus": {"hamiVnpuCore": false, "configs": [{
-            "chipName": "910B4", "commonWord": "Ascend910B4",
-            "resourceName": "huawei.com/Ascend910B4",
-            "resourceMemoryName": "huawei.com/Ascend910B4-memory",
-            "resourceCoreName": "huawei.com/Ascend910B4-core",
-            "memoryAllocatable": 32768, "memoryCapacity": 32768, "aiCore": 20, "aiCPU": 7,
-            "templates": [
-                {"name": "vir05_1c_8g", "memory": 8192, "aiCore": 5, "aiCPU": 1},
-                {"name": "vir10_3c_16g", "memory": 16384, "aiCore": 10, "aiCPU": 3},
-            ],
-        }]},
-    }})
-}
 
 /// A pod printing its environment, with `limits`.
 fn vendor_pod(name: &str, limits: Value) -> Pod {
@@ -127,18 +85,18 @@ async fn ascend_and_hygon_pods_run_beside_nvidia_through_their_vendors_plugins()
                 Vendor::Ascend {
                     chip: "Ascend910B4".into(),
                 },
-                npus(),
+                ascend_910b4(2),
             )),
             ..Default::default()
         },
         NodeGpus {
             name: "dcu-1".into(),
-            vendor: Some((Vendor::Hygon, dcus())),
+            vendor: Some((Vendor::Hygon, hygon_dcus(2))),
             ..Default::default()
         },
     ];
     let cluster =
-        LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, vendor_values())
+        LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
             .await
             .unwrap();
     let client = cluster.plane.client().await.unwrap();

@@ -21,6 +21,7 @@ use kube::Api;
 use tessera_api::v1alpha1::GpuNodeConfig;
 use tessera_e2e::artifacts::Artifacts;
 use tessera_e2e::cluster::{LocalCluster, NAMESPACE, NodeGpus};
+use tessera_e2e::mock_vendor::{self, Vendor};
 use tessera_e2e::node::{self, FakeGpu};
 use tessera_e2e::{Lifetime, helm, kube_proxy, tools};
 
@@ -28,6 +29,8 @@ use tessera_e2e::{Lifetime, helm, kube_proxy, tools};
 const MIG_NODE: &str = "gpu-mig";
 /// The demo's node behind the DRA front door.
 const DRA_NODE: &str = "gpu-dra";
+/// The node of Ascend NPUs, served by a mock of HAMi's Ascend device plugin.
+const NPU_NODE: &str = "npu-ascend";
 
 /// Runs Tessera with four real nodes of fake GPUs on this machine.
 #[derive(Parser, Debug)]
@@ -57,8 +60,9 @@ enum Command {
 }
 
 /// The demo's nodes: two models, GPUs on different NUMA nodes, an A100 in
-/// MIG mode (the GpuNodeConfig `mig-pool` puts its node in dynamic MIG) and
-/// an L40S served through DRA claims (GpuNodeConfig `dra-pool`).
+/// MIG mode (the GpuNodeConfig `mig-pool` puts its node in dynamic MIG), an
+/// L40S served through DRA claims (GpuNodeConfig `dra-pool`) and two Ascend
+/// 910B4 NPUs served by a mock of HAMi's Ascend device plugin.
 fn nodes() -> Vec<NodeGpus> {
     let mig = FakeGpu::many("mig", 1, "NVIDIA A100-SXM4-80GB", 81920, 1);
     vec![
@@ -81,6 +85,16 @@ fn nodes() -> Vec<NodeGpus> {
         NodeGpus {
             name: DRA_NODE.into(),
             gpus: FakeGpu::many("l40s", 1, "NVIDIA L40S", 46068, 1),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: NPU_NODE.into(),
+            vendor: Some((
+                Vendor::Ascend {
+                    chip: "Ascend910B4".into(),
+                },
+                mock_vendor::ascend_910b4(2),
+            )),
             ..Default::default()
         },
     ]
@@ -124,12 +138,25 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
     let artifacts = Artifacts::locate()?;
     let nodes = nodes();
     for node in &nodes {
-        step(&format!(
-            "node {}: containerd, kubelet; {} × {}",
-            node.name,
-            node.gpus.len(),
-            node.gpus[0].model
-        ));
+        match (&node.vendor, node.gpus.first()) {
+            (Some((Vendor::Ascend { chip }, devices)), _) => step(&format!(
+                "node {}: containerd, kubelet; {} × {chip} (a mock of HAMi's Ascend device plugin)",
+                node.name,
+                devices.len(),
+            )),
+            (Some((vendor, devices)), _) => step(&format!(
+                "node {}: containerd, kubelet; {} × {vendor:?} (a mock vendor plugin)",
+                node.name,
+                devices.len(),
+            )),
+            (None, Some(gpu)) => step(&format!(
+                "node {}: containerd, kubelet; {} × {}",
+                node.name,
+                node.gpus.len(),
+                gpu.model
+            )),
+            (None, None) => step(&format!("node {}: containerd, kubelet", node.name)),
+        }
     }
     step(
         "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy v1.36), images, helm install tessera charts/tessera",
@@ -151,7 +178,8 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         Lifetime::Detached,
         &nodes,
         &artifacts,
-        serde_json::json!({}),
+        // Ascend NPUs as HAMi's hami-scheduler-device configures them.
+        mock_vendor::chart_values(),
         &[mig_pool, dra_pool],
     )
     .await
@@ -179,7 +207,7 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         std::os::unix::fs::symlink(tools::binary(tool)?, &link)?;
     }
     let mut metrics = Vec::new();
-    for node in &nodes {
+    for node in nodes.iter().filter(|n| n.vendor.is_none()) {
         metrics.push((node.name.clone(), cluster.agent_metrics(&node.name).await?));
     }
     let mut helm_list = helm::command(Some(plane.kubeconfig()))?;
@@ -243,12 +271,16 @@ fn tour(
     )?;
     show("where each pod runs", &["get", "pods", "-o", "wide"])?;
     show(
-        "what each pod holds: device, MiB, cores; dra-pod's claim too (CLAIM)",
+        "what each pod holds: device, family, MiB, cores; dra-pod's claim too (CLAIM); ascend-vnpu's NPU beside the GPUs",
         &["get", "vgpuallocations"],
     )?;
     show(
-        "the nodes' GPUs and the door each serves them through",
+        "the nodes' GPUs and the door each serves them through; npu-ascend's NPUs, read from its plugin's annotations",
         &["get", "gpunodes"],
+    )?;
+    show(
+        "ascend-vnpu's NPU and vNPU template, as the Ascend plugin handed them over (3000 MiB rounded up to vir05_1c_8g)",
+        &["logs", "ascend-vnpu"],
     )?;
     show(
         "gpu-dra's GPU as a DRA device (shareable; capacity memory, cores, slices)",

@@ -46,6 +46,52 @@ pub use protocol::{Handed, all_served, decode, encode, pop_next};
 
 use crate::Error;
 
+/// Chart values that turn on the families the mocks play, as a HAMi user
+/// copies them from `hami-scheduler-device`: `hygon: {}` (HAMi's names) and
+/// HAMi's `vnpus:` entry for the Ascend 910B4 with its two templates.
+pub fn chart_values() -> serde_json::Value {
+    json!({"config": {
+        "hygon": {},
+        "vnpus": {"hamiVnpuCore": false, "configs": [{
+            "chipName": "910B4", "commonWord": "Ascend910B4",
+            "resourceName": "huawei.com/Ascend910B4",
+            "resourceMemoryName": "huawei.com/Ascend910B4-memory",
+            "resourceCoreName": "huawei.com/Ascend910B4-core",
+            "memoryAllocatable": 32768, "memoryCapacity": 32768, "aiCore": 20, "aiCPU": 7,
+            "templates": [
+                {"name": "vir05_1c_8g", "memory": 8192, "aiCore": 5, "aiCPU": 1},
+                {"name": "vir10_3c_16g", "memory": 16384, "aiCore": 10, "aiCPU": 3},
+            ],
+        }]},
+    }})
+}
+
+/// `n` Ascend 910B4 NPUs of 32 GiB on one network, 4 shares each.
+pub fn ascend_910b4(n: u32) -> Vec<MockDevice> {
+    (0..n)
+        .map(|i| MockDevice {
+            id: format!("NPU-{i}"),
+            memory_mib: 32768,
+            cores: 20,
+            count: 4,
+            network_id: Some(0),
+        })
+        .collect()
+}
+
+/// `n` Hygon DCUs of 16 GiB, 4 shares each.
+pub fn hygon_dcus(n: u32) -> Vec<MockDevice> {
+    (0..n)
+        .map(|i| MockDevice {
+            id: format!("DCU-{i}"),
+            memory_mib: 16384,
+            cores: 100,
+            count: 4,
+            network_id: None,
+        })
+        .collect()
+}
+
 /// Which vendor the mock plays.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
