@@ -30,7 +30,7 @@ pub mod node_config;
 pub mod quantity;
 #[cfg(feature = "kube")]
 pub mod request;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(feature = "kube")]
 pub mod v1alpha1;

@@ -94,7 +94,7 @@ fn printer_columns_make_kubectl_get_useful() {
     assert_eq!(
         columns("VgpuAllocation"),
         [
-            "POD", "NODE", "DEVICES", "MEMORY", "CORES", "CLAIM", "PHASE", "AGE"
+            "POD", "NODE", "DEVICES", "FAMILY", "MEMORY", "CORES", "CLAIM", "PHASE", "AGE"
         ]
     );
     assert_eq!(

@@ -53,6 +53,12 @@ pub fn gpu_pod(name: &str, mem_mib: u64, cores: Option<u32>, script: &str) -> Va
     if let Some(cores) = cores {
         limits["nvidia.com/gpucores"] = json!(cores);
     }
+    pod_with_limits(name, limits, script)
+}
+
+/// A bare pod in `default` running `script` in the CUDA demo image, its one
+/// container with `limits` (any family's resources).
+pub fn pod_with_limits(name: &str, limits: Value, script: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default"},

@@ -88,7 +88,7 @@ fn allocation(name: &str, node: &str, uuid_memory_cores: &[(&str, u64, u32)]) ->
             "podName": name, "podUid": format!("uid-{name}"), "nodeName": node,
             "containers": [{"name": "main", "devices": devices}],
             "gpuPolicy": "spread", "nodePolicy": "binpack",
-            "totals": {"devices": uuids.join(","), "memoryMiB": memory, "cores": cores},
+            "totals": {"devices": uuids.join(","), "families": "nvidia", "memoryMiB": memory, "cores": cores},
         },
     })
 }
@@ -158,6 +158,7 @@ async fn kubectl_get_prints_the_printer_columns() {
             "POD",
             "NODE",
             "DEVICES",
+            "FAMILY",
             "MEMORY",
             "CORES",
             "CLAIM",
@@ -170,13 +171,14 @@ async fn kubectl_get_prints_the_printer_columns() {
         .expect("our allocation is listed");
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
-        &cells[..8],
+        &cells[..9],
         [
             "columns",
             "train",
             "train",
             "node-a",
             "GPU-aaaa,GPU-bbbb",
+            "nvidia",
             "6000",
             "60",
             // CLAIM is blank: a pod's allocation mirrors no claim.

@@ -22,28 +22,20 @@ use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
-    images,
     mock_vendor::{Vendor, ascend_910b4, chart_values, hygon_dcus},
     node::FakeGpu,
-    testkit::{gpu_pod, phase, scheduling_failure, skip_real_nodes, wait_for},
+    testkit::{gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for},
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
 
 /// A pod printing its environment, with `limits`.
 fn vendor_pod(name: &str, limits: Value) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", "env | sort; echo END; sleep 3600"],
-                "resources": {"limits": limits},
-            }],
-        },
-    }))
+    serde_json::from_value(pod_with_limits(
+        name,
+        limits,
+        "env | sort; echo END; sleep 3600",
+    ))
     .unwrap()
 }
 

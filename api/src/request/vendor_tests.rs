@@ -8,40 +8,7 @@ use serde_json::{Value, json};
 use super::*;
 
 fn config() -> RequestConfig {
-    let chip = |word: &str, memory, templates: Vec<(&str, u64)>, super_pod| VnpuConfig {
-        common_word: word.into(),
-        resource_name: format!("huawei.com/{word}"),
-        resource_memory_name: format!("huawei.com/{word}-memory"),
-        resource_core_name: format!("huawei.com/{word}-core"),
-        memory_allocatable: memory,
-        memory_capacity: memory,
-        templates: templates
-            .into_iter()
-            .map(|(name, memory)| VnpuTemplate {
-                name: name.into(),
-                memory,
-                ..VnpuTemplate::default()
-            })
-            .collect(),
-        super_pod,
-        ..VnpuConfig::default()
-    };
-    RequestConfig {
-        hygon: Some(HygonConfig::default()),
-        vnpus: Some(VnpusConfig {
-            hami_vnpu_core: false,
-            configs: vec![
-                chip(
-                    "Ascend910A",
-                    32768,
-                    vec![("vir16", 17476), ("vir02", 2184), ("vir04", 4369)],
-                    false,
-                ),
-                chip("Ascend910C", 65536, Vec::new(), true),
-            ],
-        }),
-        ..RequestConfig::default()
-    }
+    crate::testing::vendor_config()
 }
 
 fn pod(limits: Value, annotations: Value) -> Pod {

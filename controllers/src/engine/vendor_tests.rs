@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tessera_api::{
-    request::{HygonConfig, RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig, parse_pod},
+    request::{RequestConfig, parse_pod},
     v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy},
 };
 
@@ -21,44 +21,7 @@ use super::*;
 
 /// HAMi's `configStr` chips: 910A with its four templates, 910C in a SuperPod.
 fn config() -> RequestConfig {
-    let template = |name: &str, memory| VnpuTemplate {
-        name: name.into(),
-        memory,
-        ..VnpuTemplate::default()
-    };
-    let chip = |word: &str, memory, templates, super_pod| VnpuConfig {
-        chip_name: word.trim_start_matches("Ascend").into(),
-        common_word: word.into(),
-        resource_name: format!("huawei.com/{word}"),
-        resource_memory_name: format!("huawei.com/{word}-memory"),
-        resource_core_name: format!("huawei.com/{word}-core"),
-        memory_allocatable: memory,
-        memory_capacity: memory,
-        templates,
-        super_pod,
-        ..VnpuConfig::default()
-    };
-    RequestConfig {
-        hygon: Some(HygonConfig::default()),
-        vnpus: Some(VnpusConfig {
-            hami_vnpu_core: false,
-            configs: vec![
-                chip(
-                    "Ascend910A",
-                    32768,
-                    vec![
-                        template("vir02", 2184),
-                        template("vir04", 4369),
-                        template("vir08", 8738),
-                        template("vir16", 17476),
-                    ],
-                    false,
-                ),
-                chip("Ascend910C", 65536, Vec::new(), true),
-            ],
-        }),
-        ..RequestConfig::default()
-    }
+    tessera_api::testing::vendor_config()
 }
 
 /// A device as HAMi's `DeviceUsage` rows give it: id, count (split),
