@@ -255,57 +255,6 @@ pub fn node_lock(
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_allocation_has_its_totals_and_status() {
-        let a = allocation("p", "u", "n")
-            .namespace("ml")
-            .container(container("a", vec![slice("GPU-0", 0, 100, 10)]))
-            .container(container(
-                "b",
-                vec![slice("GPU-0", 0, 50, 5), slice("GPU-1", 1, 25, 0)],
-            ))
-            .phase(AllocationPhase::Allocated)
-            .served(&["a"])
-            .build();
-        assert_eq!(a.metadata.namespace.as_deref(), Some("ml"));
-        assert_eq!(a.spec.totals.devices, "GPU-0,GPU-1");
-        assert_eq!(a.spec.totals.memory_mib, 175);
-        assert_eq!(a.spec.totals.cores, 15);
-        let status = a.status.unwrap();
-        assert_eq!(status.phase, Some(AllocationPhase::Allocated));
-        assert_eq!(status.served_containers, ["a"]);
-    }
-
-    #[test]
-    fn a_gpu_node_sums_its_devices() {
-        let node = gpu_node("n", vec![gpu(0, MODEL, 1000), gpu(1, "H100", 2000)]);
-        let status = node.status.unwrap();
-        assert_eq!(status.gpu_count, 2);
-        assert_eq!(status.models, format!("H100,{MODEL}"));
-        assert_eq!(
-            (
-                status.capacity.memory_mib,
-                status.capacity.cores,
-                status.capacity.slices
-            ),
-            (3000, 200, 20)
-        );
-        assert_eq!(status.conditions[0].status, "True");
-    }
-
-    #[test]
-    fn a_lock_expires_after_its_ttl() {
-        let at = Timestamp::from_second(1_000).unwrap();
-        let lock = node_lock("n", pod_ref("d", "p", "u"), "p", at, 60);
-        assert_eq!(lock.spec.expires_at.0.as_second(), 1_060);
-        assert_eq!(lock.metadata.name.as_deref(), Some("n"));
-    }
-}
-
 /// An Ascend chip as a `vnpus.configs` entry of HAMi's names it:
 /// `huawei.com/<word>` with its `-memory` and `-core`, `memory` MiB
 /// allocatable and capacity, and `templates` as (name, MiB).
@@ -355,5 +304,56 @@ pub fn vendor_config() -> RequestConfig {
             configs: vec![a910, c910],
         }),
         ..RequestConfig::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_allocation_has_its_totals_and_status() {
+        let a = allocation("p", "u", "n")
+            .namespace("ml")
+            .container(container("a", vec![slice("GPU-0", 0, 100, 10)]))
+            .container(container(
+                "b",
+                vec![slice("GPU-0", 0, 50, 5), slice("GPU-1", 1, 25, 0)],
+            ))
+            .phase(AllocationPhase::Allocated)
+            .served(&["a"])
+            .build();
+        assert_eq!(a.metadata.namespace.as_deref(), Some("ml"));
+        assert_eq!(a.spec.totals.devices, "GPU-0,GPU-1");
+        assert_eq!(a.spec.totals.memory_mib, 175);
+        assert_eq!(a.spec.totals.cores, 15);
+        let status = a.status.unwrap();
+        assert_eq!(status.phase, Some(AllocationPhase::Allocated));
+        assert_eq!(status.served_containers, ["a"]);
+    }
+
+    #[test]
+    fn a_gpu_node_sums_its_devices() {
+        let node = gpu_node("n", vec![gpu(0, MODEL, 1000), gpu(1, "H100", 2000)]);
+        let status = node.status.unwrap();
+        assert_eq!(status.gpu_count, 2);
+        assert_eq!(status.models, format!("H100,{MODEL}"));
+        assert_eq!(
+            (
+                status.capacity.memory_mib,
+                status.capacity.cores,
+                status.capacity.slices
+            ),
+            (3000, 200, 20)
+        );
+        assert_eq!(status.conditions[0].status, "True");
+    }
+
+    #[test]
+    fn a_lock_expires_after_its_ttl() {
+        let at = Timestamp::from_second(1_000).unwrap();
+        let lock = node_lock("n", pod_ref("d", "p", "u"), "p", at, 60);
+        assert_eq!(lock.spec.expires_at.0.as_second(), 1_060);
+        assert_eq!(lock.metadata.name.as_deref(), Some("n"));
     }
 }
