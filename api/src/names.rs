@@ -91,6 +91,15 @@ pub mod ascend {
     }
 }
 
+/// Iluvatar GPUs' names (HAMi `pkg/device/iluvatar`).
+pub mod iluvatar {
+    /// MiB per unit of an Iluvatar memory resource (`iluvatar.ai/<chip>.vMem`).
+    pub const MEMORY_UNIT_MIB: u64 = 256;
+    /// The variable HAMi's webhook gives each Iluvatar container: its name,
+    /// which the vendor's runtime reads (HAMi keeps the misspelling).
+    pub const CONTAINER_NAME_ENV: &str = "SOL_CONTINER_NAME";
+}
+
 /// Annotations Tessera writes on Nodes.
 pub mod node_annotations {
     /// The node agent's readiness for GPU pods (`True` or `False: <reason>`),

@@ -24,7 +24,9 @@ use k8s_openapi::{
 };
 use kube::api::ObjectMeta;
 
-use crate::request::{HygonConfig, RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig};
+use crate::request::{
+    HygonConfig, IluvatarConfig, RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+};
 use crate::v1alpha1::{
     AllocationPhase, AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth,
     DeviceSlice, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, NodeLock, NodeLockSpec,
@@ -281,7 +283,8 @@ pub fn vnpu_chip(word: &str, memory: u64, templates: &[(&str, u64)]) -> VnpuConf
 
 /// The vendor configuration of HAMi's `device_test.go` cases: Hygon with
 /// HAMi's names; the Ascend 910A with its four templates (listed out of
-/// order: they are sorted by memory when used) and the 910C in a SuperPod.
+/// order: they are sorted by memory when used) and the 910C in a SuperPod;
+/// the Iluvatar MR-V100 with HAMi's per-chip names.
 pub fn vendor_config() -> RequestConfig {
     let a910 = vnpu_chip(
         "Ascend910A",
@@ -303,6 +306,13 @@ pub fn vendor_config() -> RequestConfig {
             hami_vnpu_core: false,
             configs: vec![a910, c910],
         }),
+        iluvatars: vec![IluvatarConfig {
+            chip_name: "MR-V100".into(),
+            common_word: "MR-V100".into(),
+            resource_count_name: "iluvatar.ai/MR-V100-vgpu".into(),
+            resource_memory_name: "iluvatar.ai/MR-V100.vMem".into(),
+            resource_core_name: "iluvatar.ai/MR-V100.vCore".into(),
+        }],
         ..RequestConfig::default()
     }
 }

@@ -23,7 +23,7 @@ use kube::{
 use serde_json::{Value, json};
 use support::{Cluster, WAIT};
 use tessera_api::{
-    request::{HygonConfig, VnpuConfig, VnpuTemplate, VnpusConfig},
+    request::{HygonConfig, IluvatarConfig, VnpuConfig, VnpuTemplate, VnpusConfig},
     v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
 };
 use tessera_controllers::config::Config;
@@ -56,6 +56,13 @@ fn config() -> Config {
             ..VnpuConfig::default()
         }],
     });
+    config.request.iluvatars = vec![IluvatarConfig {
+        chip_name: "MR-V100".into(),
+        common_word: "MR-V100".into(),
+        resource_count_name: "iluvatar.ai/MR-V100-vgpu".into(),
+        resource_memory_name: "iluvatar.ai/MR-V100.vMem".into(),
+        resource_core_name: "iluvatar.ai/MR-V100.vCore".into(),
+    }];
     config
 }
 
@@ -317,6 +324,44 @@ async fn hygon_and_ascend_pods_are_placed_handed_off_and_served() {
         reasons.contains("needs 1 Ascend910B4 NPU with 32768 MiB and 0 cores; 0 of 2 Ascend910B4 NPUs fit: 2 Ascend910B4 NPUs without 32768 MiB free (largest free is 24576 MiB on"),
         "{reasons}"
     );
+}
+
+#[tokio::test]
+async fn an_iluvatar_pod_is_placed_on_its_chip_and_handed_off() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "ilu-1",
+        json!({"hami.io/node-MR-V100-register": "ILU-a,4,32768,100,MR-V100,0,true,0,hami-core:"}),
+        json!({"iluvatar.ai/MR-V100-vgpu": "4"}),
+    )
+    .await;
+    until("ilu-1 in the projection", async || {
+        cluster.projection.read().node("ilu-1").map(|_| ())
+    })
+    .await;
+    cluster
+        .create_pod(
+            "ilu-pod",
+            json!({"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "16", "iluvatar.ai/MR-V100.vCore": "25"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("ilu-pod").await, "ilu-1");
+    let a = pod(&cluster, "ilu-pod").await.annotations().clone();
+    assert_eq!(
+        a["hami.io/MR-V100-devices-to-allocate"],
+        "ILU-a,MR-V100,4096,25:;"
+    );
+    assert_eq!(
+        cluster.allocation("ilu-pod").await.spec.totals.families,
+        "iluvatar"
+    );
+    plugin_serves(&cluster, "ilu-pod").await;
+    until("ilu-1 unlocked", async || {
+        lock_gone(&cluster, "ilu-1").await.then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

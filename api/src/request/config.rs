@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::vendors::{HygonConfig, VnpusConfig};
+use super::vendors::{HygonConfig, IluvatarConfig, VnpusConfig};
 use crate::names::resources;
 use crate::{Error, Result};
 
@@ -25,6 +25,10 @@ pub struct RequestConfig {
     /// HAMi's `vnpus:` section; absent: Ascend NPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vnpus: Option<VnpusConfig>,
+    /// HAMi's `iluvatars:` section, one entry per chip; empty: Iluvatar GPUs
+    /// are not scheduled.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub iluvatars: Vec<IluvatarConfig>,
 }
 
 impl Default for RequestConfig {
@@ -37,6 +41,7 @@ impl Default for RequestConfig {
             default_gpu_num: 1,
             hygon: None,
             vnpus: None,
+            iluvatars: Vec::new(),
         }
     }
 }
@@ -62,7 +67,7 @@ impl RequestConfig {
                 "must be at most 16777216 MiB (0 means the whole device)",
             );
         }
-        super::vendors::validate(self.hygon.as_ref(), self.vnpus.as_ref())?;
+        super::vendors::validate(self.hygon.as_ref(), self.vnpus.as_ref(), &self.iluvatars)?;
         let all = self.resource_names();
         if all.iter().any(|n| !n.contains('/')) {
             return invalid(
@@ -100,6 +105,13 @@ impl RequestConfig {
         }
         for chip in self.vnpus.iter().flat_map(|v| &v.configs) {
             all.push(&chip.resource_name);
+            all.push(&chip.resource_memory_name);
+            if !chip.resource_core_name.is_empty() {
+                all.push(&chip.resource_core_name);
+            }
+        }
+        for chip in &self.iluvatars {
+            all.push(&chip.resource_count_name);
             all.push(&chip.resource_memory_name);
             if !chip.resource_core_name.is_empty() {
                 all.push(&chip.resource_core_name);

@@ -34,6 +34,7 @@ mod ascend;
 mod config;
 mod container;
 mod hygon;
+mod iluvatar;
 mod vendors;
 
 #[cfg(test)]
@@ -47,7 +48,7 @@ use crate::{Error, Result, Violations};
 
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
-pub use vendors::{HygonConfig, VnpuConfig, VnpuTemplate, VnpusConfig};
+pub use vendors::{HygonConfig, IluvatarConfig, VnpuConfig, VnpuTemplate, VnpusConfig};
 
 use crate::v1alpha1::DeviceFamily;
 
@@ -82,7 +83,7 @@ pub struct ContainerRequest {
     pub priority: Option<u32>,
     /// The accelerator family the request is for. A container asking for
     /// several families gives one request per family, in the order
-    /// NVIDIA, Hygon, Ascend.
+    /// NVIDIA, Hygon, Ascend, Iluvatar.
     pub family: DeviceFamily,
     /// What a request for another vendor's devices adds; `None` for NVIDIA.
     pub vendor: Option<VendorRequest>,
@@ -195,6 +196,9 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
             }
             for chip in config.vnpus.iter().flat_map(|v| &v.configs) {
                 collect(ascend::parse(container, kind, chip, annotations));
+            }
+            for chip in &config.iluvatars {
+                collect(iluvatar::parse(container, kind, chip, annotations));
             }
         }
     }

@@ -194,6 +194,47 @@ fn broken_vendor_rules_are_refused_naming_the_container_field_and_rule() {
 }
 
 #[test]
+fn iluvatar_requests_follow_hami() {
+    use MemoryRequest::{Mib, Percent};
+    let rows = [
+        (
+            json!({"iluvatar.ai/MR-V100-vgpu": "1"}),
+            (1, Percent(100), 0),
+        ),
+        (
+            json!({"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "16", "iluvatar.ai/MR-V100.vCore": "50"}),
+            (1, Mib(4096), 50),
+        ),
+        (
+            json!({"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vCore": "300"}),
+            (1, Percent(100), 100),
+        ),
+        // More than one GPU: whole GPUs (HAMi writes 100 × count cores).
+        (
+            json!({"iluvatar.ai/MR-V100-vgpu": "2", "iluvatar.ai/MR-V100.vMem": "4"}),
+            (2, Mib(1024), 100),
+        ),
+    ];
+    for (limits, (count, memory, cores)) in rows {
+        let got = parsed(limits.clone(), json!({})).unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (DeviceFamily::Iluvatar, count, memory, cores, None),
+            "{limits}"
+        );
+        assert_eq!(
+            got[0].vendor.as_ref().unwrap().device_type.as_deref(),
+            Some("MR-V100")
+        );
+    }
+    let error = parsed(json!({"iluvatar.ai/MR-V100.vMem": "4"}), json!({})).unwrap_err();
+    assert!(
+        error.contains("iluvatar.ai/MR-V100.vMem: is set but iluvatar.ai/MR-V100-vgpu is not"),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_container_may_ask_for_several_families() {
     let got = parsed(
         json!({"nvidia.com/gpu": "1", "hygon.com/dcunum": "1", "huawei.com/Ascend910A": "1"}),

@@ -90,6 +90,36 @@ pub struct VnpuConfig {
     pub super_pod: bool,
 }
 
+/// One entry of HAMi's `iluvatars:` section: one Iluvatar chip (HAMi ≥ 2.6
+/// names resources per chip, e.g. `iluvatar.ai/MR-V100-vgpu`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct IluvatarConfig {
+    /// The chip's name (`MR-V100`).
+    pub chip_name: String,
+    /// The device type HAMi and the plugin key everything by (`MR-V100`):
+    /// `hami.io/node-<commonWord>-register`, devices' `type`.
+    pub common_word: String,
+    /// Number of GPUs (`iluvatar.ai/MR-V100-vgpu`).
+    pub resource_count_name: String,
+    /// Memory per GPU in units of 256 MiB (`iluvatar.ai/MR-V100.vMem`).
+    pub resource_memory_name: String,
+    /// Percent of a GPU's cores (`iluvatar.ai/MR-V100.vCore`).
+    pub resource_core_name: String,
+}
+
+impl IluvatarConfig {
+    /// The Node annotation the plugin registers its GPUs in (CSV).
+    pub fn register_annotation(&self) -> String {
+        format!("hami.io/node-{}-register", self.common_word)
+    }
+
+    /// The Node annotation of the register handshake.
+    pub fn handshake_annotation(&self) -> String {
+        format!("hami.io/node-handshake-{}", self.common_word)
+    }
+}
+
 /// One vNPU template of an Ascend chip.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
@@ -151,8 +181,19 @@ impl VnpuConfig {
     }
 }
 
+/// Whether a device type is one HAMi's annotations can carry in their keys.
+fn valid_word(word: &str) -> bool {
+    !word.is_empty()
+        && word.len() <= 63
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
+
 /// Checks a vendor section, naming the first setting that is wrong.
-pub(super) fn validate(hygon: Option<&HygonConfig>, vnpus: Option<&VnpusConfig>) -> Result<()> {
+pub(super) fn validate(
+    hygon: Option<&HygonConfig>,
+    vnpus: Option<&VnpusConfig>,
+    iluvatars: &[IluvatarConfig],
+) -> Result<()> {
     let invalid = |field: String, rule: &str| {
         Err(Error::InvalidConfig {
             field,
@@ -162,12 +203,7 @@ pub(super) fn validate(hygon: Option<&HygonConfig>, vnpus: Option<&VnpusConfig>)
     if let Some(vnpus) = vnpus {
         for (i, chip) in vnpus.configs.iter().enumerate() {
             let at = |field: &str| format!("vnpus.configs[{i}].{field}");
-            if chip.common_word.is_empty()
-                || !chip
-                    .common_word
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-')
-            {
+            if !valid_word(&chip.common_word) {
                 return invalid(
                     at("commonWord"),
                     "must be a non-empty device type of letters, digits and '-' (e.g. Ascend910B4)",
@@ -201,6 +237,27 @@ pub(super) fn validate(hygon: Option<&HygonConfig>, vnpus: Option<&VnpusConfig>)
                     ),
                 );
             }
+        }
+    }
+    for (i, chip) in iluvatars.iter().enumerate() {
+        let at = |field: &str| format!("iluvatars[{i}].{field}");
+        if !valid_word(&chip.common_word) {
+            return invalid(
+                at("commonWord"),
+                "must be a non-empty device type of letters, digits and '-' (e.g. MR-V100)",
+            );
+        }
+        if iluvatars[..i]
+            .iter()
+            .any(|c| c.common_word == chip.common_word)
+        {
+            return invalid(at("commonWord"), "each chip may be configured once");
+        }
+        if chip.resource_count_name.is_empty() || chip.resource_memory_name.is_empty() {
+            return invalid(
+                at("resourceCountName"),
+                "resourceCountName and resourceMemoryName must be set",
+            );
         }
     }
     let _ = hygon;

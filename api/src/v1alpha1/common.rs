@@ -57,11 +57,14 @@ pub enum DeviceFamily {
     /// Huawei Ascend NPUs (`huawei.com/Ascend910B4` and the other chips),
     /// served by HAMi's ascend-device-plugin.
     Ascend,
+    /// Iluvatar GPUs (`iluvatar.ai/<chip>-vgpu`), served by Iluvatar's
+    /// gpu-manager device plugin.
+    Iluvatar,
 }
 
 impl DeviceFamily {
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 3] = [Self::Nvidia, Self::Hygon, Self::Ascend];
+    pub const ALL: [Self; 4] = [Self::Nvidia, Self::Hygon, Self::Ascend, Self::Iluvatar];
 
     /// The value as written in manifests.
     pub fn as_str(self) -> &'static str {
@@ -69,6 +72,7 @@ impl DeviceFamily {
             Self::Nvidia => "nvidia",
             Self::Hygon => "hygon",
             Self::Ascend => "ascend",
+            Self::Iluvatar => "iluvatar",
         }
     }
 

@@ -101,6 +101,11 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- if .resourceCoreName }}{{ $names = append $names .resourceCoreName }}{{ end -}}
 {{- end -}}
 {{- end -}}
+{{- range .Values.config.iluvatars -}}
+{{- $names = append $names .resourceCountName -}}
+{{- $names = append $names .resourceMemoryName -}}
+{{- if .resourceCoreName }}{{ $names = append $names .resourceCoreName }}{{ end -}}
+{{- end -}}
 {{- join "\n" (uniq $names) -}}
 {{- end -}}
 

@@ -283,12 +283,17 @@ fn noun(container: &ContainerRequest) -> String {
     match container.family {
         DeviceFamily::Nvidia => "GPU".into(),
         DeviceFamily::Hygon => "DCU".into(),
-        DeviceFamily::Ascend => {
+        DeviceFamily::Ascend | DeviceFamily::Iluvatar => {
             let chip = container
                 .vendor
                 .as_ref()
                 .and_then(|v| v.device_type.as_deref());
-            format!("{} NPU", chip.unwrap_or("Ascend"))
+            let unit = if container.family == DeviceFamily::Ascend {
+                "NPU"
+            } else {
+                "GPU"
+            };
+            format!("{} {unit}", chip.unwrap_or_default())
         }
     }
 }
@@ -321,7 +326,7 @@ impl FilterKeys {
                 hygon::USE_UUID.into(),
                 hygon::NOUSE_UUID.into(),
             ],
-            DeviceFamily::Ascend => [
+            DeviceFamily::Ascend | DeviceFamily::Iluvatar => [
                 String::new(),
                 String::new(),
                 ascend::use_uuid(chip),

@@ -387,6 +387,73 @@ fn ascend_fits_as_hami_does() {
 }
 
 #[test]
+fn iluvatar_fits_as_hami_does() {
+    // HAMi's Test_Fit rows; memory in 256 MiB units as pods write it.
+    let gpus = |rows: &[Row]| node(DeviceFamily::Iluvatar, "MR-V100", rows);
+    let card = Row {
+        total_mem: 32768,
+        ..FREE
+    };
+    let cases: [Case; 5] = [
+        (
+            // HAMi picks dev-1 (last index first); spread's tie goes to dev-0.
+            "fit success",
+            gpus(&[
+                card,
+                Row {
+                    id: "dev-1",
+                    ..card
+                },
+            ]),
+            json!({"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "1", "iluvatar.ai/MR-V100.vCore": "50"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "fit fail: memory not enough",
+            gpus(&[Row {
+                total_mem: 128,
+                ..card
+            }]),
+            json!({"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "2", "iluvatar.ai/MR-V100.vCore": "50"}),
+            json!({}),
+            Err("1 MR-V100 GPU without 512 MiB free (largest free is 128 MiB on dev-0)"),
+        ),
+        (
+            "fit fail: core not enough",
+            gpus(&[Row {
+                used: 1,
+                used_cores: 100,
+                ..card
+            }]),
+            json!({"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "2", "iluvatar.ai/MR-V100.vCore": "50"}),
+            json!({}),
+            Err("1 MR-V100 GPU without 50 cores free"),
+        ),
+        (
+            "fit fail: type mismatch (another chip's GPUs are no candidates)",
+            node(DeviceFamily::Iluvatar, "BI-V150", &[card]),
+            json!({"iluvatar.ai/MR-V100-vgpu": "1"}),
+            json!({}),
+            Err("0 of 0 MR-V100 GPUs fit: the node has no MR-V100 GPUs"),
+        ),
+        (
+            "fit fail: CardNotHealth",
+            gpus(&[Row {
+                healthy: false,
+                ..card
+            }]),
+            json!({"iluvatar.ai/MR-V100-vgpu": "1"}),
+            json!({}),
+            Err("1 MR-V100 GPU unhealthy"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+}
+
+#[test]
 fn ascend_910c_takes_whole_modules() {
     let card = Row {
         total_mem: 65536,

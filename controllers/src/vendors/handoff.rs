@@ -45,12 +45,12 @@ fn keys(device_type: &str) -> (String, String) {
 }
 
 /// The device type a family's slices are keyed by in HAMi's annotations:
-/// Hygon's `DCU`; Ascend's chip (`Ascend910B4`).
+/// Hygon's `DCU`; Ascend's and Iluvatar's chip (`Ascend910B4`, `MR-V100`).
 fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
     match slice.family {
         DeviceFamily::Nvidia => None,
         DeviceFamily::Hygon => Some("DCU"),
-        DeviceFamily::Ascend => Some(slice.model.as_str()),
+        DeviceFamily::Ascend | DeviceFamily::Iluvatar => Some(slice.model.as_str()),
     }
 }
 
@@ -269,6 +269,35 @@ mod tests {
             r#"[{"UUID":"NPU-3","temp":"vir05_1c_8g","memory":8192}]"#
         );
         assert!(out.contains_key("predicate-time"));
+    }
+
+    #[test]
+    fn iluvatar_devices_are_keyed_by_their_chip() {
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "main",
+                vec![slice(
+                    "ilu-0",
+                    DeviceFamily::Iluvatar,
+                    "MR-V100",
+                    4096,
+                    50,
+                    None,
+                )],
+            ))
+            .build()
+            .spec;
+        let out = pod_annotations(
+            &spec,
+            &["main".to_owned()],
+            &RequestConfig::default(),
+            Timestamp::now(),
+        );
+        assert_eq!(
+            out["hami.io/MR-V100-devices-to-allocate"],
+            "ilu-0,MR-V100,4096,50:;"
+        );
+        assert!(!out.contains_key("huawei.com/MR-V100"));
     }
 
     #[test]

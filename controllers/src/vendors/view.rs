@@ -71,6 +71,16 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
             json: false,
         });
     }
+    for chip in &config.iluvatars {
+        sources.push(Source {
+            family: DeviceFamily::Iluvatar,
+            register: chip.register_annotation(),
+            handshake: chip.handshake_annotation(),
+            count_resource: chip.resource_count_name.clone(),
+            device_type: Some(chip.common_word.clone()),
+            json: false,
+        });
+    }
     for chip in config.vnpus.iter().flat_map(|v| &v.configs) {
         sources.push(Source {
             family: DeviceFamily::Ascend,
@@ -302,6 +312,37 @@ mod tests {
     }
 
     const ASCEND: &str = r#"[{"id":"NPU-0","count":4,"devmem":32768,"devcore":20,"type":"Ascend910B4","health":true,"custominfo":{"NetworkID":1}}]"#;
+
+    #[test]
+    fn iluvatar_chips_register_in_csv_under_their_own_key() {
+        let config = RequestConfig {
+            iluvatars: vec![tessera_api::request::IluvatarConfig {
+                common_word: "MR-V100".into(),
+                resource_count_name: "iluvatar.ai/MR-V100-vgpu".into(),
+                resource_memory_name: "iluvatar.ai/MR-V100.vMem".into(),
+                ..Default::default()
+            }],
+            ..RequestConfig::default()
+        };
+        let node = annotations(&[(
+            "hami.io/node-MR-V100-register",
+            "ilu-0,8,32768,100,MR-V100,0,true,0,hami-core:",
+        )]);
+        let seen = view(
+            &node,
+            &BTreeMap::new(),
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        let d = &seen.devices[0];
+        assert_eq!(
+            (d.family, d.model.as_str(), d.capacity.cores, d.split_count),
+            (DeviceFamily::Iluvatar, "MR-V100", 100, 8)
+        );
+        assert_eq!(seen.handshakes[0].0, "hami.io/node-handshake-MR-V100");
+    }
 
     #[test]
     fn a_node_without_vendor_annotations_has_no_vendor_view() {

@@ -10,6 +10,7 @@
 
 pub mod certificate;
 mod mutate;
+mod vendors;
 
 use std::sync::Arc;
 

@@ -106,7 +106,7 @@ fn fill_defaults(pod: &mut Pod, request: &PodRequest, config: &Config) {
             .iter()
             .filter(|r| r.name == name && !r.family.is_nvidia())
         {
-            vendor_limits(container, vendor, &config.request);
+            super::vendors::vendor_limits(container, vendor, &config.request);
         }
         let Some(wanted) = request
             .containers
@@ -135,47 +135,6 @@ fn fill_defaults(pod: &mut Pod, request: &PodRequest, config: &Config) {
             if let Some(requests) = resources.requests.as_mut() {
                 requests.insert(key, Quantity(value));
             }
-        }
-    }
-}
-
-/// Writes what HAMi's webhook writes for an Ascend container
-/// (`MutateAdmission`): its memory rounded up to the vNPU template (or the
-/// whole card), and a 910C count of 1 raised to the module pair, in limits
-/// and, where present, requests, so the kubelet accounts what the plugin
-/// hands out. Other vendors' containers are left as they are (HAMi's
-/// webhook changes nothing for them).
-fn vendor_limits(
-    container: &mut Container,
-    wanted: &tessera_api::request::ContainerRequest,
-    config: &tessera_api::request::RequestConfig,
-) {
-    let Some(chip) = wanted
-        .vendor
-        .as_ref()
-        .and_then(|v| v.device_type.as_deref())
-        .and_then(|t| {
-            config
-                .vnpus
-                .iter()
-                .flat_map(|v| &v.configs)
-                .find(|c| c.common_word == t)
-        })
-    else {
-        return;
-    };
-    let memory = wanted.memory.resolve(0) / u64::from(chip.memory_factor.max(1));
-    let resources = container.resources.get_or_insert_default();
-    for (key, value) in [
-        (&chip.resource_name, wanted.count.to_string()),
-        (&chip.resource_memory_name, memory.to_string()),
-    ] {
-        resources
-            .limits
-            .get_or_insert_default()
-            .insert(key.clone(), Quantity(value.clone()));
-        if let Some(requests) = resources.requests.as_mut() {
-            requests.insert(key.clone(), Quantity(value));
         }
     }
 }

@@ -1,0 +1,106 @@
+//! Iluvatar GPUs, one chip per `iluvatars` entry, as HAMi reads them
+//! (`pkg/device/iluvatar/device.go`: `MutateAdmission`,
+//! `GenerateResourceRequests`).
+//!
+//! - `iluvatar.ai/<chip>-vgpu` is the number of GPUs; without it the
+//!   container asks for none (and may not name the chip's memory or cores).
+//! - `iluvatar.ai/<chip>.vMem` is memory per GPU in units of 256 MiB;
+//!   absent or 0: the whole GPU.
+//! - `iluvatar.ai/<chip>.vCore` is percent of the GPU's cores, 0 when
+//!   absent; above 100 counts as 100. A container asking for more than one
+//!   GPU gets them whole: HAMi's webhook writes 100 × count cores, which its
+//!   `Fit` clamps to 100 per GPU.
+//! - Pod annotations `hami.io/use-<chip>-uuid` / `hami.io/no-use-<chip>-uuid`
+//!   filter by UUID.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Container;
+
+use super::annotations::list;
+use super::container::{Field, Reader, narrow};
+use super::{
+    ContainerKind, ContainerRequest, DeviceFilters, IluvatarConfig, MAX_GPUS_PER_CONTAINER,
+    MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
+};
+use crate::Violation;
+use crate::names::{ascend, iluvatar::MEMORY_UNIT_MIB};
+use crate::v1alpha1::DeviceFamily;
+
+/// Parses a container's request for one Iluvatar chip; `Ok(None)` when it
+/// asks for none.
+pub(super) fn parse(
+    container: &Container,
+    kind: ContainerKind,
+    chip: &IluvatarConfig,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Option<ContainerRequest>, Vec<Violation>> {
+    let mut reader = Reader {
+        container,
+        violations: Vec::new(),
+    };
+    let count = reader.read(
+        &chip.resource_count_name,
+        0,
+        u64::from(MAX_GPUS_PER_CONTAINER),
+    );
+    let memory = reader.read(
+        &chip.resource_memory_name,
+        0,
+        MAX_MEMORY_MIB / MEMORY_UNIT_MIB,
+    );
+    let cores = if chip.resource_core_name.is_empty() {
+        Field::Absent
+    } else {
+        reader.read(&chip.resource_core_name, 0, u64::from(u32::MAX))
+    };
+    let count = match count {
+        Field::Value(n) if n > 0 => n,
+        Field::Invalid => return reader.finish(None),
+        _ => {
+            for (name, field) in [
+                (&chip.resource_memory_name, &memory),
+                (&chip.resource_core_name, &cores),
+            ] {
+                if !matches!(field, Field::Absent) {
+                    reader.violate(
+                        name,
+                        format!(
+                            "is set but {} is not; ask for at least 1 GPU",
+                            chip.resource_count_name
+                        ),
+                    );
+                }
+            }
+            return reader.finish(None);
+        }
+    };
+    let memory = match memory {
+        Field::Value(units) if units > 0 => MemoryRequest::Mib(units * MEMORY_UNIT_MIB),
+        _ => MemoryRequest::Percent(100),
+    };
+    let cores = match cores {
+        _ if count > 1 => 100,
+        Field::Value(cores) => narrow(cores.min(100)),
+        _ => 0,
+    };
+    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    reader.finish(Some(ContainerRequest {
+        name: container.name.clone(),
+        kind,
+        count: narrow(count),
+        memory,
+        cores,
+        priority: None,
+        family: DeviceFamily::Iluvatar,
+        vendor: Some(VendorRequest {
+            device_type: Some(chip.common_word.clone()),
+            filters: DeviceFilters {
+                use_uuids: list(get(&ascend::use_uuid(&chip.common_word))),
+                nouse_uuids: list(get(&ascend::nouse_uuid(&chip.common_word))),
+                ..DeviceFilters::default()
+            },
+            ..VendorRequest::default()
+        }),
+    }))
+}

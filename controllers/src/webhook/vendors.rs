@@ -1,0 +1,170 @@
+//! What the webhook writes for other vendors' containers, as HAMi's
+//! webhook does (each vendor's `MutateAdmission`): Ascend's memory rounded
+//! to its template and 910C pairs; Iluvatar's whole-GPU cores and container
+//! name. Other vendors' containers are left as they are.
+
+use k8s_openapi::{
+    api::core::v1::{Container, EnvVar},
+    apimachinery::pkg::api::resource::Quantity,
+};
+use tessera_api::{
+    names::iluvatar::CONTAINER_NAME_ENV,
+    request::{ContainerRequest, RequestConfig},
+    v1alpha1::DeviceFamily,
+};
+
+/// Writes what HAMi's webhook writes for an Ascend container
+/// (`MutateAdmission`): its memory rounded up to the vNPU template (or the
+/// whole card), and a 910C count of 1 raised to the module pair, in limits
+/// and, where present, requests, so the kubelet accounts what the plugin
+/// hands out. Other vendors' containers are left as they are (HAMi's
+/// webhook changes nothing for them).
+pub(super) fn vendor_limits(
+    container: &mut Container,
+    wanted: &ContainerRequest,
+    config: &RequestConfig,
+) {
+    if wanted.family == DeviceFamily::Iluvatar {
+        iluvatar_limits(container, wanted, config);
+        return;
+    }
+    let Some(chip) = wanted
+        .vendor
+        .as_ref()
+        .and_then(|v| v.device_type.as_deref())
+        .and_then(|t| {
+            config
+                .vnpus
+                .iter()
+                .flat_map(|v| &v.configs)
+                .find(|c| c.common_word == t)
+        })
+    else {
+        return;
+    };
+    let memory = wanted.memory.resolve(0) / u64::from(chip.memory_factor.max(1));
+    let resources = container.resources.get_or_insert_default();
+    for (key, value) in [
+        (&chip.resource_name, wanted.count.to_string()),
+        (&chip.resource_memory_name, memory.to_string()),
+    ] {
+        resources
+            .limits
+            .get_or_insert_default()
+            .insert(key.clone(), Quantity(value.clone()));
+        if let Some(requests) = resources.requests.as_mut() {
+            requests.insert(key.clone(), Quantity(value));
+        }
+    }
+}
+
+/// What HAMi's webhook writes for an Iluvatar container: 100 × count cores
+/// when it asks for more than one GPU, and the container's name in
+/// `SOL_CONTINER_NAME` (read by the vendor's runtime) unless it sets it.
+fn iluvatar_limits(container: &mut Container, wanted: &ContainerRequest, config: &RequestConfig) {
+    let chip = wanted
+        .vendor
+        .as_ref()
+        .and_then(|v| v.device_type.as_deref())
+        .and_then(|t| config.iluvatars.iter().find(|c| c.common_word == t));
+    if let Some(chip) = chip
+        && wanted.count > 1
+        && !chip.resource_core_name.is_empty()
+    {
+        let cores = Quantity((100 * u64::from(wanted.count)).to_string());
+        let resources = container.resources.get_or_insert_default();
+        resources
+            .limits
+            .get_or_insert_default()
+            .insert(chip.resource_core_name.clone(), cores.clone());
+        if let Some(requests) = resources.requests.as_mut() {
+            requests.insert(chip.resource_core_name.clone(), cores);
+        }
+    }
+    let env = container.env.get_or_insert_default();
+    if !env.iter().any(|e| e.name == CONTAINER_NAME_ENV) {
+        env.push(EnvVar {
+            name: CONTAINER_NAME_ENV.into(),
+            value: Some(container.name.clone()),
+            value_from: None,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+    use tessera_api::request::parse_pod;
+
+    use super::*;
+
+    fn mutated(limits: serde_json::Value) -> Container {
+        let config = tessera_api::testing::vendor_config();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+        }))
+        .unwrap();
+        let request = parse_pod(&pod, &config).unwrap().unwrap();
+        let mut container = pod.spec.unwrap().containers.remove(0);
+        for wanted in &request.containers {
+            vendor_limits(&mut container, wanted, &config);
+        }
+        container
+    }
+
+    fn limit(container: &Container, key: &str) -> Option<String> {
+        container
+            .resources
+            .as_ref()?
+            .limits
+            .as_ref()?
+            .get(key)
+            .map(|q| q.0.clone())
+    }
+
+    #[test]
+    fn ascend_memory_is_written_as_the_template_and_910c_as_a_pair() {
+        let vnpu =
+            mutated(json!({"huawei.com/Ascend910A": "1", "huawei.com/Ascend910A-memory": "3000"}));
+        assert_eq!(
+            limit(&vnpu, "huawei.com/Ascend910A-memory").as_deref(),
+            Some("4369")
+        );
+        let pair = mutated(json!({"huawei.com/Ascend910C": "1"}));
+        assert_eq!(limit(&pair, "huawei.com/Ascend910C").as_deref(), Some("2"));
+        assert_eq!(
+            limit(&pair, "huawei.com/Ascend910C-memory").as_deref(),
+            Some("65536")
+        );
+    }
+
+    #[test]
+    fn iluvatar_containers_get_whole_gpu_cores_and_their_name() {
+        let two = mutated(json!({"iluvatar.ai/MR-V100-vgpu": "2"}));
+        assert_eq!(
+            limit(&two, "iluvatar.ai/MR-V100.vCore").as_deref(),
+            Some("200")
+        );
+        let env = two.env.unwrap_or_default();
+        assert!(
+            env.iter()
+                .any(|e| e.name == "SOL_CONTINER_NAME" && e.value.as_deref() == Some("main"))
+        );
+        let one =
+            mutated(json!({"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vCore": "30"}));
+        assert_eq!(
+            limit(&one, "iluvatar.ai/MR-V100.vCore").as_deref(),
+            Some("30"),
+            "left as asked"
+        );
+    }
+
+    #[test]
+    fn hygon_containers_are_left_as_they_are() {
+        let dcu = mutated(json!({"hygon.com/dcunum": "1"}));
+        assert_eq!(limit(&dcu, "hygon.com/dcucores"), None);
+        assert!(dcu.env.is_none());
+    }
+}
