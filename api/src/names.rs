@@ -91,6 +91,26 @@ pub mod ascend {
     }
 }
 
+/// Cambricon MLUs' names (HAMi `pkg/device/cambricon`).
+pub mod cambricon {
+    /// Comma list; only MLUs whose type contains one of the entries.
+    pub const USE_MLU_TYPE: &str = "cambricon.com/use-mlutype";
+    /// Comma list; MLUs whose type contains one of the entries are excluded.
+    pub const NOUSE_MLU_TYPE: &str = "cambricon.com/nouse-mlutype";
+    /// Comma list of MLU UUIDs; only these may be used.
+    pub const USE_UUID: &str = "cambricon.com/use-gpuuuid";
+    /// Comma list of MLU UUIDs that must not be used.
+    pub const NOUSE_UUID: &str = "cambricon.com/nouse-gpuuuid";
+    /// The Node lock Cambricon's plugin reads: the RFC 3339 time it was taken.
+    pub const DSMLU_LOCK: &str = "cambricon.com/dsmlu.lock";
+    /// Pod annotation: `<index>_<cores>_<memory in 256 MiB>` of the MLU.
+    pub const DSMLU_PROFILE: &str = "CAMBRICON_DSMLU_PROFILE";
+    /// Pod annotation: `false` until the plugin has assigned the MLU.
+    pub const DSMLU_ASSIGNED: &str = "CAMBRICON_DSMLU_ASSIGNED";
+    /// MiB per unit of the memory resource (`cambricon.com/mlu.smlu.vmemory`).
+    pub const MEMORY_UNIT_MIB: u64 = 256;
+}
+
 /// Iluvatar GPUs' names (HAMi `pkg/device/iluvatar`).
 pub mod iluvatar {
     /// MiB per unit of an Iluvatar memory resource (`iluvatar.ai/<chip>.vMem`).

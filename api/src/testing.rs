@@ -25,7 +25,8 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use crate::request::{
-    HygonConfig, IluvatarConfig, RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+    CambriconConfig, HygonConfig, IluvatarConfig, RequestConfig, VnpuConfig, VnpuTemplate,
+    VnpusConfig,
 };
 use crate::v1alpha1::{
     AllocationPhase, AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth,
@@ -306,6 +307,7 @@ pub fn vendor_config() -> RequestConfig {
             hami_vnpu_core: false,
             configs: vec![a910, c910],
         }),
+        cambricon: Some(CambriconConfig::default()),
         iluvatars: vec![IluvatarConfig {
             chip_name: "MR-V100".into(),
             common_word: "MR-V100".into(),

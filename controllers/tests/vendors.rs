@@ -23,7 +23,9 @@ use kube::{
 use serde_json::{Value, json};
 use support::{Cluster, WAIT};
 use tessera_api::{
-    request::{HygonConfig, IluvatarConfig, VnpuConfig, VnpuTemplate, VnpusConfig},
+    request::{
+        CambriconConfig, HygonConfig, IluvatarConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+    },
     v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
 };
 use tessera_controllers::config::Config;
@@ -56,6 +58,7 @@ fn config() -> Config {
             ..VnpuConfig::default()
         }],
     });
+    config.request.cambricon = Some(CambriconConfig::default());
     config.request.iluvatars = vec![IluvatarConfig {
         chip_name: "MR-V100".into(),
         common_word: "MR-V100".into(),
@@ -362,6 +365,66 @@ async fn an_iluvatar_pod_is_placed_on_its_chip_and_handed_off() {
         lock_gone(&cluster, "ilu-1").await.then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_cambricon_node_is_read_from_its_allocatable_and_its_pod_gets_a_profile() {
+    let cluster = Cluster::start(config()).await;
+    // What Cambricon's plugin advertises for two MLUs of 16 GiB: 100 vcores
+    // and 64 units of 256 MiB each.
+    vendor_node(
+        &cluster,
+        "mlu-1",
+        json!({}),
+        json!({"cambricon.com/vmlu": "200", "cambricon.com/mlu.smlu.vcore": "200", "cambricon.com/mlu.smlu.vmemory": "128"}),
+    )
+    .await;
+    let node = until("mlu-1's GpuNode", async || {
+        gpu_node(&cluster, "mlu-1")
+            .await
+            .filter(|g| g.status.as_ref().is_some_and(|s| s.gpu_count == 2))
+    })
+    .await;
+    let device = &node.status.unwrap().devices[1];
+    assert_eq!(
+        (
+            device.uuid.as_str(),
+            device.capacity.memory_mib,
+            device.split_count
+        ),
+        ("mlu-1-cambricon-mlu-1", 16384, 100)
+    );
+    until("mlu-1 in the projection", async || {
+        cluster.projection.read().node("mlu-1").map(|_| ())
+    })
+    .await;
+    cluster
+        .create_pod(
+            "mlu-pod",
+            json!({"cambricon.com/vmlu": "1", "cambricon.com/mlu.smlu.vmemory": "8", "cambricon.com/mlu.smlu.vcore": "40"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("mlu-pod").await, "mlu-1");
+    let a = pod(&cluster, "mlu-pod").await.annotations().clone();
+    let profile = &a["CAMBRICON_DSMLU_PROFILE"];
+    assert!(profile == "0_40_8" || profile == "1_40_8", "{profile}");
+    assert_eq!(a["CAMBRICON_DSMLU_ASSIGNED"], "false");
+    assert!(a["hami.io/cambricon-mlu-devices-to-allocate"].ends_with(",MLU,2048,40:;"));
+    let lock = node_annotation(&cluster, "mlu-1", "cambricon.com/dsmlu.lock").await;
+    assert!(
+        lock.is_some_and(|t| t.ends_with('Z')),
+        "Cambricon's own node lock is taken"
+    );
+    assert_eq!(
+        node_annotation(&cluster, "mlu-1", "hami.io/mutex.lock").await,
+        None,
+        "Cambricon's plugin does not use HAMi's mutex"
+    );
+    assert_eq!(
+        cluster.allocation("mlu-pod").await.spec.totals.families,
+        "cambricon"
+    );
 }
 
 #[tokio::test]

@@ -132,6 +132,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         serde_json::json!({"metadata": {"annotations": {"hami.io/mutex.lock": "2026-11-27T10:00:00Z,default,p"}}}),
         serde_json::json!({"metadata": {"annotations": {"hami.io/mutex.lock": null}}}),
         serde_json::json!({"metadata": {"annotations": {"hami.io/node-handshake-dcu": "Requesting_2026-11-27 10:00:00"}}}),
+        serde_json::json!({"metadata": {"annotations": {"cambricon.com/dsmlu.lock": "2026-11-27T10:00:00Z"}}}),
     ] {
         as_controller
             .patch(
@@ -159,7 +160,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
             Err(kube::Error::Api(status)) => assert!(
                 status
                     .message
-                    .contains("may change only the annotations tessera.dev/gpu-freed, hami.io/mutex.lock and hami.io/node-handshake-* of a Node"),
+                    .contains("may change only the annotations tessera.dev/gpu-freed, hami.io/mutex.lock, cambricon.com/dsmlu.lock and hami.io/node-handshake-* of a Node"),
                 "{forbidden}: {}",
                 status.message
             ),
@@ -184,7 +185,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         .patch(
             "plain",
             &kube::api::PatchParams::default(),
-            &patch(serde_json::json!({"metadata": {"annotations": {"hami.io/bind-phase": "allocating", "huawei.com/Ascend910B4": "[]"}}})),
+            &patch(serde_json::json!({"metadata": {"annotations": {"hami.io/bind-phase": "allocating", "huawei.com/Ascend910B4": "[]", "CAMBRICON_DSMLU_ASSIGNED": "false"}}})),
         )
         .await
         .expect("Bind's vendor annotations are allowed");
@@ -197,7 +198,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
             .await
         {
             Err(kube::Error::Api(status)) => assert!(
-                status.message.contains("may change only the hami.io/*, huawei.com/* and predicate-time annotations of a pod"),
+                status.message.contains("may change only the hami.io/*, huawei.com/*, predicate-time and CAMBRICON_DSMLU_* annotations of a pod"),
                 "{forbidden}: {}",
                 status.message
             ),

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::vendors::{HygonConfig, IluvatarConfig, VnpusConfig};
+use super::vendors::{CambriconConfig, HygonConfig, IluvatarConfig, VnpusConfig};
 use crate::names::resources;
 use crate::{Error, Result};
 
@@ -25,6 +25,9 @@ pub struct RequestConfig {
     /// HAMi's `vnpus:` section; absent: Ascend NPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vnpus: Option<VnpusConfig>,
+    /// HAMi's `cambricon:` section; absent: Cambricon MLUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cambricon: Option<CambriconConfig>,
     /// HAMi's `iluvatars:` section, one entry per chip; empty: Iluvatar GPUs
     /// are not scheduled.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -42,6 +45,7 @@ impl Default for RequestConfig {
             hygon: None,
             vnpus: None,
             iluvatars: Vec::new(),
+            cambricon: None,
         }
     }
 }
@@ -109,6 +113,13 @@ impl RequestConfig {
             if !chip.resource_core_name.is_empty() {
                 all.push(&chip.resource_core_name);
             }
+        }
+        if let Some(mlu) = &self.cambricon {
+            all.extend([
+                mlu.resource_count_name.as_str(),
+                &mlu.resource_memory_name,
+                &mlu.resource_core_name,
+            ]);
         }
         for chip in &self.iluvatars {
             all.push(&chip.resource_count_name);

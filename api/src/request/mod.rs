@@ -33,8 +33,8 @@ mod annotations;
 mod ascend;
 mod config;
 mod container;
-mod hygon;
 mod iluvatar;
+mod simple;
 mod vendors;
 
 #[cfg(test)]
@@ -48,7 +48,9 @@ use crate::{Error, Result, Violations};
 
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
-pub use vendors::{HygonConfig, IluvatarConfig, VnpuConfig, VnpuTemplate, VnpusConfig};
+pub use vendors::{
+    CambriconConfig, HygonConfig, IluvatarConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+};
 
 use crate::v1alpha1::DeviceFamily;
 
@@ -83,7 +85,7 @@ pub struct ContainerRequest {
     pub priority: Option<u32>,
     /// The accelerator family the request is for. A container asking for
     /// several families gives one request per family, in the order
-    /// NVIDIA, Hygon, Ascend, Iluvatar.
+    /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon.
     pub family: DeviceFamily,
     /// What a request for another vendor's devices adds; `None` for NVIDIA.
     pub vendor: Option<VendorRequest>,
@@ -192,13 +194,26 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
             };
             collect(container::parse(container, kind, config));
             if let Some(hygon) = &config.hygon {
-                collect(hygon::parse(container, kind, hygon, annotations));
+                collect(simple::parse(
+                    container,
+                    kind,
+                    &simple::Simple::hygon(hygon),
+                    annotations,
+                ));
             }
             for chip in config.vnpus.iter().flat_map(|v| &v.configs) {
                 collect(ascend::parse(container, kind, chip, annotations));
             }
             for chip in &config.iluvatars {
                 collect(iluvatar::parse(container, kind, chip, annotations));
+            }
+            if let Some(mlu) = &config.cambricon {
+                collect(simple::parse(
+                    container,
+                    kind,
+                    &simple::Simple::cambricon(mlu),
+                    annotations,
+                ));
             }
         }
     }

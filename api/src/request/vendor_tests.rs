@@ -194,6 +194,32 @@ fn broken_vendor_rules_are_refused_naming_the_container_field_and_rule() {
 }
 
 #[test]
+fn cambricon_requests_follow_hami() {
+    use MemoryRequest::{Mib, Percent};
+    let rows = [
+        (json!({"cambricon.com/vmlu": "1"}), (1, Percent(100), 100)),
+        (
+            json!({"cambricon.com/vmlu": "1", "cambricon.com/mlu.smlu.vmemory": "16", "cambricon.com/mlu.smlu.vcore": "50"}),
+            (1, Mib(4096), 50),
+        ),
+        (
+            json!({"cambricon.com/vmlu": "2", "cambricon.com/mlu.smlu.vcore": "200"}),
+            (2, Percent(100), 100),
+        ),
+    ];
+    for (limits, (count, memory, cores)) in rows {
+        let got = parsed(limits.clone(), json!({})).unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (DeviceFamily::Cambricon, count, memory, cores, None),
+            "{limits}"
+        );
+    }
+    let error = parsed(json!({"cambricon.com/mlu.smlu.vcore": "50"}), json!({})).unwrap_err();
+    assert!(error.contains("cambricon.com/mlu.smlu.vcore: is set but cambricon.com/vmlu is not; ask for at least 1 MLU"), "{error}");
+}
+
+#[test]
 fn iluvatar_requests_follow_hami() {
     use MemoryRequest::{Mib, Percent};
     let rows = [

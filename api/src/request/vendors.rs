@@ -37,6 +37,32 @@ impl Default for HygonConfig {
     }
 }
 
+/// HAMi's `cambricon:` section: Cambricon MLUs, served by Cambricon's
+/// device plugin in dynamic-smlu mode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct CambriconConfig {
+    /// Number of MLUs (`cambricon.com/vmlu`).
+    pub resource_count_name: String,
+    /// Memory per MLU in units of 256 MiB (`cambricon.com/mlu.smlu.vmemory`);
+    /// the Node's allocatable of it is its MLUs' memory.
+    pub resource_memory_name: String,
+    /// Percent of an MLU's cores (`cambricon.com/mlu.smlu.vcore`; 100 when
+    /// absent); the Node's allocatable of it is 100 per MLU.
+    pub resource_core_name: String,
+}
+
+impl Default for CambriconConfig {
+    /// HAMi's chart defaults (`mluResourceName`, `mluResourceMem`, `mluResourceCores`).
+    fn default() -> Self {
+        Self {
+            resource_count_name: "cambricon.com/vmlu".into(),
+            resource_memory_name: "cambricon.com/mlu.smlu.vmemory".into(),
+            resource_core_name: "cambricon.com/mlu.smlu.vcore".into(),
+        }
+    }
+}
+
 /// HAMi's `vnpus:` section: Huawei Ascend NPUs, one entry per chip, served by
 /// HAMi's `ascend-device-plugin`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

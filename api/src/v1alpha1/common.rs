@@ -60,11 +60,20 @@ pub enum DeviceFamily {
     /// Iluvatar GPUs (`iluvatar.ai/<chip>-vgpu`), served by Iluvatar's
     /// gpu-manager device plugin.
     Iluvatar,
+    /// Cambricon MLUs (`cambricon.com/vmlu`), served by Cambricon's device
+    /// plugin in dynamic-smlu mode.
+    Cambricon,
 }
 
 impl DeviceFamily {
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 4] = [Self::Nvidia, Self::Hygon, Self::Ascend, Self::Iluvatar];
+    pub const ALL: [Self; 5] = [
+        Self::Nvidia,
+        Self::Hygon,
+        Self::Ascend,
+        Self::Iluvatar,
+        Self::Cambricon,
+    ];
 
     /// The value as written in manifests.
     pub fn as_str(self) -> &'static str {
@@ -73,6 +82,7 @@ impl DeviceFamily {
             Self::Hygon => "hygon",
             Self::Ascend => "ascend",
             Self::Iluvatar => "iluvatar",
+            Self::Cambricon => "cambricon",
         }
     }
 

@@ -101,6 +101,12 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- if .resourceCoreName }}{{ $names = append $names .resourceCoreName }}{{ end -}}
 {{- end -}}
 {{- end -}}
+{{- if kindIs "map" .Values.config.cambricon -}}
+{{- $mlu := .Values.config.cambricon -}}
+{{- $names = append $names ($mlu.resourceCountName | default "cambricon.com/vmlu") -}}
+{{- $names = append $names ($mlu.resourceMemoryName | default "cambricon.com/mlu.smlu.vmemory") -}}
+{{- $names = append $names ($mlu.resourceCoreName | default "cambricon.com/mlu.smlu.vcore") -}}
+{{- end -}}
 {{- range .Values.config.iluvatars -}}
 {{- $names = append $names .resourceCountName -}}
 {{- $names = append $names .resourceMemoryName -}}

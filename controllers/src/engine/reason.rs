@@ -9,7 +9,7 @@ use std::fmt::{self, Write};
 
 use tessera_api::{
     mig,
-    names::{annotations, ascend, hygon},
+    names::{annotations, ascend, cambricon, hygon},
     request::{ContainerRequest, MemoryRequest},
     v1alpha1::DeviceFamily,
 };
@@ -283,6 +283,7 @@ fn noun(container: &ContainerRequest) -> String {
     match container.family {
         DeviceFamily::Nvidia => "GPU".into(),
         DeviceFamily::Hygon => "DCU".into(),
+        DeviceFamily::Cambricon => "MLU".into(),
         DeviceFamily::Ascend | DeviceFamily::Iluvatar => {
             let chip = container
                 .vendor
@@ -325,6 +326,12 @@ impl FilterKeys {
                 hygon::NOUSE_DCU_TYPE.into(),
                 hygon::USE_UUID.into(),
                 hygon::NOUSE_UUID.into(),
+            ],
+            DeviceFamily::Cambricon => [
+                cambricon::USE_MLU_TYPE.into(),
+                cambricon::NOUSE_MLU_TYPE.into(),
+                cambricon::USE_UUID.into(),
+                cambricon::NOUSE_UUID.into(),
             ],
             DeviceFamily::Ascend | DeviceFamily::Iluvatar => [
                 String::new(),

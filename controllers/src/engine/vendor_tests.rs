@@ -387,6 +387,80 @@ fn ascend_fits_as_hami_does() {
 }
 
 #[test]
+fn cambricon_fits_as_hami_does() {
+    // HAMi's TestDevices_Fit rows for MLUs (the same shape as Hygon's);
+    // memory in 256 MiB units as pods write it, cores 100 unless named.
+    let mlu = |rows: &[Row]| node(DeviceFamily::Cambricon, "MLU", rows);
+    let card = Row {
+        total_mem: 16384,
+        ..FREE
+    };
+    let cases: [Case; 6] = [
+        (
+            "fit success",
+            mlu(&[
+                card,
+                Row {
+                    id: "dev-1",
+                    ..card
+                },
+            ]),
+            json!({"cambricon.com/vmlu": "1", "cambricon.com/mlu.smlu.vmemory": "4", "cambricon.com/mlu.smlu.vcore": "50"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "fit fail: memory not enough",
+            mlu(&[Row {
+                total_mem: 128,
+                ..card
+            }]),
+            json!({"cambricon.com/vmlu": "1", "cambricon.com/mlu.smlu.vmemory": "2", "cambricon.com/mlu.smlu.vcore": "50"}),
+            json!({}),
+            Err("1 MLU without 512 MiB free (largest free is 128 MiB on dev-0)"),
+        ),
+        (
+            "fit fail: user assign no use uuid match",
+            mlu(&[card]),
+            json!({"cambricon.com/vmlu": "1"}),
+            json!({"cambricon.com/nouse-gpuuuid": "dev-0"}),
+            Err("1 MLU excluded by cambricon.com/nouse-gpuuuid"),
+        ),
+        (
+            "fit fail: card exclusively (no cores named: 100)",
+            mlu(&[Row { used: 20, ..card }]),
+            json!({"cambricon.com/vmlu": "1", "cambricon.com/mlu.smlu.vmemory": "2"}),
+            json!({}),
+            Err("1 MLU in use, but 100 cores needs an empty MLU"),
+        ),
+        (
+            "fit fail: CardComputeUnitsExhausted",
+            mlu(&[Row {
+                used: 20,
+                used_cores: 100,
+                ..card
+            }]),
+            json!({"cambricon.com/vmlu": "1", "cambricon.com/mlu.smlu.vmemory": "2", "cambricon.com/mlu.smlu.vcore": "0"}),
+            json!({}),
+            Err("1 MLU with every core handed out"),
+        ),
+        (
+            "fit fail: CardNotHealth",
+            mlu(&[Row {
+                healthy: false,
+                ..card
+            }]),
+            json!({"cambricon.com/vmlu": "1"}),
+            json!({}),
+            Err("1 MLU unhealthy"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+}
+
+#[test]
 fn iluvatar_fits_as_hami_does() {
     // HAMi's Test_Fit rows; memory in 256 MiB units as pods write it.
     let gpus = |rows: &[Row]| node(DeviceFamily::Iluvatar, "MR-V100", rows);

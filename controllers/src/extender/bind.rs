@@ -215,12 +215,21 @@ impl Binder {
             Api::namespaced(self.client.clone(), &args.pod_namespace);
         // What another vendor's device plugin reads at Allocate; empty for
         // a pod of NVIDIA GPUs only.
-        let handoff = crate::vendors::handoff::pod_annotations(
-            &spec,
-            &crate::vendors::handoff::container_order(pod),
-            &self.config.request,
-            k8s_openapi::jiff::Timestamp::now(),
-        );
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let handoff = super::handoff::Handoff {
+            pod: crate::vendors::handoff::pod_annotations(
+                &spec,
+                &crate::vendors::handoff::container_order(pod),
+                &self.config.request,
+                now,
+            ),
+            node: crate::vendors::handoff::node_annotations(
+                &spec,
+                &args.pod_namespace,
+                &args.pod_name,
+                now,
+            ),
+        };
         let result = async {
             self.recheck(args, devices, placement, held.resource_version.as_deref())
                 .await?;

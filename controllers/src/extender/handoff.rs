@@ -14,50 +14,62 @@ use serde_json::json;
 
 use crate::Error;
 
-/// Writes what a vendor plugin reads: the Node's `hami.io/mutex.lock` for
-/// this pod (Tessera's NodeLock already serialises Binds on the node, so a
-/// value left by an earlier pod is replaced), then the pod's annotations.
+/// Writes what a vendor plugin reads: the Node's lock annotations for this
+/// pod (`node`: `hami.io/mutex.lock`, Cambricon's `cambricon.com/dsmlu.lock`;
+/// Tessera's NodeLock already serialises Binds on the node, so a value left
+/// by an earlier pod is replaced), then the pod's annotations.
 pub(super) async fn hand_off(
     client: &Client,
     pods: &Api<Pod>,
     args: &ExtenderBindingArgs,
-    annotations: &BTreeMap<String, String>,
+    handoff: &Handoff,
 ) -> Result<(), Error> {
-    use crate::vendors::handoff::{MUTEX_LOCK, mutex_value};
-    let mutex = mutex_value(
-        &args.pod_namespace,
-        &args.pod_name,
-        k8s_openapi::jiff::Timestamp::now(),
-    );
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .patch(
             &args.node,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {MUTEX_LOCK: mutex}}})),
+            &Patch::Merge(json!({"metadata": {"annotations": handoff.node}})),
         )
         .await
-        .map_err(Error::kube("taking the node's hami.io/mutex.lock"))?;
+        .map_err(Error::kube("taking the node's vendor lock annotations"))?;
     pods.patch(
         &args.pod_name,
         &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+        &Patch::Merge(json!({"metadata": {"annotations": handoff.pod}})),
     )
     .await
     .map_err(Error::kube("writing the vendor plugin's pod annotations"))?;
     Ok(())
 }
 
+/// What Bind hands to other vendors' plugins: pod and Node annotations.
+#[derive(Debug, Default)]
+pub(super) struct Handoff {
+    /// The pod's annotations.
+    pub pod: BTreeMap<String, String>,
+    /// The Node's (its locks).
+    pub node: BTreeMap<String, String>,
+}
+
+impl Handoff {
+    /// Whether there is anything to hand over (a pod of NVIDIA GPUs only: no).
+    pub fn is_empty(&self) -> bool {
+        self.pod.is_empty() && self.node.is_empty()
+    }
+}
+
 /// Undoes [`hand_off`] after a failed Bind (best effort: what cannot be
 /// undone is logged; the plugin acts only on a pod bound to its node).
+/// A Node lock is removed only while it still says what this Bind wrote.
 pub(super) async fn take_back(
     client: &Client,
     pods: &Api<Pod>,
     args: &ExtenderBindingArgs,
-    annotations: &BTreeMap<String, String>,
+    handoff: &Handoff,
 ) {
-    use crate::vendors::handoff::{MUTEX_LOCK, mutex_held_by};
-    let cleared: serde_json::Map<String, serde_json::Value> = annotations
+    let cleared: serde_json::Map<String, serde_json::Value> = handoff
+        .pod
         .keys()
         .map(|k| (k.clone(), serde_json::Value::Null))
         .collect();
@@ -72,27 +84,28 @@ pub(super) async fn take_back(
         tracing::warn!(pod = %args.pod_name, %error, "could not remove the vendor annotations of a failed Bind");
     }
     let nodes: Api<Node> = Api::all(client.clone());
-    let ours = nodes
+    let current = nodes
         .get_opt(&args.node)
         .await
         .ok()
         .flatten()
-        .is_some_and(|n| {
-            n.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(MUTEX_LOCK))
-                .is_some_and(|v| mutex_held_by(v, &args.pod_namespace, &args.pod_name))
-        });
-    if ours
+        .and_then(|n| n.metadata.annotations)
+        .unwrap_or_default();
+    let ours: serde_json::Map<String, serde_json::Value> = handoff
+        .node
+        .iter()
+        .filter(|(k, v)| current.get(*k) == Some(*v))
+        .map(|(k, _)| (k.clone(), serde_json::Value::Null))
+        .collect();
+    if !ours.is_empty()
         && let Err(error) = nodes
             .patch(
                 &args.node,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": {MUTEX_LOCK: null}}})),
+                &Patch::Merge(json!({"metadata": {"annotations": ours}})),
             )
             .await
     {
-        tracing::warn!(node = %args.node, %error, "could not release hami.io/mutex.lock after a failed Bind");
+        tracing::warn!(node = %args.node, %error, "could not release the vendor lock after a failed Bind");
     }
 }

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde::Serialize;
 use tessera_api::{
+    names::cambricon,
     request::RequestConfig,
     v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
 };
@@ -33,10 +34,10 @@ const PREDICATE_TIME: &str = "predicate-time";
 /// its devices, and the copy HAMi keeps for itself (Hygon's are spelled
 /// `dcu`, Ascend's with the chip: HAMi's `InRequestDevices`).
 fn keys(device_type: &str) -> (String, String) {
-    let word = if device_type == "DCU" {
-        "dcu"
-    } else {
-        device_type
+    let word = match device_type {
+        "DCU" => "dcu",
+        "MLU" => "cambricon-mlu",
+        chip => chip,
     };
     (
         format!("hami.io/{word}-devices-to-allocate"),
@@ -50,6 +51,7 @@ fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
     match slice.family {
         DeviceFamily::Nvidia => None,
         DeviceFamily::Hygon => Some("DCU"),
+        DeviceFamily::Cambricon => Some("MLU"),
         DeviceFamily::Ascend | DeviceFamily::Iluvatar => Some(slice.model.as_str()),
     }
 }
@@ -125,6 +127,24 @@ pub fn pod_annotations(
         let (to_allocate, allocated) = keys(device_type);
         out.insert(to_allocate, encoded.clone());
         out.insert(allocated, encoded);
+        if device_type == "MLU" {
+            // Cambricon's dynamic-smlu plugin reads the first MLU's profile.
+            if let Some(d) = containers
+                .iter()
+                .find_map(|name| slices_of(name).first().copied())
+            {
+                out.insert(
+                    cambricon::DSMLU_PROFILE.to_owned(),
+                    format!(
+                        "{}_{}_{}",
+                        d.index,
+                        d.cores,
+                        d.memory_mib / cambricon::MEMORY_UNIT_MIB
+                    ),
+                );
+            }
+            out.insert(cambricon::DSMLU_ASSIGNED.to_owned(), "false".to_owned());
+        }
         let chip = config
             .vnpus
             .iter()
@@ -147,6 +167,40 @@ pub fn pod_annotations(
             );
             out.insert(PREDICATE_TIME.to_owned(), seconds.clone());
         }
+    }
+    out
+}
+
+/// The Node annotations Bind writes for the vendor slices of `spec` (none
+/// for NVIDIA only): `hami.io/mutex.lock` for the plugins that find the pod
+/// through it (Hygon, Ascend, Iluvatar), Cambricon's `cambricon.com/dsmlu.lock`.
+pub fn node_annotations(
+    spec: &VgpuAllocationSpec,
+    namespace: &str,
+    pod: &str,
+    now: Timestamp,
+) -> BTreeMap<String, String> {
+    let families: Vec<DeviceFamily> = spec
+        .containers
+        .iter()
+        .flat_map(|c| &c.devices)
+        .map(|d| d.family)
+        .collect();
+    let mut out = BTreeMap::new();
+    if families.iter().any(|f| {
+        matches!(
+            f,
+            DeviceFamily::Hygon | DeviceFamily::Ascend | DeviceFamily::Iluvatar
+        )
+    }) {
+        out.insert(MUTEX_LOCK.to_owned(), mutex_value(namespace, pod, now));
+    }
+    if families.contains(&DeviceFamily::Cambricon) {
+        let time = now
+            .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        out.insert(cambricon::DSMLU_LOCK.to_owned(), time);
     }
     out
 }
@@ -298,6 +352,57 @@ mod tests {
             "ilu-0,MR-V100,4096,50:;"
         );
         assert!(!out.contains_key("huawei.com/MR-V100"));
+    }
+
+    #[test]
+    fn cambricon_gets_its_profile_and_its_own_node_lock() {
+        let mut mlu = slice(
+            "node-cambricon-mlu-1",
+            DeviceFamily::Cambricon,
+            "MLU",
+            4096,
+            50,
+            None,
+        );
+        mlu.index = 1;
+        let spec = allocation("p", "u", "n1")
+            .container(container("main", vec![mlu]))
+            .build()
+            .spec;
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let out = pod_annotations(
+            &spec,
+            &["init".to_owned(), "main".to_owned()],
+            &RequestConfig::default(),
+            now,
+        );
+        assert_eq!(
+            out["hami.io/cambricon-mlu-devices-to-allocate"],
+            ";node-cambricon-mlu-1,MLU,4096,50:;"
+        );
+        assert_eq!(out["CAMBRICON_DSMLU_PROFILE"], "1_50_16");
+        assert_eq!(out["CAMBRICON_DSMLU_ASSIGNED"], "false");
+        let node = node_annotations(&spec, "ml", "p", now);
+        assert_eq!(
+            node,
+            BTreeMap::from([(
+                "cambricon.com/dsmlu.lock".to_owned(),
+                "2026-11-27T10:00:00Z".to_owned()
+            )])
+        );
+        let dcu = allocation("p", "u", "n1")
+            .container(container(
+                "main",
+                vec![slice("DCU-0", DeviceFamily::Hygon, "DCU", 1, 1, None)],
+            ))
+            .build()
+            .spec;
+        assert_eq!(
+            node_annotations(&dcu, "ml", "p", now)
+                .keys()
+                .collect::<Vec<_>>(),
+            ["hami.io/mutex.lock"]
+        );
     }
 
     #[test]

@@ -72,8 +72,9 @@ pub(crate) async fn run(client: Client, nodes: &Watched<Node>, sources: Sources)
 
 async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Error> {
     let name = node.name_any();
-    let empty = BTreeMap::new();
-    let annotations = node.metadata.annotations.as_ref().unwrap_or(&empty);
+    let mut annotations = node.metadata.annotations.clone().unwrap_or_default();
+    annotations.insert(view::NODE_NAME.to_owned(), name.clone());
+    let annotations = &annotations;
     let empty_allocatable = BTreeMap::new();
     let allocatable = node
         .status

@@ -54,8 +54,29 @@ pub struct Source {
     /// The device type every device of the source is scheduled as (Ascend:
     /// the chip's `commonWord`); `None`: as the plugin reports it.
     pub device_type: Option<String>,
-    /// How the annotation is encoded.
-    pub json: bool,
+    /// Where and how the devices are reported.
+    pub kind: SourceKind,
+}
+
+/// How a vendor's plugin reports its devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceKind {
+    /// HAMi's CSV register annotation (Hygon, Iluvatar).
+    Csv,
+    /// HAMi's JSON register annotation (Ascend).
+    Json,
+    /// Only the Node's allocatable: 100 of `cores` per card and the cards'
+    /// memory in `memory` (in units of `unit_mib`), as HAMi reads Cambricon
+    /// nodes (`GetNodeDevices`; HAMi reads capacity, which equals
+    /// allocatable for device-plugin resources). No handshake.
+    Allocatable {
+        /// The cores resource (100 per card).
+        cores: String,
+        /// The memory resource.
+        memory: String,
+        /// MiB per unit of the memory resource.
+        unit_mib: u64,
+    },
 }
 
 /// Every source the configuration turns on.
@@ -68,7 +89,21 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
             handshake: HYGON_HANDSHAKE.into(),
             count_resource: hygon.resource_count_name.clone(),
             device_type: None,
-            json: false,
+            kind: SourceKind::Csv,
+        });
+    }
+    if let Some(mlu) = &config.cambricon {
+        sources.push(Source {
+            family: DeviceFamily::Cambricon,
+            register: String::new(),
+            handshake: String::new(),
+            count_resource: mlu.resource_count_name.clone(),
+            device_type: Some("MLU".into()),
+            kind: SourceKind::Allocatable {
+                cores: mlu.resource_core_name.clone(),
+                memory: mlu.resource_memory_name.clone(),
+                unit_mib: tessera_api::names::cambricon::MEMORY_UNIT_MIB,
+            },
         });
     }
     for chip in &config.iluvatars {
@@ -78,7 +113,7 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
             handshake: chip.handshake_annotation(),
             count_resource: chip.resource_count_name.clone(),
             device_type: Some(chip.common_word.clone()),
-            json: false,
+            kind: SourceKind::Csv,
         });
     }
     for chip in config.vnpus.iter().flat_map(|v| &v.configs) {
@@ -88,7 +123,7 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
             handshake: chip.handshake_annotation(),
             count_resource: chip.resource_name.clone(),
             device_type: Some(chip.common_word.clone()),
-            json: true,
+            kind: SourceKind::Json,
         });
     }
     sources
@@ -123,6 +158,21 @@ pub fn view(
         None => soft_split_default,
     };
     for source in sources {
+        if let SourceKind::Allocatable {
+            cores,
+            memory,
+            unit_mib,
+        } = &source.kind
+        {
+            let cards = whole(allocatable, cores).div_ceil(100);
+            if cards > 0 {
+                any = true;
+                let memory = whole(allocatable, memory).saturating_mul(*unit_mib);
+                view.devices
+                    .extend(cards_of(node_name(annotations), cards, memory, source));
+            }
+            continue;
+        }
         let Some(value) = annotations.get(&source.register) else {
             continue;
         };
@@ -141,7 +191,7 @@ pub fn view(
                 continue;
             }
         }
-        let decoded = if source.json {
+        let decoded = if source.kind == SourceKind::Json {
             decode_json(value)
         } else {
             decode_csv(value)
@@ -259,6 +309,51 @@ fn handshake(value: Option<&String>, now: Timestamp) -> Handshake {
     }
 }
 
+/// A resource's whole quantity; 0 when absent or not a whole number.
+fn whole(allocatable: &BTreeMap<String, Quantity>, resource: &str) -> u64 {
+    allocatable
+        .get(resource)
+        .and_then(|q| tessera_api::quantity::whole(&q.0).ok())
+        .unwrap_or(0)
+}
+
+/// The Node's name as devices of an allocatable source are named after it
+/// (HAMi: `<node>-cambricon-mlu-<i>`); the view gets it as a pseudo annotation.
+fn node_name(annotations: &BTreeMap<String, String>) -> &str {
+    annotations.get(NODE_NAME).map_or("node", String::as_str)
+}
+
+/// The key [`view`] reads the Node's name from (never a real annotation: it
+/// has no `/`, and the reconciler inserts it).
+pub const NODE_NAME: &str = "node-name";
+
+/// `cards` devices sharing `memory` MiB equally, as HAMi makes Cambricon's:
+/// 100 shares and 100 cores each, healthy (the plugin's allocatable is the
+/// health signal: an unhealthy card leaves it).
+fn cards_of(node: &str, cards: u64, memory: u64, source: &Source) -> Vec<GpuDevice> {
+    let cards = cards.min(u64::try_from(super::register::MAX_DEVICES).unwrap_or(64));
+    (0..cards)
+        .map(|i| {
+            let mib = memory / cards.max(1);
+            GpuDevice {
+                uuid: format!("{node}-cambricon-mlu-{i}"),
+                index: u32::try_from(i).unwrap_or(u32::MAX),
+                family: source.family,
+                model: source.device_type.clone().unwrap_or_default(),
+                memory_mib: mib,
+                capacity: DeviceCapacity {
+                    memory_mib: mib,
+                    cores: 100,
+                },
+                split_count: 100,
+                health: DeviceHealth::Healthy,
+                mode: OperatingMode::HamiCore,
+                ..GpuDevice::default()
+            }
+        })
+        .collect()
+}
+
 fn advertises(allocatable: &BTreeMap<String, Quantity>, resource: &str) -> bool {
     allocatable
         .get(resource)
@@ -312,6 +407,62 @@ mod tests {
     }
 
     const ASCEND: &str = r#"[{"id":"NPU-0","count":4,"devmem":32768,"devcore":20,"type":"Ascend910B4","health":true,"custominfo":{"NetworkID":1}}]"#;
+
+    #[test]
+    fn cambricon_cards_come_from_the_nodes_allocatable() {
+        let config = RequestConfig {
+            cambricon: Some(tessera_api::request::CambriconConfig::default()),
+            ..RequestConfig::default()
+        };
+        let allocatable = BTreeMap::from([
+            (
+                "cambricon.com/mlu.smlu.vcore".to_owned(),
+                Quantity("200".into()),
+            ),
+            (
+                "cambricon.com/mlu.smlu.vmemory".to_owned(),
+                Quantity("128".into()),
+            ),
+        ]);
+        let node = annotations(&[(NODE_NAME, "mlu-1")]);
+        let seen = view(
+            &node,
+            &allocatable,
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        assert_eq!(seen.devices.len(), 2);
+        let d = &seen.devices[1];
+        assert_eq!(
+            (
+                d.uuid.as_str(),
+                d.family,
+                d.model.as_str(),
+                d.capacity.memory_mib,
+                d.capacity.cores,
+                d.split_count
+            ),
+            (
+                "mlu-1-cambricon-mlu-1",
+                DeviceFamily::Cambricon,
+                "MLU",
+                16384,
+                100,
+                100
+            )
+        );
+        assert!(seen.handshakes.is_empty(), "Cambricon has no handshake");
+        let none = BTreeMap::from([(
+            "cambricon.com/mlu.smlu.vcore".to_owned(),
+            Quantity("0".into()),
+        )]);
+        assert_eq!(
+            view(&node, &none, &sources(&config), false, Timestamp::now()),
+            None
+        );
+    }
 
     #[test]
     fn iluvatar_chips_register_in_csv_under_their_own_key() {
