@@ -111,6 +111,30 @@ pub mod cambricon {
     pub const MEMORY_UNIT_MIB: u64 = 256;
 }
 
+/// Moore Threads GPUs' names (HAMi `pkg/device/mthreads`).
+pub mod mthreads {
+    /// Comma list of GPU UUIDs; only these may be used (HAMi spells it `.ai`).
+    pub const USE_UUID: &str = "mthreads.ai/use-gpuuuid";
+    /// Comma list of GPU UUIDs that must not be used.
+    pub const NOUSE_UUID: &str = "mthreads.ai/nouse-gpuuuid";
+    /// Pod annotation the plugin reads: the card indexes, comma-separated.
+    pub const GPU_INDEX: &str = "mthreads.com/gpu-index";
+    /// Pod annotation: the node the pod was placed on.
+    pub const PREDICATE_NODE: &str = "mthreads.com/predicate-node";
+    /// Pod annotation: when it was placed, Unix nanoseconds.
+    pub const PREDICATE_TIME: &str = "mthreads.com/predicate-time";
+    /// Pod annotation HAMi's webhook writes for more than one GPU: how many.
+    pub const REQUEST_GPU_NUM: &str = "mthreads.com/request-gpu-num";
+    /// Compute units of one card (`mthreads.com/sgpu-core` counts them).
+    pub const CORES_PER_CARD: u32 = 16;
+    /// MiB per unit of `mthreads.com/sgpu-memory`.
+    pub const MEMORY_UNIT_MIB: u64 = 512;
+    /// The memory sizes a container may ask for, in units.
+    pub const MEMORY_SLICES: [u64; 7] = [2, 4, 8, 16, 32, 64, 96];
+    /// A whole card's memory, in units (48 GiB).
+    pub const WHOLE_CARD_UNITS: u64 = 96;
+}
+
 /// Iluvatar GPUs' names (HAMi `pkg/device/iluvatar`).
 pub mod iluvatar {
     /// MiB per unit of an Iluvatar memory resource (`iluvatar.ai/<chip>.vMem`).

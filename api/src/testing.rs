@@ -25,8 +25,8 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use crate::request::{
-    CambriconConfig, HygonConfig, IluvatarConfig, RequestConfig, VnpuConfig, VnpuTemplate,
-    VnpusConfig,
+    CambriconConfig, HygonConfig, IluvatarConfig, MthreadsConfig, RequestConfig, VnpuConfig,
+    VnpuTemplate, VnpusConfig,
 };
 use crate::v1alpha1::{
     AllocationPhase, AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth,
@@ -308,6 +308,7 @@ pub fn vendor_config() -> RequestConfig {
             configs: vec![a910, c910],
         }),
         cambricon: Some(CambriconConfig::default()),
+        mthreads: Some(MthreadsConfig::default()),
         iluvatars: vec![IluvatarConfig {
             chip_name: "MR-V100".into(),
             common_word: "MR-V100".into(),

@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 use support::{Cluster, WAIT};
 use tessera_api::{
     request::{
-        CambriconConfig, HygonConfig, IluvatarConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+        CambriconConfig, HygonConfig, IluvatarConfig, MthreadsConfig, VnpuConfig, VnpuTemplate,
+        VnpusConfig,
     },
     v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
 };
@@ -59,6 +60,7 @@ fn config() -> Config {
         }],
     });
     config.request.cambricon = Some(CambriconConfig::default());
+    config.request.mthreads = Some(MthreadsConfig::default());
     config.request.iluvatars = vec![IluvatarConfig {
         chip_name: "MR-V100".into(),
         common_word: "MR-V100".into(),
@@ -424,6 +426,64 @@ async fn a_cambricon_node_is_read_from_its_allocatable_and_its_pod_gets_a_profil
     assert_eq!(
         cluster.allocation("mlu-pod").await.spec.totals.families,
         "cambricon"
+    );
+}
+
+#[tokio::test]
+async fn a_moore_threads_pod_keeps_its_containers_on_one_card() {
+    let cluster = Cluster::start(config()).await;
+    // Two cards as Moore Threads' plugin advertises them: 16 cores and 96
+    // memory units (512 MiB) each.
+    vendor_node(
+        &cluster,
+        "mt-1",
+        json!({}),
+        json!({"mthreads.com/vgpu": "2", "mthreads.com/sgpu-core": "32", "mthreads.com/sgpu-memory": "192"}),
+    )
+    .await;
+    until("mt-1 in the projection", async || {
+        cluster
+            .projection
+            .read()
+            .node("mt-1")
+            .filter(|n| n.devices.len() == 2)
+            .map(|_| ())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    let slice = json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "4"});
+    let manifest: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "mt-pod"},
+        "spec": {
+            "schedulerName": "tessera-scheduler",
+            "containers": [
+                {"name": "a", "image": "example.invalid/x", "resources": {"limits": slice}},
+                {"name": "b", "image": "example.invalid/x", "resources": {"limits": slice}},
+            ],
+        },
+    }))
+    .unwrap();
+    pods.create(&kube::api::PostParams::default(), &manifest)
+        .await
+        .unwrap();
+    assert_eq!(cluster.node_of("mt-pod").await, "mt-1");
+    let allocation = cluster.allocation("mt-pod").await;
+    assert_eq!(allocation.spec.totals.families, "mthreads");
+    let cards: Vec<&str> = allocation
+        .spec
+        .containers
+        .iter()
+        .map(|c| c.devices[0].uuid.as_str())
+        .collect();
+    assert_eq!(cards.len(), 2);
+    assert_eq!(cards[0], cards[1], "one card per pod");
+    let a = pod(&cluster, "mt-pod").await.annotations().clone();
+    assert_eq!(a["hami.io/vgpu-node"], "mt-1");
+    assert_eq!(a["mthreads.com/predicate-node"], "mt-1");
+    assert!(a["mthreads.com/gpu-index"] == "0" || a["mthreads.com/gpu-index"] == "1");
+    assert_eq!(
+        node_annotation(&cluster, "mt-1", "hami.io/mutex.lock").await,
+        None
     );
 }
 

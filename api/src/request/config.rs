@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::vendors::{CambriconConfig, HygonConfig, IluvatarConfig, VnpusConfig};
+use super::vendors::{CambriconConfig, HygonConfig, IluvatarConfig, MthreadsConfig, VnpusConfig};
 use crate::names::resources;
 use crate::{Error, Result};
 
@@ -25,6 +25,9 @@ pub struct RequestConfig {
     /// HAMi's `vnpus:` section; absent: Ascend NPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vnpus: Option<VnpusConfig>,
+    /// HAMi's `mthreads:` section; absent: Moore Threads GPUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mthreads: Option<MthreadsConfig>,
     /// HAMi's `cambricon:` section; absent: Cambricon MLUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cambricon: Option<CambriconConfig>,
@@ -46,6 +49,7 @@ impl Default for RequestConfig {
             vnpus: None,
             iluvatars: Vec::new(),
             cambricon: None,
+            mthreads: None,
         }
     }
 }
@@ -119,6 +123,13 @@ impl RequestConfig {
                 mlu.resource_count_name.as_str(),
                 &mlu.resource_memory_name,
                 &mlu.resource_core_name,
+            ]);
+        }
+        if let Some(mt) = &self.mthreads {
+            all.extend([
+                mt.resource_count_name.as_str(),
+                &mt.resource_memory_name,
+                &mt.resource_core_name,
             ]);
         }
         for chip in &self.iluvatars {

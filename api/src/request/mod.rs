@@ -34,6 +34,7 @@ mod ascend;
 mod config;
 mod container;
 mod iluvatar;
+mod mthreads;
 mod simple;
 mod vendors;
 
@@ -49,7 +50,8 @@ use crate::{Error, Result, Violations};
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
 pub use vendors::{
-    CambriconConfig, HygonConfig, IluvatarConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+    CambriconConfig, HygonConfig, IluvatarConfig, MthreadsConfig, VnpuConfig, VnpuTemplate,
+    VnpusConfig,
 };
 
 use crate::v1alpha1::DeviceFamily;
@@ -85,7 +87,7 @@ pub struct ContainerRequest {
     pub priority: Option<u32>,
     /// The accelerator family the request is for. A container asking for
     /// several families gives one request per family, in the order
-    /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon.
+    /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon, Moore Threads.
     pub family: DeviceFamily,
     /// What a request for another vendor's devices adds; `None` for NVIDIA.
     pub vendor: Option<VendorRequest>,
@@ -109,6 +111,9 @@ pub struct VendorRequest {
     pub pairs: bool,
     /// Ascend 910: choose NPUs on as few networks (`NetworkID`) as possible.
     pub by_network: bool,
+    /// Moore Threads: every container of the pod shares the card(s) of the
+    /// first one (HAMi's `customFilterRule`).
+    pub one_card_per_pod: bool,
 }
 
 /// A pod's device filters for one family, from its annotations.
@@ -214,6 +219,9 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
                     &simple::Simple::cambricon(mlu),
                     annotations,
                 ));
+            }
+            if let Some(mt) = &config.mthreads {
+                collect(mthreads::parse(container, kind, mt, annotations));
             }
         }
     }

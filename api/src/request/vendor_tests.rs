@@ -220,6 +220,52 @@ fn cambricon_requests_follow_hami() {
 }
 
 #[test]
+fn moore_threads_requests_follow_hami() {
+    use MemoryRequest::Mib;
+    let rows = [
+        (json!({"mthreads.com/vgpu": "1"}), (1, Mib(49152), 16)),
+        (
+            json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "4"}),
+            (1, Mib(4096), 4),
+        ),
+        (
+            json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "2"}),
+            (1, Mib(1024), 0),
+        ),
+        (
+            json!({"mthreads.com/vgpu": "2", "mthreads.com/sgpu-memory": "8"}),
+            (2, Mib(49152), 16),
+        ),
+    ];
+    for (limits, (count, memory, cores)) in rows {
+        let got = parsed(limits.clone(), json!({})).unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (DeviceFamily::Mthreads, count, memory, cores, None),
+            "{limits}"
+        );
+        assert!(got[0].vendor.as_ref().unwrap().one_card_per_pod);
+    }
+    for (limits, want) in [
+        (
+            json!({"mthreads.com/vgpu": "0"}),
+            "mthreads.com/vgpu: must be greater than 0",
+        ),
+        (
+            json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "3"}),
+            "must be one of 2, 4, 8, 16, 32, 64, 96",
+        ),
+        (
+            json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-core": "17"}),
+            "mthreads.com/sgpu-core: must be between 0 and 16",
+        ),
+    ] {
+        let error = parsed(limits.clone(), json!({})).unwrap_err();
+        assert!(error.contains(want), "{limits}: {error}");
+    }
+}
+
+#[test]
 fn iluvatar_requests_follow_hami() {
     use MemoryRequest::{Mib, Percent};
     let rows = [

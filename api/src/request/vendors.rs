@@ -63,6 +63,30 @@ impl Default for CambriconConfig {
     }
 }
 
+/// HAMi's `mthreads:` section: Moore Threads GPUs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct MthreadsConfig {
+    /// Number of GPUs (`mthreads.com/vgpu`).
+    pub resource_count_name: String,
+    /// Memory per GPU in units of 512 MiB (`mthreads.com/sgpu-memory`).
+    pub resource_memory_name: String,
+    /// Compute in sixteenths of a card (`mthreads.com/sgpu-core`); the
+    /// Node's allocatable of it is 16 per card.
+    pub resource_core_name: String,
+}
+
+impl Default for MthreadsConfig {
+    /// HAMi's defaults (`--mthreads-name`, `--mthreads-memory`, `--mthreads-cores`).
+    fn default() -> Self {
+        Self {
+            resource_count_name: "mthreads.com/vgpu".into(),
+            resource_memory_name: "mthreads.com/sgpu-memory".into(),
+            resource_core_name: "mthreads.com/sgpu-core".into(),
+        }
+    }
+}
+
 /// HAMi's `vnpus:` section: Huawei Ascend NPUs, one entry per chip, served by
 /// HAMi's `ascend-device-plugin`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -63,16 +63,20 @@ pub enum DeviceFamily {
     /// Cambricon MLUs (`cambricon.com/vmlu`), served by Cambricon's device
     /// plugin in dynamic-smlu mode.
     Cambricon,
+    /// Moore Threads GPUs (`mthreads.com/vgpu`), served by Moore Threads'
+    /// device plugin.
+    Mthreads,
 }
 
 impl DeviceFamily {
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Nvidia,
         Self::Hygon,
         Self::Ascend,
         Self::Iluvatar,
         Self::Cambricon,
+        Self::Mthreads,
     ];
 
     /// The value as written in manifests.
@@ -83,6 +87,7 @@ impl DeviceFamily {
             Self::Ascend => "ascend",
             Self::Iluvatar => "iluvatar",
             Self::Cambricon => "cambricon",
+            Self::Mthreads => "mthreads",
         }
     }
 

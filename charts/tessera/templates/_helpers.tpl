@@ -107,6 +107,12 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- $names = append $names ($mlu.resourceMemoryName | default "cambricon.com/mlu.smlu.vmemory") -}}
 {{- $names = append $names ($mlu.resourceCoreName | default "cambricon.com/mlu.smlu.vcore") -}}
 {{- end -}}
+{{- if kindIs "map" .Values.config.mthreads -}}
+{{- $mt := .Values.config.mthreads -}}
+{{- $names = append $names ($mt.resourceCountName | default "mthreads.com/vgpu") -}}
+{{- $names = append $names ($mt.resourceMemoryName | default "mthreads.com/sgpu-memory") -}}
+{{- $names = append $names ($mt.resourceCoreName | default "mthreads.com/sgpu-core") -}}
+{{- end -}}
 {{- range .Values.config.iluvatars -}}
 {{- $names = append $names .resourceCountName -}}
 {{- $names = append $names .resourceMemoryName -}}

@@ -26,8 +26,25 @@ pub fn fit(
 ) -> Result<Placement, Rejection> {
     let mut usage = node.usage.clone();
     let mut containers = Vec::with_capacity(request.containers.len());
+    // Moore Threads: the devices the pod's first container of the family got.
+    let mut pinned: Option<Vec<usize>> = None;
     for container in &request.containers {
-        let slices = fit_container(&node.devices, &usage, container, &request.options, policy)?;
+        let one_card = container
+            .vendor
+            .as_ref()
+            .is_some_and(|v| v.one_card_per_pod);
+        let only = pinned.as_deref().filter(|_| one_card);
+        let slices = fit_container(
+            &node.devices,
+            &usage,
+            container,
+            &request.options,
+            policy,
+            only,
+        )?;
+        if one_card && pinned.is_none() {
+            pinned = Some(slices.iter().map(|s| s.device).collect());
+        }
         for slice in &slices {
             usage[slice.device].add(slice);
         }
@@ -74,6 +91,7 @@ fn fit_container(
     container: &ContainerRequest,
     options: &PodOptions,
     policy: SchedulingPolicy,
+    only: Option<&[usize]>,
 ) -> Result<Vec<Slice>, Rejection> {
     let filters = Filters::new(container, options);
     let mut census = Census::default();
@@ -88,6 +106,12 @@ fn fit_container(
         }
         total += 1;
         all_networked &= device.network_id.is_some();
+        // HAMi's customFilterRule: every device the pod's earlier containers
+        // got must be this one.
+        if only.is_some_and(|pinned| !pinned.iter().all(|&d| d == i)) {
+            census.note(Cause::OtherCardOfPod, device, used, container);
+            continue;
+        }
         match check(i, device, used, container, &filters) {
             Ok(slice) => candidates.push((slice, device_load(device, used))),
             Err(cause) => census.note(cause, device, used, container),

@@ -9,7 +9,7 @@ use std::fmt::{self, Write};
 
 use tessera_api::{
     mig,
-    names::{annotations, ascend, cambricon, hygon},
+    names::{annotations, ascend, cambricon, hygon, mthreads},
     request::{ContainerRequest, MemoryRequest},
     v1alpha1::DeviceFamily,
 };
@@ -34,9 +34,10 @@ pub(super) enum Cause {
     MigNoRoom,
     CoresExhausted,
     NoSoftSplit,
+    OtherCardOfPod,
 }
 
-const CAUSES: usize = 15;
+const CAUSES: usize = 16;
 
 /// Tally of why devices were rejected for one container.
 #[derive(Debug, Default)]
@@ -168,6 +169,10 @@ impl Census {
             "with every core handed out, so a request for 0 cores may not share it".into(),
         );
         part(
+            Cause::OtherCardOfPod,
+            "not the card the pod's other containers use (one card per pod)".into(),
+        );
+        part(
             Cause::MpsOneGpu,
             "in MPS mode, which serves one GPU per container (one MPS daemon per GPU)".into(),
         );
@@ -284,6 +289,7 @@ fn noun(container: &ContainerRequest) -> String {
         DeviceFamily::Nvidia => "GPU".into(),
         DeviceFamily::Hygon => "DCU".into(),
         DeviceFamily::Cambricon => "MLU".into(),
+        DeviceFamily::Mthreads => "Moore Threads GPU".into(),
         DeviceFamily::Ascend | DeviceFamily::Iluvatar => {
             let chip = container
                 .vendor
@@ -332,6 +338,12 @@ impl FilterKeys {
                 cambricon::NOUSE_MLU_TYPE.into(),
                 cambricon::USE_UUID.into(),
                 cambricon::NOUSE_UUID.into(),
+            ],
+            DeviceFamily::Mthreads => [
+                String::new(),
+                String::new(),
+                mthreads::USE_UUID.into(),
+                mthreads::NOUSE_UUID.into(),
             ],
             DeviceFamily::Ascend | DeviceFamily::Iluvatar => [
                 String::new(),

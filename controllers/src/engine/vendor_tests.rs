@@ -461,6 +461,75 @@ fn cambricon_fits_as_hami_does() {
 }
 
 #[test]
+fn moore_threads_shares_one_card_per_pod() {
+    // Cards as HAMi reads them from the Node: 16 cores, 48 GiB, 100 shares.
+    let mut gpus = node(
+        DeviceFamily::Mthreads,
+        "Mthreads",
+        &[
+            Row {
+                total_mem: 49152,
+                ..FREE
+            },
+            Row {
+                id: "dev-1",
+                total_mem: 49152,
+                ..FREE
+            },
+        ],
+    );
+    for d in &mut gpus.devices {
+        d.cores = 16;
+    }
+    expect(
+        "no memory named: a whole card (16 cores, 96 units)",
+        place(&gpus, json!({"mthreads.com/vgpu": "1"}), json!({})),
+        Ok(&["dev-0"]),
+    );
+    expect(
+        "an illegal memory size is refused at admission",
+        place(
+            &gpus,
+            json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "10"}),
+            json!({}),
+        ),
+        Err(
+            "mthreads.com/sgpu-memory: must be one of 2, 4, 8, 16, 32, 64, 96 (units of 512 MiB), got 10",
+        ),
+    );
+    let two = |first: u64, second: u64| -> Result<Vec<String>, String> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": first.to_string(), "mthreads.com/sgpu-core": "4"}}},
+                {"name": "b", "resources": {"limits": {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": second.to_string(), "mthreads.com/sgpu-core": "4"}}},
+            ]},
+        }))
+        .unwrap();
+        let request = parse_pod(&pod, &config())
+            .map_err(|e| e.to_string())?
+            .unwrap();
+        fit(&gpus, &request, SchedulingPolicy::Spread)
+            .map(|p| {
+                p.slices()
+                    .map(|s| gpus.devices[s.device].uuid.clone())
+                    .collect()
+            })
+            .map_err(|r| r.to_string())
+    };
+    // Spread would put the second container on the empty dev-1; the pod's
+    // containers share the first one's card instead.
+    expect("both on dev-0", two(8, 8), Ok(&["dev-0", "dev-0"]));
+    expect(
+        "the second does not fit beside the first",
+        two(64, 64),
+        Err(
+            "container \"b\" needs 1 Moore Threads GPU with 32768 MiB and 4 cores; 0 of 2 Moore Threads GPUs fit: 1 Moore Threads GPU not the card the pod's other containers use (one card per pod); 1 Moore Threads GPU without 32768 MiB free",
+        ),
+    );
+}
+
+#[test]
 fn iluvatar_fits_as_hami_does() {
     // HAMi's Test_Fit rows; memory in 256 MiB units as pods write it.
     let gpus = |rows: &[Row]| node(DeviceFamily::Iluvatar, "MR-V100", rows);

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde::Serialize;
 use tessera_api::{
-    names::cambricon,
+    names::{cambricon, mthreads},
     request::RequestConfig,
     v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
 };
@@ -37,6 +37,7 @@ fn keys(device_type: &str) -> (String, String) {
     let word = match device_type {
         "DCU" => "dcu",
         "MLU" => "cambricon-mlu",
+        "Mthreads" => "mthreads-vgpu",
         chip => chip,
     };
     (
@@ -52,6 +53,7 @@ fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
         DeviceFamily::Nvidia => None,
         DeviceFamily::Hygon => Some("DCU"),
         DeviceFamily::Cambricon => Some("MLU"),
+        DeviceFamily::Mthreads => Some("Mthreads"),
         DeviceFamily::Ascend | DeviceFamily::Iluvatar => Some(slice.model.as_str()),
     }
 }
@@ -125,6 +127,29 @@ pub fn pod_annotations(
             encoded.push(';');
         }
         let (to_allocate, allocated) = keys(device_type);
+        if device_type == "Mthreads" {
+            // Moore Threads' plugin reads the card indexes of the last
+            // container with GPUs, and HAMi writes no to-allocate list.
+            if let Some(indexes) = containers.iter().rev().find_map(|name| {
+                let slices = slices_of(name);
+                (!slices.is_empty()).then(|| {
+                    slices
+                        .iter()
+                        .map(|d| d.index.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+            }) {
+                out.insert(mthreads::GPU_INDEX.to_owned(), indexes);
+                out.insert(
+                    mthreads::PREDICATE_TIME.to_owned(),
+                    now.as_nanosecond().to_string(),
+                );
+                out.insert(mthreads::PREDICATE_NODE.to_owned(), spec.node_name.clone());
+            }
+            out.insert(allocated, encoded);
+            continue;
+        }
         out.insert(to_allocate, encoded.clone());
         out.insert(allocated, encoded);
         if device_type == "MLU" {
@@ -402,6 +427,37 @@ mod tests {
                 .keys()
                 .collect::<Vec<_>>(),
             ["hami.io/mutex.lock"]
+        );
+    }
+
+    #[test]
+    fn moore_threads_gets_card_indexes_and_no_lock() {
+        let mut gpu = slice(
+            "n1-mthreads-1",
+            DeviceFamily::Mthreads,
+            "Mthreads",
+            8192,
+            4,
+            None,
+        );
+        gpu.index = 1;
+        let spec = allocation("p", "u", "n1")
+            .container(container("main", vec![gpu]))
+            .build()
+            .spec;
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let out = pod_annotations(&spec, &["main".to_owned()], &RequestConfig::default(), now);
+        assert_eq!(
+            out["hami.io/mthreads-vgpu-devices-allocated"],
+            "n1-mthreads-1,Mthreads,8192,4:;"
+        );
+        assert!(!out.contains_key("hami.io/mthreads-vgpu-devices-to-allocate"));
+        assert_eq!(out["mthreads.com/gpu-index"], "1");
+        assert_eq!(out["mthreads.com/predicate-node"], "n1");
+        assert_eq!(out["mthreads.com/predicate-time"], "1795773600000000000");
+        assert!(
+            node_annotations(&spec, "ml", "p", now).is_empty(),
+            "HAMi takes no lock for Moore Threads"
         );
     }
 

@@ -70,12 +70,16 @@ pub enum SourceKind {
     /// nodes (`GetNodeDevices`; HAMi reads capacity, which equals
     /// allocatable for device-plugin resources). No handshake.
     Allocatable {
-        /// The cores resource (100 per card).
+        /// The cores resource (`per_card` per card).
         cores: String,
         /// The memory resource.
         memory: String,
         /// MiB per unit of the memory resource.
         unit_mib: u64,
+        /// Cores of one card (Cambricon 100, Moore Threads 16).
+        per_card: u32,
+        /// What device ids say after the node's name (`cambricon-mlu`).
+        infix: &'static str,
     },
 }
 
@@ -103,6 +107,24 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
                 cores: mlu.resource_core_name.clone(),
                 memory: mlu.resource_memory_name.clone(),
                 unit_mib: tessera_api::names::cambricon::MEMORY_UNIT_MIB,
+                per_card: 100,
+                infix: "cambricon-mlu",
+            },
+        });
+    }
+    if let Some(mt) = &config.mthreads {
+        sources.push(Source {
+            family: DeviceFamily::Mthreads,
+            register: String::new(),
+            handshake: String::new(),
+            count_resource: mt.resource_count_name.clone(),
+            device_type: Some("Mthreads".into()),
+            kind: SourceKind::Allocatable {
+                cores: mt.resource_core_name.clone(),
+                memory: mt.resource_memory_name.clone(),
+                unit_mib: tessera_api::names::mthreads::MEMORY_UNIT_MIB,
+                per_card: tessera_api::names::mthreads::CORES_PER_CARD,
+                infix: "mthreads",
             },
         });
     }
@@ -162,14 +184,21 @@ pub fn view(
             cores,
             memory,
             unit_mib,
+            per_card,
+            infix,
         } = &source.kind
         {
-            let cards = whole(allocatable, cores).div_ceil(100);
+            let cards = whole(allocatable, cores).div_ceil(u64::from(*per_card));
             if cards > 0 {
                 any = true;
                 let memory = whole(allocatable, memory).saturating_mul(*unit_mib);
-                view.devices
-                    .extend(cards_of(node_name(annotations), cards, memory, source));
+                let node = node_name(annotations);
+                view.devices.extend(cards_of(
+                    &format!("{node}-{infix}"),
+                    (cards, *per_card),
+                    memory,
+                    source,
+                ));
             }
             continue;
         }
@@ -327,23 +356,29 @@ fn node_name(annotations: &BTreeMap<String, String>) -> &str {
 /// has no `/`, and the reconciler inserts it).
 pub const NODE_NAME: &str = "node-name";
 
-/// `cards` devices sharing `memory` MiB equally, as HAMi makes Cambricon's:
-/// 100 shares and 100 cores each, healthy (the plugin's allocatable is the
-/// health signal: an unhealthy card leaves it).
-fn cards_of(node: &str, cards: u64, memory: u64, source: &Source) -> Vec<GpuDevice> {
+/// `cards` devices of `per_card` cores sharing `memory` MiB equally, as HAMi
+/// makes Cambricon's and Moore Threads': 100 shares each, named
+/// `<prefix>-<i>`, healthy (the plugin's allocatable is the health signal:
+/// an unhealthy card leaves it).
+fn cards_of(
+    prefix: &str,
+    (cards, per_card): (u64, u32),
+    memory: u64,
+    source: &Source,
+) -> Vec<GpuDevice> {
     let cards = cards.min(u64::try_from(super::register::MAX_DEVICES).unwrap_or(64));
     (0..cards)
         .map(|i| {
             let mib = memory / cards.max(1);
             GpuDevice {
-                uuid: format!("{node}-cambricon-mlu-{i}"),
+                uuid: format!("{prefix}-{i}"),
                 index: u32::try_from(i).unwrap_or(u32::MAX),
                 family: source.family,
                 model: source.device_type.clone().unwrap_or_default(),
                 memory_mib: mib,
                 capacity: DeviceCapacity {
                     memory_mib: mib,
-                    cores: 100,
+                    cores: per_card,
                 },
                 split_count: 100,
                 health: DeviceHealth::Healthy,
@@ -461,6 +496,41 @@ mod tests {
         assert_eq!(
             view(&node, &none, &sources(&config), false, Timestamp::now()),
             None
+        );
+    }
+
+    #[test]
+    fn moore_threads_cards_are_sixteen_cores_each() {
+        let config = RequestConfig {
+            mthreads: Some(tessera_api::request::MthreadsConfig::default()),
+            ..RequestConfig::default()
+        };
+        let allocatable = BTreeMap::from([
+            ("mthreads.com/sgpu-core".to_owned(), Quantity("32".into())),
+            (
+                "mthreads.com/sgpu-memory".to_owned(),
+                Quantity("192".into()),
+            ),
+        ]);
+        let node = annotations(&[(NODE_NAME, "mt-1")]);
+        let seen = view(
+            &node,
+            &allocatable,
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        let d = &seen.devices[1];
+        assert_eq!(
+            (
+                seen.devices.len(),
+                d.uuid.as_str(),
+                d.capacity.memory_mib,
+                d.capacity.cores,
+                d.split_count
+            ),
+            (2, "mt-1-mthreads-1", 49152, 16, 100)
         );
     }
 

@@ -28,6 +28,10 @@ pub(super) fn vendor_limits(
         iluvatar_limits(container, wanted, config);
         return;
     }
+    if wanted.family == DeviceFamily::Mthreads {
+        mthreads_limits(container, wanted, config);
+        return;
+    }
     let Some(chip) = wanted
         .vendor
         .as_ref()
@@ -55,6 +59,58 @@ pub(super) fn vendor_limits(
         if let Some(requests) = resources.requests.as_mut() {
             requests.insert(key.clone(), Quantity(value));
         }
+    }
+}
+
+/// What HAMi's webhook writes for a Moore Threads container that asks for
+/// whole cards (more than one, or no memory): 16 cores and 96 memory units
+/// per card.
+fn mthreads_limits(container: &mut Container, wanted: &ContainerRequest, config: &RequestConfig) {
+    use tessera_api::names::mthreads::{CORES_PER_CARD, WHOLE_CARD_UNITS};
+    let Some(mt) = &config.mthreads else {
+        return;
+    };
+    let resources = container.resources.get_or_insert_default();
+    let named = |key: &str| {
+        resources
+            .limits
+            .as_ref()
+            .is_some_and(|l| l.contains_key(key))
+            || resources
+                .requests
+                .as_ref()
+                .is_some_and(|r| r.contains_key(key))
+    };
+    if wanted.count == 1 && named(&mt.resource_memory_name) {
+        return;
+    }
+    let count = u64::from(wanted.count);
+    let limits = resources.limits.get_or_insert_default();
+    limits.insert(
+        mt.resource_core_name.clone(),
+        Quantity((count * u64::from(CORES_PER_CARD)).to_string()),
+    );
+    limits.insert(
+        mt.resource_memory_name.clone(),
+        Quantity((count * WHOLE_CARD_UNITS).to_string()),
+    );
+}
+
+/// The pod annotations HAMi's webhook adds for other vendors: Moore
+/// Threads' `mthreads.com/request-gpu-num` for a container asking for more
+/// than one GPU.
+pub(super) fn pod_annotations(
+    pod: &mut k8s_openapi::api::core::v1::Pod,
+    wanted: &[ContainerRequest],
+) {
+    if let Some(many) = wanted
+        .iter()
+        .find(|r| r.family == DeviceFamily::Mthreads && r.count > 1)
+    {
+        pod.metadata.annotations.get_or_insert_default().insert(
+            tessera_api::names::mthreads::REQUEST_GPU_NUM.to_owned(),
+            many.count.to_string(),
+        );
     }
 }
 
@@ -158,6 +214,38 @@ mod tests {
             limit(&one, "iluvatar.ai/MR-V100.vCore").as_deref(),
             Some("30"),
             "left as asked"
+        );
+    }
+
+    #[test]
+    fn moore_threads_whole_cards_get_their_cores_and_memory_written() {
+        let two = mutated(json!({"mthreads.com/vgpu": "2"}));
+        assert_eq!(limit(&two, "mthreads.com/sgpu-core").as_deref(), Some("32"));
+        assert_eq!(
+            limit(&two, "mthreads.com/sgpu-memory").as_deref(),
+            Some("192")
+        );
+        let slice = mutated(
+            json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "4"}),
+        );
+        assert_eq!(
+            limit(&slice, "mthreads.com/sgpu-memory").as_deref(),
+            Some("8"),
+            "left as asked"
+        );
+        let mut pod: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
+        let config = tessera_api::testing::vendor_config();
+        let wanted = parse_pod(
+            &serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "main", "resources": {"limits": {"mthreads.com/vgpu": "2"}}}]}})).unwrap(),
+            &config,
+        )
+        .unwrap()
+        .unwrap();
+        pod_annotations(&mut pod, &wanted.containers);
+        assert_eq!(
+            pod.metadata.annotations.unwrap()["mthreads.com/request-gpu-num"],
+            "2"
         );
     }
 

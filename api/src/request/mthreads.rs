@@ -1,0 +1,118 @@
+//! Moore Threads GPUs (`mthreads.com/vgpu`), as HAMi reads them
+//! (`pkg/device/mthreads/device.go`: `MutateAdmission`,
+//! `GenerateResourceRequests`, `customFilterRule`).
+//!
+//! - `mthreads.com/vgpu` is the number of GPUs; 0 is refused.
+//! - `mthreads.com/sgpu-memory` is memory per GPU in units of 512 MiB, one
+//!   of 2, 4, 8, 16, 32, 64 or 96 (a whole 48 GiB card).
+//! - `mthreads.com/sgpu-core` is compute in sixteenths of a card (a card has
+//!   16), 0 when absent.
+//! - Without memory, or with more than one GPU, the container gets whole
+//!   cards: 16 cores and 96 units each (HAMi's webhook writes 16n and 96n,
+//!   which its request divides by n).
+//! - Every container of a pod shares one card (HAMi's `customFilterRule`).
+//! - Pod annotations `mthreads.ai/use-gpuuuid` / `nouse-gpuuuid` filter by UUID.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Container;
+
+use super::annotations::list;
+use super::container::{Field, Reader, narrow};
+use super::{
+    ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
+    MthreadsConfig, VendorRequest,
+};
+use crate::Violation;
+use crate::names::mthreads::{
+    CORES_PER_CARD, MEMORY_SLICES, MEMORY_UNIT_MIB, NOUSE_UUID, USE_UUID, WHOLE_CARD_UNITS,
+};
+use crate::v1alpha1::DeviceFamily;
+
+/// Parses a container's request; `Ok(None)` when it asks for none.
+pub(super) fn parse(
+    container: &Container,
+    kind: ContainerKind,
+    config: &MthreadsConfig,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Option<ContainerRequest>, Vec<Violation>> {
+    let mut reader = Reader {
+        container,
+        violations: Vec::new(),
+    };
+    let count = reader.read(
+        &config.resource_count_name,
+        0,
+        u64::from(MAX_GPUS_PER_CONTAINER),
+    );
+    let memory = reader.read(&config.resource_memory_name, 0, u64::from(u32::MAX));
+    let cores = reader.read(&config.resource_core_name, 0, u64::from(CORES_PER_CARD));
+    let count = match count {
+        Field::Value(n) if n > 0 => n,
+        Field::Value(_) => {
+            reader.violate(
+                &config.resource_count_name,
+                "must be greater than 0".to_owned(),
+            );
+            return reader.finish(None);
+        }
+        Field::Invalid => return reader.finish(None),
+        Field::Absent => {
+            for (name, field) in [
+                (&config.resource_memory_name, &memory),
+                (&config.resource_core_name, &cores),
+            ] {
+                if !matches!(field, Field::Absent) {
+                    reader.violate(
+                        name,
+                        format!(
+                            "is set but {} is not; ask for at least 1 GPU",
+                            config.resource_count_name
+                        ),
+                    );
+                }
+            }
+            return reader.finish(None);
+        }
+    };
+    let (units, cores) = match memory {
+        _ if count > 1 => (WHOLE_CARD_UNITS, CORES_PER_CARD),
+        Field::Absent => (WHOLE_CARD_UNITS, CORES_PER_CARD),
+        Field::Value(units) if MEMORY_SLICES.contains(&units) => (
+            units,
+            match cores {
+                Field::Value(c) => narrow(c),
+                _ => 0,
+            },
+        ),
+        Field::Value(units) => {
+            reader.violate(
+                &config.resource_memory_name,
+                format!(
+                    "must be one of 2, 4, 8, 16, 32, 64, 96 (units of {MEMORY_UNIT_MIB} MiB), got {units}"
+                ),
+            );
+            (WHOLE_CARD_UNITS, CORES_PER_CARD)
+        }
+        Field::Invalid => (WHOLE_CARD_UNITS, CORES_PER_CARD),
+    };
+    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    reader.finish(Some(ContainerRequest {
+        name: container.name.clone(),
+        kind,
+        count: narrow(count),
+        memory: MemoryRequest::Mib(units * MEMORY_UNIT_MIB),
+        cores,
+        priority: None,
+        family: DeviceFamily::Mthreads,
+        vendor: Some(VendorRequest {
+            filters: DeviceFilters {
+                use_uuids: list(get(USE_UUID)),
+                nouse_uuids: list(get(NOUSE_UUID)),
+                ..DeviceFilters::default()
+            },
+            one_card_per_pod: true,
+            ..VendorRequest::default()
+        }),
+    }))
+}
