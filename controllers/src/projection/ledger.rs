@@ -91,12 +91,14 @@ impl Ledger {
         self.allocations.len()
     }
 
-    /// The largest schedulable memory of any healthy device, in MiB.
+    /// The largest schedulable memory of any healthy NVIDIA GPU, in MiB
+    /// (the webhook refuses NVIDIA requests above it; other vendors'
+    /// devices do not count: an Ascend card is no room for an NVIDIA pod).
     pub fn largest_device_mib(&self) -> Option<u64> {
         self.nodes
             .values()
             .flat_map(|n| &n.devices)
-            .filter(|d| d.healthy)
+            .filter(|d| d.healthy && d.family.is_nvidia())
             .map(|d| d.memory_mib)
             .max()
     }
@@ -344,6 +346,18 @@ mod tests {
             namespace: "ns".into(),
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn only_nvidia_gpus_bound_what_an_nvidia_request_may_ask() {
+        let mut ledger = Ledger::default();
+        let npu = GpuDevice {
+            family: tessera_api::v1alpha1::DeviceFamily::Ascend,
+            memory_mib: 65536,
+            ..device("NPU-0")
+        };
+        ledger.set_node("n1", vec![device("GPU-0"), npu]);
+        assert_eq!(ledger.largest_device_mib(), Some(1000));
     }
 
     fn alloc(uid: &str, node: &str, uuid: &str, mib: u64) -> LiveAllocation {
