@@ -178,11 +178,19 @@ fn check_len(value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// An id or type: 1 to [`MAX_ID`] printable characters without the
+/// separators of HAMi's pod encoding (`,` `:` `;`) or whitespace, which Bind
+/// writes back into the pod for the plugin to split.
 fn text(value: &str, n: usize, what: &str) -> Result<String, String> {
     let value = value.trim();
-    if value.is_empty() || value.len() > MAX_ID || value.chars().any(char::is_control) {
+    if value.is_empty()
+        || value.len() > MAX_ID
+        || value
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || matches!(c, ',' | ':' | ';'))
+    {
         return Err(format!(
-            "device {n}: {what} must be 1 to {MAX_ID} printable characters, got {value:?}"
+            "device {n}: {what} must be 1 to {MAX_ID} printable characters without ',', ':', ';' or spaces, got {value:?}"
         ));
     }
     Ok(value.to_owned())
@@ -194,7 +202,43 @@ fn bounded(value: u64, n: usize, what: &str) -> Result<u32, String> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// Whatever a Node's annotation holds, decoding answers (never
+        /// panics), and what it accepts is bounded and splittable.
+        #[test]
+        fn any_annotation_decodes_to_bounded_devices_or_an_error(
+            value in "[ -~]{0,300}",
+            json in prop::bool::ANY,
+        ) {
+            let decoded = if json { decode_json(&value) } else { decode_csv(&value) };
+            if let Ok(devices) = decoded {
+                prop_assert!(!devices.is_empty() && devices.len() <= MAX_DEVICES);
+                for d in devices {
+                    prop_assert!(!d.id.is_empty() && d.id.len() <= 128);
+                    prop_assert!(!d.id.contains([',', ':', ';', ' ']));
+                }
+            }
+        }
+
+        /// Well-formed CSV with arbitrary numbers decodes exactly or names the field.
+        #[test]
+        fn csv_numbers_are_taken_exactly_or_refused(
+            count in any::<u64>(), mem in any::<u64>(), core in any::<u64>(),
+        ) {
+            let value = format!("DCU-0,{count},{mem},{core},DCU,0,true:");
+            match decode_csv(&value) {
+                Ok(d) => prop_assert_eq!(
+                    (u64::from(d[0].count), d[0].memory_mib, u64::from(d[0].cores)),
+                    (count, mem, core)
+                ),
+                Err(e) => prop_assert!(e.contains("too large"), "{}", e),
+            }
+        }
+    }
 
     #[test]
     fn hamis_csv_form_decodes_with_and_without_index_and_mode() {
@@ -250,6 +294,12 @@ mod tests {
                 "NetworkID",
             ),
             (decode_json(&"x".repeat(MAX_LEN + 1)), "more than"),
+            // An id that would break the pod encoding the plugin splits.
+            (
+                decode_json(r#"[{"id":"a,b;c","type":"T"}]"#),
+                "without ',', ':', ';'",
+            ),
+            (decode_json(r#"[{"id":"a b","type":"T"}]"#), "or spaces"),
         ];
         for (result, expected) in cases {
             let error = result.expect_err(expected);
