@@ -488,6 +488,45 @@ async fn a_moore_threads_pod_keeps_its_containers_on_one_card() {
 }
 
 #[tokio::test]
+async fn a_plugins_pending_pod_keeps_its_mutex_lock_even_when_tesseras_lock_lapsed() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "dcu-3",
+        json!({"hami.io/node-dcu-register": DCUS}),
+        json!({"hygon.com/dcunum": "8"}),
+    )
+    .await;
+    until("dcu-3 in the projection", async || {
+        cluster.projection.read().node("dcu-3").map(|_| ())
+    })
+    .await;
+    let small =
+        json!({"hygon.com/dcunum": "1", "hygon.com/dcumem": "1024", "hygon.com/dcucores": "10"});
+    cluster.create_pod("first", small.clone(), json!({})).await;
+    assert_eq!(cluster.node_of("first").await, "dcu-3");
+    // The kubelet is slow: Tessera's NodeLock lapses (here: deleted) while
+    // the plugin has not served `first` yet.
+    Api::<NodeLock>::all(cluster.client.clone())
+        .delete("dcu-3", &Default::default())
+        .await
+        .unwrap();
+    cluster.create_pod("second", small, json!({})).await;
+    let reasons = cluster.failed_scheduling("second").await.join("\n");
+    assert!(
+        reasons.contains("hami.io/mutex.lock is held by default/first, which the vendor's device plugin has not served yet"),
+        "{reasons}"
+    );
+    let lock = node_annotation(&cluster, "dcu-3", "hami.io/mutex.lock")
+        .await
+        .unwrap();
+    assert!(lock.ends_with(",default,first"), "{lock}");
+    // Once the plugin serves `first`, `second` binds.
+    plugin_serves(&cluster, "first").await;
+    assert_eq!(cluster.node_of("second").await, "dcu-3");
+}
+
+#[tokio::test]
 async fn a_pod_of_two_vendors_gets_both_on_one_node() {
     let cluster = Cluster::start(config()).await;
     vendor_node(

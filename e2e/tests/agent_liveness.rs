@@ -147,6 +147,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         serde_json::json!({"metadata": {"labels": {"gpu": "off"}}}),
         serde_json::json!({"metadata": {"annotations": {"other": "x"}}}),
         serde_json::json!({"metadata": {"annotations": {"hami.io/node-dcu-register": "forged"}}}),
+        serde_json::json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "0c4f6a52-0000-0000-0000-000000000000"}]}}),
         serde_json::json!({"spec": {"unschedulable": true}}),
     ] {
         match as_controller
@@ -192,6 +193,9 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
     for forbidden in [
         serde_json::json!({"metadata": {"labels": {"app": "x"}}}),
         serde_json::json!({"metadata": {"annotations": {"other": "x"}}}),
+        // An owner that does not exist would have the garbage collector delete the pod.
+        serde_json::json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "0c4f6a52-0000-0000-0000-000000000000"}]}}),
+        serde_json::json!({"metadata": {"finalizers": ["example.com/hold"]}}),
     ] {
         match controller_pods
             .patch("plain", &kube::api::PatchParams::default(), &patch(forbidden.clone()))

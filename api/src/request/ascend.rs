@@ -51,7 +51,7 @@ pub(super) fn parse(
     } else {
         reader.read(&chip.resource_core_name, 0, u64::from(u32::MAX))
     };
-    let mut count = match count {
+    let count = match count {
         Field::Value(n) if n > 0 => n,
         Field::Invalid => return reader.finish(None),
         _ => {
@@ -72,9 +72,12 @@ pub(super) fn parse(
             return reader.finish(None);
         }
     };
+    // The pod's own count decides whether a vNPU is allowed (below), as in
+    // HAMi's MutateAdmission; a 910C count of 1 then becomes its pair.
+    let mut npus = count;
     if chip.pairs() {
         if count == 1 {
-            count = 2;
+            npus = 2;
         } else if count % 2 == 1 {
             reader.violate(
                 &chip.resource_name,
@@ -148,7 +151,7 @@ pub(super) fn parse(
     reader.finish(Some(ContainerRequest {
         name: container.name.clone(),
         kind,
-        count: narrow(count),
+        count: narrow(npus),
         memory: MemoryRequest::Mib(memory_mib),
         cores,
         priority: None,

@@ -46,7 +46,13 @@ pub(super) fn parse(
         u64::from(MAX_GPUS_PER_CONTAINER),
     );
     let memory = reader.read(&config.resource_memory_name, 0, u64::from(u32::MAX));
-    let cores = reader.read(&config.resource_core_name, 0, u64::from(CORES_PER_CARD));
+    // Up to 16 per GPU asked for: HAMi's webhook writes 16 × count for
+    // whole cards, and a pod written by it must parse the same.
+    let cores = reader.read(
+        &config.resource_core_name,
+        0,
+        u64::from(CORES_PER_CARD) * u64::from(MAX_GPUS_PER_CONTAINER),
+    );
     let count = match count {
         Field::Value(n) if n > 0 => n,
         Field::Value(_) => {
@@ -78,13 +84,17 @@ pub(super) fn parse(
     let (units, cores) = match memory {
         _ if count > 1 => (WHOLE_CARD_UNITS, CORES_PER_CARD),
         Field::Absent => (WHOLE_CARD_UNITS, CORES_PER_CARD),
-        Field::Value(units) if MEMORY_SLICES.contains(&units) => (
-            units,
-            match cores {
-                Field::Value(c) => narrow(c),
-                _ => 0,
-            },
-        ),
+        Field::Value(units) if MEMORY_SLICES.contains(&units) => match cores {
+            Field::Value(c) if c > u64::from(CORES_PER_CARD) => {
+                reader.violate(
+                    &config.resource_core_name,
+                    format!("must be at most {CORES_PER_CARD} (a card's compute units) for one GPU, got {c}"),
+                );
+                (units, 0)
+            }
+            Field::Value(c) => (units, narrow(c)),
+            _ => (units, 0),
+        },
         Field::Value(units) => {
             reader.violate(
                 &config.resource_memory_name,

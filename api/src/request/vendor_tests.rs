@@ -236,6 +236,11 @@ fn moore_threads_requests_follow_hami() {
             json!({"mthreads.com/vgpu": "2", "mthreads.com/sgpu-memory": "8"}),
             (2, Mib(49152), 16),
         ),
+        // What HAMi's (and Tessera's) webhook writes for two whole cards.
+        (
+            json!({"mthreads.com/vgpu": "2", "mthreads.com/sgpu-core": "32", "mthreads.com/sgpu-memory": "192"}),
+            (2, Mib(49152), 16),
+        ),
     ];
     for (limits, (count, memory, cores)) in rows {
         let got = parsed(limits.clone(), json!({})).unwrap();
@@ -256,8 +261,8 @@ fn moore_threads_requests_follow_hami() {
             "must be one of 2, 4, 8, 16, 32, 64, 96",
         ),
         (
-            json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-core": "17"}),
-            "mthreads.com/sgpu-core: must be between 0 and 16",
+            json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "17"}),
+            "mthreads.com/sgpu-core: must be at most 16 (a card's compute units) for one GPU, got 17",
         ),
     ] {
         let error = parsed(limits.clone(), json!({})).unwrap_err();

@@ -128,10 +128,11 @@ pub struct VnpuConfig {
     #[serde(rename = "aiCPU")]
     pub ai_cpu: u32,
     /// RuntimeClass HAMi's webhook gives pods that do not name one (accepted
-    /// for compatibility; Tessera's webhook sets it the same way).
+    /// so HAMi's section reads unchanged; not applied yet, docs/vendors.md).
     pub runtime_class_name: String,
     /// HAMi's webhook adds an empty `ASCEND_VISIBLE_DEVICES` to containers
-    /// without NPUs when set (accepted for compatibility, applied the same way).
+    /// without NPUs when set (accepted so HAMi's section reads unchanged; not
+    /// applied yet, docs/vendors.md).
     pub overwrite_env: bool,
     /// The vNPU templates, any order: a memory request rounds up to the
     /// smallest template that holds it.

@@ -137,7 +137,7 @@ fn fit_container(
             Ok(slices) => slices,
             Err(whole) => return Err(Rejection::pairs(container, fitting, whole, total)),
         }
-    } else if vendor.is_some_and(|v| v.by_network) && all_networked {
+    } else if vendor.is_some_and(|v| v.by_network) && all_networked && wanted > 1 {
         pick_fewest_networks(devices, &candidates, wanted)
     } else {
         candidates
@@ -186,9 +186,10 @@ fn pick_module_pairs(
     }
 }
 
-/// Ascend 910: NPUs from the network (`NetworkID`) with the most fitting
-/// NPUs first, then the next, keeping candidate order within a network
-/// (HAMi's `computeBestCombination`, deterministic).
+/// Ascend 910, more than one NPU: NPUs from the network (`NetworkID`) with
+/// the most fitting NPUs first, then the next, keeping candidate order
+/// within a network (HAMi's `computeBestCombination`, deterministic; one
+/// NPU takes the first candidate, as HAMi does).
 fn pick_fewest_networks(
     devices: &[GpuDevice],
     candidates: &[(Slice, f64)],

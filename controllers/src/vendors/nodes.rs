@@ -9,7 +9,7 @@
 //! supported yet, docs/vendors.md).
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -43,8 +43,9 @@ const STATUS: tessera_kubekit::StatusWriter =
 struct Context {
     client: Client,
     sources: Sources,
-    /// (node, annotation, value) already reported as malformed.
-    reported: Mutex<HashSet<(String, String, String)>>,
+    /// What was last reported per (node, annotation or reason): one Warning
+    /// event per distinct value, one entry per key.
+    reported: Mutex<HashMap<(String, String), String>>,
 }
 
 /// Runs the controller on `nodes` until the future is dropped.
@@ -105,18 +106,17 @@ async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Err
         }
         return Ok(Action::await_change());
     };
+    // A node the NVIDIA agent serves is not taken over: say so once, and
+    // ask its plugins for nothing.
+    if current.as_ref().is_some_and(|g| !ours(g)) {
+        if context.first_report(&name, "MixedNodeNotSupported", "") {
+            warn(&context.client, &node, "MixedNodeNotSupported", "the node's GpuNode is written by Tessera's node agent (NVIDIA), so the other vendors' devices registered on this Node are not scheduled; a node with NVIDIA GPUs under Tessera and another vendor's devices is not supported yet").await;
+        }
+        return Ok(Action::requeue(RECHECK * 4));
+    }
     for (annotation, error) in &seen.malformed {
-        let key = (
-            name.clone(),
-            annotation.clone(),
-            annotations.get(annotation).cloned().unwrap_or_default(),
-        );
-        let fresh = context
-            .reported
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key);
-        if fresh {
+        let value = annotations.get(annotation).cloned().unwrap_or_default();
+        if context.first_report(&name, annotation, &value) {
             tracing::warn!(node = %name, annotation, error, "malformed register annotation ignored");
             warn(
                 &context.client,
@@ -143,10 +143,6 @@ async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Err
             .map_err(Error::kube("asking vendor plugins for a handshake"))?;
     }
     let previous = match &current {
-        Some(g) if !ours(g) => {
-            warn(&context.client, &node, "MixedNodeNotSupported", "the node's GpuNode is written by Tessera's node agent (NVIDIA), so the other vendors' devices registered on this Node are not scheduled; a node with NVIDIA GPUs under Tessera and another vendor's devices is not supported yet").await;
-            return Ok(Action::requeue(RECHECK * 4));
-        }
         Some(g) => g.status.clone(),
         None => {
             let mut object = GpuNode::new(&name, GpuNodeSpec {});
@@ -175,6 +171,16 @@ async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Err
         tracing::info!(node = %name, devices = status.gpu_count, "vendor GpuNode status written");
     }
     Ok(Action::requeue(RECHECK))
+}
+
+impl Context {
+    /// Whether `value` is new for (node, key): each distinct malformed value
+    /// (or condition) is reported once, and only the last value is kept.
+    fn first_report(&self, node: &str, key: &str, value: &str) -> bool {
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let last = reported.insert((node.to_owned(), key.to_owned()), value.to_owned());
+        last.as_deref() != Some(value)
+    }
 }
 
 /// Records a Warning event on the Node (best effort: a failed event is logged).

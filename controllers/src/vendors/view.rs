@@ -236,6 +236,18 @@ pub fn view(
             Err(error) => view.malformed.push((source.register.clone(), error)),
         }
     }
+    // A GpuNode holds at most 64 devices (the CRD refuses more).
+    let cap = super::register::MAX_DEVICES;
+    if view.devices.len() > cap {
+        view.malformed.push((
+            "(all sources)".to_owned(),
+            format!(
+                "report {} devices together, more than the {cap} a GpuNode holds; the rest are ignored",
+                view.devices.len()
+            ),
+        ));
+        view.devices.truncate(cap);
+    }
     any.then_some(view)
 }
 
@@ -349,7 +361,9 @@ fn whole(allocatable: &BTreeMap<String, Quantity>, resource: &str) -> u64 {
 /// The Node's name as devices of an allocatable source are named after it
 /// (HAMi: `<node>-cambricon-mlu-<i>`); the view gets it as a pseudo annotation.
 fn node_name(annotations: &BTreeMap<String, String>) -> &str {
-    annotations.get(NODE_NAME).map_or("node", String::as_str)
+    let name = annotations.get(NODE_NAME).map_or("node", String::as_str);
+    // Ids are at most 128 characters; node names may have 253.
+    name.get(..100).unwrap_or(name)
 }
 
 /// The key [`view`] reads the Node's name from (never a real annotation: it

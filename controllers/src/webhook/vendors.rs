@@ -225,6 +225,19 @@ mod tests {
             limit(&two, "mthreads.com/sgpu-memory").as_deref(),
             Some("192")
         );
+        // The mutated pod is what Filter and Bind parse: it must still ask
+        // for two whole cards.
+        let again: Pod = serde_json::from_value(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [two]}}),
+        )
+        .unwrap();
+        let reparsed = parse_pod(&again, &tessera_api::testing::vendor_config())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (reparsed.containers[0].count, reparsed.containers[0].cores),
+            (2, 16)
+        );
         let slice = mutated(
             json!({"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "8", "mthreads.com/sgpu-core": "4"}),
         );
