@@ -55,21 +55,14 @@ pub(super) fn parse(
         Field::Value(n) if n > 0 => n,
         Field::Invalid => return reader.finish(None),
         _ => {
-            for (name, field) in [
-                (&chip.resource_memory_name, &memory),
-                (&chip.resource_core_name, &cores),
-            ] {
-                if !matches!(field, Field::Absent) {
-                    reader.violate(
-                        name,
-                        format!(
-                            "is set but {} is not; ask for at least 1 NPU",
-                            chip.resource_name
-                        ),
-                    );
-                }
-            }
-            return reader.finish(None);
+            return reader.without_count(
+                &chip.resource_name,
+                "NPU",
+                [
+                    (&chip.resource_memory_name, &memory),
+                    (&chip.resource_core_name, &cores),
+                ],
+            );
         }
     };
     // The pod's own count decides whether a vNPU is allowed (below), as in

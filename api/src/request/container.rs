@@ -140,6 +140,26 @@ impl Reader<'_> {
         }
     }
 
+    /// Refuses each of `fields` that is set although the count resource
+    /// `count` is not (a vendor's memory or cores alone asks for nothing
+    /// the kubelet could ever satisfy), and ends the container's parse.
+    pub(super) fn without_count<T>(
+        mut self,
+        count: &str,
+        noun: &str,
+        fields: [(&str, &Field); 2],
+    ) -> Result<Option<T>, Vec<Violation>> {
+        for (name, field) in fields {
+            if !matches!(field, Field::Absent) {
+                self.violate(
+                    name,
+                    format!("is set but {count} is not; ask for at least 1 {noun}"),
+                );
+            }
+        }
+        self.finish(None)
+    }
+
     pub(super) fn violate(&mut self, field: &str, rule: String) {
         self.violations.push(Violation {
             container: Some(self.container.name.clone()),

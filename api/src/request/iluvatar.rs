@@ -58,21 +58,14 @@ pub(super) fn parse(
         Field::Value(n) if n > 0 => n,
         Field::Invalid => return reader.finish(None),
         _ => {
-            for (name, field) in [
-                (&chip.resource_memory_name, &memory),
-                (&chip.resource_core_name, &cores),
-            ] {
-                if !matches!(field, Field::Absent) {
-                    reader.violate(
-                        name,
-                        format!(
-                            "is set but {} is not; ask for at least 1 GPU",
-                            chip.resource_count_name
-                        ),
-                    );
-                }
-            }
-            return reader.finish(None);
+            return reader.without_count(
+                &chip.resource_count_name,
+                "GPU",
+                [
+                    (&chip.resource_memory_name, &memory),
+                    (&chip.resource_core_name, &cores),
+                ],
+            );
         }
     };
     let memory = match memory {

@@ -64,21 +64,14 @@ pub(super) fn parse(
         }
         Field::Invalid => return reader.finish(None),
         Field::Absent => {
-            for (name, field) in [
-                (&config.resource_memory_name, &memory),
-                (&config.resource_core_name, &cores),
-            ] {
-                if !matches!(field, Field::Absent) {
-                    reader.violate(
-                        name,
-                        format!(
-                            "is set but {} is not; ask for at least 1 GPU",
-                            config.resource_count_name
-                        ),
-                    );
-                }
-            }
-            return reader.finish(None);
+            return reader.without_count(
+                &config.resource_count_name,
+                "GPU",
+                [
+                    (&config.resource_memory_name, &memory),
+                    (&config.resource_core_name, &cores),
+                ],
+            );
         }
     };
     let (units, cores) = match memory {

@@ -96,18 +96,11 @@ pub(super) fn parse(
         Field::Value(n) if n > 0 => n,
         Field::Invalid => return reader.finish(None),
         _ => {
-            for (name, field) in [(vendor.memory, &memory), (vendor.cores, &cores)] {
-                if !matches!(field, Field::Absent) {
-                    reader.violate(
-                        name,
-                        format!(
-                            "is set but {} is not; ask for at least 1 {}",
-                            vendor.count, vendor.noun
-                        ),
-                    );
-                }
-            }
-            return reader.finish(None);
+            return reader.without_count(
+                vendor.count,
+                vendor.noun,
+                [(vendor.memory, &memory), (vendor.cores, &cores)],
+            );
         }
     };
     let memory = match memory {
