@@ -73,6 +73,33 @@ fn sm_limit_holds_utilisation_within_five_points() {
     assert_unthrottled(&windows, &output);
 }
 
+/// A real driver publishes per-process samples on its own clock (every 200
+/// ms on an H100), so most queries find no new sample. The limit must hold
+/// whatever the period: reading "no new sample" as "no GPU time" let a 30 %
+/// limit run at 87 % on a real H100.
+#[test]
+fn the_limit_holds_whatever_the_driver_s_sample_period() {
+    let _turn = one_at_a_time();
+    let periods = ["50", "200", "500", "1000"];
+    let worlds: Vec<World> = periods
+        .iter()
+        .map(|ms| {
+            World::new("8g")
+                .env("CUDA_DEVICE_SM_LIMIT", "30")
+                .env("FAKE_NVML_SAMPLE_PERIOD_MS", ms)
+        })
+        .collect();
+    let runs: Vec<Run> = worlds
+        .iter()
+        .map(|w| Run::start(w, Loader::Linked, true, "kernel", "4.2"))
+        .collect();
+    for (run, period) in runs.into_iter().zip(periods) {
+        let (windows, output) = run.windows();
+        assert!(windows.len() >= 4, "period {period} ms: {}", output.stdout);
+        assert_near(&windows, 30, &output);
+    }
+}
+
 #[test]
 fn each_device_is_throttled_to_its_own_limit() {
     let _turn = one_at_a_time();

@@ -8,7 +8,7 @@ use fake_gpu::{clock, procs};
 
 use crate::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
-    NVML_ERROR_NOT_SUPPORTED, driver_device, guard, nvmlDevice_t, nvmlReturn_t, physical,
+    NVML_ERROR_NOT_SUPPORTED, driver_device, guard, nvmlDevice_t, nvmlReturn_t,
 };
 
 /// `nvmlProcessInfo_v1_t`.
@@ -136,6 +136,20 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     guard(|| unsafe { fill(count, infos, running_v2(device)?) })
 }
 
+/// How many sample periods back `nvmlDeviceGetProcessUtilization` reaches.
+const SAMPLES_KEPT: u64 = 32;
+
+/// The driver's sample period, ns (`FAKE_NVML_SAMPLE_PERIOD_MS`, 200 unless
+/// set to a whole number of milliseconds from 1).
+fn sample_period_ns() -> u64 {
+    std::env::var("FAKE_NVML_SAMPLE_PERIOD_MS")
+        .ok()
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .unwrap_or(200)
+        * 1_000_000
+}
+
 /// `nvmlProcessUtilizationSample_t`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -162,14 +176,18 @@ fn realtime_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// `nvmlDeviceGetProcessUtilization`: one sample per process whose work ran
-/// on the device since `last_seen` (CPU time in µs, `CLOCK_REALTIME`; 0:
-/// since the device's first launch), with `timeStamp` = now and `smUtil` =
-/// the percentage of that period the process's work occupied the device,
-/// rounded. `NVML_ERROR_NOT_FOUND` when no process ran. The period reaches
-/// back as far as the driver's record of runs (its last 4096 per device).
-/// With `FAKE_NVML_NO_PROCESS_UTILIZATION` set: `NVML_ERROR_NOT_SUPPORTED`,
-/// as on GPUs without per-process accounting.
+/// `nvmlDeviceGetProcessUtilization`, sampled as a real driver samples: on
+/// its own clock, every `FAKE_NVML_SAMPLE_PERIOD_MS` (200 unless set: an H100
+/// with driver 580 takes one every 200 ms), at the multiples of the period
+/// on `CLOCK_REALTIME`. Each sample has `timeStamp` = its time (µs) and, for
+/// each process whose work ran on the device in the period before it,
+/// `smUtil` = the percentage of that period the work occupied the device,
+/// rounded. It returns the samples newer than `last_seen` (µs; 0: the newest
+/// only), as far back as [`SAMPLES_KEPT`] periods and the driver's record
+/// of runs (its last 4096 per device) reach; `NVML_ERROR_NOT_FOUND` when
+/// there are none, as between two samples. With
+/// `FAKE_NVML_NO_PROCESS_UTILIZATION` set: `NVML_ERROR_NOT_SUPPORTED`, as on
+/// GPUs without per-process accounting.
 ///
 /// # Safety
 ///
@@ -192,28 +210,35 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         }
         let now = clock::now_ns();
         let real = realtime_ns();
-        let since = if last_seen == 0 {
-            physical()?.first_launch(dev)
+        let period = sample_period_ns();
+        let newest = real / period * period;
+        let oldest = if last_seen == 0 {
+            newest
         } else {
-            // The same instant on the monotonic clock.
-            (last_seen.saturating_mul(1000)).saturating_sub(real.saturating_sub(now))
+            // The first sample after `last_seen`, within what is kept.
+            let after = (last_seen.saturating_mul(1000) / period + 1).saturating_mul(period);
+            after.max(newest.saturating_sub((SAMPLES_KEPT - 1) * period))
         };
-        let period = now.saturating_sub(since);
-        let busy = match procs::procs() {
-            Some(p) if period > 0 => p.busy(dev, since, now),
-            _ => Vec::new(),
+        let Some(procs) = procs::procs() else {
+            return Err(NVML_ERROR_NOT_FOUND);
         };
-        let entries: Vec<_> = busy
-            .into_iter()
-            .map(|(pid, ns)| nvmlProcessUtilizationSample_t {
-                pid,
-                time_stamp: real / 1000,
-                sm_util: ((ns * 100 + period / 2) / period).min(100) as c_uint,
-                mem_util: 0,
-                enc_util: 0,
-                dec_util: 0,
-            })
-            .collect();
+        let mut entries = Vec::new();
+        let mut at = oldest;
+        while at <= newest {
+            // The sample's period on the runs' clock (monotonic).
+            let end = at.saturating_sub(real.saturating_sub(now));
+            for (pid, ns) in procs.busy(dev, end.saturating_sub(period), end) {
+                entries.push(nvmlProcessUtilizationSample_t {
+                    pid,
+                    time_stamp: at / 1000,
+                    sm_util: ((ns * 100 + period / 2) / period).min(100) as c_uint,
+                    mem_util: 0,
+                    enc_util: 0,
+                    dec_util: 0,
+                });
+            }
+            at += period;
+        }
         if entries.is_empty() {
             return Err(NVML_ERROR_NOT_FOUND);
         }

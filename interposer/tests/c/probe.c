@@ -730,23 +730,23 @@ static unsigned long long realtime_us(void) {
     return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
 }
 
-/* This process's NVML utilisation of the device since *seen (NVML's CPU timestamp), which it advances;
- * -1 when NVML does not support per-process utilisation. */
+/* This process's mean NVML utilisation of the device over the samples newer than *seen (NVML's CPU
+ * timestamp; the driver samples on its own clock, each sample the share of the period before it), which it
+ * advances to the newest sample's time; 0 when no sample of this process came, -1 when NVML does not
+ * support per-process utilisation. */
 static int own_utilization(nvmlDevice_t device, unsigned long long *seen) {
     nvmlProcessUtilizationSample_t samples[64];
     unsigned count = 64;
-    unsigned long long now = realtime_us();
     nvmlReturn_t rc = nvml.nvmlDeviceGetProcessUtilization(device, samples, &count, *seen);
-    *seen = now;
-    if (rc == 6 /* NVML_ERROR_NOT_FOUND: nothing ran */) return 0;
+    if (rc == 6 /* NVML_ERROR_NOT_FOUND: no new sample */) return 0;
     if (rc == 3 /* NVML_ERROR_NOT_SUPPORTED */) return -1;
     if (rc) die("nvmlDeviceGetProcessUtilization", rc);
-    int own = 0;
+    unsigned sum = 0, own = 0;
     for (unsigned i = 0; i < count; i++) {
-        if (samples[i].pid == (unsigned)getpid()) own = (int)samples[i].smUtil;
+        if (samples[i].pid == (unsigned)getpid()) sum += samples[i].smUtil, own++;
         if (samples[i].timeStamp > *seen) *seen = samples[i].timeStamp;
     }
-    return own;
+    return own ? (int)(sum / own) : 0;
 }
 
 static int cmd_launch(const char *path, double seconds, unsigned blocks) {
@@ -854,15 +854,19 @@ static int cmd_watch(unsigned index, double seconds) {
         }
         nvmlProcessUtilizationSample_t samples[64];
         unsigned count = 64;
-        unsigned long long now = realtime_us();
         rc = nvml.nvmlDeviceGetProcessUtilization(device, samples, &count, seen);
-        seen = now;
-        if (rc == 6 /* NVML_ERROR_NOT_FOUND: nothing ran */) continue;
+        if (rc == 6 /* NVML_ERROR_NOT_FOUND: no new sample */) continue;
         if (rc) die("nvmlDeviceGetProcessUtilization", rc);
+        /* Each process's mean over the window's samples (one per driver period). */
+        unsigned pids[64], sums[64], counts[64], n = 0;
         for (unsigned i = 0; i < count; i++) {
-            printf("watch_%d_%u=%u\n", w, samples[i].pid, samples[i].smUtil);
+            unsigned j = 0;
+            while (j < n && pids[j] != samples[i].pid) j++;
+            if (j == n) pids[n] = samples[i].pid, sums[n] = 0, counts[n] = 0, n++;
+            sums[j] += samples[i].smUtil, counts[j]++;
             if (samples[i].timeStamp > seen) seen = samples[i].timeStamp;
         }
+        for (unsigned j = 0; j < n; j++) printf("watch_%d_%u=%u\n", w, pids[j], sums[j] / counts[j]);
     }
     printf("watched=%d\n", windows);
     return 0;
