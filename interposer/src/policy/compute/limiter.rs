@@ -132,7 +132,7 @@ impl Limiter {
         if self.policy == CoreUtilizationPolicy::Default
             && region.sharing(dev) == Sharing::Exclusive
         {
-            self.usage.unlimited(dev);
+            self.usage.restart(dev);
             return call();
         }
         let mut capture = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -189,6 +189,7 @@ impl Limiter {
     /// until launches in flight have been measured).
     fn admit(&self, region: &Region, slot: Option<SlotId>, dev: usize, percent: u8) {
         let mut waited = 0u64;
+        let mut held = false;
         loop {
             self.settle(region);
             self.usage.sample(region, slot, dev, now_ns());
@@ -197,6 +198,7 @@ impl Limiter {
             let now = now_ns();
             let tokens = region.refill(dev, now, percent, CAP_NS);
             let wait = if region.held(dev, now) {
+                held = true;
                 HOLD_POLL_NS
             } else if tokens < 0 {
                 (tokens.unsigned_abs().saturating_mul(100) / u64::from(percent))
@@ -209,6 +211,11 @@ impl Limiter {
             let before = now_ns();
             std::thread::sleep(Duration::from_nanos(wait));
             waited += now_ns() - before;
+        }
+        if held {
+            // What was learned before the hold (e.g. queueing behind the
+            // holder) no longer holds.
+            self.usage.restart(dev);
         }
         region.record_compute(dev, 0, waited);
     }

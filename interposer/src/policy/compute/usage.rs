@@ -135,8 +135,12 @@ impl Usage {
         }
     }
 
-    /// A launch on `dev` ran without the limit: its time is not the budget's.
-    pub(super) fn unlimited(&self, dev: usize) {
+    /// What the process learned of `dev` is stale: a launch ran without the
+    /// limit (its time is not the budget's), or the node agent held the
+    /// container back (the ratio of GPU time to measured time came from
+    /// before, perhaps from queueing behind the holder). The next sample
+    /// starts the clock afresh and the ratio at 1.
+    pub(super) fn restart(&self, dev: usize) {
         if let Some(flag) = self.restart.get(dev) {
             flag.store(true, Ordering::Relaxed);
         }
@@ -171,6 +175,7 @@ impl Usage {
                 // before may hold time the limit did not apply to.
                 s.last_seen_us = realtime_us();
                 s.starting = true;
+                self.ratio_ppm[dev].store(PPM, Ordering::Relaxed);
             }
             (
                 s.last_seen_us,
