@@ -135,6 +135,40 @@ pub mod mthreads {
     pub const WHOLE_CARD_UNITS: u64 = 96;
 }
 
+/// MetaX GPUs' names (HAMi `pkg/device/metax`): whole GPUs (`Metax-GPU`)
+/// and shared sGPUs (`Metax-SGPU`).
+pub mod metax {
+    /// The device type of whole GPUs (`metax-tech.com/gpu`).
+    pub const GPU_TYPE: &str = "Metax-GPU";
+    /// The device type of shared GPUs (`metax-tech.com/sgpu`).
+    pub const SGPU_TYPE: &str = "Metax-SGPU";
+    /// MiB HAMi gives each whole GPU read from the Node's capacity.
+    pub const GPU_MEMORY_MIB: u64 = 65_536;
+    /// MiB per unit of a bare `metax-tech.com/vmemory` number (GiB).
+    pub const VMEMORY_UNIT_MIB: u64 = 1024;
+    /// Node annotation: the sGPU plugin's devices (a JSON list).
+    pub const NODE_DEVICES: &str = "metax-tech.com/node-gpu-devices";
+    /// Pod annotation the sGPU plugin reads: per container, the sGPUs with
+    /// their compute and memory (JSON).
+    pub const ALLOCATED: &str = "metax-tech.com/gpu-devices-allocated";
+    /// Pod annotation: when the pod was placed, Unix nanoseconds.
+    pub const PREDICATE_TIME: &str = "metax-tech.com/predicate-time";
+    /// Comma list of sGPU UUIDs; only these may be used.
+    pub const USE_UUID: &str = "metax-tech.com/use-gpuuuid";
+    /// Comma list of sGPU UUIDs that must not be used.
+    pub const NOUSE_UUID: &str = "metax-tech.com/nouse-gpuuuid";
+    /// Pod annotation: how the sGPU shares compute (`best-effort`,
+    /// `fixed-share`, `burst-share`); the webhook writes `best-effort`
+    /// when absent.
+    pub const QOS_POLICY: &str = "metax-tech.com/sgpu-qos-policy";
+    /// The QoS policies a pod may name.
+    pub const QOS_POLICIES: [&str; 3] = ["best-effort", "fixed-share", "burst-share"];
+    /// Pod annotation: `online` or `offline` (co-location classes).
+    pub const APP_CLASS: &str = "metax-tech.com/sgpu-app-class";
+    /// Pod annotation: whether an exclusive pod prefers GPUs on one MetaLink.
+    pub const TOPOLOGY_AWARE: &str = "metax-tech.com/sgpu-topology-aware";
+}
+
 /// Iluvatar GPUs' names (HAMi `pkg/device/iluvatar`).
 pub mod iluvatar {
     /// MiB per unit of an Iluvatar memory resource (`iluvatar.ai/<chip>.vMem`).

@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 use support::{Cluster, WAIT};
 use tessera_api::{
     request::{
-        CambriconConfig, HygonConfig, IluvatarConfig, MthreadsConfig, VnpuConfig, VnpuTemplate,
-        VnpusConfig,
+        CambriconConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig, VnpuConfig,
+        VnpuTemplate, VnpusConfig,
     },
     v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
 };
@@ -61,6 +61,7 @@ fn config() -> Config {
     });
     config.request.cambricon = Some(CambriconConfig::default());
     config.request.mthreads = Some(MthreadsConfig::default());
+    config.request.metax = Some(MetaxConfig::default());
     config.request.iluvatars = vec![IluvatarConfig {
         chip_name: "MR-V100".into(),
         common_word: "MR-V100".into(),
@@ -485,6 +486,74 @@ async fn a_moore_threads_pod_keeps_its_containers_on_one_card() {
         node_annotation(&cluster, "mt-1", "hami.io/mutex.lock").await,
         None
     );
+}
+
+#[tokio::test]
+async fn a_metax_exclusive_pod_gets_one_metalink_and_its_hand_off() {
+    let cluster = Cluster::start(config()).await;
+    // Three GPUs as MetaX's sGPU plugin lists them: two on MetaLink 1, one
+    // on none; four sGPUs of 16 GiB each.
+    let list = json!([
+        {"uuid": "GPU-a", "totalDevCount": 4, "totalCompute": 100, "totalVRam": 16384, "healthy": true},
+        {"uuid": "GPU-b", "totalDevCount": 4, "totalCompute": 100, "totalVRam": 16384, "healthy": true, "linkZone": 1},
+        {"uuid": "GPU-c", "totalDevCount": 4, "totalCompute": 100, "totalVRam": 16384, "healthy": true, "linkZone": 1},
+    ]);
+    vendor_node(
+        &cluster,
+        "mx-1",
+        json!({"metax-tech.com/node-gpu-devices": list.to_string()}),
+        json!({"metax-tech.com/sgpu": "12"}),
+    )
+    .await;
+    until("mx-1 in the projection", async || {
+        cluster
+            .projection
+            .read()
+            .node("mx-1")
+            .filter(|n| n.devices.len() == 3)
+            .map(|_| ())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    let manifest: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "mx-pod"},
+        "spec": {
+            "schedulerName": "tessera-scheduler",
+            "containers": [{"name": "main", "image": "example.invalid/x",
+                "resources": {"limits": {"metax-tech.com/sgpu": "2"}}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&kube::api::PostParams::default(), &manifest)
+        .await
+        .unwrap();
+    assert_eq!(cluster.node_of("mx-pod").await, "mx-1");
+    let allocation = cluster.allocation("mx-pod").await;
+    assert_eq!(allocation.spec.totals.families, "metax");
+    let mut gpus: Vec<&str> = allocation.spec.containers[0]
+        .devices
+        .iter()
+        .map(|d| d.uuid.as_str())
+        .collect();
+    gpus.sort_unstable();
+    assert_eq!(gpus, ["GPU-b", "GPU-c"], "both on MetaLink 1");
+    let a = pod(&cluster, "mx-pod").await.annotations().clone();
+    assert_eq!(a["hami.io/vgpu-node"], "mx-1");
+    assert_eq!(a["hami.io/bind-phase"], "allocating");
+    assert_eq!(
+        a["hami.io/metax-sgpu-devices-to-allocate"],
+        a["hami.io/metax-sgpu-devices-allocated"]
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&a["metax-tech.com/gpu-devices-allocated"]).unwrap();
+    assert_eq!(listed[0].as_array().unwrap().len(), 2);
+    assert_eq!(listed[0][0]["compute"], 100);
+    assert_eq!(listed[0][0]["vRam"], 16384);
+    assert!(a.contains_key("metax-tech.com/predicate-time"));
+    let lock = node_annotation(&cluster, "mx-1", "hami.io/mutex.lock")
+        .await
+        .expect("the sGPU plugin finds the pod through the Node lock");
+    assert!(lock.ends_with(",default,mx-pod"), "{lock}");
 }
 
 #[tokio::test]

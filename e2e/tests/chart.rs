@@ -392,3 +392,45 @@ async fn rendered_objects_pass_the_api_servers_validation() {
         );
     }
 }
+
+#[test]
+fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
+    // Each section as `{}` takes HAMi's names (docs/vendors.md).
+    let on: Vec<String> = ["hygon", "cambricon", "mthreads", "metax"]
+        .iter()
+        .map(|s| format!("config.{s}={{}}"))
+        .collect();
+    let mut extra: Vec<&str> = Vec::new();
+    for set in &on {
+        extra.extend(["--set-json", set.as_str()]);
+    }
+    let objects = template(&extra);
+    let config = find(&objects, "ConfigMap", "tessera-scheduler");
+    let sched: Value =
+        serde_yaml_ng::from_str(config["data"]["kube-scheduler.yaml"].as_str().unwrap()).unwrap();
+    let managed: BTreeSet<&str> = sched["extenders"][0]["managedResources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    let webhook = find(&objects, "MutatingWebhookConfiguration", "tessera");
+    let condition = webhook["webhooks"][0]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    for name in [
+        "hygon.com/dcunum",
+        "cambricon.com/mlu.smlu.vmemory",
+        "mthreads.com/sgpu-core",
+        "metax-tech.com/gpu",
+        "metax-tech.com/sgpu",
+        "metax-tech.com/vmemory",
+        "metax-tech.com/vcore",
+    ] {
+        assert!(managed.contains(name), "{name} not in {managed:?}");
+        assert!(
+            condition.contains(&format!("'{name}'")),
+            "{name}: {condition}"
+        );
+    }
+}

@@ -161,6 +161,7 @@ pub(super) fn parse(
             pairs: chip.pairs(),
             by_network: chip.is_910(),
             one_card_per_pod: false,
+            by_link_zone: false,
         }),
     }))
 }

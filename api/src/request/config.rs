@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::vendors::{CambriconConfig, HygonConfig, IluvatarConfig, MthreadsConfig, VnpusConfig};
+use super::vendors::{
+    CambriconConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig, VnpusConfig,
+};
 use crate::names::resources;
 use crate::{Error, Result};
 
@@ -31,6 +33,9 @@ pub struct RequestConfig {
     /// HAMi's `cambricon:` section; absent: Cambricon MLUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cambricon: Option<CambriconConfig>,
+    /// HAMi's `metax:` section; absent: MetaX GPUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metax: Option<MetaxConfig>,
     /// HAMi's `iluvatars:` section, one entry per chip; empty: Iluvatar GPUs
     /// are not scheduled.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -50,6 +55,7 @@ impl Default for RequestConfig {
             iluvatars: Vec::new(),
             cambricon: None,
             mthreads: None,
+            metax: None,
         }
     }
 }
@@ -130,6 +136,14 @@ impl RequestConfig {
                 mt.resource_count_name.as_str(),
                 &mt.resource_memory_name,
                 &mt.resource_core_name,
+            ]);
+        }
+        if let Some(metax) = &self.metax {
+            all.extend([
+                metax.resource_count_name.as_str(),
+                &metax.resource_vcount_name,
+                &metax.resource_vmemory_name,
+                &metax.resource_vcore_name,
             ]);
         }
         for chip in &self.iluvatars {

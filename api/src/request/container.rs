@@ -101,6 +101,17 @@ pub(super) enum Field {
     Value(u64),
 }
 
+impl Field {
+    /// A value in units of `unit` (bounded by the read's maximum) as the
+    /// base unit.
+    pub(super) fn scaled(self, unit: u64) -> Self {
+        match self {
+            Self::Value(v) => Self::Value(v.saturating_mul(unit)),
+            other => other,
+        }
+    }
+}
+
 pub(super) struct Reader<'a> {
     pub(super) container: &'a Container,
     pub(super) violations: Vec<Violation>,
@@ -129,6 +140,16 @@ impl Reader<'_> {
         };
         self.violate(name, rule);
         Field::Invalid
+    }
+
+    /// A resource's quantity as written (limits, else requests), if set.
+    pub(super) fn text(&self, name: &str) -> Option<String> {
+        let resources = self.container.resources.as_ref();
+        let limits = resources.and_then(|r| r.limits.as_ref());
+        let requests = resources.and_then(|r| r.requests.as_ref());
+        lookup(limits, name)
+            .or_else(|| lookup(requests, name))
+            .map(|q| q.0.clone())
     }
 
     /// `value` when every field read so far was valid, else the violations.

@@ -34,6 +34,7 @@ mod ascend;
 mod config;
 mod container;
 mod iluvatar;
+mod metax;
 mod mthreads;
 mod simple;
 mod vendors;
@@ -50,8 +51,8 @@ use crate::{Error, Result, Violations};
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
 pub use vendors::{
-    CambriconConfig, HygonConfig, IluvatarConfig, MthreadsConfig, VnpuConfig, VnpuTemplate,
-    VnpusConfig,
+    CambriconConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig, VnpuConfig,
+    VnpuTemplate, VnpusConfig,
 };
 
 use crate::v1alpha1::DeviceFamily;
@@ -87,7 +88,8 @@ pub struct ContainerRequest {
     pub priority: Option<u32>,
     /// The accelerator family the request is for. A container asking for
     /// several families gives one request per family, in the order
-    /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon, Moore Threads.
+    /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon, Moore Threads, MetaX
+    /// (whole GPUs, then sGPUs).
     pub family: DeviceFamily,
     /// What a request for another vendor's devices adds; `None` for NVIDIA.
     pub vendor: Option<VendorRequest>,
@@ -114,6 +116,10 @@ pub struct VendorRequest {
     /// Moore Threads: every container of the pod shares the card(s) of the
     /// first one (HAMi's `customFilterRule`).
     pub one_card_per_pod: bool,
+    /// MetaX exclusive sGPUs: GPUs from the smallest MetaLink (the device's
+    /// network) that has enough, else across MetaLinks from the smallest,
+    /// then GPUs on none (HAMi's `prioritizeExclusiveDevices`).
+    pub by_link_zone: bool,
 }
 
 /// A pod's device filters for one family, from its annotations.
@@ -222,6 +228,10 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
             }
             if let Some(mt) = &config.mthreads {
                 collect(mthreads::parse(container, kind, mt, annotations));
+            }
+            if let Some(metax) = &config.metax {
+                collect(metax::parse_gpu(container, kind, metax));
+                collect(metax::parse_sgpu(container, kind, metax, annotations));
             }
         }
     }

@@ -392,3 +392,129 @@ vnpus:
         "config vnpus.configs[0].memoryAllocatable: must not exceed memoryCapacity"
     );
 }
+
+#[test]
+fn metax_requests_follow_hami() {
+    use MemoryRequest::{Mib, Percent};
+    // HAMi's TestGenerateResourceRequests (sdevice_test.go) and the whole
+    // GPU's (device_test.go): (limits, (type, count, memory, cores)).
+    let rows = [
+        (
+            json!({"metax-tech.com/gpu": "2"}),
+            ("Metax-GPU", 2, Percent(100), 100),
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "1"}),
+            ("Metax-SGPU", 1, Percent(100), 100),
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "2"}),
+            ("Metax-SGPU", 2, Percent(100), 100),
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "60"}),
+            ("Metax-SGPU", 1, Percent(100), 60),
+        ),
+        // A bare number is GiB.
+        (
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "4"}),
+            ("Metax-SGPU", 1, Mib(4096), 100),
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "60", "metax-tech.com/vmemory": "20"}),
+            ("Metax-SGPU", 1, Mib(20480), 60),
+        ),
+        // A quantity with a unit is bytes.
+        (
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "60", "metax-tech.com/vmemory": "2048Mi"}),
+            ("Metax-SGPU", 1, Mib(2048), 60),
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "60", "metax-tech.com/vmemory": "4Gi"}),
+            ("Metax-SGPU", 1, Mib(4096), 60),
+        ),
+        // Above 100 counts as 100 (the other vendors' clamp).
+        (
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "150"}),
+            ("Metax-SGPU", 1, Percent(100), 100),
+        ),
+    ];
+    for (limits, (device_type, count, memory, cores)) in rows {
+        let got = parsed(limits.clone(), json!({})).unwrap();
+        assert_eq!(got.len(), 1, "{limits}");
+        assert_eq!(
+            shape(&got[0]),
+            (DeviceFamily::Metax, count, memory, cores, None),
+            "{limits}"
+        );
+        let vendor = got[0].vendor.as_ref().unwrap();
+        assert_eq!(vendor.device_type.as_deref(), Some(device_type), "{limits}");
+        assert_eq!(
+            vendor.by_link_zone,
+            device_type == "Metax-SGPU" && cores == 100
+        );
+    }
+    let filters = parsed(
+        json!({"metax-tech.com/sgpu": "1"}),
+        json!({"metax-tech.com/use-gpuuuid": "a,b", "metax-tech.com/nouse-gpuuuid": "c"}),
+    )
+    .unwrap();
+    let filters = &filters[0].vendor.as_ref().unwrap().filters;
+    assert_eq!(filters.use_uuids, ["a", "b"]);
+    assert_eq!(filters.nouse_uuids, ["c"]);
+    // HAMi's range checks and TestMutateAdmission's refusals, each naming
+    // the field and the rule.
+    for (limits, annotations, want) in [
+        (
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "2099999999"}),
+            json!({}),
+            "metax-tech.com/vmemory: must be between 0 and 16384",
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "100"}),
+            json!({}),
+            "metax-tech.com/sgpu: must be between 0 and 64",
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "1500Ki"}),
+            json!({}),
+            "metax-tech.com/vmemory: \"1500Ki\" is not a whole number of MiB; a bare number is GiB",
+        ),
+        (
+            json!({"metax-tech.com/vcore": "50"}),
+            json!({}),
+            "metax-tech.com/vcore: is set but metax-tech.com/sgpu is not; ask for at least 1 sGPU",
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "1"}),
+            json!({"metax-tech.com/sgpu-qos-policy": "always"}),
+            "metax-tech.com/sgpu-qos-policy: must be one of best-effort, fixed-share, burst-share, got \"always\"",
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "2"}),
+            json!({"metax-tech.com/sgpu-app-class": "offline"}),
+            "metax-tech.com/sgpu-app-class: a pod with an app class must ask for exactly 1 sGPU, but metax-tech.com/sgpu is 2",
+        ),
+        (
+            json!({"metax-tech.com/sgpu": "1"}),
+            json!({"metax-tech.com/sgpu-app-class": "batch"}),
+            "metax-tech.com/sgpu-app-class: must be online or offline, got \"batch\"",
+        ),
+    ] {
+        let error = parsed(limits.clone(), annotations).unwrap_err();
+        assert!(error.contains(want), "{limits}: {error}");
+    }
+    // An online pod's QoS policy is not checked (HAMi: online pods skip it).
+    assert!(
+        parsed(
+            json!({"metax-tech.com/sgpu": "1"}),
+            json!({"metax-tech.com/sgpu-app-class": "online", "metax-tech.com/sgpu-qos-policy": "x"}),
+        )
+        .is_ok()
+    );
+    // Without the count, the whole-GPU resource asks for nothing.
+    assert_eq!(
+        parsed(json!({"metax-tech.com/gpu": "0"}), json!({})).unwrap(),
+        []
+    );
+}

@@ -87,6 +87,42 @@ impl Default for MthreadsConfig {
     }
 }
 
+/// HAMi's `metax:` section: MetaX GPUs, whole (`metax-tech.com/gpu`, MetaX's
+/// gpu-device plugin) or shared (`metax-tech.com/sgpu`, MetaX's sgpu plugin).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct MetaxConfig {
+    /// Number of whole GPUs (`metax-tech.com/gpu`).
+    pub resource_count_name: String,
+    /// Number of sGPUs (`metax-tech.com/sgpu`).
+    #[serde(rename = "resourceVCountName")]
+    pub resource_vcount_name: String,
+    /// Memory per sGPU: a bare number in GiB, or a quantity with a unit
+    /// (`metax-tech.com/vmemory`).
+    #[serde(rename = "resourceVMemoryName")]
+    pub resource_vmemory_name: String,
+    /// Percent of an sGPU's compute (`metax-tech.com/vcore`; 100 when absent).
+    #[serde(rename = "resourceVCoreName")]
+    pub resource_vcore_name: String,
+    /// Whether exclusive sGPU pods prefer GPUs on one MetaLink unless their
+    /// `metax-tech.com/sgpu-topology-aware` annotation says otherwise.
+    pub sgpu_topology_aware: bool,
+}
+
+impl Default for MetaxConfig {
+    /// HAMi's defaults (`--metax-name`, `--metax-vcount`, `--metax-vmemory`,
+    /// `--metax-vcore`).
+    fn default() -> Self {
+        Self {
+            resource_count_name: "metax-tech.com/gpu".into(),
+            resource_vcount_name: "metax-tech.com/sgpu".into(),
+            resource_vmemory_name: "metax-tech.com/vmemory".into(),
+            resource_vcore_name: "metax-tech.com/vcore".into(),
+            sgpu_topology_aware: false,
+        }
+    }
+}
+
 /// HAMi's `vnpus:` section: Huawei Ascend NPUs, one entry per chip, served by
 /// HAMi's `ascend-device-plugin`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -66,17 +66,21 @@ pub enum DeviceFamily {
     /// Moore Threads GPUs (`mthreads.com/vgpu`), served by Moore Threads'
     /// device plugin.
     Mthreads,
+    /// MetaX GPUs, whole (`metax-tech.com/gpu`, model `Metax-GPU`) or shared
+    /// (`metax-tech.com/sgpu`, model `Metax-SGPU`), served by MetaX's plugins.
+    Metax,
 }
 
 impl DeviceFamily {
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Nvidia,
         Self::Hygon,
         Self::Ascend,
         Self::Iluvatar,
         Self::Cambricon,
         Self::Mthreads,
+        Self::Metax,
     ];
 
     /// The value as written in manifests.
@@ -88,6 +92,7 @@ impl DeviceFamily {
             Self::Iluvatar => "iluvatar",
             Self::Cambricon => "cambricon",
             Self::Mthreads => "mthreads",
+            Self::Metax => "metax",
         }
     }
 

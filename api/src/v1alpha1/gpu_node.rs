@@ -147,8 +147,8 @@ pub struct GpuDevice {
     #[serde(default, skip_serializing_if = "DeviceFamily::is_nvidia")]
     pub family: DeviceFamily,
     /// The network the device is on, where its vendor reports one (Ascend
-    /// 910's `NetworkID`): devices of a multi-device container are taken
-    /// from as few networks as possible.
+    /// 910's `NetworkID`, MetaX's MetaLink `linkZone`): devices of a
+    /// multi-device container are taken from as few networks as possible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_id: Option<u32>,
     /// The model name, e.g. `NVIDIA A100-SXM4-80GB`.

@@ -113,6 +113,13 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- $names = append $names ($mt.resourceMemoryName | default "mthreads.com/sgpu-memory") -}}
 {{- $names = append $names ($mt.resourceCoreName | default "mthreads.com/sgpu-core") -}}
 {{- end -}}
+{{- if kindIs "map" .Values.config.metax -}}
+{{- $mx := .Values.config.metax -}}
+{{- $names = append $names ($mx.resourceCountName | default "metax-tech.com/gpu") -}}
+{{- $names = append $names ($mx.resourceVCountName | default "metax-tech.com/sgpu") -}}
+{{- $names = append $names ($mx.resourceVMemoryName | default "metax-tech.com/vmemory") -}}
+{{- $names = append $names ($mx.resourceVCoreName | default "metax-tech.com/vcore") -}}
+{{- end -}}
 {{- range .Values.config.iluvatars -}}
 {{- $names = append $names .resourceCountName -}}
 {{- $names = append $names .resourceMemoryName -}}

@@ -139,6 +139,8 @@ fn fit_container(
         }
     } else if vendor.is_some_and(|v| v.by_network) && all_networked && wanted > 1 {
         pick_fewest_networks(devices, &candidates, wanted)
+    } else if vendor.is_some_and(|v| v.by_link_zone) && candidates.len() > wanted {
+        pick_smallest_link(devices, &candidates, wanted)
     } else {
         candidates
             .into_iter()
@@ -207,6 +209,39 @@ fn pick_fewest_networks(
     groups
         .into_iter()
         .flat_map(|(_, group)| group)
+        .take(wanted)
+        .collect()
+}
+
+/// MetaX exclusive sGPUs: the first `wanted` GPUs of the smallest MetaLink
+/// (network) holding that many fitting GPUs; else the MetaLinks from the
+/// smallest up, then GPUs on none (HAMi's `prioritizeExclusiveDevices`;
+/// ties between MetaLinks of one size in candidate order, where HAMi's are
+/// random).
+fn pick_smallest_link(
+    devices: &[GpuDevice],
+    candidates: &[(Slice, f64)],
+    wanted: usize,
+) -> Vec<Slice> {
+    let mut links: Vec<(u32, Vec<Slice>)> = Vec::new();
+    let mut unlinked = Vec::new();
+    for (slice, _) in candidates {
+        match devices[slice.device].network_id {
+            Some(link) => match links.iter_mut().find(|(l, _)| *l == link) {
+                Some((_, group)) => group.push(*slice),
+                None => links.push((link, vec![*slice])),
+            },
+            None => unlinked.push(*slice),
+        }
+    }
+    links.sort_by_key(|(_, group)| group.len());
+    if let Some((_, group)) = links.iter().find(|(_, g)| g.len() >= wanted) {
+        return group[..wanted].to_vec();
+    }
+    links
+        .into_iter()
+        .flat_map(|(_, group)| group)
+        .chain(unlinked)
         .take(wanted)
         .collect()
 }

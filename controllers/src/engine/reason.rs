@@ -9,7 +9,7 @@ use std::fmt::{self, Write};
 
 use tessera_api::{
     mig,
-    names::{annotations, ascend, cambricon, hygon, mthreads},
+    names::{annotations, ascend, cambricon, hygon, metax, mthreads},
     request::{ContainerRequest, MemoryRequest},
     v1alpha1::DeviceFamily,
 };
@@ -290,6 +290,14 @@ fn noun(container: &ContainerRequest) -> String {
         DeviceFamily::Hygon => "DCU".into(),
         DeviceFamily::Cambricon => "MLU".into(),
         DeviceFamily::Mthreads => "Moore Threads GPU".into(),
+        DeviceFamily::Metax => match container
+            .vendor
+            .as_ref()
+            .and_then(|v| v.device_type.as_deref())
+        {
+            Some(metax::SGPU_TYPE) => "MetaX sGPU".into(),
+            _ => "MetaX GPU".into(),
+        },
         DeviceFamily::Ascend | DeviceFamily::Iluvatar => {
             let chip = container
                 .vendor
@@ -344,6 +352,12 @@ impl FilterKeys {
                 String::new(),
                 mthreads::USE_UUID.into(),
                 mthreads::NOUSE_UUID.into(),
+            ],
+            DeviceFamily::Metax => [
+                String::new(),
+                String::new(),
+                metax::USE_UUID.into(),
+                metax::NOUSE_UUID.into(),
             ],
             DeviceFamily::Ascend | DeviceFamily::Iluvatar => [
                 String::new(),

@@ -530,6 +530,179 @@ fn moore_threads_shares_one_card_per_pod() {
 }
 
 #[test]
+fn metax_fits_as_hami_does() {
+    // Whole GPUs as HAMi reads them from the Node (65,536 MiB, one
+    // container each), and sGPUs as MetaX's plugin registers them (HAMi's
+    // TestMetaxDevices_Fit and TestMetaxSDevices_Fit rows).
+    let gpu = Row {
+        count: 1,
+        total_mem: 65536,
+        ..FREE
+    };
+    let gpus = |rows: &[Row]| node(DeviceFamily::Metax, "Metax-GPU", rows);
+    let card = Row {
+        total_mem: 16384,
+        ..FREE
+    };
+    let sgpus = |rows: &[Row]| node(DeviceFamily::Metax, "Metax-SGPU", rows);
+    let cases: [Case; 11] = [
+        (
+            "gpu: fit success",
+            gpus(&[gpu, Row { id: "dev-1", ..gpu }]),
+            json!({"metax-tech.com/gpu": "2"}),
+            json!({}),
+            Ok(&["dev-0", "dev-1"]),
+        ),
+        (
+            "gpu: card overused",
+            gpus(&[Row {
+                used: 1,
+                used_mem: 65536,
+                used_cores: 100,
+                ..gpu
+            }]),
+            json!({"metax-tech.com/gpu": "1"}),
+            json!({}),
+            Err("1 MetaX GPU in use, but 100 cores needs an empty MetaX GPU"),
+        ),
+        (
+            "gpu: type mismatch (sGPUs are not whole GPUs)",
+            sgpus(&[card]),
+            json!({"metax-tech.com/gpu": "1"}),
+            json!({}),
+            Err("0 of 0 MetaX GPUs fit: the node has no MetaX GPUs"),
+        ),
+        (
+            "sgpu: fit success",
+            sgpus(&[
+                card,
+                Row {
+                    id: "dev-1",
+                    ..card
+                },
+            ]),
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "50", "metax-tech.com/vmemory": "4"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "sgpu: fit fail: memory not enough",
+            sgpus(&[Row {
+                total_mem: 1024,
+                ..card
+            }]),
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "50", "metax-tech.com/vmemory": "2"}),
+            json!({}),
+            Err("1 MetaX sGPU without 2048 MiB free (largest free is 1024 MiB on dev-0)"),
+        ),
+        (
+            "sgpu: fit fail: user assign use uuid mismatch",
+            sgpus(&[card]),
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "50"}),
+            json!({"metax-tech.com/use-gpuuuid": "dev-1"}),
+            Err("1 MetaX sGPU not listed in metax-tech.com/use-gpuuuid"),
+        ),
+        (
+            "sgpu: fit fail: user assign no use uuid match",
+            sgpus(&[card]),
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "50"}),
+            json!({"metax-tech.com/nouse-gpuuuid": "dev-0"}),
+            Err("1 MetaX sGPU excluded by metax-tech.com/nouse-gpuuuid"),
+        ),
+        (
+            "sgpu: fit fail: card exclusively (no vcore named: 100)",
+            sgpus(&[Row { used: 20, ..card }]),
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "2"}),
+            json!({}),
+            Err("1 MetaX sGPU in use, but 100 cores needs an empty MetaX sGPU"),
+        ),
+        (
+            "sgpu: fit fail: CardComputeUnitsExhausted",
+            sgpus(&[Row {
+                used: 20,
+                used_cores: 100,
+                ..card
+            }]),
+            json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "2", "metax-tech.com/vcore": "0"}),
+            json!({}),
+            Err("1 MetaX sGPU with every core handed out"),
+        ),
+        (
+            "sgpu: fit fail: AllocatedCardsInsufficientRequest",
+            sgpus(&[card]),
+            json!({"metax-tech.com/sgpu": "2", "metax-tech.com/vcore": "50"}),
+            json!({}),
+            Err("needs 2"),
+        ),
+        (
+            "sgpu: fit fail: device unhealthy",
+            sgpus(&[Row {
+                healthy: false,
+                ..card
+            }]),
+            json!({"metax-tech.com/sgpu": "1"}),
+            json!({}),
+            Err("1 MetaX sGPU unhealthy"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+}
+
+#[test]
+fn metax_exclusive_sgpus_prefer_the_smallest_metalink_that_holds_them() {
+    // HAMi's TestPrioritizeExclusiveDevices: MetaLink 1 has one GPU,
+    // MetaLink 2 two, the last GPU is on none.
+    let card = Row {
+        total_mem: 16384,
+        ..FREE
+    };
+    let mut sgpus = node(
+        DeviceFamily::Metax,
+        "Metax-SGPU",
+        &[
+            card,
+            Row {
+                id: "dev-1",
+                ..card
+            },
+            Row {
+                id: "dev-2",
+                ..card
+            },
+            Row {
+                id: "dev-3",
+                ..card
+            },
+        ],
+    );
+    for (device, link) in sgpus
+        .devices
+        .iter_mut()
+        .zip([Some(1), Some(2), Some(2), None])
+    {
+        device.network_id = link;
+    }
+    for (count, want) in [
+        ("1", &["dev-0"][..]),
+        ("2", &["dev-1", "dev-2"]),
+        ("3", &["dev-0", "dev-1", "dev-2"]),
+        ("4", &["dev-0", "dev-1", "dev-2", "dev-3"]),
+    ] {
+        let got = place(&sgpus, json!({"metax-tech.com/sgpu": count}), json!({}));
+        expect(&format!("{count} exclusive sGPUs"), got, Ok(want));
+    }
+    // Shared sGPUs follow the GPU policy, not the MetaLinks.
+    let got = place(
+        &sgpus,
+        json!({"metax-tech.com/sgpu": "2", "metax-tech.com/vcore": "50"}),
+        json!({}),
+    );
+    expect("2 shared sGPUs", got, Ok(&["dev-0", "dev-1"]));
+}
+
+#[test]
 fn iluvatar_fits_as_hami_does() {
     // HAMi's Test_Fit rows; memory in 256 MiB units as pods write it.
     let gpus = |rows: &[Row]| node(DeviceFamily::Iluvatar, "MR-V100", rows);

@@ -41,13 +41,16 @@ fn admitted_marker(statuses: Option<&[ContainerStatus]>) -> Option<Vec<Container
 
 /// Keeps a Node's name, UID, resourceVersion and labels (what selects a
 /// GpuNodeConfig), what vendor device plugins report (the `hami.io/node-*`
-/// annotations, `hami-vnpu-core`, and `status.allocatable`); drops the rest
+/// annotations, `hami-vnpu-core`, MetaX's `metax-tech.com/node-gpu-devices`,
+/// and `status.allocatable`); drops the rest
 /// of its spec and status (images, conditions, ...).
 pub fn node(node: &mut Node) {
     let meta = &mut node.metadata;
     meta.annotations = meta.annotations.take().map(|mut a| {
         a.retain(|key, _| {
-            key.starts_with("hami.io/node-") || key == tessera_api::names::ascend::NODE_SOFT_SPLIT
+            key.starts_with("hami.io/node-")
+                || key == tessera_api::names::ascend::NODE_SOFT_SPLIT
+                || key == tessera_api::names::metax::NODE_DEVICES
         });
         a
     });
@@ -128,6 +131,7 @@ mod tests {
             "metadata": {"name": "n1", "labels": {"gpu": "on"}, "annotations": {
                 "hami.io/node-dcu-register": "DCU-0,4,16384,100,DCU,0,true:",
                 "hami-vnpu-core": "true",
+                "metax-tech.com/node-gpu-devices": "[]",
                 "node.alpha.kubernetes.io/ttl": "0",
             }},
             "status": {"images": [{"names": ["x"], "sizeBytes": 1}],
@@ -139,7 +143,11 @@ mod tests {
         let annotations = n.metadata.annotations.unwrap();
         assert_eq!(
             annotations.keys().collect::<Vec<_>>(),
-            ["hami-vnpu-core", "hami.io/node-dcu-register"]
+            [
+                "hami-vnpu-core",
+                "hami.io/node-dcu-register",
+                "metax-tech.com/node-gpu-devices"
+            ]
         );
         let status = n.status.unwrap();
         assert!(status.images.is_none());

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde::Serialize;
 use tessera_api::{
-    names::{cambricon, mthreads},
+    names::{cambricon, metax, mthreads},
     request::RequestConfig,
     v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
 };
@@ -38,6 +38,8 @@ fn keys(device_type: &str) -> (String, String) {
         "DCU" => "dcu",
         "MLU" => "cambricon-mlu",
         "Mthreads" => "mthreads-vgpu",
+        metax::GPU_TYPE => "metax-gpu",
+        metax::SGPU_TYPE => "metax-sgpu",
         chip => chip,
     };
     (
@@ -55,6 +57,8 @@ fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
         DeviceFamily::Cambricon => Some("MLU"),
         DeviceFamily::Mthreads => Some("Mthreads"),
         DeviceFamily::Ascend | DeviceFamily::Iluvatar => Some(slice.model.as_str()),
+        DeviceFamily::Metax if slice.model == metax::SGPU_TYPE => Some(metax::SGPU_TYPE),
+        DeviceFamily::Metax => Some(metax::GPU_TYPE),
     }
 }
 
@@ -69,6 +73,17 @@ struct RuntimeInfo<'a> {
     memory: u64,
     #[serde(skip_serializing_if = "is_zero_u32")]
     core: u32,
+}
+
+/// One sGPU as MetaX's `metax-tech.com/gpu-devices-allocated` lists it
+/// (HAMi `ContainerMetaxSDevice`, Go's omitempty kept).
+#[derive(Serialize)]
+struct MetaxSDevice<'a> {
+    uuid: &'a str,
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    compute: u32,
+    #[serde(rename = "vRam", skip_serializing_if = "is_zero")]
+    v_ram: u64,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -152,6 +167,30 @@ pub fn pod_annotations(
         }
         out.insert(to_allocate, encoded.clone());
         out.insert(allocated, encoded);
+        if device_type == metax::SGPU_TYPE {
+            // MetaX's sGPU plugin reads every container's sGPUs as JSON.
+            let per_container: Vec<Vec<MetaxSDevice<'_>>> = containers
+                .iter()
+                .map(|name| {
+                    slices_of(name)
+                        .into_iter()
+                        .map(|d| MetaxSDevice {
+                            uuid: &d.uuid,
+                            compute: d.cores,
+                            v_ram: d.memory_mib,
+                        })
+                        .collect()
+                })
+                .collect();
+            out.insert(
+                metax::ALLOCATED.to_owned(),
+                serde_json::to_string(&per_container).unwrap_or_else(|_| "[]".into()),
+            );
+            out.insert(
+                metax::PREDICATE_TIME.to_owned(),
+                now.as_nanosecond().to_string(),
+            );
+        }
         if device_type == "MLU" {
             // Cambricon's dynamic-smlu plugin reads the first MLU's profile.
             if let Some(d) = containers
@@ -198,7 +237,8 @@ pub fn pod_annotations(
 
 /// The Node annotations Bind writes for the vendor slices of `spec` (none
 /// for NVIDIA only): `hami.io/mutex.lock` for the plugins that find the pod
-/// through it (Hygon, Ascend, Iluvatar), Cambricon's `cambricon.com/dsmlu.lock`.
+/// through it (Hygon, Ascend, Iluvatar, MetaX sGPU), Cambricon's
+/// `cambricon.com/dsmlu.lock`.
 pub fn node_annotations(
     spec: &VgpuAllocationSpec,
     namespace: &str,
@@ -212,12 +252,19 @@ pub fn node_annotations(
         .map(|d| d.family)
         .collect();
     let mut out = BTreeMap::new();
-    if families.iter().any(|f| {
-        matches!(
-            f,
-            DeviceFamily::Hygon | DeviceFamily::Ascend | DeviceFamily::Iluvatar
-        )
-    }) {
+    let sgpu = spec
+        .containers
+        .iter()
+        .flat_map(|c| &c.devices)
+        .any(|d| d.family == DeviceFamily::Metax && d.model == metax::SGPU_TYPE);
+    if sgpu
+        || families.iter().any(|f| {
+            matches!(
+                f,
+                DeviceFamily::Hygon | DeviceFamily::Ascend | DeviceFamily::Iluvatar
+            )
+        })
+    {
         out.insert(MUTEX_LOCK.to_owned(), mutex_value(namespace, pod, now));
     }
     if families.contains(&DeviceFamily::Cambricon) {
@@ -459,6 +506,64 @@ mod tests {
             node_annotations(&spec, "ml", "p", now).is_empty(),
             "HAMi takes no lock for Moore Threads"
         );
+    }
+
+    #[test]
+    fn metax_sgpus_get_hamis_lists_metax_json_and_the_mutex_lock() {
+        let sgpu = |uuid: &str, mib, cores| {
+            slice(uuid, DeviceFamily::Metax, "Metax-SGPU", mib, cores, None)
+        };
+        let spec = allocation("p", "u", "n1")
+            .container(container("a", vec![sgpu("GPU-1", 4096, 60)]))
+            .container(container(
+                "b",
+                vec![sgpu("GPU-2", 65536, 100), sgpu("GPU-3", 65536, 100)],
+            ))
+            .build()
+            .spec;
+        let order = ["a".to_owned(), "side".to_owned(), "b".to_owned()];
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let out = pod_annotations(&spec, &order, &RequestConfig::default(), now);
+        let encoded =
+            "GPU-1,Metax-SGPU,4096,60:;;GPU-2,Metax-SGPU,65536,100:GPU-3,Metax-SGPU,65536,100:;";
+        assert_eq!(out["hami.io/metax-sgpu-devices-to-allocate"], encoded);
+        assert_eq!(out["hami.io/metax-sgpu-devices-allocated"], encoded);
+        // HAMi's PodMetaxSDevice: one list per container, Go's field names.
+        assert_eq!(
+            out["metax-tech.com/gpu-devices-allocated"],
+            r#"[[{"uuid":"GPU-1","compute":60,"vRam":4096}],[],[{"uuid":"GPU-2","compute":100,"vRam":65536},{"uuid":"GPU-3","compute":100,"vRam":65536}]]"#
+        );
+        assert_eq!(out["metax-tech.com/predicate-time"], "1795773600000000000");
+        assert_eq!(
+            node_annotations(&spec, "ml", "p", now)[MUTEX_LOCK],
+            "2026-11-27T10:00:00Z,ml,p"
+        );
+        // Whole GPUs: HAMi's two lists, no MetaX JSON, no lock.
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "a",
+                vec![slice(
+                    "n1-metax-0",
+                    DeviceFamily::Metax,
+                    "Metax-GPU",
+                    65536,
+                    100,
+                    None,
+                )],
+            ))
+            .build()
+            .spec;
+        let out = pod_annotations(&spec, &["a".to_owned()], &RequestConfig::default(), now);
+        assert_eq!(
+            out["hami.io/metax-gpu-devices-to-allocate"],
+            "n1-metax-0,Metax-GPU,65536,100:;"
+        );
+        assert_eq!(
+            out["hami.io/metax-gpu-devices-allocated"],
+            out["hami.io/metax-gpu-devices-to-allocate"]
+        );
+        assert!(!out.contains_key("metax-tech.com/gpu-devices-allocated"));
+        assert!(node_annotations(&spec, "ml", "p", now).is_empty());
     }
 
     #[test]

@@ -171,6 +171,74 @@ pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
         .collect()
 }
 
+/// One sGPU of MetaX's `metax-tech.com/node-gpu-devices` (HAMi
+/// `MetaxSDeviceInfo`; Go's `omitempty`: absent fields are zero).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaxDevice {
+    #[serde(default)]
+    uuid: String,
+    #[serde(default)]
+    total_dev_count: i64,
+    #[serde(default)]
+    total_compute: i64,
+    #[serde(default)]
+    total_v_ram: i64,
+    #[serde(default)]
+    numa: i64,
+    #[serde(default)]
+    healthy: bool,
+    #[serde(default)]
+    link_zone: i64,
+}
+
+/// Decodes MetaX's sGPU list (`metax-tech.com/node-gpu-devices`, HAMi
+/// `getMetaxSDevices`): `totalDevCount` sGPUs per GPU, `totalVRam` MiB,
+/// `totalCompute` percent; a `linkZone` above 0 is the GPU's MetaLink
+/// (kept as its network), 0 none. Indexes are list positions, as HAMi's.
+pub fn decode_metax(value: &str, device_type: &str) -> Result<Vec<Registered>, String> {
+    check_len(value)?;
+    let list: Vec<MetaxDevice> =
+        serde_json::from_str(value).map_err(|e| format!("is not a JSON list of sGPUs: {e}"))?;
+    if list.is_empty() {
+        return Err("lists no device".into());
+    }
+    if list.len() > MAX_DEVICES {
+        return Err(format!(
+            "lists {} devices, more than {MAX_DEVICES}",
+            list.len()
+        ));
+    }
+    list.into_iter()
+        .enumerate()
+        .map(|(n, d)| {
+            let non_negative = |v: i64, what: &str| {
+                u64::try_from(v).map_err(|_| format!("device {n}: {what} {v} is negative"))
+            };
+            let zone = bounded(non_negative(d.link_zone, "linkZone")?, n, "linkZone")?;
+            Ok(Registered {
+                id: text(&d.uuid, n, "uuid")?,
+                index: bounded(n as u64, n, "index")?,
+                count: bounded(
+                    non_negative(d.total_dev_count, "totalDevCount")?,
+                    n,
+                    "totalDevCount",
+                )?,
+                memory_mib: non_negative(d.total_v_ram, "totalVRam")?,
+                cores: bounded(
+                    non_negative(d.total_compute, "totalCompute")?,
+                    n,
+                    "totalCompute",
+                )?,
+                device_type: device_type.to_owned(),
+                numa: u32::try_from(d.numa).ok(),
+                healthy: d.healthy,
+                network_id: (zone > 0).then_some(zone),
+            })
+        })
+        .collect()
+}
+
 fn check_len(value: &str) -> Result<(), String> {
     if value.len() > MAX_LEN {
         return Err(format!("is {} bytes, more than {MAX_LEN}", value.len()));
@@ -212,9 +280,13 @@ mod tests {
         #[test]
         fn any_annotation_decodes_to_bounded_devices_or_an_error(
             value in "[ -~]{0,300}",
-            json in prop::bool::ANY,
+            form in 0..3u8,
         ) {
-            let decoded = if json { decode_json(&value) } else { decode_csv(&value) };
+            let decoded = match form {
+                0 => decode_csv(&value),
+                1 => decode_json(&value),
+                _ => decode_metax(&value, "Metax-SGPU"),
+            };
             if let Ok(devices) = decoded {
                 prop_assert!(!devices.is_empty() && devices.len() <= MAX_DEVICES);
                 for d in devices {

@@ -21,14 +21,14 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp, civil::DateTime, tz::TimeZone},
 };
 use tessera_api::{
-    names::ascend::NODE_SOFT_SPLIT,
+    names::{ascend::NODE_SOFT_SPLIT, metax},
     request::RequestConfig,
     v1alpha1::{
         DeviceCapacity, DeviceFamily, DeviceHealth, GpuDevice, GpuNodeStatus, OperatingMode,
     },
 };
 
-use super::register::{Registered, decode_csv, decode_json};
+use super::register::{Registered, decode_csv, decode_json, decode_metax};
 
 /// How long a `Requesting` handshake may stay unanswered (HAMi: 60 s).
 pub const HANDSHAKE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
@@ -65,6 +65,17 @@ pub enum SourceKind {
     Csv,
     /// HAMi's JSON register annotation (Ascend).
     Json,
+    /// MetaX's sGPU list (`metax-tech.com/node-gpu-devices`); no handshake.
+    MetaxJson,
+    /// Only the count resource in the Node's allocatable: that many whole
+    /// cards of `memory_mib` each, one container per card, as HAMi reads
+    /// MetaX GPUs (`<node>-metax-<i>`, 65,536 MiB).
+    Cards {
+        /// MiB of each card.
+        memory_mib: u64,
+        /// What device ids say after the node's name (`metax`).
+        infix: &'static str,
+    },
     /// Only the Node's allocatable: 100 of `cores` per card and the cards'
     /// memory in `memory` (in units of `unit_mib`), as HAMi reads Cambricon
     /// nodes (`GetNodeDevices`; HAMi reads capacity, which equals
@@ -126,6 +137,27 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
                 per_card: tessera_api::names::mthreads::CORES_PER_CARD,
                 infix: "mthreads",
             },
+        });
+    }
+    if let Some(metax) = &config.metax {
+        sources.push(Source {
+            family: DeviceFamily::Metax,
+            register: String::new(),
+            handshake: String::new(),
+            count_resource: metax.resource_count_name.clone(),
+            device_type: Some(metax::GPU_TYPE.into()),
+            kind: SourceKind::Cards {
+                memory_mib: metax::GPU_MEMORY_MIB,
+                infix: "metax",
+            },
+        });
+        sources.push(Source {
+            family: DeviceFamily::Metax,
+            register: metax::NODE_DEVICES.into(),
+            handshake: String::new(),
+            count_resource: metax.resource_vcount_name.clone(),
+            device_type: Some(metax::SGPU_TYPE.into()),
+            kind: SourceKind::MetaxJson,
         });
     }
     for chip in &config.iluvatars {
@@ -202,10 +234,35 @@ pub fn view(
             }
             continue;
         }
+        if let SourceKind::Cards { memory_mib, infix } = &source.kind {
+            let cards = whole(allocatable, &source.count_resource);
+            if cards > 0 {
+                any = true;
+                let node = node_name(annotations);
+                let mut cards = cards_of(
+                    &format!("{node}-{infix}"),
+                    (cards, 100),
+                    memory_mib.saturating_mul(cards),
+                    source,
+                );
+                for card in &mut cards {
+                    card.split_count = 1;
+                }
+                view.devices.extend(cards);
+            }
+            continue;
+        }
         let Some(value) = annotations.get(&source.register) else {
             continue;
         };
         any = true;
+        if source.kind == SourceKind::MetaxJson {
+            match decode_metax(value, metax::SGPU_TYPE) {
+                Ok(devices) => add(&mut view, devices, source, soft_split),
+                Err(error) => view.malformed.push((source.register.clone(), error)),
+            }
+            continue;
+        }
         match handshake(annotations.get(&source.handshake), now) {
             Handshake::Answered => {
                 view.handshakes.push((
@@ -226,13 +283,7 @@ pub fn view(
             decode_csv(value)
         };
         match decoded {
-            Ok(devices) => {
-                for d in devices {
-                    if !view.devices.iter().any(|known| known.uuid == d.id) {
-                        view.devices.push(device(d, source, soft_split));
-                    }
-                }
-            }
+            Ok(devices) => add(&mut view, devices, source, soft_split),
             Err(error) => view.malformed.push((source.register.clone(), error)),
         }
     }
@@ -292,6 +343,15 @@ pub fn status(
         observed_generation: None,
     }];
     status
+}
+
+/// Adds a source's devices, skipping ids another source already gave.
+fn add(view: &mut VendorView, devices: Vec<Registered>, source: &Source, soft_split: bool) {
+    for d in devices {
+        if !view.devices.iter().any(|known| known.uuid == d.id) {
+            view.devices.push(device(d, source, soft_split));
+        }
+    }
 }
 
 fn device(d: Registered, source: &Source, soft_split: bool) -> GpuDevice {
@@ -546,6 +606,123 @@ mod tests {
             ),
             (2, "mt-1-mthreads-1", 49152, 16, 100)
         );
+    }
+
+    #[test]
+    fn metax_gpus_come_from_the_count_and_sgpus_from_the_plugins_list() {
+        let config = RequestConfig {
+            metax: Some(tessera_api::request::MetaxConfig::default()),
+            ..RequestConfig::default()
+        };
+        // Whole GPUs: HAMi's TestGetNodeDevices (capacity 2: two 64 GiB cards).
+        let allocatable = BTreeMap::from([("metax-tech.com/gpu".to_owned(), Quantity("2".into()))]);
+        let node = annotations(&[(NODE_NAME, "mx-1")]);
+        let seen = view(
+            &node,
+            &allocatable,
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        let shape = |d: &GpuDevice| {
+            (
+                d.uuid.clone(),
+                d.model.clone(),
+                d.capacity.memory_mib,
+                d.capacity.cores,
+                d.split_count,
+                d.network_id,
+                d.health,
+            )
+        };
+        assert_eq!(
+            seen.devices.iter().map(shape).collect::<Vec<_>>(),
+            [
+                (
+                    "mx-1-metax-0".into(),
+                    "Metax-GPU".into(),
+                    65536,
+                    100,
+                    1,
+                    None,
+                    DeviceHealth::Healthy
+                ),
+                (
+                    "mx-1-metax-1".into(),
+                    "Metax-GPU".into(),
+                    65536,
+                    100,
+                    1,
+                    None,
+                    DeviceHealth::Healthy
+                ),
+            ]
+        );
+        // sGPUs: HAMi's TestGetMetaxSDevices list, a MetaLink on the first.
+        let list = r#"[{"uuid":"GPU-123","bdf":"0000:3f:00.0","model":"MXC500","totalDevCount":16,"totalCompute":100,"totalVRam":65536,"numa":0,"healthy":true,"qosPolicy":"best-effort","linkZone":1},
+                       {"uuid":"GPU-456","totalDevCount":16,"totalCompute":100,"totalVRam":65536,"numa":1}]"#;
+        let node = annotations(&[
+            (NODE_NAME, "mx-2"),
+            ("metax-tech.com/node-gpu-devices", list),
+        ]);
+        let seen = view(
+            &node,
+            &BTreeMap::new(),
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        assert_eq!(
+            seen.devices.iter().map(shape).collect::<Vec<_>>(),
+            [
+                (
+                    "GPU-123".into(),
+                    "Metax-SGPU".into(),
+                    65536,
+                    100,
+                    16,
+                    Some(1),
+                    DeviceHealth::Healthy
+                ),
+                (
+                    "GPU-456".into(),
+                    "Metax-SGPU".into(),
+                    65536,
+                    100,
+                    16,
+                    None,
+                    DeviceHealth::Unhealthy
+                ),
+            ]
+        );
+        assert_eq!(seen.devices[1].numa_node, Some(1));
+        assert!(seen.handshakes.is_empty(), "MetaX has no handshake");
+        // A malformed list is reported and ignored (HAMi's Unmarshal fail
+        // and empty list rows).
+        for bad in [
+            "{not json",
+            "[]",
+            r#"[{"uuid":"a,b","totalVRam":1}]"#,
+            r#"[{"uuid":"x","totalVRam":-1}]"#,
+        ] {
+            let node = annotations(&[
+                (NODE_NAME, "mx-3"),
+                ("metax-tech.com/node-gpu-devices", bad),
+            ]);
+            let seen = view(
+                &node,
+                &BTreeMap::new(),
+                &sources(&config),
+                false,
+                Timestamp::now(),
+            )
+            .unwrap();
+            assert!(seen.devices.is_empty(), "{bad}");
+            assert_eq!(seen.malformed.len(), 1, "{bad}");
+            assert_eq!(seen.malformed[0].0, "metax-tech.com/node-gpu-devices");
+        }
     }
 
     #[test]

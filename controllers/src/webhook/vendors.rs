@@ -98,11 +98,29 @@ fn mthreads_limits(container: &mut Container, wanted: &ContainerRequest, config:
 
 /// The pod annotations HAMi's webhook adds for other vendors: Moore
 /// Threads' `mthreads.com/request-gpu-num` for a container asking for more
-/// than one GPU.
+/// than one GPU, MetaX's `metax-tech.com/sgpu-qos-policy: best-effort` for
+/// an sGPU pod that is not online and names no policy.
 pub(super) fn pod_annotations(
     pod: &mut k8s_openapi::api::core::v1::Pod,
     wanted: &[ContainerRequest],
 ) {
+    use tessera_api::names::metax;
+    let sgpu = wanted.iter().any(|r| {
+        r.family == DeviceFamily::Metax
+            && r.vendor.as_ref().and_then(|v| v.device_type.as_deref()) == Some(metax::SGPU_TYPE)
+    });
+    let annotations = pod.metadata.annotations.get_or_insert_default();
+    // MetaX's sGPU plugin reads the QoS policy; HAMi's webhook writes
+    // best-effort for a pod that is not online and names none.
+    if sgpu
+        && annotations.get(metax::APP_CLASS).map(String::as_str) != Some("online")
+        && !annotations.contains_key(metax::QOS_POLICY)
+    {
+        annotations.insert(metax::QOS_POLICY.to_owned(), "best-effort".to_owned());
+    }
+    if annotations.is_empty() {
+        pod.metadata.annotations = None;
+    }
     if let Some(many) = wanted
         .iter()
         .find(|r| r.family == DeviceFamily::Mthreads && r.count > 1)
@@ -260,6 +278,43 @@ mod tests {
             pod.metadata.annotations.unwrap()["mthreads.com/request-gpu-num"],
             "2"
         );
+    }
+
+    #[test]
+    fn metax_sgpu_pods_get_best_effort_unless_online_or_named() {
+        let config = tessera_api::testing::vendor_config();
+        let annotated = |limits: serde_json::Value, annotations: serde_json::Value| {
+            let mut pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "annotations": annotations},
+                "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+            }))
+            .unwrap();
+            let wanted = parse_pod(&pod, &config).unwrap().unwrap();
+            pod_annotations(&mut pod, &wanted.containers);
+            pod.metadata.annotations.unwrap_or_default()
+        };
+        let qos = "metax-tech.com/sgpu-qos-policy";
+        // HAMi's TestMutateAdmission: "no qos policy", "pod annotation nil".
+        let plain = annotated(json!({"metax-tech.com/sgpu": "1"}), json!(null));
+        assert_eq!(plain[qos], "best-effort");
+        let offline = annotated(
+            json!({"metax-tech.com/sgpu": "1"}),
+            json!({"metax-tech.com/sgpu-app-class": "offline"}),
+        );
+        assert_eq!(offline[qos], "best-effort");
+        // "qos policy fit": kept; "online task with qos": not written.
+        let named = annotated(
+            json!({"metax-tech.com/sgpu": "1"}),
+            json!({qos: "fixed-share"}),
+        );
+        assert_eq!(named[qos], "fixed-share");
+        let online = annotated(
+            json!({"metax-tech.com/sgpu": "1"}),
+            json!({"metax-tech.com/sgpu-app-class": "online"}),
+        );
+        assert!(!online.contains_key(qos));
+        // "no sgpu resource": whole GPUs get no policy.
+        assert!(!annotated(json!({"metax-tech.com/gpu": "1"}), json!(null)).contains_key(qos));
     }
 
     #[test]

@@ -1,0 +1,189 @@
+//! MetaX GPUs, as HAMi reads them (`pkg/device/metax`): whole GPUs
+//! (`device.go`) and shared sGPUs (`sdevice.go`, `GenerateResourceRequests`).
+//!
+//! - `metax-tech.com/gpu` is a number of whole GPUs: all their memory and
+//!   compute, one container per GPU.
+//! - `metax-tech.com/sgpu` is a number of sGPUs, each on a different GPU;
+//!   `metax-tech.com/vcore` is percent of a GPU's compute (100 when absent,
+//!   above 100 counts as 100); `metax-tech.com/vmemory` is memory per sGPU:
+//!   a bare number is GiB, a quantity with a unit is bytes (`4Gi`,
+//!   `4096Mi`; whole MiB); absent or 0: the whole GPU's memory.
+//! - Pod annotations `metax-tech.com/use-gpuuuid` / `nouse-gpuuuid` filter
+//!   sGPUs by UUID.
+//! - `metax-tech.com/sgpu-app-class` is `online` or `offline` and then the
+//!   container takes exactly one sGPU; a pod that is not `online` names a
+//!   QoS policy in `metax-tech.com/sgpu-qos-policy` (`best-effort`,
+//!   `fixed-share`, `burst-share`; the webhook writes `best-effort` when it
+//!   names none), which MetaX's plugin applies.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Container;
+
+use super::annotations::list;
+use super::container::{Field, Reader, narrow};
+use super::{
+    ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
+    MemoryRequest, MetaxConfig, VendorRequest,
+};
+use crate::Violation;
+use crate::names::metax::{
+    APP_CLASS, GPU_TYPE, NOUSE_UUID, QOS_POLICIES, QOS_POLICY, SGPU_TYPE, USE_UUID,
+    VMEMORY_UNIT_MIB,
+};
+use crate::quantity::bytes_as_mib;
+use crate::v1alpha1::DeviceFamily;
+
+/// Parses a container's whole-GPU request; `Ok(None)` when it asks for none.
+pub(super) fn parse_gpu(
+    container: &Container,
+    kind: ContainerKind,
+    config: &MetaxConfig,
+) -> Result<Option<ContainerRequest>, Vec<Violation>> {
+    let mut reader = Reader {
+        container,
+        violations: Vec::new(),
+    };
+    let count = match reader.read(
+        &config.resource_count_name,
+        0,
+        u64::from(MAX_GPUS_PER_CONTAINER),
+    ) {
+        Field::Value(n) if n > 0 => n,
+        _ => return reader.finish(None),
+    };
+    reader.finish(Some(ContainerRequest {
+        name: container.name.clone(),
+        kind,
+        count: narrow(count),
+        memory: MemoryRequest::Percent(100),
+        cores: 100,
+        priority: None,
+        family: DeviceFamily::Metax,
+        vendor: Some(VendorRequest {
+            device_type: Some(GPU_TYPE.into()),
+            ..VendorRequest::default()
+        }),
+    }))
+}
+
+/// Parses a container's sGPU request; `Ok(None)` when it asks for none.
+pub(super) fn parse_sgpu(
+    container: &Container,
+    kind: ContainerKind,
+    config: &MetaxConfig,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Option<ContainerRequest>, Vec<Violation>> {
+    let mut reader = Reader {
+        container,
+        violations: Vec::new(),
+    };
+    let count = reader.read(
+        &config.resource_vcount_name,
+        0,
+        u64::from(MAX_GPUS_PER_CONTAINER),
+    );
+    let cores = reader.read(&config.resource_vcore_name, 0, u64::from(u32::MAX));
+    let memory = read_vmemory(&mut reader, &config.resource_vmemory_name);
+    let count = match count {
+        Field::Value(n) if n > 0 => n,
+        Field::Invalid => return reader.finish(None),
+        _ => {
+            return reader.without_count(
+                &config.resource_vcount_name,
+                "sGPU",
+                [
+                    (config.resource_vmemory_name.as_str(), &memory),
+                    (config.resource_vcore_name.as_str(), &cores),
+                ],
+            );
+        }
+    };
+    let memory = match memory {
+        Field::Value(mib) if mib > 0 => MemoryRequest::Mib(mib),
+        _ => MemoryRequest::Percent(100),
+    };
+    let cores = match cores {
+        Field::Value(cores) => narrow(cores.min(100)),
+        _ => 100,
+    };
+    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    // HAMi's MutateAdmission: an app class is online or offline and takes
+    // one sGPU; a pod that is not online names a known QoS policy (the
+    // webhook writes best-effort when it names none).
+    let app_class = get(APP_CLASS);
+    match app_class {
+        Some("online" | "offline") if count != 1 => reader.violate(
+            APP_CLASS,
+            format!(
+                "a pod with an app class must ask for exactly 1 sGPU, but {} is {count}",
+                config.resource_vcount_name
+            ),
+        ),
+        Some("online" | "offline") | None => {}
+        Some(other) => reader.violate(
+            APP_CLASS,
+            format!("must be online or offline, got {other:?}"),
+        ),
+    }
+    if app_class != Some("online")
+        && let Some(qos) = get(QOS_POLICY)
+        && !QOS_POLICIES.contains(&qos)
+    {
+        reader.violate(
+            QOS_POLICY,
+            format!("must be one of {}, got {qos:?}", QOS_POLICIES.join(", ")),
+        );
+    }
+    reader.finish(Some(ContainerRequest {
+        name: container.name.clone(),
+        kind,
+        count: narrow(count),
+        memory,
+        cores,
+        priority: None,
+        family: DeviceFamily::Metax,
+        vendor: Some(VendorRequest {
+            device_type: Some(SGPU_TYPE.into()),
+            by_link_zone: cores == 100,
+            filters: DeviceFilters {
+                use_uuids: list(get(USE_UUID)),
+                nouse_uuids: list(get(NOUSE_UUID)),
+                ..DeviceFilters::default()
+            },
+            ..VendorRequest::default()
+        }),
+    }))
+}
+
+/// `metax-tech.com/vmemory` in MiB: a bare number is GiB, a quantity with a
+/// unit is bytes and must be whole MiB.
+fn read_vmemory(reader: &mut Reader<'_>, name: &str) -> Field {
+    let Some(text) = reader.text(name) else {
+        return Field::Absent;
+    };
+    if !text.contains(|c: char| c.is_ascii_alphabetic()) {
+        return reader
+            .read(name, 0, MAX_MEMORY_MIB / VMEMORY_UNIT_MIB)
+            .scaled(VMEMORY_UNIT_MIB);
+    }
+    match bytes_as_mib(&text) {
+        Ok(mib) if mib <= MAX_MEMORY_MIB => Field::Value(mib),
+        Ok(mib) => {
+            reader.violate(
+                name,
+                format!("must be at most {MAX_MEMORY_MIB} MiB, got {mib} MiB"),
+            );
+            Field::Invalid
+        }
+        Err(rule) => {
+            reader.violate(
+                name,
+                format!(
+                    "{rule}; a bare number is GiB, a quantity with a unit (4Gi, 4096Mi) is bytes"
+                ),
+            );
+            Field::Invalid
+        }
+    }
+}
