@@ -866,7 +866,7 @@ proptest! {
     /// charged, overbooks a device (invariant I1 for every family).
     #[test]
     fn no_family_is_ever_overbooked(
-        pods in prop::collection::vec((0u8..4, 1u32..4, 0u64..40_000, 0u32..=100), 1..40),
+        pods in prop::collection::vec((0u8..5, 1u32..4, 0u64..40_000, 0u32..=100), 1..40),
     ) {
         let mut node = node(DeviceFamily::Hygon, "DCU", &[
             Row { total_mem: 16384, count: 4, ..FREE },
@@ -897,11 +897,24 @@ proptest! {
             });
             node.usage.push(DeviceUsage::default());
         }
+        for i in 0..2 {
+            node.devices.push(GpuDevice {
+                uuid: format!("SGPU-{i}"),
+                family: DeviceFamily::Metax,
+                model: "Metax-SGPU".into(),
+                memory_mib: 16384,
+                split_count: 4,
+                network_id: Some(1),
+                ..node.devices[0].clone()
+            });
+            node.usage.push(DeviceUsage::default());
+        }
         for (family, count, memory, cores) in pods {
             let limits = match family {
                 0 => json!({"hygon.com/dcunum": count.to_string(), "hygon.com/dcumem": memory.to_string(), "hygon.com/dcucores": cores.to_string()}),
                 1 => json!({"huawei.com/Ascend910A": count.to_string(), "huawei.com/Ascend910A-memory": memory.min(32768).to_string()}),
                 2 => json!({"huawei.com/Ascend910C": (count * 2).to_string()}),
+                3 => json!({"metax-tech.com/sgpu": count.to_string(), "metax-tech.com/vmemory": (memory / 1024).min(16).to_string(), "metax-tech.com/vcore": cores.to_string()}),
                 _ => json!({"nvidia.com/gpu": count.to_string(), "nvidia.com/gpumem": memory.max(1).to_string(), "nvidia.com/gpucores": cores.to_string()}),
             };
             let Ok(Some(request)) = parse_pod(&pod(limits, json!({})), &config()) else {
