@@ -135,6 +135,20 @@ pub mod mthreads {
     pub const WHOLE_CARD_UNITS: u64 = 96;
 }
 
+/// Enflame GCUs' names (HAMi `pkg/device/enflame`).
+pub mod enflame {
+    /// The device type of whole GCUs (`enflame.com/gcu`).
+    pub const GCU_TYPE: &str = "GCU";
+    /// The memory HAMi gives each whole GCU read from the Node's capacity:
+    /// a placeholder (the plugin reports none), kept so that the hand-off
+    /// reads as HAMi's.
+    pub const GCU_MEMORY: u64 = 100;
+    /// Comma list of GCU UUIDs; only these may be used.
+    pub const USE_UUID: &str = "enflame.com/use-gpuuuid";
+    /// Comma list of GCU UUIDs that must not be used.
+    pub const NOUSE_UUID: &str = "enflame.com/nouse-gpuuuid";
+}
+
 /// MetaX GPUs' names (HAMi `pkg/device/metax`): whole GPUs (`Metax-GPU`)
 /// and shared sGPUs (`Metax-SGPU`).
 pub mod metax {

@@ -25,8 +25,8 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use crate::request::{
-    CambriconConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig, RequestConfig,
-    VnpuConfig, VnpuTemplate, VnpusConfig,
+    CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig,
+    RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
 };
 use crate::v1alpha1::{
     AllocationPhase, AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth,
@@ -310,6 +310,7 @@ pub fn vendor_config() -> RequestConfig {
         cambricon: Some(CambriconConfig::default()),
         mthreads: Some(MthreadsConfig::default()),
         metax: Some(MetaxConfig::default()),
+        enflame: Some(EnflameConfig::default()),
         iluvatars: vec![IluvatarConfig {
             chip_name: "MR-V100".into(),
             common_word: "MR-V100".into(),

@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 use support::{Cluster, WAIT};
 use tessera_api::{
     request::{
-        CambriconConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig, VnpuConfig,
-        VnpuTemplate, VnpusConfig,
+        CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig,
+        VnpuConfig, VnpuTemplate, VnpusConfig,
     },
     v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
 };
@@ -62,6 +62,7 @@ fn config() -> Config {
     config.request.cambricon = Some(CambriconConfig::default());
     config.request.mthreads = Some(MthreadsConfig::default());
     config.request.metax = Some(MetaxConfig::default());
+    config.request.enflame = Some(EnflameConfig::default());
     config.request.iluvatars = vec![IluvatarConfig {
         chip_name: "MR-V100".into(),
         common_word: "MR-V100".into(),
@@ -554,6 +555,52 @@ async fn a_metax_exclusive_pod_gets_one_metalink_and_its_hand_off() {
         .await
         .expect("the sGPU plugin finds the pod through the Node lock");
     assert!(lock.ends_with(",default,mx-pod"), "{lock}");
+}
+
+#[tokio::test]
+async fn enflame_whole_gcus_are_read_from_the_node_and_handed_off() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "gcu-1",
+        json!({}),
+        json!({"enflame.com/gcu": "2"}),
+    )
+    .await;
+    until("gcu-1 in the projection", async || {
+        cluster
+            .projection
+            .read()
+            .node("gcu-1")
+            .filter(|n| n.devices.len() == 2)
+            .map(|_| ())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    let manifest: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "gcu-pod"},
+        "spec": {
+            "schedulerName": "tessera-scheduler",
+            "containers": [{"name": "main", "image": "example.invalid/x",
+                "resources": {"limits": {"enflame.com/gcu": "2"}}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&kube::api::PostParams::default(), &manifest)
+        .await
+        .unwrap();
+    assert_eq!(cluster.node_of("gcu-pod").await, "gcu-1");
+    let allocation = cluster.allocation("gcu-pod").await;
+    assert_eq!(allocation.spec.totals.families, "enflame");
+    let a = pod(&cluster, "gcu-pod").await.annotations().clone();
+    assert_eq!(
+        a["hami.io/enflame-gcu-devices-to-allocate"],
+        "gcu-1-GCU-0,GCU,100,100:gcu-1-GCU-1,GCU,100,100:;"
+    );
+    assert_eq!(
+        node_annotation(&cluster, "gcu-1", "hami.io/mutex.lock").await,
+        None
+    );
 }
 
 #[tokio::test]

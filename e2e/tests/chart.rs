@@ -396,7 +396,7 @@ async fn rendered_objects_pass_the_api_servers_validation() {
 #[test]
 fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
     // Each section as `{}` takes HAMi's names (docs/vendors.md).
-    let on: Vec<String> = ["hygon", "cambricon", "mthreads", "metax"]
+    let on: Vec<String> = ["hygon", "cambricon", "mthreads", "metax", "enflame"]
         .iter()
         .map(|s| format!("config.{s}={{}}"))
         .collect();
@@ -426,6 +426,8 @@ fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
         "metax-tech.com/sgpu",
         "metax-tech.com/vmemory",
         "metax-tech.com/vcore",
+        "enflame.com/gcu",
+        "enflame.com/drs-gcu",
     ] {
         assert!(managed.contains(name), "{name} not in {managed:?}");
         assert!(

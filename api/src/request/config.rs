@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::vendors::{
-    CambriconConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig, VnpusConfig,
+    CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig,
+    VnpusConfig,
 };
 use crate::names::resources;
 use crate::{Error, Result};
@@ -33,6 +34,9 @@ pub struct RequestConfig {
     /// HAMi's `cambricon:` section; absent: Cambricon MLUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cambricon: Option<CambriconConfig>,
+    /// HAMi's `enflame:` section; absent: Enflame GCUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enflame: Option<EnflameConfig>,
     /// HAMi's `metax:` section; absent: MetaX GPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metax: Option<MetaxConfig>,
@@ -56,6 +60,7 @@ impl Default for RequestConfig {
             cambricon: None,
             mthreads: None,
             metax: None,
+            enflame: None,
         }
     }
 }
@@ -145,6 +150,10 @@ impl RequestConfig {
                 &metax.resource_vmemory_name,
                 &metax.resource_vcore_name,
             ]);
+        }
+        if let Some(gcu) = &self.enflame {
+            all.push(&gcu.resource_name_gcu);
+            all.extend(gcu.unscheduled_names());
         }
         for chip in &self.iluvatars {
             all.push(&chip.resource_count_name);

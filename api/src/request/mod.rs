@@ -33,6 +33,7 @@ mod annotations;
 mod ascend;
 mod config;
 mod container;
+mod enflame;
 mod iluvatar;
 mod metax;
 mod mthreads;
@@ -51,8 +52,8 @@ use crate::{Error, Result, Violations};
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
 pub use vendors::{
-    CambriconConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig, VnpuConfig,
-    VnpuTemplate, VnpusConfig,
+    CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig,
+    VnpuConfig, VnpuTemplate, VnpusConfig,
 };
 
 use crate::v1alpha1::DeviceFamily;
@@ -89,7 +90,7 @@ pub struct ContainerRequest {
     /// The accelerator family the request is for. A container asking for
     /// several families gives one request per family, in the order
     /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon, Moore Threads, MetaX
-    /// (whole GPUs, then sGPUs).
+    /// (whole GPUs, then sGPUs), Enflame.
     pub family: DeviceFamily,
     /// What a request for another vendor's devices adds; `None` for NVIDIA.
     pub vendor: Option<VendorRequest>,
@@ -232,6 +233,9 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
             if let Some(metax) = &config.metax {
                 collect(metax::parse_gpu(container, kind, metax));
                 collect(metax::parse_sgpu(container, kind, metax, annotations));
+            }
+            if let Some(gcu) = &config.enflame {
+                collect(enflame::parse(container, kind, gcu));
             }
         }
     }

@@ -518,3 +518,41 @@ fn metax_requests_follow_hami() {
         []
     );
 }
+
+#[test]
+fn enflame_whole_gcus_parse_and_drs_partitions_are_refused_by_name() {
+    // HAMi's TestGCUDevices_GenerateResourceRequests: limits or requests.
+    for limits in [json!({"enflame.com/gcu": "2"})] {
+        let got = parsed(limits.clone(), json!({})).unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (
+                DeviceFamily::Enflame,
+                2,
+                MemoryRequest::Percent(100),
+                100,
+                None
+            ),
+            "{limits}"
+        );
+        assert_eq!(
+            got[0].vendor.as_ref().unwrap().device_type.as_deref(),
+            Some("GCU")
+        );
+    }
+    for (limits, name) in [
+        (json!({"enflame.com/drs-gcu": "3"}), "enflame.com/drs-gcu"),
+        (
+            json!({"enflame.com/gcu-memory": "20480", "enflame.com/gcu-core": "50"}),
+            "enflame.com/gcu-memory",
+        ),
+    ] {
+        let error = parsed(limits.clone(), json!({})).unwrap_err();
+        assert!(
+            error.contains(&format!(
+                "{name}: Enflame DRS partitions are not scheduled by Tessera yet; ask for whole GCUs with enflame.com/gcu"
+            )),
+            "{limits}: {error}"
+        );
+    }
+}

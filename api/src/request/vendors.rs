@@ -87,6 +87,63 @@ impl Default for MthreadsConfig {
     }
 }
 
+/// HAMi's `enflame:` section: Enflame GCUs. Whole GCUs
+/// (`enflame.com/gcu`) are scheduled; DRS partitions (`enflame.com/drs-gcu`,
+/// or `gcu-memory`/`gcu-core`) are named here as HAMi names them but not
+/// scheduled yet, and a pod asking for them is refused (docs/vendors.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnflameConfig {
+    /// Number of whole GCUs (`enflame.com/gcu`).
+    #[serde(rename = "resourceNameGCU")]
+    pub resource_name_gcu: String,
+    /// Number of DRS slices (`enflame.com/drs-gcu`).
+    #[serde(rename = "resourceNameDRSGCU")]
+    pub resource_name_drs_gcu: String,
+    /// DRS memory (`enflame.com/gcu-memory`).
+    #[serde(rename = "resourceNameGCUMemory")]
+    pub resource_name_gcu_memory: String,
+    /// DRS compute percent (`enflame.com/gcu-core`).
+    #[serde(rename = "resourceNameGCUCore")]
+    pub resource_name_gcu_core: String,
+    /// The legacy shared-GCU count HAMi still accepts (empty: none).
+    #[serde(rename = "resourceNameVGCU")]
+    pub resource_name_vgcu: String,
+    /// The legacy shared-GCU percentage (empty: none).
+    #[serde(rename = "resourceNameVGCUPercentage")]
+    pub resource_name_vgcu_percentage: String,
+}
+
+impl Default for EnflameConfig {
+    /// HAMi's chart defaults.
+    fn default() -> Self {
+        Self {
+            resource_name_gcu: "enflame.com/gcu".into(),
+            resource_name_drs_gcu: "enflame.com/drs-gcu".into(),
+            resource_name_gcu_memory: "enflame.com/gcu-memory".into(),
+            resource_name_gcu_core: "enflame.com/gcu-core".into(),
+            resource_name_vgcu: String::new(),
+            resource_name_vgcu_percentage: String::new(),
+        }
+    }
+}
+
+impl EnflameConfig {
+    /// The DRS and legacy names, which Tessera refuses for now.
+    pub fn unscheduled_names(&self) -> impl Iterator<Item = &str> {
+        [
+            &self.resource_name_drs_gcu,
+            &self.resource_name_gcu_memory,
+            &self.resource_name_gcu_core,
+            &self.resource_name_vgcu,
+            &self.resource_name_vgcu_percentage,
+        ]
+        .into_iter()
+        .map(String::as_str)
+        .filter(|n| !n.is_empty())
+    }
+}
+
 /// HAMi's `metax:` section: MetaX GPUs, whole (`metax-tech.com/gpu`, MetaX's
 /// gpu-device plugin) or shared (`metax-tech.com/sgpu`, MetaX's sgpu plugin).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -69,11 +69,13 @@ pub enum DeviceFamily {
     /// MetaX GPUs, whole (`metax-tech.com/gpu`, model `Metax-GPU`) or shared
     /// (`metax-tech.com/sgpu`, model `Metax-SGPU`), served by MetaX's plugins.
     Metax,
+    /// Enflame GCUs (`enflame.com/gcu`), served by Enflame's device plugin.
+    Enflame,
 }
 
 impl DeviceFamily {
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Nvidia,
         Self::Hygon,
         Self::Ascend,
@@ -81,6 +83,7 @@ impl DeviceFamily {
         Self::Cambricon,
         Self::Mthreads,
         Self::Metax,
+        Self::Enflame,
     ];
 
     /// The value as written in manifests.
@@ -93,6 +96,7 @@ impl DeviceFamily {
             Self::Cambricon => "cambricon",
             Self::Mthreads => "mthreads",
             Self::Metax => "metax",
+            Self::Enflame => "enflame",
         }
     }
 

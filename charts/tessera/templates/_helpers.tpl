@@ -120,6 +120,15 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- $names = append $names ($mx.resourceVMemoryName | default "metax-tech.com/vmemory") -}}
 {{- $names = append $names ($mx.resourceVCoreName | default "metax-tech.com/vcore") -}}
 {{- end -}}
+{{- if kindIs "map" .Values.config.enflame -}}
+{{- $gcu := .Values.config.enflame -}}
+{{- $names = append $names ($gcu.resourceNameGCU | default "enflame.com/gcu") -}}
+{{- $names = append $names ($gcu.resourceNameDRSGCU | default "enflame.com/drs-gcu") -}}
+{{- $names = append $names ($gcu.resourceNameGCUMemory | default "enflame.com/gcu-memory") -}}
+{{- $names = append $names ($gcu.resourceNameGCUCore | default "enflame.com/gcu-core") -}}
+{{- if $gcu.resourceNameVGCU }}{{ $names = append $names $gcu.resourceNameVGCU }}{{ end -}}
+{{- if $gcu.resourceNameVGCUPercentage }}{{ $names = append $names $gcu.resourceNameVGCUPercentage }}{{ end -}}
+{{- end -}}
 {{- range .Values.config.iluvatars -}}
 {{- $names = append $names .resourceCountName -}}
 {{- $names = append $names .resourceMemoryName -}}

@@ -9,7 +9,7 @@ use std::fmt::{self, Write};
 
 use tessera_api::{
     mig,
-    names::{annotations, ascend, cambricon, hygon, metax, mthreads},
+    names::{annotations, ascend, cambricon, enflame, hygon, metax, mthreads},
     request::{ContainerRequest, MemoryRequest},
     v1alpha1::DeviceFamily,
 };
@@ -290,6 +290,7 @@ fn noun(container: &ContainerRequest) -> String {
         DeviceFamily::Hygon => "DCU".into(),
         DeviceFamily::Cambricon => "MLU".into(),
         DeviceFamily::Mthreads => "Moore Threads GPU".into(),
+        DeviceFamily::Enflame => "GCU".into(),
         DeviceFamily::Metax => match container
             .vendor
             .as_ref()
@@ -358,6 +359,12 @@ impl FilterKeys {
                 String::new(),
                 metax::USE_UUID.into(),
                 metax::NOUSE_UUID.into(),
+            ],
+            DeviceFamily::Enflame => [
+                String::new(),
+                String::new(),
+                enflame::USE_UUID.into(),
+                enflame::NOUSE_UUID.into(),
             ],
             DeviceFamily::Ascend | DeviceFamily::Iluvatar => [
                 String::new(),

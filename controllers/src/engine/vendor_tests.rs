@@ -651,6 +651,73 @@ fn metax_fits_as_hami_does() {
 }
 
 #[test]
+fn enflame_gcus_fit_as_hami_does() {
+    // HAMi's TestGCUDevices_Fit: whole GCUs as read from the Node's count
+    // (HAMi's placeholder memory of 100, one container each).
+    let gcu = Row {
+        count: 1,
+        total_mem: 100,
+        ..FREE
+    };
+    let gcus = |rows: &[Row]| node(DeviceFamily::Enflame, "GCU", rows);
+    let used = Row {
+        used: 1,
+        used_mem: 100,
+        used_cores: 100,
+        ..gcu
+    };
+    let cases: [Case; 5] = [
+        (
+            "fit success",
+            gcus(&[gcu, Row { id: "dev-1", ..gcu }]),
+            json!({"enflame.com/gcu": "1"}),
+            json!({}),
+            Ok(&["dev-0"]),
+        ),
+        (
+            "fit fail: type mismatch",
+            node(DeviceFamily::Metax, "Metax-GPU", &[gcu]),
+            json!({"enflame.com/gcu": "1"}),
+            json!({}),
+            Err("the node has no GCUs"),
+        ),
+        (
+            "fit fail: device already used",
+            gcus(&[used]),
+            json!({"enflame.com/gcu": "1"}),
+            json!({}),
+            Err("1 GCU in use, but 100 cores needs an empty GCU"),
+        ),
+        (
+            "fit fail: partial allocation for multiple cards",
+            gcus(&[
+                gcu,
+                Row {
+                    id: "dev-1",
+                    ..used
+                },
+            ]),
+            json!({"enflame.com/gcu": "2"}),
+            json!({}),
+            Err("needs 2"),
+        ),
+        (
+            "fit fail: CardNotHealth",
+            gcus(&[Row {
+                healthy: false,
+                ..gcu
+            }]),
+            json!({"enflame.com/gcu": "1"}),
+            json!({}),
+            Err("1 GCU unhealthy"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+}
+
+#[test]
 fn metax_exclusive_sgpus_prefer_the_smallest_metalink_that_holds_them() {
     // HAMi's TestPrioritizeExclusiveDevices: MetaLink 1 has one GPU,
     // MetaLink 2 two, the last GPU is on none.

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde::Serialize;
 use tessera_api::{
-    names::{cambricon, metax, mthreads},
+    names::{cambricon, enflame, metax, mthreads},
     request::RequestConfig,
     v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
 };
@@ -39,6 +39,7 @@ fn keys(device_type: &str) -> (String, String) {
         "MLU" => "cambricon-mlu",
         "Mthreads" => "mthreads-vgpu",
         metax::GPU_TYPE => "metax-gpu",
+        enflame::GCU_TYPE => "enflame-gcu",
         metax::SGPU_TYPE => "metax-sgpu",
         chip => chip,
     };
@@ -59,6 +60,7 @@ fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
         DeviceFamily::Ascend | DeviceFamily::Iluvatar => Some(slice.model.as_str()),
         DeviceFamily::Metax if slice.model == metax::SGPU_TYPE => Some(metax::SGPU_TYPE),
         DeviceFamily::Metax => Some(metax::GPU_TYPE),
+        DeviceFamily::Enflame => Some(enflame::GCU_TYPE),
     }
 }
 
@@ -563,6 +565,36 @@ mod tests {
             out["hami.io/metax-gpu-devices-to-allocate"]
         );
         assert!(!out.contains_key("metax-tech.com/gpu-devices-allocated"));
+        assert!(node_annotations(&spec, "ml", "p", now).is_empty());
+    }
+
+    #[test]
+    fn enflame_gcus_get_hamis_two_lists_and_no_lock() {
+        // HAMi's TestGCUDevices_PatchAnnotations.
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "a",
+                vec![slice(
+                    "n1-GCU-0",
+                    DeviceFamily::Enflame,
+                    "GCU",
+                    100,
+                    100,
+                    None,
+                )],
+            ))
+            .build()
+            .spec;
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let out = pod_annotations(&spec, &["a".to_owned()], &RequestConfig::default(), now);
+        assert_eq!(
+            out["hami.io/enflame-gcu-devices-to-allocate"],
+            "n1-GCU-0,GCU,100,100:;"
+        );
+        assert_eq!(
+            out["hami.io/enflame-gcu-devices-allocated"],
+            out["hami.io/enflame-gcu-devices-to-allocate"]
+        );
         assert!(node_annotations(&spec, "ml", "p", now).is_empty());
     }
 

@@ -21,7 +21,7 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp, civil::DateTime, tz::TimeZone},
 };
 use tessera_api::{
-    names::{ascend::NODE_SOFT_SPLIT, metax},
+    names::{ascend::NODE_SOFT_SPLIT, enflame, metax},
     request::RequestConfig,
     v1alpha1::{
         DeviceCapacity, DeviceFamily, DeviceHealth, GpuDevice, GpuNodeStatus, OperatingMode,
@@ -69,7 +69,8 @@ pub enum SourceKind {
     MetaxJson,
     /// Only the count resource in the Node's allocatable: that many whole
     /// cards of `memory_mib` each, one container per card, as HAMi reads
-    /// MetaX GPUs (`<node>-metax-<i>`, 65,536 MiB).
+    /// MetaX GPUs (`<node>-metax-<i>`, 65,536 MiB) and Enflame GCUs
+    /// (`<node>-GCU-<i>`, HAMi's placeholder of 100).
     Cards {
         /// MiB of each card.
         memory_mib: u64,
@@ -136,6 +137,19 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
                 unit_mib: tessera_api::names::mthreads::MEMORY_UNIT_MIB,
                 per_card: tessera_api::names::mthreads::CORES_PER_CARD,
                 infix: "mthreads",
+            },
+        });
+    }
+    if let Some(gcu) = &config.enflame {
+        sources.push(Source {
+            family: DeviceFamily::Enflame,
+            register: String::new(),
+            handshake: String::new(),
+            count_resource: gcu.resource_name_gcu.clone(),
+            device_type: Some(enflame::GCU_TYPE.into()),
+            kind: SourceKind::Cards {
+                memory_mib: enflame::GCU_MEMORY,
+                infix: "GCU",
             },
         });
     }
@@ -723,6 +737,58 @@ mod tests {
             assert_eq!(seen.malformed.len(), 1, "{bad}");
             assert_eq!(seen.malformed[0].0, "metax-tech.com/node-gpu-devices");
         }
+    }
+
+    #[test]
+    fn enflame_gcus_come_from_the_nodes_count() {
+        // HAMi's TestGCUDevices_GetNodeDevices: capacity 2, ids
+        // `<node>-GCU-<i>`, memory and cores 100, one container each.
+        let config = RequestConfig {
+            enflame: Some(tessera_api::request::EnflameConfig::default()),
+            ..RequestConfig::default()
+        };
+        let allocatable = BTreeMap::from([("enflame.com/gcu".to_owned(), Quantity("2".into()))]);
+        let node = annotations(&[(NODE_NAME, "test-node")]);
+        let seen = view(
+            &node,
+            &allocatable,
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        let got: Vec<_> = seen
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.uuid.as_str(),
+                    d.family,
+                    d.model.as_str(),
+                    d.capacity.memory_mib,
+                    d.capacity.cores,
+                    d.split_count,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("test-node-GCU-0", DeviceFamily::Enflame, "GCU", 100, 100, 1),
+                ("test-node-GCU-1", DeviceFamily::Enflame, "GCU", 100, 100, 1),
+            ]
+        );
+        // "Test with missing resource": no GCUs, no vendor view.
+        assert!(
+            view(
+                &node,
+                &BTreeMap::new(),
+                &sources(&config),
+                false,
+                Timestamp::now()
+            )
+            .is_none()
+        );
     }
 
     #[test]
