@@ -521,14 +521,15 @@ fn metax_requests_follow_hami() {
 
 #[test]
 fn enflame_whole_gcus_parse_and_drs_partitions_are_refused_by_name() {
-    // HAMi's TestGCUDevices_GenerateResourceRequests: limits or requests.
-    for limits in [json!({"enflame.com/gcu": "2"})] {
+    // HAMi's TestGCUDevices_GenerateResourceRequests.
+    for count in [1, 2] {
+        let limits = json!({"enflame.com/gcu": count.to_string()});
         let got = parsed(limits.clone(), json!({})).unwrap();
         assert_eq!(
             shape(&got[0]),
             (
                 DeviceFamily::Enflame,
-                2,
+                count,
                 MemoryRequest::Percent(100),
                 100,
                 None
