@@ -9,11 +9,8 @@
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::container::{Field, Reader, narrow};
-use super::{
-    ContainerKind, ContainerRequest, EnflameConfig, MAX_GPUS_PER_CONTAINER, MemoryRequest,
-    VendorRequest,
-};
+use super::container::Reader;
+use super::{ContainerKind, ContainerRequest, EnflameConfig};
 use crate::Violation;
 use crate::names::enflame::GCU_TYPE;
 use crate::v1alpha1::DeviceFamily;
@@ -39,25 +36,10 @@ pub(super) fn parse(
             );
         }
     }
-    let count = match reader.read(
-        &config.resource_name_gcu,
-        0,
-        u64::from(MAX_GPUS_PER_CONTAINER),
-    ) {
-        Field::Value(n) if n > 0 => n,
-        _ => return reader.finish(None),
-    };
-    reader.finish(Some(ContainerRequest {
-        name: container.name.clone(),
+    super::whole::parse(
+        reader,
         kind,
-        count: narrow(count),
-        memory: MemoryRequest::Percent(100),
-        cores: 100,
-        priority: None,
-        family: DeviceFamily::Enflame,
-        vendor: Some(VendorRequest {
-            device_type: Some(GCU_TYPE.into()),
-            ..VendorRequest::default()
-        }),
-    }))
+        &config.resource_name_gcu,
+        (DeviceFamily::Enflame, GCU_TYPE),
+    )
 }

@@ -40,31 +40,16 @@ pub(super) fn parse_gpu(
     kind: ContainerKind,
     config: &MetaxConfig,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
+    let reader = Reader {
         container,
         violations: Vec::new(),
     };
-    let count = match reader.read(
-        &config.resource_count_name,
-        0,
-        u64::from(MAX_GPUS_PER_CONTAINER),
-    ) {
-        Field::Value(n) if n > 0 => n,
-        _ => return reader.finish(None),
-    };
-    reader.finish(Some(ContainerRequest {
-        name: container.name.clone(),
+    super::whole::parse(
+        reader,
         kind,
-        count: narrow(count),
-        memory: MemoryRequest::Percent(100),
-        cores: 100,
-        priority: None,
-        family: DeviceFamily::Metax,
-        vendor: Some(VendorRequest {
-            device_type: Some(GPU_TYPE.into()),
-            ..VendorRequest::default()
-        }),
-    }))
+        &config.resource_count_name,
+        (DeviceFamily::Metax, GPU_TYPE),
+    )
 }
 
 /// Parses a container's sGPU request; `Ok(None)` when it asks for none.

@@ -39,6 +39,7 @@ mod metax;
 mod mthreads;
 mod simple;
 mod vendors;
+mod whole;
 
 #[cfg(test)]
 mod tests;

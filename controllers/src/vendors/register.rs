@@ -127,19 +127,8 @@ struct JsonDevice {
 /// Decodes the JSON form: a list of HAMi `DeviceInfo` objects (Ascend's
 /// `hami.io/node-register-<chip>`).
 pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
-    check_len(value)?;
-    let list: Vec<JsonDevice> =
-        serde_json::from_str(value).map_err(|e| format!("is not a JSON list of devices: {e}"))?;
-    if list.is_empty() {
-        return Err("lists no device".into());
-    }
-    if list.len() > MAX_DEVICES {
-        return Err(format!(
-            "lists {} devices, more than {MAX_DEVICES}",
-            list.len()
-        ));
-    }
-    list.into_iter()
+    json_list::<JsonDevice>(value, "devices")?
+        .into_iter()
         .enumerate()
         .map(|(n, d)| {
             let non_negative = |v: i64, what: &str| {
@@ -197,19 +186,8 @@ struct MetaxDevice {
 /// `totalCompute` percent; a `linkZone` above 0 is the GPU's MetaLink
 /// (kept as its network), 0 none. Indexes are list positions, as HAMi's.
 pub fn decode_metax(value: &str, device_type: &str) -> Result<Vec<Registered>, String> {
-    check_len(value)?;
-    let list: Vec<MetaxDevice> =
-        serde_json::from_str(value).map_err(|e| format!("is not a JSON list of sGPUs: {e}"))?;
-    if list.is_empty() {
-        return Err("lists no device".into());
-    }
-    if list.len() > MAX_DEVICES {
-        return Err(format!(
-            "lists {} devices, more than {MAX_DEVICES}",
-            list.len()
-        ));
-    }
-    list.into_iter()
+    json_list::<MetaxDevice>(value, "sGPUs")?
+        .into_iter()
         .enumerate()
         .map(|(n, d)| {
             let non_negative = |v: i64, what: &str| {
@@ -237,6 +215,24 @@ pub fn decode_metax(value: &str, device_type: &str) -> Result<Vec<Registered>, S
             })
         })
         .collect()
+}
+
+/// A JSON list of 1 to [`MAX_DEVICES`] entries of `what`, from a value of at
+/// most [`MAX_LEN`] bytes.
+fn json_list<T: serde::de::DeserializeOwned>(value: &str, what: &str) -> Result<Vec<T>, String> {
+    check_len(value)?;
+    let list: Vec<T> =
+        serde_json::from_str(value).map_err(|e| format!("is not a JSON list of {what}: {e}"))?;
+    if list.is_empty() {
+        return Err("lists no device".into());
+    }
+    if list.len() > MAX_DEVICES {
+        return Err(format!(
+            "lists {} devices, more than {MAX_DEVICES}",
+            list.len()
+        ));
+    }
+    Ok(list)
 }
 
 fn check_len(value: &str) -> Result<(), String> {
