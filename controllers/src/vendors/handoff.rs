@@ -247,29 +247,12 @@ pub fn node_annotations(
     pod: &str,
     now: Timestamp,
 ) -> BTreeMap<String, String> {
-    let families: Vec<DeviceFamily> = spec
-        .containers
-        .iter()
-        .flat_map(|c| &c.devices)
-        .map(|d| d.family)
-        .collect();
+    let slices = || spec.containers.iter().flat_map(|c| &c.devices);
     let mut out = BTreeMap::new();
-    let sgpu = spec
-        .containers
-        .iter()
-        .flat_map(|c| &c.devices)
-        .any(|d| d.family == DeviceFamily::Metax && d.model == metax::SGPU_TYPE);
-    if sgpu
-        || families.iter().any(|f| {
-            matches!(
-                f,
-                DeviceFamily::Hygon | DeviceFamily::Ascend | DeviceFamily::Iluvatar
-            )
-        })
-    {
+    if slices().any(takes_mutex_lock) {
         out.insert(MUTEX_LOCK.to_owned(), mutex_value(namespace, pod, now));
     }
-    if families.contains(&DeviceFamily::Cambricon) {
+    if slices().any(|d| d.family == DeviceFamily::Cambricon) {
         let time = now
             .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
             .strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -277,6 +260,15 @@ pub fn node_annotations(
         out.insert(cambricon::DSMLU_LOCK.to_owned(), time);
     }
     out
+}
+
+/// Whether the plugin serving `slice` finds its pod through
+/// `hami.io/mutex.lock`.
+fn takes_mutex_lock(slice: &DeviceSlice) -> bool {
+    matches!(
+        slice.family,
+        DeviceFamily::Hygon | DeviceFamily::Ascend | DeviceFamily::Iluvatar
+    ) || handoff_type(slice) == Some(metax::SGPU_TYPE)
 }
 
 /// The container names of a pod in kubelet order: init containers, then

@@ -131,9 +131,6 @@ pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
         .into_iter()
         .enumerate()
         .map(|(n, d)| {
-            let non_negative = |v: i64, what: &str| {
-                u64::try_from(v).map_err(|_| format!("device {n}: {what} {v} is negative"))
-            };
             let network_id = match d.custominfo.as_ref().and_then(|c| c.get("NetworkID")) {
                 None => None,
                 Some(v) => Some(
@@ -148,9 +145,9 @@ pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
             Ok(Registered {
                 id: text(&d.id, n, "id")?,
                 index: bounded(d.index.unwrap_or(n as u64), n, "index")?,
-                count: bounded(non_negative(d.count, "count")?, n, "count")?,
-                memory_mib: non_negative(d.devmem, "devmem")?,
-                cores: bounded(non_negative(d.devcore, "devcore")?, n, "devcore")?,
+                count: bounded(non_negative(d.count, n, "count")?, n, "count")?,
+                memory_mib: non_negative(d.devmem, n, "devmem")?,
+                cores: bounded(non_negative(d.devcore, n, "devcore")?, n, "devcore")?,
                 device_type: text(&d.device_type, n, "type")?,
                 numa: d.numa.and_then(|v| u32::try_from(v).ok()),
                 healthy: d.health,
@@ -190,21 +187,18 @@ pub fn decode_metax(value: &str, device_type: &str) -> Result<Vec<Registered>, S
         .into_iter()
         .enumerate()
         .map(|(n, d)| {
-            let non_negative = |v: i64, what: &str| {
-                u64::try_from(v).map_err(|_| format!("device {n}: {what} {v} is negative"))
-            };
-            let zone = bounded(non_negative(d.link_zone, "linkZone")?, n, "linkZone")?;
+            let zone = bounded(non_negative(d.link_zone, n, "linkZone")?, n, "linkZone")?;
             Ok(Registered {
                 id: text(&d.uuid, n, "uuid")?,
                 index: bounded(n as u64, n, "index")?,
                 count: bounded(
-                    non_negative(d.total_dev_count, "totalDevCount")?,
+                    non_negative(d.total_dev_count, n, "totalDevCount")?,
                     n,
                     "totalDevCount",
                 )?,
-                memory_mib: non_negative(d.total_v_ram, "totalVRam")?,
+                memory_mib: non_negative(d.total_v_ram, n, "totalVRam")?,
                 cores: bounded(
-                    non_negative(d.total_compute, "totalCompute")?,
+                    non_negative(d.total_compute, n, "totalCompute")?,
                     n,
                     "totalCompute",
                 )?,
@@ -258,6 +252,10 @@ fn text(value: &str, n: usize, what: &str) -> Result<String, String> {
         ));
     }
     Ok(value.to_owned())
+}
+
+fn non_negative(value: i64, n: usize, what: &str) -> Result<u64, String> {
+    u64::try_from(value).map_err(|_| format!("device {n}: {what} {value} is negative"))
 }
 
 fn bounded(value: u64, n: usize, what: &str) -> Result<u32, String> {

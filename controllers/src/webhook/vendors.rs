@@ -109,17 +109,17 @@ pub(super) fn pod_annotations(
         r.family == DeviceFamily::Metax
             && r.vendor.as_ref().and_then(|v| v.device_type.as_deref()) == Some(metax::SGPU_TYPE)
     });
-    let annotations = pod.metadata.annotations.get_or_insert_default();
     // MetaX's sGPU plugin reads the QoS policy; HAMi's webhook writes
     // best-effort for a pod that is not online and names none.
+    let named = |key: &str| pod.metadata.annotations.as_ref().and_then(|a| a.get(key));
     if sgpu
-        && annotations.get(metax::APP_CLASS).map(String::as_str) != Some("online")
-        && !annotations.contains_key(metax::QOS_POLICY)
+        && named(metax::APP_CLASS).map(String::as_str) != Some("online")
+        && named(metax::QOS_POLICY).is_none()
     {
-        annotations.insert(metax::QOS_POLICY.to_owned(), "best-effort".to_owned());
-    }
-    if annotations.is_empty() {
-        pod.metadata.annotations = None;
+        pod.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(metax::QOS_POLICY.to_owned(), "best-effort".to_owned());
     }
     if let Some(many) = wanted
         .iter()

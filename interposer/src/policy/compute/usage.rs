@@ -16,8 +16,9 @@
 //! outside the hooks). Summed over samples the container is charged exactly
 //! its processes' GPU time. (Moving the clock to the time of asking, and
 //! reading "no new sample" as "no GPU time", gave back almost every charge
-//! on a real H100: a 30 % limit ran at 87 %.) Between samples a settled launch is charged its
-//! measured time scaled by the ratio of GPU time to measured time of the
+//! on a real H100: a 30 % limit ran at 87 %.) Between samples a settled
+//! launch is charged its measured time scaled by the ratio of GPU time to
+//! measured time of the
 //! previous period ([`Usage::scale`]), so the budget stays close to the
 //! truth and each sample's correction is small (charging the raw measured
 //! time and refunding it in 100 ms chunks made the budget swing).
