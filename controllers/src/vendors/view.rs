@@ -235,16 +235,19 @@ pub fn view(
         } = &source.kind
         {
             let cards = whole(allocatable, cores).div_ceil(u64::from(*per_card));
-            if cards > 0 {
+            let total = whole(allocatable, memory).saturating_mul(*unit_mib);
+            if let Some(memory_mib) = total.checked_div(cards) {
                 any = true;
-                let memory = whole(allocatable, memory).saturating_mul(*unit_mib);
+                // Cambricon's and Moore Threads' cards share the memory
+                // equally, 100 shares each (HAMi's `GetNodeDevices`).
+                let card = Card {
+                    memory_mib,
+                    cores: *per_card,
+                    split_count: 100,
+                };
                 let node = node_name(annotations);
-                view.devices.extend(cards_of(
-                    &format!("{node}-{infix}"),
-                    (cards, *per_card),
-                    memory,
-                    source,
-                ));
+                view.devices
+                    .extend(cards_of(&format!("{node}-{infix}"), cards, &card, source));
             }
             continue;
         }
@@ -252,17 +255,15 @@ pub fn view(
             let cards = whole(allocatable, &source.count_resource);
             if cards > 0 {
                 any = true;
+                // One container per card (MetaX GPUs, Enflame GCUs).
+                let card = Card {
+                    memory_mib: *memory_mib,
+                    cores: 100,
+                    split_count: 1,
+                };
                 let node = node_name(annotations);
-                let mut cards = cards_of(
-                    &format!("{node}-{infix}"),
-                    (cards, 100),
-                    memory_mib.saturating_mul(cards),
-                    source,
-                );
-                for card in &mut cards {
-                    card.split_count = 1;
-                }
-                view.devices.extend(cards);
+                view.devices
+                    .extend(cards_of(&format!("{node}-{infix}"), cards, &card, source));
             }
             continue;
         }
@@ -444,35 +445,36 @@ fn node_name(annotations: &BTreeMap<String, String>) -> &str {
 /// has no `/`, and the reconciler inserts it).
 pub const NODE_NAME: &str = "node-name";
 
-/// `cards` devices of `per_card` cores sharing `memory` MiB equally, as HAMi
-/// makes Cambricon's and Moore Threads': 100 shares each, named
-/// `<prefix>-<i>`, healthy (the plugin's allocatable is the health signal:
-/// an unhealthy card leaves it).
-fn cards_of(
-    prefix: &str,
-    (cards, per_card): (u64, u32),
-    memory: u64,
-    source: &Source,
-) -> Vec<GpuDevice> {
+/// What each card of an allocatable source offers.
+struct Card {
+    /// Its memory, MiB.
+    memory_mib: u64,
+    /// Its cores (Cambricon and MetaX 100, Moore Threads 16).
+    cores: u32,
+    /// How many containers may share it.
+    split_count: u32,
+}
+
+/// `cards` devices like `card`, named `<prefix>-<i>`, healthy (the plugin's
+/// allocatable is the health signal: an unhealthy card leaves it); at most
+/// [`super::register::MAX_DEVICES`].
+fn cards_of(prefix: &str, cards: u64, card: &Card, source: &Source) -> Vec<GpuDevice> {
     let cards = cards.min(u64::try_from(super::register::MAX_DEVICES).unwrap_or(64));
     (0..cards)
-        .map(|i| {
-            let mib = memory / cards.max(1);
-            GpuDevice {
-                uuid: format!("{prefix}-{i}"),
-                index: u32::try_from(i).unwrap_or(u32::MAX),
-                family: source.family,
-                model: source.device_type.clone().unwrap_or_default(),
-                memory_mib: mib,
-                capacity: DeviceCapacity {
-                    memory_mib: mib,
-                    cores: per_card,
-                },
-                split_count: 100,
-                health: DeviceHealth::Healthy,
-                mode: OperatingMode::HamiCore,
-                ..GpuDevice::default()
-            }
+        .map(|i| GpuDevice {
+            uuid: format!("{prefix}-{i}"),
+            index: u32::try_from(i).unwrap_or(u32::MAX),
+            family: source.family,
+            model: source.device_type.clone().unwrap_or_default(),
+            memory_mib: card.memory_mib,
+            capacity: DeviceCapacity {
+                memory_mib: card.memory_mib,
+                cores: card.cores,
+            },
+            split_count: card.split_count,
+            health: DeviceHealth::Healthy,
+            mode: OperatingMode::HamiCore,
+            ..GpuDevice::default()
         })
         .collect()
 }
@@ -585,6 +587,37 @@ mod tests {
             view(&node, &none, &sources(&config), false, Timestamp::now()),
             None
         );
+    }
+
+    #[test]
+    fn more_cards_than_a_gpunode_holds_keep_each_cards_own_memory() {
+        // 100 MLUs of 16 GiB: 64 are listed, each still with 16 GiB (not
+        // the whole node's memory spread over the 64).
+        let config = RequestConfig {
+            cambricon: Some(tessera_api::request::CambriconConfig::default()),
+            ..RequestConfig::default()
+        };
+        let allocatable = BTreeMap::from([
+            (
+                "cambricon.com/mlu.smlu.vcore".to_owned(),
+                Quantity("10000".into()),
+            ),
+            (
+                "cambricon.com/mlu.smlu.vmemory".to_owned(),
+                Quantity("6400".into()),
+            ),
+        ]);
+        let node = annotations(&[(NODE_NAME, "mlu-big")]);
+        let seen = view(
+            &node,
+            &allocatable,
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        assert_eq!(seen.devices.len(), 64);
+        assert!(seen.devices.iter().all(|d| d.capacity.memory_mib == 16384));
     }
 
     #[test]
