@@ -149,6 +149,23 @@ pub mod enflame {
     pub const NOUSE_UUID: &str = "enflame.com/nouse-gpuuuid";
 }
 
+/// AMD GPUs' names (HAMi `pkg/device/amd`, `docs/develop/amd-vgpu.md`).
+pub mod amd {
+    /// The Node annotation AMD's HAMi plugin registers its GPUs in (JSON).
+    pub const REGISTER: &str = "hami.io/node-amd-register";
+    /// What the hand-off annotations are named after
+    /// (`hami.io/amd-devices-to-allocate`).
+    pub const HANDOFF_WORD: &str = "amd";
+    /// Comma list of card types (substrings); only these may be used.
+    pub const USE_TYPE: &str = "amd.com/use-gputype";
+    /// Comma list of card types (substrings) that must not be used.
+    pub const NOUSE_TYPE: &str = "amd.com/nouse-gputype";
+    /// Comma list of GPU UUIDs; only these may be used.
+    pub const USE_UUID: &str = "amd.com/use-gpu-uuid";
+    /// Comma list of GPU UUIDs that must not be used.
+    pub const NOUSE_UUID: &str = "amd.com/nouse-gpu-uuid";
+}
+
 /// MetaX GPUs' names (HAMi `pkg/device/metax`): whole GPUs (`Metax-GPU`)
 /// and shared sGPUs (`Metax-SGPU`).
 pub mod metax {

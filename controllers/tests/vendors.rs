@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 use support::{Cluster, WAIT};
 use tessera_api::{
     request::{
-        CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig,
-        VnpuConfig, VnpuTemplate, VnpusConfig,
+        AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig,
+        MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
     },
     v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
 };
@@ -63,6 +63,7 @@ fn config() -> Config {
     config.request.mthreads = Some(MthreadsConfig::default());
     config.request.metax = Some(MetaxConfig::default());
     config.request.enflame = Some(EnflameConfig::default());
+    config.request.amd = Some(AmdConfig::default());
     config.request.iluvatars = vec![IluvatarConfig {
         chip_name: "MR-V100".into(),
         common_word: "MR-V100".into(),
@@ -601,6 +602,73 @@ async fn enflame_whole_gcus_are_read_from_the_node_and_handed_off() {
         node_annotation(&cluster, "gcu-1", "hami.io/mutex.lock").await,
         None
     );
+}
+
+const AMD_GPUS: &str = r#"[{"id":"GPU-0","index":0,"count":4,"devmem":196608,"devcore":304,"type":"AMD Instinct MI300X VF","numa":0,"mode":"hami-core","health":true},{"id":"GPU-1","index":1,"count":4,"devmem":196608,"devcore":304,"type":"AMD Instinct MI300X VF","numa":0,"mode":"hami-core","health":true}]"#;
+
+#[tokio::test]
+async fn an_amd_pod_gets_compute_units_and_its_hand_off_under_the_lock() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "amd-1",
+        json!({"hami.io/node-amd-register": AMD_GPUS}),
+        json!({"amd.com/gpu": "2"}),
+    )
+    .await;
+    until("amd-1 in the projection", async || {
+        cluster
+            .projection
+            .read()
+            .node("amd-1")
+            .filter(|n| n.devices.len() == 2)
+            .map(|_| ())
+    })
+    .await;
+    cluster
+        .create_pod(
+            "amd-pod",
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "16384", "amd.com/gpucores": "25"}),
+            json!({"amd.com/use-gputype": "MI300X"}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("amd-pod").await, "amd-1");
+    let allocation = cluster.allocation("amd-pod").await;
+    assert_eq!(allocation.spec.totals.families, "amd");
+    let slice = &allocation.spec.containers[0].devices[0];
+    assert_eq!(
+        (slice.memory_mib, slice.cores),
+        (16384, 76),
+        "25% of 304 CUs"
+    );
+    let a = pod(&cluster, "amd-pod").await.annotations().clone();
+    let want = format!("{},AMD Instinct MI300X VF,16384,76:;", slice.uuid);
+    assert_eq!(a["hami.io/amd-devices-to-allocate"], want);
+    assert_eq!(a["hami.io/amd-devices-allocated"], want);
+    let lock = node_annotation(&cluster, "amd-1", "hami.io/mutex.lock")
+        .await
+        .expect("HAMi's AMD LockNode takes hami.io/mutex.lock");
+    assert!(lock.ends_with(",default,amd-pod"), "{lock}");
+    plugin_serves(&cluster, "amd-pod").await;
+    until("amd-pod Allocated", async || {
+        (phase(&cluster, "amd-pod").await == Some(AllocationPhase::Allocated)).then_some(())
+    })
+    .await;
+    // The plugin goes (the Node stops advertising amd.com/gpu): HAMi's
+    // CheckHealth drops the devices.
+    Api::<Node>::all(cluster.client.clone())
+        .patch_status(
+            "amd-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocatable": {"amd.com/gpu": "0"}, "capacity": {"amd.com/gpu": "0"}}})),
+        )
+        .await
+        .unwrap();
+    until("amd-1 DevicePluginGone", async || {
+        let node = gpu_node(&cluster, "amd-1").await?;
+        (ready(&node)? == ("False".to_owned(), "DevicePluginGone".to_owned())).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -396,7 +396,7 @@ async fn rendered_objects_pass_the_api_servers_validation() {
 #[test]
 fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
     // Each section as `{}` takes HAMi's names (docs/vendors.md).
-    let on: Vec<String> = ["hygon", "cambricon", "mthreads", "metax", "enflame"]
+    let on: Vec<String> = ["hygon", "cambricon", "mthreads", "metax", "enflame", "amd"]
         .iter()
         .map(|s| format!("config.{s}={{}}"))
         .collect();
@@ -428,6 +428,9 @@ fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
         "metax-tech.com/vcore",
         "enflame.com/gcu",
         "enflame.com/drs-gcu",
+        "amd.com/gpu",
+        "amd.com/gpumem",
+        "amd.com/gpucores",
     ] {
         assert!(managed.contains(name), "{name} not in {managed:?}");
         assert!(

@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::vendors::{
-    CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig,
-    VnpusConfig,
+    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig,
+    MthreadsConfig, VnpusConfig,
 };
 use crate::names::resources;
 use crate::{Error, Result};
@@ -40,6 +40,9 @@ pub struct RequestConfig {
     /// HAMi's `metax:` section; absent: MetaX GPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metax: Option<MetaxConfig>,
+    /// HAMi's `amd:` section; absent: AMD GPUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amd: Option<AmdConfig>,
     /// HAMi's `iluvatars:` section, one entry per chip; empty: Iluvatar GPUs
     /// are not scheduled.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -61,6 +64,7 @@ impl Default for RequestConfig {
             mthreads: None,
             metax: None,
             enflame: None,
+            amd: None,
         }
     }
 }
@@ -154,6 +158,15 @@ impl RequestConfig {
         if let Some(gcu) = &self.enflame {
             all.push(&gcu.resource_name_gcu);
             all.extend(gcu.unscheduled_names());
+        }
+        if let Some(amd) = &self.amd {
+            all.push(&amd.resource_count_name);
+            all.extend(
+                [&amd.resource_memory_name, &amd.resource_core_name]
+                    .into_iter()
+                    .map(String::as_str)
+                    .filter(|n| !n.is_empty()),
+            );
         }
         for chip in &self.iluvatars {
             all.push(&chip.resource_count_name);

@@ -53,8 +53,8 @@ use crate::{Error, Result, Violations};
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
 pub use vendors::{
-    CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig, MthreadsConfig,
-    VnpuConfig, VnpuTemplate, VnpusConfig,
+    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig,
+    MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
 };
 
 use crate::v1alpha1::DeviceFamily;
@@ -91,7 +91,7 @@ pub struct ContainerRequest {
     /// The accelerator family the request is for. A container asking for
     /// several families gives one request per family, in the order
     /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon, Moore Threads, MetaX
-    /// (whole GPUs, then sGPUs), Enflame.
+    /// (whole GPUs, then sGPUs), Enflame, AMD.
     pub family: DeviceFamily,
     /// What a request for another vendor's devices adds; `None` for NVIDIA.
     pub vendor: Option<VendorRequest>,
@@ -237,6 +237,14 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
             }
             if let Some(gcu) = &config.enflame {
                 collect(enflame::parse(container, kind, gcu));
+            }
+            if let Some(amd) = &config.amd {
+                collect(simple::parse(
+                    container,
+                    kind,
+                    &simple::Simple::amd(amd),
+                    annotations,
+                ));
             }
         }
     }

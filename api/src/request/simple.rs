@@ -1,6 +1,7 @@
 //! Vendors whose pods name a count, memory and cores, and nothing else, as
-//! HAMi reads them: Hygon DCUs (`pkg/device/hygon/device.go`) and Cambricon
-//! MLUs (`pkg/device/cambricon/device.go`), `GenerateResourceRequests`.
+//! HAMi reads them: Hygon DCUs (`pkg/device/hygon/device.go`), Cambricon
+//! MLUs (`pkg/device/cambricon/device.go`) and AMD GPUs
+//! (`pkg/device/amd/device.go`), `GenerateResourceRequests`.
 //!
 //! - The count resource is the number of devices, each on a different
 //!   card; without it the container asks for none (HAMi ignores memory and
@@ -10,7 +11,8 @@
 //!   `memoryFactor`; Cambricon: 256 MiB); absent or 0: the whole card.
 //! - Cores are percent of the card, **100 when absent** (a card is the
 //!   container's alone unless it names cores); above 100 counts as 100
-//!   (HAMi clamps in `Fit`).
+//!   (HAMi clamps in `Fit`). AMD: 1 to 100 only (HAMi's `MutateAdmission`
+//!   refuses the rest), a percent of each GPU's compute units.
 //! - Pod annotations filter by card type (substring, case-insensitive) and
 //!   by UUID.
 
@@ -21,11 +23,11 @@ use k8s_openapi::api::core::v1::Container;
 use super::annotations::list;
 use super::container::{Field, Reader, narrow};
 use super::{
-    CambriconConfig, ContainerKind, ContainerRequest, DeviceFilters, HygonConfig,
+    AmdConfig, CambriconConfig, ContainerKind, ContainerRequest, DeviceFilters, HygonConfig,
     MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
 };
 use crate::Violation;
-use crate::names::{cambricon, hygon};
+use crate::names::{amd, cambricon, hygon};
 use crate::v1alpha1::DeviceFamily;
 
 /// One such vendor as configured.
@@ -40,6 +42,8 @@ pub(super) struct Simple<'a> {
     noun: &'static str,
     /// The type and UUID filter annotations: use, no-use type; use, no-use UUID.
     filters: [&'static str; 4],
+    /// AMD: cores must be 1 to 100 (a percent of each GPU's compute units).
+    cores_of_units: bool,
 }
 
 impl<'a> Simple<'a> {
@@ -57,6 +61,7 @@ impl<'a> Simple<'a> {
                 hygon::USE_UUID,
                 hygon::NOUSE_UUID,
             ],
+            cores_of_units: false,
         }
     }
 
@@ -74,6 +79,25 @@ impl<'a> Simple<'a> {
                 cambricon::USE_UUID,
                 cambricon::NOUSE_UUID,
             ],
+            cores_of_units: false,
+        }
+    }
+
+    pub(super) fn amd(config: &'a AmdConfig) -> Self {
+        Self {
+            family: DeviceFamily::Amd,
+            count: &config.resource_count_name,
+            memory: &config.resource_memory_name,
+            cores: &config.resource_core_name,
+            memory_unit: 1,
+            noun: "AMD GPU",
+            filters: [
+                amd::USE_TYPE,
+                amd::NOUSE_TYPE,
+                amd::USE_UUID,
+                amd::NOUSE_UUID,
+            ],
+            cores_of_units: true,
         }
     }
 }
@@ -89,9 +113,26 @@ pub(super) fn parse(
         container,
         violations: Vec::new(),
     };
+    // An empty name (AMD's optional memory and cores) is never set.
+    let read = |reader: &mut Reader<'_>, name: &str, min, max| {
+        if name.is_empty() {
+            Field::Absent
+        } else {
+            reader.read(name, min, max)
+        }
+    };
     let count = reader.read(vendor.count, 0, u64::from(MAX_GPUS_PER_CONTAINER));
-    let memory = reader.read(vendor.memory, 0, MAX_MEMORY_MIB / vendor.memory_unit);
-    let cores = reader.read(vendor.cores, 0, u64::from(u32::MAX));
+    let memory = read(
+        &mut reader,
+        vendor.memory,
+        0,
+        MAX_MEMORY_MIB / vendor.memory_unit,
+    );
+    let cores = if vendor.cores_of_units {
+        read(&mut reader, vendor.cores, 1, 100)
+    } else {
+        read(&mut reader, vendor.cores, 0, u64::from(u32::MAX))
+    };
     let count = match count {
         Field::Value(n) if n > 0 => n,
         Field::Invalid => return reader.finish(None),

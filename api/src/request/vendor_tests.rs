@@ -557,3 +557,79 @@ fn enflame_whole_gcus_parse_and_drs_partitions_are_refused_by_name() {
         );
     }
 }
+
+#[test]
+fn amd_requests_follow_hami() {
+    use MemoryRequest::{Mib, Percent};
+    // HAMi's TestGenerateResourceRequests and TestMutateAdmission (amd).
+    let rows = [
+        (json!({"amd.com/gpu": "1"}), (1, Percent(100), 100)),
+        (
+            json!({"amd.com/gpu": "2", "amd.com/gpumem": "4096", "amd.com/gpucores": "33"}),
+            (2, Mib(4096), 33),
+        ),
+        (
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "4096"}),
+            (1, Mib(4096), 100),
+        ),
+        (
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "0", "amd.com/gpucores": "1"}),
+            (1, Percent(100), 1),
+        ),
+    ];
+    for (limits, (count, memory, cores)) in rows {
+        let got = parsed(limits.clone(), json!({"amd.com/use-gputype": "MI300, "})).unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (DeviceFamily::Amd, count, memory, cores, None),
+            "{limits}"
+        );
+        let filters = &got[0].vendor.as_ref().unwrap().filters;
+        assert_eq!(filters.use_types, vec!["MI300".to_owned()]);
+    }
+    for (limits, field, rule) in [
+        (
+            json!({"amd.com/gpu": "1", "amd.com/gpucores": "0"}),
+            "amd.com/gpucores",
+            "must be between 1 and 100, got 0",
+        ),
+        (
+            json!({"amd.com/gpu": "1", "amd.com/gpucores": "101"}),
+            "amd.com/gpucores",
+            "must be between 1 and 100, got 101",
+        ),
+        (
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "-1"}),
+            "amd.com/gpumem",
+            "must not be negative",
+        ),
+        (
+            json!({"amd.com/gpu": "2147483648"}),
+            "amd.com/gpu",
+            "must be between 0 and 64",
+        ),
+        (
+            json!({"amd.com/gpumem": "4096"}),
+            "amd.com/gpumem",
+            "is set but amd.com/gpu is not; ask for at least 1 AMD GPU",
+        ),
+    ] {
+        let error = parsed(limits.clone(), json!({})).unwrap_err();
+        assert!(
+            error.contains(&format!("{field}: {rule}")),
+            "{limits}: {error}"
+        );
+    }
+    // An empty memory or cores name (HAMi: optional) offers none.
+    let mut config = config();
+    config.amd = Some(AmdConfig {
+        resource_memory_name: String::new(),
+        resource_core_name: String::new(),
+        ..AmdConfig::default()
+    });
+    config.validate().unwrap();
+    let got = parse_pod(&pod(json!({"amd.com/gpu": "1"}), json!({})), &config)
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.containers[0].cores, 100);
+}

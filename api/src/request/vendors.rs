@@ -87,6 +87,33 @@ impl Default for MthreadsConfig {
     }
 }
 
+/// HAMi's `amd:` section: AMD Instinct GPUs, served by HAMi's AMD device
+/// plugin (`docs/develop/amd-vgpu.md`), which registers them in
+/// `hami.io/node-amd-register`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct AmdConfig {
+    /// Number of GPUs (`amd.com/gpu`).
+    pub resource_count_name: String,
+    /// MiB per GPU (`amd.com/gpumem`; absent or 0: the whole GPU; empty
+    /// name: not offered).
+    pub resource_memory_name: String,
+    /// Percent (1-100) of each GPU's compute units (`amd.com/gpucores`; 100
+    /// when absent; empty name: not offered).
+    pub resource_core_name: String,
+}
+
+impl Default for AmdConfig {
+    /// HAMi's chart defaults (`device-configmap.yaml`, `amd:`).
+    fn default() -> Self {
+        Self {
+            resource_count_name: "amd.com/gpu".into(),
+            resource_memory_name: "amd.com/gpumem".into(),
+            resource_core_name: "amd.com/gpucores".into(),
+        }
+    }
+}
+
 /// HAMi's `enflame:` section: Enflame GCUs. Whole GCUs
 /// (`enflame.com/gcu`) are scheduled; DRS partitions (`enflame.com/drs-gcu`,
 /// or `gcu-memory`/`gcu-core`) are named here as HAMi names them but not

@@ -71,11 +71,21 @@ pub enum DeviceFamily {
     Metax,
     /// Enflame GCUs (`enflame.com/gcu`), served by Enflame's device plugin.
     Enflame,
+    /// AMD Instinct GPUs (`amd.com/gpu`), served by HAMi's AMD device
+    /// plugin; cores count compute units.
+    Amd,
 }
 
 impl DeviceFamily {
+    /// Whether a device's cores count its compute units (AMD: a request's
+    /// percent becomes ⌊percent × CUs / 100⌋ of them, at least 1), rather
+    /// than percent (or, for Moore Threads, sixteenths) of the device.
+    pub fn cores_are_units(self) -> bool {
+        self == Self::Amd
+    }
+
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Nvidia,
         Self::Hygon,
         Self::Ascend,
@@ -84,6 +94,7 @@ impl DeviceFamily {
         Self::Mthreads,
         Self::Metax,
         Self::Enflame,
+        Self::Amd,
     ];
 
     /// The value as written in manifests.
@@ -97,6 +108,7 @@ impl DeviceFamily {
             Self::Mthreads => "mthreads",
             Self::Metax => "metax",
             Self::Enflame => "enflame",
+            Self::Amd => "amd",
         }
     }
 

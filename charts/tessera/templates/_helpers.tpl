@@ -129,6 +129,14 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- if $gcu.resourceNameVGCU }}{{ $names = append $names $gcu.resourceNameVGCU }}{{ end -}}
 {{- if $gcu.resourceNameVGCUPercentage }}{{ $names = append $names $gcu.resourceNameVGCUPercentage }}{{ end -}}
 {{- end -}}
+{{- if kindIs "map" .Values.config.amd -}}
+{{- $amd := .Values.config.amd -}}
+{{- $names = append $names ($amd.resourceCountName | default "amd.com/gpu") -}}
+{{- $mem := ternary $amd.resourceMemoryName "amd.com/gpumem" (hasKey $amd "resourceMemoryName") -}}
+{{- $cores := ternary $amd.resourceCoreName "amd.com/gpucores" (hasKey $amd "resourceCoreName") -}}
+{{- if $mem }}{{ $names = append $names $mem }}{{ end -}}
+{{- if $cores }}{{ $names = append $names $cores }}{{ end -}}
+{{- end -}}
 {{- range .Values.config.iluvatars -}}
 {{- $names = append $names .resourceCountName -}}
 {{- $names = append $names .resourceMemoryName -}}

@@ -46,7 +46,7 @@ pub fn fit(
             pinned = Some(slices.iter().map(|s| s.device).collect());
         }
         for slice in &slices {
-            usage[slice.device].add(slice);
+            usage[slice.device].add(slice, node.devices[slice.device].is_exclusive(slice));
         }
         containers.push(ContainerPlacement {
             name: container.name.clone(),
@@ -384,7 +384,10 @@ fn check(
         });
         return Ok(slice);
     }
-    if slice.cores >= EXCLUSIVE_CORES && used.slices > 0 {
+    if device.family.cores_are_units() {
+        slice.cores = units_of(container.cores, device.cores);
+    }
+    if device.is_exclusive(&slice) && used.slices > 0 {
         return Err(Cause::NotEmptyForExclusive);
     }
     if used.slices >= device.split_count {
@@ -411,6 +414,16 @@ fn check(
         return Err(Cause::Cores);
     }
     Ok(slice)
+}
+
+/// AMD: `percent` of `units` compute units, rounded down, at least 1 and at
+/// most all (HAMi's AMD `Fit`; a device without units gets 1, which does
+/// not fit).
+fn units_of(percent: u32, units: u32) -> u32 {
+    let share = u64::from(percent) * u64::from(units) / 100;
+    u32::try_from(share)
+        .unwrap_or(u32::MAX)
+        .clamp(1, units.max(1))
 }
 
 /// The percent of the SMs `compute` of `total` compute slices are, rounded

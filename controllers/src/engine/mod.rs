@@ -47,7 +47,8 @@ pub struct Slice {
     pub device: usize,
     /// Device memory in MiB.
     pub memory_mib: u64,
-    /// Percent of SMs.
+    /// Percent of SMs (vendors: the device's own unit, see
+    /// [`GpuDevice::cores`]).
     pub cores: u32,
     /// The MIG instance serving the slice, on a dynamic-MIG device.
     pub mig: Option<MigCut>,
@@ -64,13 +65,6 @@ pub struct MigCut {
     pub profile: Option<usize>,
     /// Where on the device.
     pub placement: MigPlacement,
-}
-
-impl Slice {
-    /// Whether this slice takes its device exclusively.
-    pub fn is_exclusive(&self) -> bool {
-        self.cores >= EXCLUSIVE_CORES
-    }
 }
 
 /// The slices one container gets.

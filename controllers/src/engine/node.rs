@@ -7,7 +7,7 @@ use tessera_api::{
     v1alpha1::{DeviceFamily, MigLayout, OperatingMode},
 };
 
-use super::Slice;
+use super::{EXCLUSIVE_CORES, Slice};
 
 /// One GPU as the scheduler sees it: capacity after scaling.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +25,8 @@ pub struct GpuDevice {
     pub network_id: Option<u32>,
     /// Schedulable memory in MiB.
     pub memory_mib: u64,
-    /// Schedulable cores (100 × core scaling).
+    /// Schedulable cores: 100 × core scaling (Moore Threads: 16 per card;
+    /// AMD: the GPU's compute units).
     pub cores: u32,
     /// Slices the device holds at most.
     pub split_count: u32,
@@ -43,6 +44,15 @@ pub struct GpuDevice {
     /// keeps the scheduler clear of the others (not yet destroyed after
     /// their pod went, or made by someone else).
     pub mig_present: Mask,
+}
+
+impl GpuDevice {
+    /// Whether `slice` takes this device exclusively: 100 cores where cores
+    /// count percent (on AMD GPUs, whose cores are compute units, a slice
+    /// of all of them leaves no room anyway).
+    pub fn is_exclusive(&self, slice: &Slice) -> bool {
+        !self.family.cores_are_units() && slice.cores >= EXCLUSIVE_CORES
+    }
 }
 
 /// What live allocations hold on one device: the fold of their slices.
@@ -63,26 +73,22 @@ pub struct DeviceUsage {
 impl DeviceUsage {
     /// Adds a slice (saturating: slices come from VgpuAllocation objects,
     /// whose amounts may be any u64/u32; a device they overflow is full).
-    pub fn add(&mut self, slice: &Slice) {
+    pub fn add(&mut self, slice: &Slice, exclusive: bool) {
         self.memory_mib = self.memory_mib.saturating_add(slice.memory_mib);
         self.cores = self.cores.saturating_add(slice.cores);
         self.slices = self.slices.saturating_add(1);
-        self.exclusive = self
-            .exclusive
-            .saturating_add(u32::from(slice.is_exclusive()));
+        self.exclusive = self.exclusive.saturating_add(u32::from(exclusive));
         for held in self.mig_held(slice) {
             *held = held.saturating_add(1);
         }
     }
 
     /// Removes a slice (never below zero).
-    pub fn remove(&mut self, slice: &Slice) {
+    pub fn remove(&mut self, slice: &Slice, exclusive: bool) {
         self.memory_mib = self.memory_mib.saturating_sub(slice.memory_mib);
         self.cores = self.cores.saturating_sub(slice.cores);
         self.slices = self.slices.saturating_sub(1);
-        self.exclusive = self
-            .exclusive
-            .saturating_sub(u32::from(slice.is_exclusive()));
+        self.exclusive = self.exclusive.saturating_sub(u32::from(exclusive));
         for held in self.mig_held(slice) {
             *held = held.saturating_sub(1);
         }
@@ -130,15 +136,21 @@ impl NodeGpus {
 
     /// Adds a slice to its device's usage.
     pub fn charge(&mut self, slice: &Slice) {
-        if let Some(usage) = self.usage.get_mut(slice.device) {
-            usage.add(slice);
+        if let (Some(device), Some(usage)) = (
+            self.devices.get(slice.device),
+            self.usage.get_mut(slice.device),
+        ) {
+            usage.add(slice, device.is_exclusive(slice));
         }
     }
 
     /// Removes a slice from its device's usage.
     pub fn release(&mut self, slice: &Slice) {
-        if let Some(usage) = self.usage.get_mut(slice.device) {
-            usage.remove(slice);
+        if let (Some(device), Some(usage)) = (
+            self.devices.get(slice.device),
+            self.usage.get_mut(slice.device),
+        ) {
+            usage.remove(slice, device.is_exclusive(slice));
         }
     }
 

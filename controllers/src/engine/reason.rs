@@ -9,7 +9,7 @@ use std::fmt::{self, Write};
 
 use tessera_api::{
     mig,
-    names::{annotations, ascend, cambricon, enflame, hygon, metax, mthreads},
+    names::{amd, annotations, ascend, cambricon, enflame, hygon, metax, mthreads},
     request::{ContainerRequest, MemoryRequest},
     v1alpha1::DeviceFamily,
 };
@@ -192,12 +192,14 @@ impl Census {
             );
         }
         if let Some((free, uuid)) = &self.most_free_cores {
+            let (wanted, unit) = if container.family.cores_are_units() {
+                (format!("{}% of the compute units", container.cores), " CUs")
+            } else {
+                (format!("{} cores", container.cores), "")
+            };
             part(
                 Cause::Cores,
-                format!(
-                    "without {} cores free (most free is {free} on {uuid})",
-                    container.cores
-                ),
+                format!("without {wanted} free (most free is {free}{unit} on {uuid})"),
             );
         }
         if !parts.is_empty() {
@@ -273,12 +275,16 @@ fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
         .and_then(|v| v.template.as_deref())
         .map(|t| format!(" (vNPU template {t})"))
         .unwrap_or_default();
+    let cores = if container.family.cores_are_units() {
+        format!("{}% of the compute units", container.cores)
+    } else {
+        format!("{} cores", container.cores)
+    };
     format!(
-        "container {:?} needs {count} {noun}{} with {}{template} and {} cores{}; {fitting} of {total} {noun}s fit",
+        "container {:?} needs {count} {noun}{} with {}{template} and {cores}{}; {fitting} of {total} {noun}s fit",
         container.name,
         if count == 1 { "" } else { "s" },
         memory(container.memory),
-        container.cores,
         if count == 1 { "" } else { " each" },
     )
 }
@@ -291,6 +297,7 @@ fn noun(container: &ContainerRequest) -> String {
         DeviceFamily::Cambricon => "MLU".into(),
         DeviceFamily::Mthreads => "Moore Threads GPU".into(),
         DeviceFamily::Enflame => "GCU".into(),
+        DeviceFamily::Amd => "AMD GPU".into(),
         DeviceFamily::Metax => match container
             .vendor
             .as_ref()
@@ -365,6 +372,12 @@ impl FilterKeys {
                 String::new(),
                 enflame::USE_UUID.into(),
                 enflame::NOUSE_UUID.into(),
+            ],
+            DeviceFamily::Amd => [
+                amd::USE_TYPE.into(),
+                amd::NOUSE_TYPE.into(),
+                amd::USE_UUID.into(),
+                amd::NOUSE_UUID.into(),
             ],
             DeviceFamily::Ascend | DeviceFamily::Iluvatar => [
                 String::new(),

@@ -717,6 +717,181 @@ fn enflame_gcus_fit_as_hami_does() {
     }
 }
 
+/// An AMD node: rows as HAMi's, with each GPU's compute units.
+fn amd(rows: &[(Row, u32)]) -> NodeGpus {
+    let plain: Vec<Row> = rows.iter().map(|(r, _)| *r).collect();
+    let mut node = node(DeviceFamily::Amd, "AMD-MI300X", &plain);
+    for (device, (_, units)) in node.devices.iter_mut().zip(rows) {
+        device.cores = *units;
+    }
+    node
+}
+
+#[test]
+fn amd_fits_as_hami_does() {
+    // HAMi's amd TestDevices_Fit: memory in MiB (absent: the whole GPU),
+    // cores a percent of each GPU's compute units (absent: 100).
+    let card = Row {
+        count: 2,
+        total_mem: 1000,
+        ..FREE
+    };
+    let cases: [Case; 8] = [
+        (
+            "allocate two whole cards (HAMi takes dev-1 first: it walks down)",
+            amd(&[
+                (card, 100),
+                (
+                    Row {
+                        id: "dev-1",
+                        count: 12,
+                        ..card
+                    },
+                    100,
+                ),
+            ]),
+            json!({"amd.com/gpu": "2"}),
+            json!({}),
+            Ok(&["dev-0", "dev-1"]),
+        ),
+        (
+            "insufficient memory",
+            amd(&[(
+                Row {
+                    used_mem: 900,
+                    ..card
+                },
+                100,
+            )]),
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "500", "amd.com/gpucores": "10"}),
+            json!({}),
+            Err("1 AMD GPU without 500 MiB free (largest free is 100 MiB on dev-0)"),
+        ),
+        (
+            "insufficient core: 100% of 10 CUs with 9 used",
+            amd(&[(
+                Row {
+                    used_cores: 9,
+                    ..card
+                },
+                10,
+            )]),
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "100", "amd.com/gpucores": "100"}),
+            json!({}),
+            Err("1 AMD GPU without 100% of the compute units free (most free is 1 CUs on dev-0)"),
+        ),
+        (
+            "uuid mismatch (use)",
+            amd(&[(
+                Row {
+                    id: "dev-1",
+                    ..card
+                },
+                100,
+            )]),
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "100", "amd.com/gpucores": "10"}),
+            json!({"amd.com/use-gpu-uuid": "dev-0"}),
+            Err("1 AMD GPU not listed in amd.com/use-gpu-uuid"),
+        ),
+        (
+            "type mismatch (use MI250 on an MI300X)",
+            amd(&[(card, 100)]),
+            json!({"amd.com/gpu": "1"}),
+            json!({"amd.com/use-gputype": "MI250"}),
+            Err("1 AMD GPU not of a type in amd.com/use-gputype"),
+        ),
+        (
+            "type excluded (nouse MI300)",
+            amd(&[(card, 100)]),
+            json!({"amd.com/gpu": "1"}),
+            json!({"amd.com/nouse-gputype": " mi300 , "}),
+            Err("1 AMD GPU excluded by amd.com/nouse-gputype"),
+        ),
+        (
+            "time slicing exhausted",
+            amd(&[(Row { used: 2, ..card }, 100)]),
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "100", "amd.com/gpucores": "10"}),
+            json!({}),
+            Err("1 AMD GPU with no free slice"),
+        ),
+        (
+            "unhealthy device is rejected",
+            amd(&[(
+                Row {
+                    healthy: false,
+                    ..card
+                },
+                100,
+            )]),
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "100", "amd.com/gpucores": "10"}),
+            json!({}),
+            Err("1 AMD GPU unhealthy"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+}
+
+#[test]
+fn amd_cores_become_each_gpus_compute_units() {
+    // HAMi: cuCount = floor(percent × CUs / 100), at least 1 and at most
+    // all; a slice of every CU is not exclusive (cores are not percent).
+    let card = Row {
+        count: 4,
+        total_mem: 1000,
+        ..FREE
+    };
+    let slices = |node: &NodeGpus, limits: Value| -> Vec<u32> {
+        let request = parse_pod(&pod(limits, json!({})), &config())
+            .unwrap()
+            .unwrap();
+        fit(node, &request, SchedulingPolicy::Spread)
+            .unwrap()
+            .slices()
+            .map(|s| s.cores)
+            .collect()
+    };
+    let mi300x = amd(&[(card, 304)]);
+    for (percent, units) in [(25, 76), (33, 100), (67, 203), (100, 304)] {
+        let limits = json!({"amd.com/gpu": "1", "amd.com/gpumem": "100", "amd.com/gpucores": percent.to_string()});
+        assert_eq!(slices(&mi300x, limits), vec![units], "{percent}%");
+    }
+    let small = amd(&[(card, 64)]);
+    assert_eq!(
+        slices(
+            &small,
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "100", "amd.com/gpucores": "1"})
+        ),
+        vec![1],
+        "a positive percent gets at least one CU"
+    );
+    // 100 of 304 CUs taken by one pod leave 204 for the next, unlike a
+    // percent device where 100 would close it.
+    let mut shared = amd(&[(card, 304)]);
+    let request = parse_pod(
+        &pod(
+            json!({"amd.com/gpu": "1", "amd.com/gpumem": "100", "amd.com/gpucores": "33"}),
+            json!({}),
+        ),
+        &config(),
+    )
+    .unwrap()
+    .unwrap();
+    for _ in 0..3 {
+        let placement = fit(&shared, &request, SchedulingPolicy::Spread).unwrap();
+        placement.slices().for_each(|s| shared.charge(s));
+    }
+    assert_eq!(shared.usage[0].cores, 300);
+    assert_eq!(shared.usage[0].exclusive, 0);
+    assert!(shared.within_capacity());
+    let err = fit(&shared, &request, SchedulingPolicy::Spread).unwrap_err();
+    assert!(
+        err.to_string().contains("most free is 4 CUs on dev-0"),
+        "{err}"
+    );
+}
+
 #[test]
 fn metax_exclusive_sgpus_prefer_the_smallest_metalink_that_holds_them() {
     // HAMi's TestPrioritizeExclusiveDevices: MetaLink 1 has one GPU,
@@ -933,7 +1108,7 @@ proptest! {
     /// charged, overbooks a device (invariant I1 for every family).
     #[test]
     fn no_family_is_ever_overbooked(
-        pods in prop::collection::vec((0u8..5, 1u32..4, 0u64..40_000, 0u32..=100), 1..40),
+        pods in prop::collection::vec((0u8..6, 1u32..4, 0u64..40_000, 0u32..=100), 1..40),
     ) {
         let mut node = node(DeviceFamily::Hygon, "DCU", &[
             Row { total_mem: 16384, count: 4, ..FREE },
@@ -976,11 +1151,25 @@ proptest! {
             });
             node.usage.push(DeviceUsage::default());
         }
+        for i in 0..2 {
+            node.devices.push(GpuDevice {
+                uuid: format!("AMD-{i}"),
+                family: DeviceFamily::Amd,
+                model: "AMD Instinct MI300X VF".into(),
+                memory_mib: 16384,
+                cores: 304,
+                split_count: 6,
+                network_id: None,
+                ..node.devices[0].clone()
+            });
+            node.usage.push(DeviceUsage::default());
+        }
         for (family, count, memory, cores) in pods {
             let limits = match family {
                 0 => json!({"hygon.com/dcunum": count.to_string(), "hygon.com/dcumem": memory.to_string(), "hygon.com/dcucores": cores.to_string()}),
                 1 => json!({"huawei.com/Ascend910A": count.to_string(), "huawei.com/Ascend910A-memory": memory.min(32768).to_string()}),
                 2 => json!({"huawei.com/Ascend910C": (count * 2).to_string()}),
+                4 => json!({"amd.com/gpu": count.to_string(), "amd.com/gpumem": memory.min(16384).to_string(), "amd.com/gpucores": cores.max(1).to_string()}),
                 3 => json!({"metax-tech.com/sgpu": count.to_string(), "metax-tech.com/vmemory": (memory / 1024).min(16).to_string(), "metax-tech.com/vcore": cores.to_string()}),
                 _ => json!({"nvidia.com/gpu": count.to_string(), "nvidia.com/gpumem": memory.max(1).to_string(), "nvidia.com/gpucores": cores.to_string()}),
             };

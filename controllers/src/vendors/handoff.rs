@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde::Serialize;
 use tessera_api::{
-    names::{cambricon, enflame, metax, mthreads},
+    names::{amd, cambricon, enflame, metax, mthreads},
     request::RequestConfig,
     v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
 };
@@ -41,6 +41,7 @@ fn keys(device_type: &str) -> (String, String) {
         metax::GPU_TYPE => "metax-gpu",
         enflame::GCU_TYPE => "enflame-gcu",
         metax::SGPU_TYPE => "metax-sgpu",
+        AMD => amd::HANDOFF_WORD,
         chip => chip,
     };
     (
@@ -48,6 +49,11 @@ fn keys(device_type: &str) -> (String, String) {
         format!("hami.io/{word}-devices-allocated"),
     )
 }
+
+/// What AMD slices are grouped under (HAMi's `AMDDevice`); each is written
+/// with its product type (`AMD Instinct MI300X VF`), as HAMi's AMD `Fit`
+/// keeps it.
+const AMD: &str = "AMD";
 
 /// The device type a family's slices are keyed by in HAMi's annotations:
 /// Hygon's `DCU`; Ascend's and Iluvatar's chip (`Ascend910B4`, `MR-V100`).
@@ -61,6 +67,7 @@ fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
         DeviceFamily::Metax if slice.model == metax::SGPU_TYPE => Some(metax::SGPU_TYPE),
         DeviceFamily::Metax => Some(metax::GPU_TYPE),
         DeviceFamily::Enflame => Some(enflame::GCU_TYPE),
+        DeviceFamily::Amd => Some(AMD),
     }
 }
 
@@ -136,10 +143,12 @@ pub fn pod_annotations(
         let mut encoded = String::new();
         for name in containers {
             for d in slices_of(name) {
-                encoded.push_str(&format!(
-                    "{},{device_type},{},{}:",
-                    d.uuid, d.memory_mib, d.cores
-                ));
+                let shown = if device_type == AMD {
+                    d.model.as_str()
+                } else {
+                    device_type
+                };
+                encoded.push_str(&format!("{},{shown},{},{}:", d.uuid, d.memory_mib, d.cores));
             }
             encoded.push(';');
         }
@@ -239,7 +248,7 @@ pub fn pod_annotations(
 
 /// The Node annotations Bind writes for the vendor slices of `spec` (none
 /// for NVIDIA only): `hami.io/mutex.lock` for the plugins that find the pod
-/// through it (Hygon, Ascend, Iluvatar, MetaX sGPU), Cambricon's
+/// through it (Hygon, Ascend, Iluvatar, MetaX sGPU, AMD), Cambricon's
 /// `cambricon.com/dsmlu.lock`.
 pub fn node_annotations(
     spec: &VgpuAllocationSpec,
@@ -267,7 +276,7 @@ pub fn node_annotations(
 fn takes_mutex_lock(slice: &DeviceSlice) -> bool {
     matches!(
         slice.family,
-        DeviceFamily::Hygon | DeviceFamily::Ascend | DeviceFamily::Iluvatar
+        DeviceFamily::Hygon | DeviceFamily::Ascend | DeviceFamily::Iluvatar | DeviceFamily::Amd
     ) || handoff_type(slice) == Some(metax::SGPU_TYPE)
 }
 
@@ -588,6 +597,46 @@ mod tests {
             out["hami.io/enflame-gcu-devices-to-allocate"]
         );
         assert!(node_annotations(&spec, "ml", "p", now).is_empty());
+    }
+
+    #[test]
+    fn amd_gpus_are_written_with_their_product_type_and_take_the_lock() {
+        // HAMi's amd Test_PatchAnnotations and Fit: `uuid,type,MiB,CUs:`,
+        // the type the registered product name.
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "a",
+                vec![
+                    slice(
+                        "GPU-0",
+                        DeviceFamily::Amd,
+                        "AMD Instinct MI300X VF",
+                        16384,
+                        76,
+                        None,
+                    ),
+                    slice(
+                        "GPU-1",
+                        DeviceFamily::Amd,
+                        "AMD Instinct MI300X VF",
+                        16384,
+                        76,
+                        None,
+                    ),
+                ],
+            ))
+            .build()
+            .spec;
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let out = pod_annotations(&spec, &["a".to_owned()], &RequestConfig::default(), now);
+        let want = "GPU-0,AMD Instinct MI300X VF,16384,76:GPU-1,AMD Instinct MI300X VF,16384,76:;";
+        assert_eq!(out["hami.io/amd-devices-to-allocate"], want);
+        assert_eq!(out["hami.io/amd-devices-allocated"], want);
+        assert_eq!(out[BIND_PHASE], "allocating");
+        assert_eq!(
+            node_annotations(&spec, "ml", "p", now)[MUTEX_LOCK],
+            "2026-11-27T10:00:00Z,ml,p"
+        );
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub fn decode_csv(value: &str) -> Result<Vec<Registered>, String> {
             count: bounded(number(1, "count")?, n, "count")?,
             memory_mib: number(2, "devmem")?,
             cores: bounded(number(3, "devcore")?, n, "devcore")?,
-            device_type: text(fields[4], n, "type")?,
+            device_type: type_text(fields[4], n)?,
             numa: u32::try_from(numa).ok(),
             healthy: health,
             network_id: None,
@@ -148,7 +148,7 @@ pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
                 count: bounded(non_negative(d.count, n, "count")?, n, "count")?,
                 memory_mib: non_negative(d.devmem, n, "devmem")?,
                 cores: bounded(non_negative(d.devcore, n, "devcore")?, n, "devcore")?,
-                device_type: text(&d.device_type, n, "type")?,
+                device_type: type_text(&d.device_type, n)?,
                 numa: d.numa.and_then(|v| u32::try_from(v).ok()),
                 healthy: d.health,
                 network_id,
@@ -243,15 +243,36 @@ fn text(value: &str, n: usize, what: &str) -> Result<String, String> {
     let value = value.trim();
     if value.is_empty()
         || value.len() > MAX_ID
-        || value
-            .chars()
-            .any(|c| c.is_control() || c.is_whitespace() || matches!(c, ',' | ':' | ';'))
+        || value.chars().any(|c| c.is_whitespace() || forbidden(c))
     {
         return Err(format!(
             "device {n}: {what} must be 1 to {MAX_ID} printable characters without ',', ':', ';' or spaces, got {value:?}"
         ));
     }
     Ok(value.to_owned())
+}
+
+/// A device type: like [`text`], but single spaces between words are kept
+/// (AMD's `AMD Instinct MI300X VF`).
+fn type_text(value: &str, n: usize) -> Result<String, String> {
+    let value = value.trim();
+    if value.is_empty()
+        || value.len() > MAX_ID
+        || value.contains("  ")
+        || value
+            .chars()
+            .any(|c| (c.is_whitespace() && c != ' ') || forbidden(c))
+    {
+        return Err(format!(
+            "device {n}: type must be 1 to {MAX_ID} printable characters without ',', ':', ';' or runs of spaces, got {value:?}"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// Characters that would break HAMi's `id,type,mem,cores:` hand-off list.
+fn forbidden(c: char) -> bool {
+    c.is_control() || matches!(c, ',' | ':' | ';')
 }
 
 fn non_negative(value: i64, n: usize, what: &str) -> Result<u64, String> {

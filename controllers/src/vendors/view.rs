@@ -47,7 +47,8 @@ pub struct Source {
     pub family: DeviceFamily,
     /// The register annotation.
     pub register: String,
-    /// The handshake annotation.
+    /// The handshake annotation; empty where HAMi has none (AMD: the plugin
+    /// lives while the Node advertises `count_resource`).
     pub handshake: String,
     /// The extended resource the plugin advertises devices as.
     pub count_resource: String,
@@ -63,7 +64,7 @@ pub struct Source {
 pub enum SourceKind {
     /// HAMi's CSV register annotation (Hygon, Iluvatar).
     Csv,
-    /// HAMi's JSON register annotation (Ascend).
+    /// HAMi's JSON register annotation (Ascend, AMD).
     Json,
     /// MetaX's sGPU list (`metax-tech.com/node-gpu-devices`); no handshake.
     MetaxJson,
@@ -174,6 +175,16 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
             kind: SourceKind::MetaxJson,
         });
     }
+    if let Some(amd) = &config.amd {
+        sources.push(Source {
+            family: DeviceFamily::Amd,
+            register: tessera_api::names::amd::REGISTER.into(),
+            handshake: String::new(),
+            count_resource: amd.resource_count_name.clone(),
+            device_type: None,
+            kind: SourceKind::Json,
+        });
+    }
     for chip in &config.iluvatars {
         sources.push(Source {
             family: DeviceFamily::Iluvatar,
@@ -204,8 +215,10 @@ pub struct VendorView {
     pub devices: Vec<GpuDevice>,
     /// Sources whose annotation is malformed: (annotation, what is wrong).
     pub malformed: Vec<(String, String)>,
-    /// Sources whose plugin stopped answering the handshake: annotation names.
-    pub expired: Vec<String>,
+    /// Sources whose plugin is gone: (annotation, why). The handshake went
+    /// unanswered, or (sources without one) the Node no longer advertises
+    /// the count resource.
+    pub expired: Vec<(String, String)>,
     /// Handshake annotations to write now: (key, value).
     pub handshakes: Vec<(String, String)>,
 }
@@ -278,18 +291,39 @@ pub fn view(
             }
             continue;
         }
-        match handshake(annotations.get(&source.handshake), now) {
-            Handshake::Answered => {
-                view.handshakes.push((
-                    source.handshake.clone(),
-                    format!("Requesting_{}", stamp(now)),
+        if source.handshake.is_empty() {
+            // No handshake (AMD): the plugin lives while the Node advertises
+            // its count resource (HAMi's `CheckHealth`).
+            if !advertises(allocatable, &source.count_resource) {
+                view.expired.push((
+                    source.register.clone(),
+                    format!(
+                        "annotation {} is set but the node advertises no {}, so the device plugin is gone",
+                        source.register, source.count_resource
+                    ),
                 ));
-            }
-            Handshake::Waiting => {}
-            Handshake::Expired if advertises(allocatable, &source.count_resource) => {}
-            Handshake::Expired => {
-                view.expired.push(source.handshake.clone());
                 continue;
+            }
+        } else {
+            match handshake(annotations.get(&source.handshake), now) {
+                Handshake::Answered => {
+                    view.handshakes.push((
+                        source.handshake.clone(),
+                        format!("Requesting_{}", stamp(now)),
+                    ));
+                }
+                Handshake::Waiting => {}
+                Handshake::Expired if advertises(allocatable, &source.count_resource) => {}
+                Handshake::Expired => {
+                    view.expired.push((
+                        source.handshake.clone(),
+                        format!(
+                            "the device plugin has not answered the {} handshake for 60 s",
+                            source.handshake
+                        ),
+                    ));
+                    continue;
+                }
             }
         }
         let decoded = if source.kind == SourceKind::Json {
@@ -331,14 +365,24 @@ pub fn status(
         .iter()
         .map(|(key, error)| format!("annotation {key} {error}; its devices are ignored"))
         .collect();
-    problems.extend(view.expired.iter().map(|key| {
-        format!("the device plugin has not answered the {key} handshake for 60 s; its devices are dropped")
-    }));
+    problems.extend(
+        view.expired
+            .iter()
+            .map(|(_, why)| format!("{why}; its devices are dropped")),
+    );
     let (state, reason) = match (view.devices.is_empty(), problems.is_empty()) {
         (false, true) => ("True", "VendorPluginRegistered"),
         (false, false) => ("True", "SomeSourcesIgnored"),
         (true, _) if !view.malformed.is_empty() => ("False", "RegisterAnnotationMalformed"),
-        (true, _) => ("False", "HandshakeExpired"),
+        (true, _)
+            if view
+                .expired
+                .iter()
+                .any(|(key, _)| key.contains("handshake")) =>
+        {
+            ("False", "HandshakeExpired")
+        }
+        (true, _) => ("False", "DevicePluginGone"),
     };
     let message = if problems.is_empty() {
         "the vendor's device plugin registered the devices and answers the handshake".to_owned()
@@ -825,6 +869,68 @@ mod tests {
     }
 
     #[test]
+    fn amd_gpus_come_from_the_json_register_while_the_node_advertises_them() {
+        // HAMi's amd TestGetNodeDevices, with the product type of
+        // docs/develop/amd-vgpu.md (spaces kept) and CUs as cores.
+        let config = RequestConfig {
+            amd: Some(tessera_api::request::AmdConfig::default()),
+            ..RequestConfig::default()
+        };
+        let register = r#"[{"id":"GPU-0","index":0,"count":4,"devmem":196608,"devcore":304,"type":"AMD Instinct MI300X VF","numa":0,"mode":"hami-core","health":true}]"#;
+        let node = annotations(&[("hami.io/node-amd-register", register)]);
+        let advertised = BTreeMap::from([("amd.com/gpu".to_owned(), Quantity("1".into()))]);
+        let now = Timestamp::now();
+        let seen = view(&node, &advertised, &sources(&config), false, now).unwrap();
+        let d = &seen.devices[0];
+        assert_eq!(
+            (
+                d.uuid.as_str(),
+                d.family,
+                d.model.as_str(),
+                d.capacity.memory_mib,
+                d.capacity.cores,
+                d.split_count
+            ),
+            (
+                "GPU-0",
+                DeviceFamily::Amd,
+                "AMD Instinct MI300X VF",
+                196608,
+                304,
+                4
+            )
+        );
+        assert!(
+            seen.handshakes.is_empty(),
+            "HAMi's AMD plugin has no handshake"
+        );
+        // CheckHealth: no amd.com/gpu on the Node, the plugin is gone.
+        let gone = view(&node, &BTreeMap::new(), &sources(&config), false, now).unwrap();
+        assert!(gone.devices.is_empty());
+        let status = status(&gone, None, now);
+        assert_eq!(status.conditions[0].reason, "DevicePluginGone");
+        assert!(
+            status.conditions[0].message.contains(
+                "annotation hami.io/node-amd-register is set but the node advertises no amd.com/gpu"
+            ),
+            "{}",
+            status.conditions[0].message
+        );
+        // A type that would break the hand-off list is refused.
+        let hostile = annotations(&[(
+            "hami.io/node-amd-register",
+            r#"[{"id":"GPU-0","count":1,"devmem":1,"devcore":1,"type":"MI300X,GPU-9","health":true}]"#,
+        )]);
+        let seen = view(&hostile, &advertised, &sources(&config), false, now).unwrap();
+        assert!(seen.devices.is_empty());
+        assert!(
+            seen.malformed[0].1.contains("device 0: type must be"),
+            "{:?}",
+            seen.malformed
+        );
+    }
+
+    #[test]
     fn iluvatar_chips_register_in_csv_under_their_own_key() {
         let config = RequestConfig {
             iluvatars: vec![tessera_api::request::IluvatarConfig {
@@ -935,7 +1041,7 @@ mod tests {
         let sources = sources(&config());
         let gone = view(&node, &BTreeMap::new(), &sources, false, now).unwrap();
         assert!(gone.devices.is_empty());
-        assert_eq!(gone.expired, vec![HYGON_HANDSHAKE.to_owned()]);
+        assert_eq!(gone.expired[0].0, HYGON_HANDSHAKE);
         assert!(gone.handshakes.is_empty(), "no new request while one waits");
         let status = status(&gone, None, now);
         assert_eq!(
