@@ -149,6 +149,38 @@ pub mod enflame {
     pub const NOUSE_UUID: &str = "enflame.com/nouse-gpuuuid";
 }
 
+/// Kunlunxin XPUs' names (HAMi `pkg/device/kunlun`): whole XPUs
+/// (`device.go`, type `kunlun`) and shared vXPUs (`vdevice.go`, type `XPU`).
+pub mod kunlun {
+    /// The device type of whole XPUs (`kunlunxin.com/xpu`).
+    pub const XPU_TYPE: &str = "kunlun";
+    /// The device type of vXPUs (`kunlunxin.com/vxpu`).
+    pub const VXPU_TYPE: &str = "XPU";
+    /// MiB of a whole XPU (HAMi's `KunlunMaxMemory`), and the largest vXPU.
+    pub const XPU_MEMORY_MIB: u64 = 98304;
+    /// The vXPU sizes below a whole XPU, MiB: memory rounds up to one.
+    pub const VXPU_SIZES_MIB: [u64; 2] = [24576, 49152];
+    /// How many XPUs a container may ask for at once (HAMi's `graghSelect`
+    /// places no other count).
+    pub const COUNTS: [u64; 4] = [1, 2, 4, 8];
+    /// The vXPU plugin's register annotation (JSON).
+    pub const REGISTER: &str = "hami.io/node-register-xpu";
+    /// The vXPU plugin's handshake annotation.
+    pub const HANDSHAKE: &str = "hami.io/node-handshake-xpu";
+    /// Whole XPUs' hand-off list (HAMi's `SupportDevices`).
+    pub const ALLOCATED: &str = "hami.io/kunlun-allocated";
+    /// Whole XPUs' indexes for the plugin (comma list).
+    pub const DEVICE_IDX: &str = "BAIDU_COM_DEVICE_IDX";
+    /// Comma list of XPU UUIDs; only these may be used.
+    pub const USE_UUID: &str = "hami.io/use-xpu-uuid";
+    /// Comma list of XPU UUIDs that must not be used.
+    pub const NOUSE_UUID: &str = "hami.io/no-use-xpu-uuid";
+    /// Kunlunxin's own spelling of [`USE_UUID`], read when that is absent.
+    pub const BAIDU_USE_UUID: &str = "baidu.com/use-gpuuuid";
+    /// Kunlunxin's own spelling of [`NOUSE_UUID`], read as well.
+    pub const BAIDU_NOUSE_UUID: &str = "baidu.com/nouse-gpuuuid";
+}
+
 /// AMD GPUs' names (HAMi `pkg/device/amd`, `docs/develop/amd-vgpu.md`).
 pub mod amd {
     /// The Node annotation AMD's HAMi plugin registers its GPUs in (JSON).

@@ -25,8 +25,8 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use crate::request::{
-    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig,
-    MthreadsConfig, RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, KunlunConfig,
+    MetaxConfig, MthreadsConfig, RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
 };
 use crate::v1alpha1::{
     AllocationPhase, AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth,
@@ -312,6 +312,7 @@ pub fn vendor_config() -> RequestConfig {
         metax: Some(MetaxConfig::default()),
         enflame: Some(EnflameConfig::default()),
         amd: Some(AmdConfig::default()),
+        kunlun: Some(KunlunConfig::default()),
         iluvatars: vec![IluvatarConfig {
             chip_name: "MR-V100".into(),
             common_word: "MR-V100".into(),

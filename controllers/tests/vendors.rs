@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 use support::{Cluster, WAIT};
 use tessera_api::{
     request::{
-        AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig,
-        MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+        AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, KunlunConfig,
+        MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
     },
     v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
 };
@@ -64,6 +64,7 @@ fn config() -> Config {
     config.request.metax = Some(MetaxConfig::default());
     config.request.enflame = Some(EnflameConfig::default());
     config.request.amd = Some(AmdConfig::default());
+    config.request.kunlun = Some(KunlunConfig::default());
     config.request.iluvatars = vec![IluvatarConfig {
         chip_name: "MR-V100".into(),
         common_word: "MR-V100".into(),
@@ -602,6 +603,76 @@ async fn enflame_whole_gcus_are_read_from_the_node_and_handed_off() {
         node_annotation(&cluster, "gcu-1", "hami.io/mutex.lock").await,
         None
     );
+}
+
+#[tokio::test]
+async fn kunlunxin_whole_xpus_and_vxpus_are_placed_by_wing_and_handed_off() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "xpu-1",
+        json!({}),
+        json!({"kunlunxin.com/xpu": "8"}),
+    )
+    .await;
+    let vxpus: Vec<Value> = (0..8)
+        .map(|i| json!({"id": format!("vxpu-{i}"), "index": i, "count": 4, "devmem": 98304, "devcore": 100, "type": "P800", "health": true}))
+        .collect();
+    vendor_node(
+        &cluster,
+        "vxpu-1",
+        json!({"hami.io/node-register-xpu": Value::Array(vxpus).to_string(), "hami.io/node-handshake-xpu": "Reported_2026-11-27 10:00:00"}),
+        json!({"kunlunxin.com/vxpu": "32"}),
+    )
+    .await;
+    until("both Kunlunxin nodes in the projection", async || {
+        let projection = cluster.projection.read();
+        let xpus = projection.node("xpu-1").map(|n| n.devices.len());
+        let vxpus = projection.node("vxpu-1").map(|n| n.devices.len());
+        (xpus == Some(8) && vxpus == Some(8)).then_some(())
+    })
+    .await;
+    cluster
+        .create_pod("xpu-pod", json!({"kunlunxin.com/xpu": "4"}), json!({}))
+        .await;
+    assert_eq!(cluster.node_of("xpu-pod").await, "xpu-1");
+    let a = pod(&cluster, "xpu-pod").await.annotations().clone();
+    assert_eq!(a["BAIDU_COM_DEVICE_IDX"], "0,1,2,3", "one whole wing");
+    assert!(
+        a["hami.io/kunlun-allocated"].starts_with("xpu-1-kunlun-0,kunlun,98304,100:"),
+        "{a:?}"
+    );
+    assert_eq!(
+        node_annotation(&cluster, "xpu-1", "hami.io/mutex.lock").await,
+        None,
+        "HAMi takes no lock for whole XPUs"
+    );
+    cluster
+        .create_pod(
+            "vxpu-pod",
+            json!({"kunlunxin.com/vxpu": "1", "kunlunxin.com/vxpu-memory": "20000"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("vxpu-pod").await, "vxpu-1");
+    let allocation = cluster.allocation("vxpu-pod").await;
+    assert_eq!(allocation.spec.totals.families, "kunlunxin");
+    let slice = &allocation.spec.containers[0].devices[0];
+    assert_eq!((slice.memory_mib, slice.cores), (24576, 25));
+    let a = pod(&cluster, "vxpu-pod").await.annotations().clone();
+    assert_eq!(
+        a["hami.io/xpu-devices-to-allocate"],
+        format!("{},XPU,24576,25:;", slice.uuid)
+    );
+    let lock = node_annotation(&cluster, "vxpu-1", "hami.io/mutex.lock")
+        .await
+        .expect("the vXPU plugin finds the pod through the Node lock");
+    assert!(lock.ends_with(",default,vxpu-pod"), "{lock}");
+    plugin_serves(&cluster, "vxpu-pod").await;
+    until("vxpu-pod Allocated", async || {
+        (phase(&cluster, "vxpu-pod").await == Some(AllocationPhase::Allocated)).then_some(())
+    })
+    .await;
 }
 
 const AMD_GPUS: &str = r#"[{"id":"GPU-0","index":0,"count":4,"devmem":196608,"devcore":304,"type":"AMD Instinct MI300X VF","numa":0,"mode":"hami-core","health":true},{"id":"GPU-1","index":1,"count":4,"devmem":196608,"devcore":304,"type":"AMD Instinct MI300X VF","numa":0,"mode":"hami-core","health":true}]"#;

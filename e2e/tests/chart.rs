@@ -396,10 +396,18 @@ async fn rendered_objects_pass_the_api_servers_validation() {
 #[test]
 fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
     // Each section as `{}` takes HAMi's names (docs/vendors.md).
-    let on: Vec<String> = ["hygon", "cambricon", "mthreads", "metax", "enflame", "amd"]
-        .iter()
-        .map(|s| format!("config.{s}={{}}"))
-        .collect();
+    let on: Vec<String> = [
+        "hygon",
+        "cambricon",
+        "mthreads",
+        "metax",
+        "enflame",
+        "kunlun",
+        "amd",
+    ]
+    .iter()
+    .map(|s| format!("config.{s}={{}}"))
+    .collect();
     let mut extra: Vec<&str> = Vec::new();
     for set in &on {
         extra.extend(["--set-json", set.as_str()]);
@@ -428,6 +436,9 @@ fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
         "metax-tech.com/vcore",
         "enflame.com/gcu",
         "enflame.com/drs-gcu",
+        "kunlunxin.com/xpu",
+        "kunlunxin.com/vxpu",
+        "kunlunxin.com/vxpu-memory",
         "amd.com/gpu",
         "amd.com/gpumem",
         "amd.com/gpucores",

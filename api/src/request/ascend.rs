@@ -160,8 +160,7 @@ pub(super) fn parse(
             soft_split,
             pairs: chip.pairs(),
             by_network: chip.is_910(),
-            one_card_per_pod: false,
-            by_link_zone: false,
+            ..VendorRequest::default()
         }),
     }))
 }

@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::vendors::{
-    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig,
-    MthreadsConfig, VnpusConfig,
+    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, KunlunConfig,
+    MetaxConfig, MthreadsConfig, VnpusConfig,
 };
 use crate::names::resources;
 use crate::{Error, Result};
@@ -40,6 +40,9 @@ pub struct RequestConfig {
     /// HAMi's `metax:` section; absent: MetaX GPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metax: Option<MetaxConfig>,
+    /// HAMi's `kunlun:` section; absent: Kunlunxin XPUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kunlun: Option<KunlunConfig>,
     /// HAMi's `amd:` section; absent: AMD GPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amd: Option<AmdConfig>,
@@ -65,6 +68,7 @@ impl Default for RequestConfig {
             metax: None,
             enflame: None,
             amd: None,
+            kunlun: None,
         }
     }
 }
@@ -158,6 +162,13 @@ impl RequestConfig {
         if let Some(gcu) = &self.enflame {
             all.push(&gcu.resource_name_gcu);
             all.extend(gcu.unscheduled_names());
+        }
+        if let Some(xpu) = &self.kunlun {
+            all.extend([
+                xpu.resource_count_name.as_str(),
+                &xpu.resource_vcount_name,
+                &xpu.resource_vmemory_name,
+            ]);
         }
         if let Some(amd) = &self.amd {
             all.push(&amd.resource_count_name);

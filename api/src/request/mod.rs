@@ -35,6 +35,7 @@ mod config;
 mod container;
 mod enflame;
 mod iluvatar;
+mod kunlun;
 mod metax;
 mod mthreads;
 mod simple;
@@ -53,8 +54,8 @@ use crate::{Error, Result, Violations};
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
 pub use vendors::{
-    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, MetaxConfig,
-    MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, KunlunConfig,
+    MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
 };
 
 use crate::v1alpha1::DeviceFamily;
@@ -91,7 +92,8 @@ pub struct ContainerRequest {
     /// The accelerator family the request is for. A container asking for
     /// several families gives one request per family, in the order
     /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon, Moore Threads, MetaX
-    /// (whole GPUs, then sGPUs), Enflame, AMD.
+    /// (whole GPUs, then sGPUs), Enflame, Kunlunxin (whole XPUs, then
+    /// vXPUs), AMD.
     pub family: DeviceFamily,
     /// What a request for another vendor's devices adds; `None` for NVIDIA.
     pub vendor: Option<VendorRequest>,
@@ -122,6 +124,12 @@ pub struct VendorRequest {
     /// network) that has enough, else across MetaLinks from the smallest,
     /// then GPUs on none (HAMi's `prioritizeExclusiveDevices`).
     pub by_link_zone: bool,
+    /// Kunlunxin: XPUs within one wing of four (0-3, 4-7) or linked across
+    /// wings (HAMi's `graghSelect`).
+    pub by_wing: bool,
+    /// Kunlunxin vXPUs: a card holds vXPUs of one size only (HAMi's
+    /// `FitVXPU`).
+    pub same_size: bool,
 }
 
 /// A pod's device filters for one family, from its annotations.
@@ -237,6 +245,10 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
             }
             if let Some(gcu) = &config.enflame {
                 collect(enflame::parse(container, kind, gcu));
+            }
+            if let Some(xpu) = &config.kunlun {
+                collect(kunlun::parse_xpu(container, kind, xpu, annotations));
+                collect(kunlun::parse_vxpu(container, kind, xpu, annotations));
             }
             if let Some(amd) = &config.amd {
                 collect(simple::parse(

@@ -633,3 +633,91 @@ fn amd_requests_follow_hami() {
         .unwrap();
     assert_eq!(got.containers[0].cores, 100);
 }
+
+#[test]
+fn kunlunxin_requests_follow_hami() {
+    use MemoryRequest::Mib;
+    // HAMi's kunlun TestGenerateResourceRequests and vdevice trimMemory rows.
+    let rows = [
+        (
+            json!({"kunlunxin.com/xpu": "1"}),
+            (1, Mib(98304), 100),
+            "kunlun",
+        ),
+        (
+            json!({"kunlunxin.com/xpu": "8"}),
+            (8, Mib(98304), 100),
+            "kunlun",
+        ),
+        (
+            json!({"kunlunxin.com/vxpu": "1"}),
+            (1, Mib(98304), 100),
+            "XPU",
+        ),
+        (
+            json!({"kunlunxin.com/vxpu": "1", "kunlunxin.com/vxpu-memory": "0"}),
+            (1, Mib(24576), 25),
+            "XPU",
+        ),
+        (
+            json!({"kunlunxin.com/vxpu": "2", "kunlunxin.com/vxpu-memory": "24576"}),
+            (2, Mib(24576), 25),
+            "XPU",
+        ),
+        (
+            json!({"kunlunxin.com/vxpu": "1", "kunlunxin.com/vxpu-memory": "24577"}),
+            (1, Mib(49152), 50),
+            "XPU",
+        ),
+        (
+            json!({"kunlunxin.com/vxpu": "1", "kunlunxin.com/vxpu-memory": "49153"}),
+            (1, Mib(98304), 100),
+            "XPU",
+        ),
+        (
+            json!({"kunlunxin.com/vxpu": "4", "kunlunxin.com/vxpu-memory": "200000"}),
+            (4, Mib(98304), 100),
+            "XPU",
+        ),
+    ];
+    for (limits, (count, memory, cores), device_type) in rows {
+        let got = parsed(
+            limits.clone(),
+            json!({"baidu.com/nouse-gpuuuid": "x-1", "hami.io/no-use-xpu-uuid": "x-2"}),
+        )
+        .unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (DeviceFamily::Kunlunxin, count, memory, cores, None),
+            "{limits}"
+        );
+        let vendor = got[0].vendor.as_ref().unwrap();
+        assert_eq!(vendor.device_type.as_deref(), Some(device_type));
+        assert!(vendor.by_wing);
+        assert_eq!(vendor.same_size, device_type == "XPU");
+        assert_eq!(vendor.filters.nouse_uuids, ["x-2", "x-1"]);
+    }
+    for (limits, field, rule) in [
+        (
+            json!({"kunlunxin.com/xpu": "3"}),
+            "kunlunxin.com/xpu",
+            "must be 1, 2, 4 or 8, got 3",
+        ),
+        (
+            json!({"kunlunxin.com/vxpu": "9"}),
+            "kunlunxin.com/vxpu",
+            "must be between 0 and 8, got 9",
+        ),
+        (
+            json!({"kunlunxin.com/vxpu-memory": "24576"}),
+            "kunlunxin.com/vxpu-memory",
+            "is set but kunlunxin.com/vxpu is not; ask for at least 1 vXPU",
+        ),
+    ] {
+        let error = parsed(limits.clone(), json!({})).unwrap_err();
+        assert!(
+            error.contains(&format!("{field}: {rule}")),
+            "{limits}: {error}"
+        );
+    }
+}

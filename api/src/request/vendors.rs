@@ -87,6 +87,34 @@ impl Default for MthreadsConfig {
     }
 }
 
+/// HAMi's `kunlun:` section: Kunlunxin XPUs, whole (`kunlunxin.com/xpu`,
+/// Kunlunxin's device plugin, read from the Node's count) or shared
+/// (`kunlunxin.com/vxpu`, the vXPU plugin's `hami.io/node-register-xpu`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct KunlunConfig {
+    /// Number of whole XPUs (`kunlunxin.com/xpu`).
+    pub resource_count_name: String,
+    /// Number of vXPUs (`kunlunxin.com/vxpu`).
+    #[serde(rename = "resourceVCountName")]
+    pub resource_vcount_name: String,
+    /// MiB per vXPU (`kunlunxin.com/vxpu-memory`), rounded up to 24576,
+    /// 49152 or 98304.
+    #[serde(rename = "resourceVMemoryName")]
+    pub resource_vmemory_name: String,
+}
+
+impl Default for KunlunConfig {
+    /// HAMi's defaults (`--kunlun-name`, `--kunlun-vcount`, `--kunlun-vmemory`).
+    fn default() -> Self {
+        Self {
+            resource_count_name: "kunlunxin.com/xpu".into(),
+            resource_vcount_name: "kunlunxin.com/vxpu".into(),
+            resource_vmemory_name: "kunlunxin.com/vxpu-memory".into(),
+        }
+    }
+}
+
 /// HAMi's `amd:` section: AMD Instinct GPUs, served by HAMi's AMD device
 /// plugin (`docs/develop/amd-vgpu.md`), which registers them in
 /// `hami.io/node-amd-register`.

@@ -71,6 +71,10 @@ pub enum DeviceFamily {
     Metax,
     /// Enflame GCUs (`enflame.com/gcu`), served by Enflame's device plugin.
     Enflame,
+    /// Kunlunxin XPUs, whole (`kunlunxin.com/xpu`, model `kunlun`) or
+    /// shared (`kunlunxin.com/vxpu`, model `XPU`), served by Kunlunxin's
+    /// plugins.
+    Kunlunxin,
     /// AMD Instinct GPUs (`amd.com/gpu`), served by HAMi's AMD device
     /// plugin; cores count compute units.
     Amd,
@@ -85,7 +89,7 @@ impl DeviceFamily {
     }
 
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Nvidia,
         Self::Hygon,
         Self::Ascend,
@@ -94,6 +98,7 @@ impl DeviceFamily {
         Self::Mthreads,
         Self::Metax,
         Self::Enflame,
+        Self::Kunlunxin,
         Self::Amd,
     ];
 
@@ -108,6 +113,7 @@ impl DeviceFamily {
             Self::Mthreads => "mthreads",
             Self::Metax => "metax",
             Self::Enflame => "enflame",
+            Self::Kunlunxin => "kunlunxin",
             Self::Amd => "amd",
         }
     }

@@ -129,6 +129,12 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- if $gcu.resourceNameVGCU }}{{ $names = append $names $gcu.resourceNameVGCU }}{{ end -}}
 {{- if $gcu.resourceNameVGCUPercentage }}{{ $names = append $names $gcu.resourceNameVGCUPercentage }}{{ end -}}
 {{- end -}}
+{{- if kindIs "map" .Values.config.kunlun -}}
+{{- $xpu := .Values.config.kunlun -}}
+{{- $names = append $names ($xpu.resourceCountName | default "kunlunxin.com/xpu") -}}
+{{- $names = append $names ($xpu.resourceVCountName | default "kunlunxin.com/vxpu") -}}
+{{- $names = append $names ($xpu.resourceVMemoryName | default "kunlunxin.com/vxpu-memory") -}}
+{{- end -}}
 {{- if kindIs "map" .Values.config.amd -}}
 {{- $amd := .Values.config.amd -}}
 {{- $names = append $names ($amd.resourceCountName | default "amd.com/gpu") -}}

@@ -11,6 +11,7 @@ use super::{
     Rejection, Slice,
     reason::{Cause, Census},
     score::device_load,
+    wings,
 };
 
 /// Places every GPU container of `request` on `node`, or says why it cannot.
@@ -68,7 +69,10 @@ pub fn feasible(
 ) -> Result<(), Rejection> {
     if let [container] = request.containers.as_slice()
         && !request.options.numa_bind
-        && !container.vendor.as_ref().is_some_and(|v| v.pairs)
+        && !container
+            .vendor
+            .as_ref()
+            .is_some_and(|v| v.pairs || v.by_wing)
     {
         let filters = Filters::new(container, &request.options);
         let wanted = container.count as usize;
@@ -137,6 +141,27 @@ fn fit_container(
             Ok(slices) => slices,
             Err(whole) => return Err(Rejection::pairs(container, fitting, whole, total)),
         }
+    } else if vendor.is_some_and(|v| v.by_wing) {
+        let mut fitting: Vec<u32> = candidates
+            .iter()
+            .map(|(s, _)| devices[s.device].index)
+            .collect();
+        fitting.sort_unstable();
+        let Some(chosen) = wings::select(&fitting, wanted) else {
+            if candidates.len() < wanted {
+                return Err(census.into_rejection(container, fitting.len(), total));
+            }
+            return Err(Rejection::wings(container, &fitting, total));
+        };
+        chosen
+            .iter()
+            .filter_map(|&index| {
+                candidates
+                    .iter()
+                    .find(|(s, _)| devices[s.device].index == index)
+                    .map(|(s, _)| *s)
+            })
+            .collect()
     } else if vendor.is_some_and(|v| v.by_network) && all_networked && wanted > 1 {
         pick_fewest_networks(devices, &candidates, wanted)
     } else if vendor.is_some_and(|v| v.by_link_zone) && candidates.len() > wanted {
@@ -405,6 +430,13 @@ fn check(
         .is_none_or(|total| total > device.memory_mib)
     {
         return Err(Cause::Memory);
+    }
+    // Kunlunxin vXPUs: a card shares only vXPUs of one size.
+    if container.vendor.as_ref().is_some_and(|v| v.same_size)
+        && used.slices > 0
+        && used.memory_mib / u64::from(used.slices) != slice.memory_mib
+    {
+        return Err(Cause::OtherSize);
     }
     if used
         .cores

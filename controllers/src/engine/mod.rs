@@ -26,6 +26,7 @@ mod fit;
 mod node;
 mod reason;
 mod score;
+mod wings;
 
 #[cfg(test)]
 mod tests;

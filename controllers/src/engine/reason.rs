@@ -9,7 +9,7 @@ use std::fmt::{self, Write};
 
 use tessera_api::{
     mig,
-    names::{amd, annotations, ascend, cambricon, enflame, hygon, metax, mthreads},
+    names::{amd, annotations, ascend, cambricon, enflame, hygon, kunlun, metax, mthreads},
     request::{ContainerRequest, MemoryRequest},
     v1alpha1::DeviceFamily,
 };
@@ -35,9 +35,10 @@ pub(super) enum Cause {
     CoresExhausted,
     NoSoftSplit,
     OtherCardOfPod,
+    OtherSize,
 }
 
-const CAUSES: usize = 16;
+const CAUSES: usize = 17;
 
 /// Tally of why devices were rejected for one container.
 #[derive(Debug, Default)]
@@ -173,6 +174,10 @@ impl Census {
             "not the card the pod's other containers use (one card per pod)".into(),
         );
         part(
+            Cause::OtherSize,
+            "holding vXPUs of another size (an XPU shares only vXPUs of one size)".into(),
+        );
+        part(
             Cause::MpsOneGpu,
             "in MPS mode, which serves one GPU per container (one MPS daemon per GPU)".into(),
         );
@@ -243,6 +248,18 @@ impl Rejection {
         Self { message }
     }
 
+    pub(super) fn wings(container: &ContainerRequest, fitting: &[u32], total: usize) -> Self {
+        let mut message = needs(container, fitting.len(), total);
+        let listed: Vec<String> = fitting.iter().map(u32::to_string).collect();
+        let _ = write!(
+            message,
+            ": Kunlunxin places {} XPUs within one wing (0-3 or 4-7) or as a linked set across the wings, and the fitting XPUs ({}) hold none",
+            container.count,
+            listed.join(", ")
+        );
+        Self { message }
+    }
+
     pub(super) fn numa(
         container: &ContainerRequest,
         fitting: usize,
@@ -298,6 +315,14 @@ fn noun(container: &ContainerRequest) -> String {
         DeviceFamily::Mthreads => "Moore Threads GPU".into(),
         DeviceFamily::Enflame => "GCU".into(),
         DeviceFamily::Amd => "AMD GPU".into(),
+        DeviceFamily::Kunlunxin => match container
+            .vendor
+            .as_ref()
+            .and_then(|v| v.device_type.as_deref())
+        {
+            Some(kunlun::VXPU_TYPE) => "vXPU".into(),
+            _ => "XPU".into(),
+        },
         DeviceFamily::Metax => match container
             .vendor
             .as_ref()
@@ -372,6 +397,12 @@ impl FilterKeys {
                 String::new(),
                 enflame::USE_UUID.into(),
                 enflame::NOUSE_UUID.into(),
+            ],
+            DeviceFamily::Kunlunxin => [
+                String::new(),
+                String::new(),
+                kunlun::USE_UUID.into(),
+                kunlun::NOUSE_UUID.into(),
             ],
             DeviceFamily::Amd => [
                 amd::USE_TYPE.into(),

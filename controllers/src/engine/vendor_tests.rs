@@ -892,6 +892,160 @@ fn amd_cores_become_each_gpus_compute_units() {
     );
 }
 
+/// A Kunlunxin node of eight XPUs of `model`, with `used[i]` MiB held on
+/// XPU `i` in `slices[i]` vXPUs (whole XPUs: 98304 in one).
+fn xpus(model: &str, used: [(u64, u32); 8]) -> NodeGpus {
+    let rows: Vec<Row> = used
+        .iter()
+        .enumerate()
+        .map(|(i, &(mib, slices))| Row {
+            id: [
+                "xpu-0", "xpu-1", "xpu-2", "xpu-3", "xpu-4", "xpu-5", "xpu-6", "xpu-7",
+            ][i],
+            count: 100,
+            used: slices,
+            total_mem: 98304,
+            used_mem: mib,
+            used_cores: u32::try_from(mib * 100 / 98304).unwrap(),
+            healthy: true,
+        })
+        .collect();
+    node(DeviceFamily::Kunlunxin, model, &rows)
+}
+
+#[test]
+fn kunlunxin_xpus_are_placed_by_wing_as_hami_does() {
+    // HAMi's kunlun Test_graghSelect rows (whole XPUs: used or not) and the
+    // vXPU rows (a card shares only vXPUs of one size).
+    const FREE_XPU: (u64, u32) = (0, 0);
+    const WHOLE: (u64, u32) = (98304, 1);
+    let whole = |used: &[usize]| {
+        let mut rows = [FREE_XPU; 8];
+        for &i in used {
+            rows[i] = WHOLE;
+        }
+        xpus("kunlun", rows)
+    };
+    let xpu = |n: u32| json!({"kunlunxin.com/xpu": n.to_string()});
+    let quarter =
+        |n: u32| json!({"kunlunxin.com/vxpu": n.to_string(), "kunlunxin.com/vxpu-memory": "24576"});
+    const Q1: (u64, u32) = (24576, 1);
+    const Q2: (u64, u32) = (49152, 2);
+    const H1: (u64, u32) = (49152, 1);
+    let cases: [Case; 12] = [
+        (
+            "full allocate",
+            whole(&[]),
+            xpu(8),
+            json!({}),
+            Ok(&[
+                "xpu-0", "xpu-1", "xpu-2", "xpu-3", "xpu-4", "xpu-5", "xpu-6", "xpu-7",
+            ]),
+        ),
+        (
+            "full allocate not success",
+            whole(&[5]),
+            xpu(8),
+            json!({}),
+            Err("7 of 8 XPUs fit"),
+        ),
+        (
+            "allocate 2 cards: the wing of three",
+            whole(&[5]),
+            xpu(2),
+            json!({}),
+            Ok(&["xpu-4", "xpu-6"]),
+        ),
+        (
+            "allocate 1 card: the wing of three",
+            whole(&[5]),
+            xpu(1),
+            json!({}),
+            Ok(&["xpu-4"]),
+        ),
+        (
+            "allocate 1 card: the wing of two",
+            whole(&[6, 7]),
+            xpu(1),
+            json!({}),
+            Ok(&["xpu-4"]),
+        ),
+        (
+            "allocate 2 cards according to interconnect",
+            whole(&[0, 1, 2, 4, 5, 6]),
+            xpu(2),
+            json!({}),
+            Ok(&["xpu-3", "xpu-7"]),
+        ),
+        (
+            "2 cards without a link",
+            whole(&[0, 1, 2, 4, 5, 7]),
+            xpu(2),
+            json!({}),
+            Err("the fitting XPUs (3, 6) hold none"),
+        ),
+        (
+            "allocate 4 cards according to interconnect when have 6 cards, leave 2 cards connected",
+            whole(&[3, 7]),
+            xpu(4),
+            json!({}),
+            Ok(&["xpu-0", "xpu-1", "xpu-4", "xpu-5"]),
+        ),
+        (
+            "vXPU: allocate with mixed memory requirements",
+            xpus(
+                "XPU",
+                [FREE_XPU, Q2, FREE_XPU, H1, FREE_XPU, Q1, FREE_XPU, FREE_XPU],
+            ),
+            quarter(4),
+            json!({}),
+            Ok(&["xpu-4", "xpu-5", "xpu-6", "xpu-7"]),
+        ),
+        (
+            "vXPU: no suitable devices due to memory mismatch",
+            xpus("XPU", [H1; 8]),
+            quarter(2),
+            json!({}),
+            Err("8 vXPUs holding vXPUs of another size"),
+        ),
+        (
+            "vXPU: allocate 2 cards with different memory requirements",
+            xpus(
+                "XPU",
+                [FREE_XPU, Q2, Q1, H1, FREE_XPU, FREE_XPU, Q1, FREE_XPU],
+            ),
+            quarter(2),
+            json!({}),
+            Ok(&["xpu-0", "xpu-1"]),
+        ),
+        (
+            "use uuid (HAMi's TestKunlunDevices_Fit_UseUUID)",
+            whole(&[]),
+            xpu(1),
+            json!({"baidu.com/use-gpuuuid": "xpu-5"}),
+            Ok(&["xpu-5"]),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+    // A whole XPU is not a vXPU: the types do not mix.
+    expect(
+        "vXPU request on a whole-XPU node",
+        place(&whole(&[]), quarter(1), json!({})),
+        Err("the node has no vXPUs"),
+    );
+    expect(
+        "no-use uuid for every XPU (TestKunlunDevices_Fit_NoUseUUID)",
+        place(
+            &whole(&[]),
+            xpu(1),
+            json!({"hami.io/no-use-xpu-uuid": "xpu-0,xpu-1,xpu-2,xpu-3,xpu-4,xpu-5,xpu-6,xpu-7"}),
+        ),
+        Err("8 XPUs excluded by hami.io/no-use-xpu-uuid"),
+    );
+}
+
 #[test]
 fn metax_exclusive_sgpus_prefer_the_smallest_metalink_that_holds_them() {
     // HAMi's TestPrioritizeExclusiveDevices: MetaLink 1 has one GPU,
@@ -1108,7 +1262,7 @@ proptest! {
     /// charged, overbooks a device (invariant I1 for every family).
     #[test]
     fn no_family_is_ever_overbooked(
-        pods in prop::collection::vec((0u8..6, 1u32..4, 0u64..40_000, 0u32..=100), 1..40),
+        pods in prop::collection::vec((0u8..7, 1u32..4, 0u64..40_000, 0u32..=100), 1..40),
     ) {
         let mut node = node(DeviceFamily::Hygon, "DCU", &[
             Row { total_mem: 16384, count: 4, ..FREE },
@@ -1164,11 +1318,26 @@ proptest! {
             });
             node.usage.push(DeviceUsage::default());
         }
+        for i in 0..8 {
+            node.devices.push(GpuDevice {
+                uuid: format!("XPU-{i}"),
+                index: i,
+                family: DeviceFamily::Kunlunxin,
+                model: "XPU".into(),
+                memory_mib: 98304,
+                cores: 100,
+                split_count: 100,
+                network_id: None,
+                ..node.devices[0].clone()
+            });
+            node.usage.push(DeviceUsage::default());
+        }
         for (family, count, memory, cores) in pods {
             let limits = match family {
                 0 => json!({"hygon.com/dcunum": count.to_string(), "hygon.com/dcumem": memory.to_string(), "hygon.com/dcucores": cores.to_string()}),
                 1 => json!({"huawei.com/Ascend910A": count.to_string(), "huawei.com/Ascend910A-memory": memory.min(32768).to_string()}),
                 2 => json!({"huawei.com/Ascend910C": (count * 2).to_string()}),
+                5 => json!({"kunlunxin.com/vxpu": (1u32 << (count - 1)).to_string(), "kunlunxin.com/vxpu-memory": (memory * 3).to_string()}),
                 4 => json!({"amd.com/gpu": count.to_string(), "amd.com/gpumem": memory.min(16384).to_string(), "amd.com/gpucores": cores.max(1).to_string()}),
                 3 => json!({"metax-tech.com/sgpu": count.to_string(), "metax-tech.com/vmemory": (memory / 1024).min(16).to_string(), "metax-tech.com/vcore": cores.to_string()}),
                 _ => json!({"nvidia.com/gpu": count.to_string(), "nvidia.com/gpumem": memory.max(1).to_string(), "nvidia.com/gpucores": cores.to_string()}),

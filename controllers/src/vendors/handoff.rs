@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde::Serialize;
 use tessera_api::{
-    names::{amd, cambricon, enflame, metax, mthreads},
+    names::{amd, cambricon, enflame, kunlun, metax, mthreads},
     request::RequestConfig,
     v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
 };
@@ -42,6 +42,7 @@ fn keys(device_type: &str) -> (String, String) {
         enflame::GCU_TYPE => "enflame-gcu",
         metax::SGPU_TYPE => "metax-sgpu",
         AMD => amd::HANDOFF_WORD,
+        kunlun::VXPU_TYPE => "xpu",
         chip => chip,
     };
     (
@@ -68,6 +69,8 @@ fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
         DeviceFamily::Metax => Some(metax::GPU_TYPE),
         DeviceFamily::Enflame => Some(enflame::GCU_TYPE),
         DeviceFamily::Amd => Some(AMD),
+        DeviceFamily::Kunlunxin if slice.model == kunlun::VXPU_TYPE => Some(kunlun::VXPU_TYPE),
+        DeviceFamily::Kunlunxin => Some(kunlun::XPU_TYPE),
     }
 }
 
@@ -153,10 +156,11 @@ pub fn pod_annotations(
             encoded.push(';');
         }
         let (to_allocate, allocated) = keys(device_type);
-        if device_type == "Mthreads" {
-            // Moore Threads' plugin reads the card indexes of the last
-            // container with GPUs, and HAMi writes no to-allocate list.
-            if let Some(indexes) = containers.iter().rev().find_map(|name| {
+        if device_type == "Mthreads" || device_type == kunlun::XPU_TYPE {
+            // Moore Threads' and Kunlunxin's whole-XPU plugins read the card
+            // indexes of the last container with devices, and HAMi writes no
+            // to-allocate list for them.
+            let last = containers.iter().rev().find_map(|name| {
                 let slices = slices_of(name);
                 (!slices.is_empty()).then(|| {
                     slices
@@ -165,7 +169,15 @@ pub fn pod_annotations(
                         .collect::<Vec<_>>()
                         .join(",")
                 })
-            }) {
+            });
+            if device_type == kunlun::XPU_TYPE {
+                if let Some(indexes) = last {
+                    out.insert(kunlun::DEVICE_IDX.to_owned(), indexes);
+                }
+                out.insert(kunlun::ALLOCATED.to_owned(), encoded);
+                continue;
+            }
+            if let Some(indexes) = last {
                 out.insert(mthreads::GPU_INDEX.to_owned(), indexes);
                 out.insert(
                     mthreads::PREDICATE_TIME.to_owned(),
@@ -248,7 +260,8 @@ pub fn pod_annotations(
 
 /// The Node annotations Bind writes for the vendor slices of `spec` (none
 /// for NVIDIA only): `hami.io/mutex.lock` for the plugins that find the pod
-/// through it (Hygon, Ascend, Iluvatar, MetaX sGPU, AMD), Cambricon's
+/// through it (Hygon, Ascend, Iluvatar, MetaX sGPU, AMD, Kunlunxin vXPU),
+/// Cambricon's
 /// `cambricon.com/dsmlu.lock`.
 pub fn node_annotations(
     spec: &VgpuAllocationSpec,
@@ -277,7 +290,10 @@ fn takes_mutex_lock(slice: &DeviceSlice) -> bool {
     matches!(
         slice.family,
         DeviceFamily::Hygon | DeviceFamily::Ascend | DeviceFamily::Iluvatar | DeviceFamily::Amd
-    ) || handoff_type(slice) == Some(metax::SGPU_TYPE)
+    ) || matches!(
+        handoff_type(slice),
+        Some(metax::SGPU_TYPE | kunlun::VXPU_TYPE)
+    )
 }
 
 /// The container names of a pod in kubelet order: init containers, then
@@ -637,6 +653,54 @@ mod tests {
             node_annotations(&spec, "ml", "p", now)[MUTEX_LOCK],
             "2026-11-27T10:00:00Z,ml,p"
         );
+    }
+
+    #[test]
+    fn kunlunxin_whole_xpus_get_their_indexes_and_vxpus_the_lock() {
+        // HAMi's kunlun PatchAnnotations: whole XPUs in
+        // `hami.io/kunlun-allocated` and `BAIDU_COM_DEVICE_IDX`, no lock.
+        let xpu = |uuid: &str, index: u32| DeviceSlice {
+            index,
+            ..slice(uuid, DeviceFamily::Kunlunxin, "kunlun", 98304, 100, None)
+        };
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "a",
+                vec![xpu("n1-kunlun-4", 4), xpu("n1-kunlun-6", 6)],
+            ))
+            .build()
+            .spec;
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let out = pod_annotations(&spec, &["a".to_owned()], &RequestConfig::default(), now);
+        assert_eq!(
+            out["hami.io/kunlun-allocated"],
+            "n1-kunlun-4,kunlun,98304,100:n1-kunlun-6,kunlun,98304,100:;"
+        );
+        assert_eq!(out["BAIDU_COM_DEVICE_IDX"], "4,6");
+        assert!(!out.contains_key("hami.io/kunlun-devices-to-allocate"));
+        assert!(node_annotations(&spec, "ml", "p", now).is_empty());
+        // vXPUs: HAMi's vdevice PatchAnnotations, under hami.io/mutex.lock.
+        let spec = allocation("p", "u", "n1")
+            .container(container(
+                "a",
+                vec![slice(
+                    "xpu-0",
+                    DeviceFamily::Kunlunxin,
+                    "XPU",
+                    24576,
+                    25,
+                    None,
+                )],
+            ))
+            .build()
+            .spec;
+        let out = pod_annotations(&spec, &["a".to_owned()], &RequestConfig::default(), now);
+        assert_eq!(
+            out["hami.io/xpu-devices-to-allocate"],
+            "xpu-0,XPU,24576,25:;"
+        );
+        assert_eq!(out["hami.io/xpu-devices-allocated"], "xpu-0,XPU,24576,25:;");
+        assert!(node_annotations(&spec, "ml", "p", now).contains_key(MUTEX_LOCK));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp, civil::DateTime, tz::TimeZone},
 };
 use tessera_api::{
-    names::{ascend::NODE_SOFT_SPLIT, enflame, metax},
+    names::{ascend::NODE_SOFT_SPLIT, enflame, kunlun, metax},
     request::RequestConfig,
     v1alpha1::{
         DeviceCapacity, DeviceFamily, DeviceHealth, GpuDevice, GpuNodeStatus, OperatingMode,
@@ -64,14 +64,15 @@ pub struct Source {
 pub enum SourceKind {
     /// HAMi's CSV register annotation (Hygon, Iluvatar).
     Csv,
-    /// HAMi's JSON register annotation (Ascend, AMD).
+    /// HAMi's JSON register annotation (Ascend, AMD, Kunlunxin vXPUs).
     Json,
     /// MetaX's sGPU list (`metax-tech.com/node-gpu-devices`); no handshake.
     MetaxJson,
     /// Only the count resource in the Node's allocatable: that many whole
     /// cards of `memory_mib` each, one container per card, as HAMi reads
-    /// MetaX GPUs (`<node>-metax-<i>`, 65,536 MiB) and Enflame GCUs
-    /// (`<node>-GCU-<i>`, HAMi's placeholder of 100).
+    /// MetaX GPUs (`<node>-metax-<i>`, 65,536 MiB), Enflame GCUs
+    /// (`<node>-GCU-<i>`, HAMi's placeholder of 100) and Kunlunxin XPUs
+    /// (`<node>-kunlun-<i>`, 98,304 MiB).
     Cards {
         /// MiB of each card.
         memory_mib: u64,
@@ -173,6 +174,27 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
             count_resource: metax.resource_vcount_name.clone(),
             device_type: Some(metax::SGPU_TYPE.into()),
             kind: SourceKind::MetaxJson,
+        });
+    }
+    if let Some(xpu) = &config.kunlun {
+        sources.push(Source {
+            family: DeviceFamily::Kunlunxin,
+            register: String::new(),
+            handshake: String::new(),
+            count_resource: xpu.resource_count_name.clone(),
+            device_type: Some(kunlun::XPU_TYPE.into()),
+            kind: SourceKind::Cards {
+                memory_mib: kunlun::XPU_MEMORY_MIB,
+                infix: "kunlun",
+            },
+        });
+        sources.push(Source {
+            family: DeviceFamily::Kunlunxin,
+            register: kunlun::REGISTER.into(),
+            handshake: kunlun::HANDSHAKE.into(),
+            count_resource: xpu.resource_vcount_name.clone(),
+            device_type: Some(kunlun::VXPU_TYPE.into()),
+            kind: SourceKind::Json,
         });
     }
     if let Some(amd) = &config.amd {
@@ -928,6 +950,41 @@ mod tests {
             "{:?}",
             seen.malformed
         );
+    }
+
+    #[test]
+    fn kunlunxin_xpus_come_from_the_count_and_vxpus_from_the_register() {
+        // HAMi's kunlun TestGetNodeDevices (8 whole XPUs of 98304 MiB named
+        // `<node>-kunlun-<i>`) and the vXPU plugin's JSON with its handshake.
+        let config = RequestConfig {
+            kunlun: Some(tessera_api::request::KunlunConfig::default()),
+            ..RequestConfig::default()
+        };
+        let now = Timestamp::now();
+        let allocatable = BTreeMap::from([("kunlunxin.com/xpu".to_owned(), Quantity("8".into()))]);
+        let node = annotations(&[(NODE_NAME, "n1")]);
+        let seen = view(&node, &allocatable, &sources(&config), false, now).unwrap();
+        assert_eq!(seen.devices.len(), 8);
+        let d = &seen.devices[7];
+        assert_eq!(
+            (
+                d.uuid.as_str(),
+                d.model.as_str(),
+                d.memory_mib,
+                d.capacity.cores,
+                d.split_count
+            ),
+            ("n1-kunlun-7", "kunlun", 98304, 100, 1)
+        );
+        let register = r#"[{"id":"xpu-0","index":0,"count":4,"devmem":98304,"devcore":100,"type":"P800","health":true}]"#;
+        let node = annotations(&[("hami.io/node-register-xpu", register)]);
+        let seen = view(&node, &BTreeMap::new(), &sources(&config), false, now).unwrap();
+        let d = &seen.devices[0];
+        assert_eq!(
+            (d.uuid.as_str(), d.family, d.model.as_str(), d.split_count),
+            ("xpu-0", DeviceFamily::Kunlunxin, "XPU", 4)
+        );
+        assert_eq!(seen.handshakes[0].0, "hami.io/node-handshake-xpu");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! What the webhook writes for other vendors' containers, as HAMi's
 //! webhook does (each vendor's `MutateAdmission`): Ascend's memory rounded
 //! to its template and 910C pairs; Iluvatar's whole-GPU cores and container
-//! name. Other vendors' containers are left as they are.
+//! name; Moore Threads' whole cards; Kunlunxin's vXPU sizes. Other vendors'
+//! containers are left as they are.
 
 use k8s_openapi::{
     api::core::v1::{Container, EnvVar},
@@ -30,6 +31,10 @@ pub(super) fn vendor_limits(
     }
     if wanted.family == DeviceFamily::Mthreads {
         mthreads_limits(container, wanted, config);
+        return;
+    }
+    if wanted.family == DeviceFamily::Kunlunxin {
+        vxpu_limits(container, wanted, config);
         return;
     }
     let Some(chip) = wanted
@@ -94,6 +99,40 @@ fn mthreads_limits(container: &mut Container, wanted: &ContainerRequest, config:
         mt.resource_memory_name.clone(),
         Quantity((count * WHOLE_CARD_UNITS).to_string()),
     );
+}
+
+/// What HAMi's webhook writes for a Kunlunxin vXPU container that names
+/// its memory (`MutateAdmission` in `vdevice.go`): the memory rounded up to
+/// the vXPU size, in limits and requests, so the kubelet accounts what the
+/// plugin hands out.
+fn vxpu_limits(container: &mut Container, wanted: &ContainerRequest, config: &RequestConfig) {
+    use tessera_api::names::kunlun::VXPU_TYPE;
+    let Some(xpu) = &config.kunlun else {
+        return;
+    };
+    let vxpu = wanted
+        .vendor
+        .as_ref()
+        .and_then(|v| v.device_type.as_deref())
+        == Some(VXPU_TYPE);
+    let resources = container.resources.get_or_insert_default();
+    let key = &xpu.resource_vmemory_name;
+    let named = resources
+        .limits
+        .as_ref()
+        .is_some_and(|l| l.contains_key(key));
+    if !vxpu || !named {
+        return;
+    }
+    let size = Quantity(wanted.memory.resolve(0).to_string());
+    resources
+        .limits
+        .get_or_insert_default()
+        .insert(key.clone(), size.clone());
+    resources
+        .requests
+        .get_or_insert_default()
+        .insert(key.clone(), size);
 }
 
 /// The pod annotations HAMi's webhook adds for other vendors: Moore
@@ -277,6 +316,31 @@ mod tests {
         assert_eq!(
             pod.metadata.annotations.unwrap()["mthreads.com/request-gpu-num"],
             "2"
+        );
+    }
+
+    #[test]
+    fn kunlunxin_vxpu_memory_is_written_as_its_size() {
+        // HAMi's TestKunlunVDevices_MutateAdmission: limits and requests.
+        let trimmed =
+            mutated(json!({"kunlunxin.com/vxpu": "1", "kunlunxin.com/vxpu-memory": "30000"}));
+        assert_eq!(
+            limit(&trimmed, "kunlunxin.com/vxpu-memory").as_deref(),
+            Some("49152")
+        );
+        let requests = trimmed
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap();
+        assert_eq!(requests["kunlunxin.com/vxpu-memory"].0, "49152");
+        let whole = mutated(json!({"kunlunxin.com/vxpu": "1"}));
+        assert_eq!(
+            limit(&whole, "kunlunxin.com/vxpu-memory"),
+            None,
+            "left as asked"
         );
     }
 
