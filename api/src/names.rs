@@ -181,6 +181,34 @@ pub mod kunlun {
     pub const BAIDU_NOUSE_UUID: &str = "baidu.com/nouse-gpuuuid";
 }
 
+/// AWS Neuron devices' names (HAMi `pkg/device/awsneuron`).
+pub mod neuron {
+    /// The device type HAMi gives Neuron devices (`AWSNeuron`).
+    pub const DEVICE_TYPE: &str = "AWSNeuron";
+    /// NeuronCores per device HAMi splits core requests by (its cap: the
+    /// plugin's hand-off names at most two cores per device).
+    pub const MAX_CORES_PER_DEVICE: u32 = 2;
+    /// The Node label whose value (`inf2.48xlarge`, `trn1.32xlarge`) picks
+    /// the topology: Inferentia devices form a ring, Trainium ones blocks.
+    pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+    /// Comma list of device UUIDs; only these may be used.
+    pub const USE_UUID: &str = "aws.amazon.com/use-neuron-uuid";
+    /// Comma list of device UUIDs that must not be used.
+    pub const NOUSE_UUID: &str = "aws.amazon.com/nouse-neuron-uuid";
+    /// HAMi's hand-off list (`SupportDevices`).
+    pub const ALLOCATED: &str = "hami.io/aws-neuron-devices-allocated";
+    /// The device (or core) indexes the plugin hands out.
+    pub const ASSIGNED_INDEX: &str = "AWS_NEURON_IDS";
+    /// Bind's time, Unix nanoseconds.
+    pub const PREDICATE_TIME: &str = "NEURON_ALLOC_TIME";
+    /// The core resource name, when the indexes are cores.
+    pub const RESOURCE_TYPE: &str = "NEURON_RESOURCE_TYPE";
+    /// `false` until the plugin has served the pod.
+    pub const ALLOCATED_FLAG: &str = "NEURON_ALLOCATED";
+    /// The node the pod was placed on.
+    pub const PREDICATE_NODE: &str = "aws.amazon.com/predicate-node";
+}
+
 /// AMD GPUs' names (HAMi `pkg/device/amd`, `docs/develop/amd-vgpu.md`).
 pub mod amd {
     /// The Node annotation AMD's HAMi plugin registers its GPUs in (JSON).

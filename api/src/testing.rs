@@ -25,8 +25,9 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use crate::request::{
-    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, KunlunConfig,
-    MetaxConfig, MthreadsConfig, RequestConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+    AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
+    KunlunConfig, MetaxConfig, MthreadsConfig, RequestConfig, VnpuConfig, VnpuTemplate,
+    VnpusConfig,
 };
 use crate::v1alpha1::{
     AllocationPhase, AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth,
@@ -49,6 +50,7 @@ pub fn slice(uuid: &str, index: u32, memory_mib: u64, cores: u32) -> DeviceSlice
         memory_mib,
         cores,
         mig: None,
+        core_indexes: Vec::new(),
     }
 }
 
@@ -313,6 +315,7 @@ pub fn vendor_config() -> RequestConfig {
         enflame: Some(EnflameConfig::default()),
         amd: Some(AmdConfig::default()),
         kunlun: Some(KunlunConfig::default()),
+        awsneuron: Some(AwsNeuronConfig::default()),
         iluvatars: vec![IluvatarConfig {
             chip_name: "MR-V100".into(),
             common_word: "MR-V100".into(),

@@ -83,6 +83,7 @@ async fn one(
         memory_mib: ASK.memory_mib,
         cores: ASK.cores,
         mig: None,
+        core_indexes: Vec::new(),
     };
     let object = allocation(&name, &pod.uid().unwrap_or_default(), &node)
         .namespace(NAMESPACE)

@@ -139,6 +139,7 @@ async fn one_hundred_simulated_nodes() {
         memory_mib: 4096,
         cores: 10,
         mig: None,
+        core_indexes: Vec::new(),
     };
     let phantom = allocation("phantom", &phantom_pod.uid().unwrap(), &fleet::node_name(3))
         .namespace(NAMESPACE)

@@ -78,6 +78,7 @@ fn main() {
                         memory_mib: 81_920 * percent / 100,
                         cores: percent as u32,
                         mig: None,
+                        core_indexes: Vec::new(),
                     }],
                 },
             );

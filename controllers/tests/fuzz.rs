@@ -301,6 +301,7 @@ fn projection(cluster: &Cluster) -> Projection {
                         memory_mib,
                         cores,
                         mig: None,
+                        core_indexes: Vec::new(),
                     }],
                 },
             );

@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 use support::{Cluster, WAIT};
 use tessera_api::{
     request::{
-        AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, KunlunConfig,
-        MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+        AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
+        KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
     },
     v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
 };
@@ -65,6 +65,7 @@ fn config() -> Config {
     config.request.enflame = Some(EnflameConfig::default());
     config.request.amd = Some(AmdConfig::default());
     config.request.kunlun = Some(KunlunConfig::default());
+    config.request.awsneuron = Some(AwsNeuronConfig::default());
     config.request.iluvatars = vec![IluvatarConfig {
         chip_name: "MR-V100".into(),
         common_word: "MR-V100".into(),
@@ -675,6 +676,96 @@ async fn kunlunxin_whole_xpus_and_vxpus_are_placed_by_wing_and_handed_off() {
     .await;
 }
 
+#[tokio::test]
+async fn aws_neuron_pods_get_devices_or_cores_by_index() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "inf-1",
+        json!({}),
+        json!({"aws.amazon.com/neuron": "4", "aws.amazon.com/neuroncore": "8"}),
+    )
+    .await;
+    Api::<Node>::all(cluster.client.clone())
+        .patch(
+            "inf-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"node.kubernetes.io/instance-type": "inf2.24xlarge"}}})),
+        )
+        .await
+        .unwrap();
+    until("inf-1 in the projection as inf2", async || {
+        cluster
+            .projection
+            .read()
+            .node("inf-1")
+            .filter(|n| n.devices.len() == 4 && n.devices[0].model == "inf2.24xlarge")
+            .map(|_| ())
+    })
+    .await;
+    cluster
+        .create_pod(
+            "one-core",
+            json!({"aws.amazon.com/neuroncore": "1"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("one-core").await, "inf-1");
+    let held = cluster.allocation("one-core").await.spec.containers[0].devices[0].clone();
+    assert_eq!(
+        (held.memory_mib, held.cores, held.core_indexes.clone()),
+        (0, 1, vec![0])
+    );
+    let a = pod(&cluster, "one-core").await.annotations().clone();
+    assert_eq!(a["AWS_NEURON_IDS"], (held.index * 2).to_string());
+    assert_eq!(a["NEURON_RESOURCE_TYPE"], "aws.amazon.com/neuroncore");
+    assert_eq!(a["NEURON_ALLOCATED"], "false");
+    // AWS's plugin does not answer HAMi's bind-phase: the node's lock goes
+    // when the kubelet starts the pod's containers.
+    Api::<Pod>::namespaced(cluster.client.clone(), "default")
+        .patch_status(
+            "one-core",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "containerStatuses": [
+                {"name": "main", "ready": true, "restartCount": 0, "image": "i", "imageID": "", "state": {"running": {}}}
+            ]}})),
+        )
+        .await
+        .unwrap();
+    until("inf-1 unlocked", async || {
+        lock_gone(&cluster, "inf-1").await.then_some(())
+    })
+    .await;
+    // By count: two consecutive free devices.
+    cluster
+        .create_pod(
+            "two-devices",
+            json!({"aws.amazon.com/neuron": "2"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("two-devices").await, "inf-1");
+    let spec = cluster.allocation("two-devices").await.spec;
+    let indexes: Vec<u32> = spec.containers[0].devices.iter().map(|d| d.index).collect();
+    assert_eq!(indexes.len(), 2);
+    assert_eq!(
+        indexes[1],
+        indexes[0] + 1,
+        "consecutive devices: {indexes:?}"
+    );
+    assert!(!indexes.contains(&held.index));
+    let a = pod(&cluster, "two-devices").await.annotations().clone();
+    assert_eq!(
+        a["AWS_NEURON_IDS"],
+        format!("{},{}", indexes[0], indexes[1])
+    );
+    assert_eq!(
+        node_annotation(&cluster, "inf-1", "hami.io/mutex.lock").await,
+        None,
+        "HAMi takes no lock for Neuron"
+    );
+}
+
 const AMD_GPUS: &str = r#"[{"id":"GPU-0","index":0,"count":4,"devmem":196608,"devcore":304,"type":"AMD Instinct MI300X VF","numa":0,"mode":"hami-core","health":true},{"id":"GPU-1","index":1,"count":4,"devmem":196608,"devcore":304,"type":"AMD Instinct MI300X VF","numa":0,"mode":"hami-core","health":true}]"#;
 
 #[tokio::test]
@@ -725,6 +816,20 @@ async fn an_amd_pod_gets_compute_units_and_its_hand_off_under_the_lock() {
         (phase(&cluster, "amd-pod").await == Some(AllocationPhase::Allocated)).then_some(())
     })
     .await;
+    // 100 % is every compute unit: 304, which the CRD takes on AMD GPUs,
+    // and only the GPU nobody shares has them.
+    cluster
+        .create_pod(
+            "amd-whole",
+            json!({"amd.com/gpu": "1", "amd.com/gpucores": "100"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("amd-whole").await, "amd-1");
+    let whole = cluster.allocation("amd-whole").await;
+    let taken = &whole.spec.containers[0].devices[0];
+    assert_eq!((taken.memory_mib, taken.cores), (196608, 304));
+    assert_ne!(taken.uuid, slice.uuid);
     // The plugin goes (the Node stops advertising amd.com/gpu): HAMi's
     // CheckHealth drops the devices.
     Api::<Node>::all(cluster.client.clone())

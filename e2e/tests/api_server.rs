@@ -445,7 +445,28 @@ async fn vgpu_allocation_spec_is_immutable_and_consistent() {
     too_many_cores["spec"]["totals"]["cores"] = json!(150);
     let message = refused(&api, object::<VgpuAllocation>(too_many_cores)).await;
     assert!(
-        message.contains("cores") && message.contains("less than or equal to 100"),
+        message.contains("cores must be at most 100 (percent of the device) except on AMD GPUs"),
+        "{message}"
+    );
+    // AMD cores are compute units (304 on an MI300X); AWS Neuron devices
+    // have no memory to share.
+    let mut amd = allocation("pod-5", "node-b", &[("GPU-amd", 196608, 304)]);
+    amd["spec"]["containers"][0]["devices"][0]["family"] = json!("amd");
+    amd["spec"]["totals"]["families"] = json!("amd");
+    api.create(&PostParams::default(), &object::<VgpuAllocation>(amd))
+        .await
+        .unwrap();
+    let mut neuron = allocation("pod-6", "node-b", &[("n-AWSNeuron-0", 0, 1)]);
+    neuron["spec"]["containers"][0]["devices"][0]["family"] = json!("awsneuron");
+    neuron["spec"]["containers"][0]["devices"][0]["coreIndexes"] = json!([1]);
+    neuron["spec"]["totals"]["families"] = json!("awsneuron");
+    api.create(&PostParams::default(), &object::<VgpuAllocation>(neuron))
+        .await
+        .unwrap();
+    let empty = allocation("pod-7", "node-b", &[("GPU-eeee", 0, 10)]);
+    let message = refused(&api, object::<VgpuAllocation>(empty)).await;
+    assert!(
+        message.contains("memoryMiB must be at least 1 except on AWS Neuron devices"),
         "{message}"
     );
 }

@@ -403,6 +403,7 @@ fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
         "metax",
         "enflame",
         "kunlun",
+        "awsneuron",
         "amd",
     ]
     .iter()
@@ -439,6 +440,8 @@ fn every_vendor_sections_names_reach_kube_scheduler_and_the_webhook() {
         "kunlunxin.com/xpu",
         "kunlunxin.com/vxpu",
         "kunlunxin.com/vxpu-memory",
+        "aws.amazon.com/neuron",
+        "aws.amazon.com/neuroncore",
         "amd.com/gpu",
         "amd.com/gpumem",
         "amd.com/gpucores",

@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::vendors::{
-    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, KunlunConfig,
-    MetaxConfig, MthreadsConfig, VnpusConfig,
+    AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
+    KunlunConfig, MetaxConfig, MthreadsConfig, VnpusConfig,
 };
 use crate::names::resources;
 use crate::{Error, Result};
@@ -43,6 +43,10 @@ pub struct RequestConfig {
     /// HAMi's `kunlun:` section; absent: Kunlunxin XPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kunlun: Option<KunlunConfig>,
+    /// HAMi's `awsneuron:` section; absent: AWS Neuron devices are not
+    /// scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub awsneuron: Option<AwsNeuronConfig>,
     /// HAMi's `amd:` section; absent: AMD GPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amd: Option<AmdConfig>,
@@ -69,6 +73,7 @@ impl Default for RequestConfig {
             enflame: None,
             amd: None,
             kunlun: None,
+            awsneuron: None,
         }
     }
 }
@@ -168,6 +173,12 @@ impl RequestConfig {
                 xpu.resource_count_name.as_str(),
                 &xpu.resource_vcount_name,
                 &xpu.resource_vmemory_name,
+            ]);
+        }
+        if let Some(neuron) = &self.awsneuron {
+            all.extend([
+                neuron.resource_count_name.as_str(),
+                &neuron.resource_core_name,
             ]);
         }
         if let Some(amd) = &self.amd {

@@ -38,6 +38,7 @@ mod iluvatar;
 mod kunlun;
 mod metax;
 mod mthreads;
+mod neuron;
 mod simple;
 mod vendors;
 mod whole;
@@ -54,8 +55,8 @@ use crate::{Error, Result, Violations};
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
 pub use vendors::{
-    AmdConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig, KunlunConfig,
-    MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+    AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
+    KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
 };
 
 use crate::v1alpha1::DeviceFamily;
@@ -93,7 +94,7 @@ pub struct ContainerRequest {
     /// several families gives one request per family, in the order
     /// NVIDIA, Hygon, Ascend, Iluvatar, Cambricon, Moore Threads, MetaX
     /// (whole GPUs, then sGPUs), Enflame, Kunlunxin (whole XPUs, then
-    /// vXPUs), AMD.
+    /// vXPUs), AMD, AWS Neuron.
     pub family: DeviceFamily,
     /// What a request for another vendor's devices adds; `None` for NVIDIA.
     pub vendor: Option<VendorRequest>,
@@ -130,6 +131,13 @@ pub struct VendorRequest {
     /// Kunlunxin vXPUs: a card holds vXPUs of one size only (HAMi's
     /// `FitVXPU`).
     pub same_size: bool,
+    /// AWS Neuron: more than one device are consecutive free devices (a
+    /// ring on Inferentia, aligned blocks on Trainium; HAMi's
+    /// `graphSelect`).
+    pub contiguous: bool,
+    /// AWS Neuron: the container named NeuronCores, so each slice records
+    /// which cores it holds and the plugin is handed core numbers.
+    pub by_core_index: bool,
 }
 
 /// A pod's device filters for one family, from its annotations.
@@ -257,6 +265,9 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
                     &simple::Simple::amd(amd),
                     annotations,
                 ));
+            }
+            if let Some(neuron) = &config.awsneuron {
+                collect(neuron::parse(container, kind, neuron, annotations));
             }
         }
     }

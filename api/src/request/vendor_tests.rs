@@ -721,3 +721,66 @@ fn kunlunxin_requests_follow_hami() {
         );
     }
 }
+
+#[test]
+fn aws_neuron_requests_follow_hami() {
+    // HAMi's awsneuron TestGenerateResourceRequests, TestMutateAdmission
+    // and TestSplitCoreRequest: (count, cores as the engine reads them:
+    // 100 for whole devices, by core index or not).
+    let rows = [
+        (json!({"aws.amazon.com/neuron": "2"}), (2, 100, false)),
+        (
+            json!({"aws.amazon.com/neuron": "1", "aws.amazon.com/neuroncore": "1"}),
+            (1, 100, false),
+        ),
+        (json!({"aws.amazon.com/neuroncore": "1"}), (1, 1, true)),
+        (json!({"aws.amazon.com/neuroncore": "2"}), (1, 2, true)),
+        (json!({"aws.amazon.com/neuroncore": "6"}), (3, 100, true)),
+    ];
+    for (limits, (count, cores, by_core)) in rows {
+        let got = parsed(
+            limits.clone(),
+            json!({"aws.amazon.com/nouse-neuron-uuid": "n-AWSNeuron-3"}),
+        )
+        .unwrap();
+        assert_eq!(
+            shape(&got[0]),
+            (
+                DeviceFamily::AwsNeuron,
+                count,
+                MemoryRequest::Percent(100),
+                cores,
+                None
+            ),
+            "{limits}"
+        );
+        let vendor = got[0].vendor.as_ref().unwrap();
+        assert_eq!(vendor.by_core_index, by_core, "{limits}");
+        assert_eq!(vendor.contiguous, count > 1, "{limits}");
+        assert_eq!(vendor.filters.nouse_uuids, ["n-AWSNeuron-3"]);
+        assert_eq!(vendor.device_type, None, "any device of the family");
+    }
+    for (limits, field, rule) in [
+        (
+            json!({"aws.amazon.com/neuroncore": "3"}),
+            "aws.amazon.com/neuroncore",
+            "must be 1 or a multiple of 2, got 3",
+        ),
+        (
+            json!({"aws.amazon.com/neuroncore": "0"}),
+            "aws.amazon.com/neuroncore",
+            "must be between 1 and 128, got 0",
+        ),
+        (
+            json!({"aws.amazon.com/neuron": "0"}),
+            "aws.amazon.com/neuron",
+            "must be between 1 and 64, got 0",
+        ),
+    ] {
+        let error = parsed(limits.clone(), json!({})).unwrap_err();
+        assert!(
+            error.contains(&format!("{field}: {rule}")),
+            "{limits}: {error}"
+        );
+    }
+}

@@ -115,6 +115,27 @@ impl Default for KunlunConfig {
     }
 }
 
+/// HAMi's `awsneuron:` section: AWS Inferentia and Trainium devices,
+/// served by AWS's Neuron device plugin, read from the Node's capacity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct AwsNeuronConfig {
+    /// Number of whole devices (`aws.amazon.com/neuron`).
+    pub resource_count_name: String,
+    /// Number of NeuronCores (`aws.amazon.com/neuroncore`).
+    pub resource_core_name: String,
+}
+
+impl Default for AwsNeuronConfig {
+    /// HAMi's chart defaults (`device-configmap.yaml`, `awsneuron:`).
+    fn default() -> Self {
+        Self {
+            resource_count_name: "aws.amazon.com/neuron".into(),
+            resource_core_name: "aws.amazon.com/neuroncore".into(),
+        }
+    }
+}
+
 /// HAMi's `amd:` section: AMD Instinct GPUs, served by HAMi's AMD device
 /// plugin (`docs/develop/amd-vgpu.md`), which registers them in
 /// `hami.io/node-amd-register`.

@@ -75,6 +75,10 @@ pub enum DeviceFamily {
     /// shared (`kunlunxin.com/vxpu`, model `XPU`), served by Kunlunxin's
     /// plugins.
     Kunlunxin,
+    /// AWS Inferentia and Trainium devices (`aws.amazon.com/neuron`,
+    /// `aws.amazon.com/neuroncore`), served by AWS's Neuron device plugin;
+    /// cores count NeuronCores.
+    AwsNeuron,
     /// AMD Instinct GPUs (`amd.com/gpu`), served by HAMi's AMD device
     /// plugin; cores count compute units.
     Amd,
@@ -88,8 +92,14 @@ impl DeviceFamily {
         self == Self::Amd
     }
 
+    /// Whether a device's cores are handed out by index (AWS NeuronCores:
+    /// the plugin is told which cores, so a slice records them).
+    pub fn cores_by_index(self) -> bool {
+        self == Self::AwsNeuron
+    }
+
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Nvidia,
         Self::Hygon,
         Self::Ascend,
@@ -99,6 +109,7 @@ impl DeviceFamily {
         Self::Metax,
         Self::Enflame,
         Self::Kunlunxin,
+        Self::AwsNeuron,
         Self::Amd,
     ];
 
@@ -114,6 +125,7 @@ impl DeviceFamily {
             Self::Metax => "metax",
             Self::Enflame => "enflame",
             Self::Kunlunxin => "kunlunxin",
+            Self::AwsNeuron => "awsneuron",
             Self::Amd => "amd",
         }
     }

@@ -155,8 +155,10 @@ pub struct ContainerAllocation {
 }
 
 /// A slice of one GPU.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.cores <= 100 || (has(self.family) && self.family == 'amd')").message("cores must be at most 100 (percent of the device) except on AMD GPUs, whose cores are compute units"))]
+#[x_kube(validation = Rule::new("self.memoryMiB >= 1 || (has(self.family) && self.family == 'awsneuron')").message("memoryMiB must be at least 1 except on AWS Neuron devices, which have no memory to share"))]
 pub struct DeviceSlice {
     /// The GPU's UUID.
     #[schemars(length(min = 1, max = 128))]
@@ -174,13 +176,20 @@ pub struct DeviceSlice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub template: Option<String>,
-    /// Device memory in MiB.
+    /// Device memory in MiB (at least 1; AWS Neuron: 0).
     #[serde(rename = "memoryMiB")]
-    #[schemars(range(min = 1))]
     pub memory_mib: u64,
-    /// Percent of the GPU's SMs; 100 means the GPU is the container's alone.
-    #[schemars(range(max = 100))]
+    /// Percent of the GPU's SMs; 100 means the GPU is the container's
+    /// alone. Vendors count in their own unit where HAMi does: AMD compute
+    /// units, Moore Threads sixteenths, AWS NeuronCores.
+    #[schemars(range(max = 100000))]
     pub cores: u32,
+    /// The device's cores this slice holds, by their index on the device
+    /// (0, 1, ...), where the vendor's plugin hands cores out by index (AWS
+    /// NeuronCores of a container that asked for cores).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub core_indexes: Vec<u32>,
     /// The MIG instance that serves this slice, on a dynamic-MIG GPU: the
     /// node agent creates it at Allocate and destroys it at release.
     #[serde(default, skip_serializing_if = "Option::is_none")]

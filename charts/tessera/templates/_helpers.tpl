@@ -135,6 +135,11 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- $names = append $names ($xpu.resourceVCountName | default "kunlunxin.com/vxpu") -}}
 {{- $names = append $names ($xpu.resourceVMemoryName | default "kunlunxin.com/vxpu-memory") -}}
 {{- end -}}
+{{- if kindIs "map" .Values.config.awsneuron -}}
+{{- $aws := .Values.config.awsneuron -}}
+{{- $names = append $names ($aws.resourceCountName | default "aws.amazon.com/neuron") -}}
+{{- $names = append $names ($aws.resourceCoreName | default "aws.amazon.com/neuroncore") -}}
+{{- end -}}
 {{- if kindIs "map" .Values.config.amd -}}
 {{- $amd := .Values.config.amd -}}
 {{- $names = append $names ($amd.resourceCountName | default "amd.com/gpu") -}}

@@ -72,7 +72,7 @@ pub fn feasible(
         && !container
             .vendor
             .as_ref()
-            .is_some_and(|v| v.pairs || v.by_wing)
+            .is_some_and(|v| v.pairs || v.by_wing || v.contiguous)
     {
         let filters = Filters::new(container, &request.options);
         let wanted = container.count as usize;
@@ -141,6 +141,26 @@ fn fit_container(
             Ok(slices) => slices,
             Err(whole) => return Err(Rejection::pairs(container, fitting, whole, total)),
         }
+    } else if vendor.is_some_and(|v| v.contiguous) {
+        let mut free: Vec<u32> = candidates
+            .iter()
+            .map(|(s, _)| devices[s.device].index)
+            .collect();
+        free.sort_unstable();
+        let ring = devices
+            .iter()
+            .any(|d| filters.same_kind(d) && (d.model.contains("inf") || d.model.contains("Inf")));
+        let Some(start) = consecutive(&free, wanted, ring) else {
+            return Err(Rejection::consecutive(container, &free, total, ring));
+        };
+        (start..start + wanted as u32)
+            .filter_map(|index| {
+                candidates
+                    .iter()
+                    .find(|(s, _)| devices[s.device].index == index)
+                    .map(|(s, _)| *s)
+            })
+            .collect()
     } else if vendor.is_some_and(|v| v.by_wing) {
         let mut fitting: Vec<u32> = candidates
             .iter()
@@ -351,11 +371,19 @@ fn check(
     container: &ContainerRequest,
     filters: &Filters<'_>,
 ) -> Result<Slice, Cause> {
+    // A slice holds at least 1 MiB, on devices that have memory to share
+    // (AWS Neuron devices have none).
+    let memory_mib = container.memory.resolve(device.memory_mib);
     let mut slice = Slice {
         device: index,
-        memory_mib: container.memory.resolve(device.memory_mib).max(1),
+        memory_mib: if device.memory_mib > 0 {
+            memory_mib.max(1)
+        } else {
+            memory_mib
+        },
         cores: container.cores,
         mig: None,
+        core_mask: 0,
     };
     if !device.healthy {
         return Err(Cause::Unhealthy);
@@ -412,6 +440,9 @@ fn check(
     if device.family.cores_are_units() {
         slice.cores = units_of(container.cores, device.cores);
     }
+    if device.family.cores_by_index() && container.cores >= EXCLUSIVE_CORES {
+        slice.cores = device.cores;
+    }
     if device.is_exclusive(&slice) && used.slices > 0 {
         return Err(Cause::NotEmptyForExclusive);
     }
@@ -445,7 +476,47 @@ fn check(
     {
         return Err(Cause::Cores);
     }
+    // AWS Neuron by cores: the lowest free cores of the device, by index.
+    if container.vendor.as_ref().is_some_and(|v| v.by_core_index) {
+        slice.core_mask = free_cores(device, used, slice.cores).ok_or(Cause::Cores)?;
+    }
     Ok(slice)
+}
+
+/// The lowest `wanted` cores of `device` no live slice holds, as a mask.
+fn free_cores(device: &GpuDevice, used: &DeviceUsage, wanted: u32) -> Option<u8> {
+    let held = used.core_mask();
+    let mut mask = 0u8;
+    let mut found = 0;
+    for bit in 0..device.cores.min(super::MAX_CORE_INDEXES as u32) {
+        if found == wanted {
+            break;
+        }
+        if held & (1 << bit) == 0 {
+            mask |= 1 << bit;
+            found += 1;
+        }
+    }
+    (found == wanted).then_some(mask)
+}
+
+/// AWS Neuron (HAMi's `graphSelect`): the first index starting `wanted`
+/// consecutive `free` devices; on Inferentia (a ring) any start, on
+/// Trainium only starts at multiples of `wanted`, and only 4, 8 or 16
+/// devices.
+fn consecutive(free: &[u32], wanted: usize, ring: bool) -> Option<u32> {
+    let wanted = u32::try_from(wanted).ok()?;
+    let step = if ring {
+        1
+    } else if matches!(wanted, 1 | 4 | 8 | 16) {
+        wanted
+    } else {
+        return None;
+    };
+    let last = free.last().copied()?;
+    (0..=last)
+        .step_by(step as usize)
+        .find(|&start| (start..start + wanted).all(|i| free.contains(&i)))
 }
 
 /// AMD: `percent` of `units` compute units, rounded down, at least 1 and at

@@ -53,6 +53,28 @@ pub struct Slice {
     pub cores: u32,
     /// The MIG instance serving the slice, on a dynamic-MIG device.
     pub mig: Option<MigCut>,
+    /// The device cores it holds by index, as a mask (AWS NeuronCores,
+    /// which the plugin hands out by index); 0 elsewhere.
+    pub core_mask: u8,
+}
+
+/// Cores a device may hand out by index (bits of [`Slice::core_mask`]).
+pub const MAX_CORE_INDEXES: usize = 8;
+
+/// The core indexes a mask names, ascending.
+pub fn core_indexes(mask: u8) -> Vec<u32> {
+    (0..MAX_CORE_INDEXES as u32)
+        .filter(|bit| mask & (1 << bit) != 0)
+        .collect()
+}
+
+/// The mask of core indexes (those past [`MAX_CORE_INDEXES`] ignored: no
+/// device hands out more).
+pub fn core_mask(indexes: &[u32]) -> u8 {
+    indexes
+        .iter()
+        .filter(|&&i| (i as usize) < MAX_CORE_INDEXES)
+        .fold(0, |mask, &i| mask | (1 << i))
 }
 
 /// A MIG instance to create: which profile of the device's layout, where.

@@ -7,7 +7,7 @@ use tessera_api::{
     v1alpha1::{DeviceFamily, MigLayout, OperatingMode},
 };
 
-use super::{EXCLUSIVE_CORES, Slice};
+use super::{EXCLUSIVE_CORES, MAX_CORE_INDEXES, Slice};
 
 /// One GPU as the scheduler sees it: capacity after scaling.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,10 +48,13 @@ pub struct GpuDevice {
 
 impl GpuDevice {
     /// Whether `slice` takes this device exclusively: 100 cores where cores
-    /// count percent (on AMD GPUs, whose cores are compute units, a slice
-    /// of all of them leaves no room anyway).
+    /// count percent (on AMD GPUs and AWS Neuron devices, whose cores are
+    /// compute units and NeuronCores, a slice of all of them leaves no room
+    /// anyway).
     pub fn is_exclusive(&self, slice: &Slice) -> bool {
-        !self.family.cores_are_units() && slice.cores >= EXCLUSIVE_CORES
+        !self.family.cores_are_units()
+            && !self.family.cores_by_index()
+            && slice.cores >= EXCLUSIVE_CORES
     }
 }
 
@@ -68,6 +71,9 @@ pub struct DeviceUsage {
     pub exclusive: u32,
     /// MIG instances holding each memory slice (0 or 1 while I1 holds).
     pub mig_slices: [u8; mig::MAX_MEMORY_SLICES as usize],
+    /// Slices holding each core index (AWS NeuronCores; 0 or 1 while I1
+    /// holds).
+    pub core_holders: [u8; MAX_CORE_INDEXES],
 }
 
 impl DeviceUsage {
@@ -81,6 +87,11 @@ impl DeviceUsage {
         for held in self.mig_held(slice) {
             *held = held.saturating_add(1);
         }
+        for (i, held) in self.core_holders.iter_mut().enumerate() {
+            if slice.core_mask & (1 << i) != 0 {
+                *held = held.saturating_add(1);
+            }
+        }
     }
 
     /// Removes a slice (never below zero).
@@ -92,6 +103,20 @@ impl DeviceUsage {
         for held in self.mig_held(slice) {
             *held = held.saturating_sub(1);
         }
+        for (i, held) in self.core_holders.iter_mut().enumerate() {
+            if slice.core_mask & (1 << i) != 0 {
+                *held = held.saturating_sub(1);
+            }
+        }
+    }
+
+    /// The core indexes live slices hold, as a mask.
+    pub fn core_mask(&self) -> u8 {
+        self.core_holders
+            .iter()
+            .enumerate()
+            .filter(|(_, held)| **held > 0)
+            .fold(0, |mask, (i, _)| mask | (1 << i))
     }
 
     /// The counters of the memory slices a MIG slice covers (none for other
@@ -167,6 +192,7 @@ impl NodeGpus {
                 && u.slices <= d.split_count
                 && (u.exclusive == 0 || u.slices == 1)
                 && u.mig_slices.iter().all(|&held| held <= 1)
+                && u.core_holders.iter().all(|&held| held <= 1)
         })
     }
 }

@@ -9,7 +9,7 @@ use std::fmt::{self, Write};
 
 use tessera_api::{
     mig,
-    names::{amd, annotations, ascend, cambricon, enflame, hygon, kunlun, metax, mthreads},
+    names::{amd, annotations, ascend, cambricon, enflame, hygon, kunlun, metax, mthreads, neuron},
     request::{ContainerRequest, MemoryRequest},
     v1alpha1::DeviceFamily,
 };
@@ -260,6 +260,39 @@ impl Rejection {
         Self { message }
     }
 
+    pub(super) fn consecutive(
+        container: &ContainerRequest,
+        free: &[u32],
+        total: usize,
+        ring: bool,
+    ) -> Self {
+        let mut message = needs(container, free.len(), total);
+        if !ring && !matches!(container.count, 4 | 8 | 16) {
+            let _ = write!(
+                message,
+                ": AWS Neuron places 1, 4, 8 or 16 devices on a Trainium node, not {}",
+                container.count
+            );
+            return Self { message };
+        }
+        let rule = if ring {
+            "on consecutive free devices (Inferentia's ring)".to_owned()
+        } else {
+            format!(
+                "on an aligned block of {} free devices (Trainium)",
+                container.count
+            )
+        };
+        let listed: Vec<String> = free.iter().map(u32::to_string).collect();
+        let _ = write!(
+            message,
+            ": AWS Neuron places {} devices {rule}, and the free devices ({}) hold none",
+            container.count,
+            listed.join(", ")
+        );
+        Self { message }
+    }
+
     pub(super) fn numa(
         container: &ContainerRequest,
         fitting: usize,
@@ -292,16 +325,30 @@ fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
         .and_then(|v| v.template.as_deref())
         .map(|t| format!(" (vNPU template {t})"))
         .unwrap_or_default();
-    let cores = if container.family.cores_are_units() {
-        format!("{}% of the compute units", container.cores)
+    let with = if container.family.cores_by_index() {
+        // Neuron devices have no memory; cores are NeuronCores.
+        if container.cores >= EXCLUSIVE_CORES {
+            "all its NeuronCores".to_owned()
+        } else {
+            format!("{} NeuronCores", container.cores)
+        }
+    } else if container.family.cores_are_units() {
+        format!(
+            "{}{template} and {}% of the compute units",
+            memory(container.memory),
+            container.cores
+        )
     } else {
-        format!("{} cores", container.cores)
+        format!(
+            "{}{template} and {} cores",
+            memory(container.memory),
+            container.cores
+        )
     };
     format!(
-        "container {:?} needs {count} {noun}{} with {}{template} and {cores}{}; {fitting} of {total} {noun}s fit",
+        "container {:?} needs {count} {noun}{} with {with}{}; {fitting} of {total} {noun}s fit",
         container.name,
         if count == 1 { "" } else { "s" },
-        memory(container.memory),
         if count == 1 { "" } else { " each" },
     )
 }
@@ -315,6 +362,7 @@ fn noun(container: &ContainerRequest) -> String {
         DeviceFamily::Mthreads => "Moore Threads GPU".into(),
         DeviceFamily::Enflame => "GCU".into(),
         DeviceFamily::Amd => "AMD GPU".into(),
+        DeviceFamily::AwsNeuron => "Neuron device".into(),
         DeviceFamily::Kunlunxin => match container
             .vendor
             .as_ref()
@@ -403,6 +451,12 @@ impl FilterKeys {
                 String::new(),
                 kunlun::USE_UUID.into(),
                 kunlun::NOUSE_UUID.into(),
+            ],
+            DeviceFamily::AwsNeuron => [
+                String::new(),
+                String::new(),
+                neuron::USE_UUID.into(),
+                neuron::NOUSE_UUID.into(),
             ],
             DeviceFamily::Amd => [
                 amd::USE_TYPE.into(),

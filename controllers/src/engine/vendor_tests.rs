@@ -1046,6 +1046,168 @@ fn kunlunxin_xpus_are_placed_by_wing_as_hami_does() {
     );
 }
 
+/// An AWS Neuron node of `n` two-core devices of instance type `model`;
+/// `held` lists (device, core) pairs live slices hold by index, `whole`
+/// devices held by count.
+fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGpus {
+    let devices = (0..n)
+        .map(|i| GpuDevice {
+            uuid: format!("n-AWSNeuron-{i}"),
+            index: i,
+            model: model.into(),
+            family: DeviceFamily::AwsNeuron,
+            network_id: None,
+            memory_mib: 0,
+            cores: 2,
+            split_count: 2,
+            numa_node: None,
+            healthy: true,
+            mode: OperatingMode::HamiCore,
+            mig: None,
+            mig_present: 0,
+        })
+        .collect();
+    let mut node = NodeGpus::new(devices);
+    for &(device, core) in held {
+        node.charge(&Slice {
+            device,
+            memory_mib: 0,
+            cores: 1,
+            mig: None,
+            core_mask: 1 << core,
+        });
+    }
+    for &device in whole {
+        node.charge(&Slice {
+            device,
+            memory_mib: 0,
+            cores: 2,
+            mig: None,
+            core_mask: 0,
+        });
+    }
+    node
+}
+
+#[test]
+fn aws_neuron_devices_are_placed_as_hami_does() {
+    // HAMi's awsneuron Fit and graphSelect: one device by cores or whole,
+    // several as consecutive free devices (a ring on Inferentia, aligned
+    // blocks of 4, 8 or 16 on Trainium).
+    let count = |n: u32| json!({"aws.amazon.com/neuron": n.to_string()});
+    let cores = |n: u32| json!({"aws.amazon.com/neuroncore": n.to_string()});
+    let cases: [Case; 9] = [
+        (
+            "one whole device (HAMi takes the last: it walks down)",
+            neurons("inf2.xlarge", 2, &[], &[]),
+            count(1),
+            json!({}),
+            Ok(&["n-AWSNeuron-0"]),
+        ),
+        (
+            "one core shares a device with another core",
+            neurons("inf2.xlarge", 2, &[(0, 0)], &[1]),
+            cores(1),
+            json!({}),
+            Ok(&["n-AWSNeuron-0"]),
+        ),
+        (
+            "two cores need a device with both free",
+            neurons("inf2.xlarge", 2, &[(0, 1)], &[]),
+            cores(2),
+            json!({}),
+            Ok(&["n-AWSNeuron-1"]),
+        ),
+        (
+            "Inferentia: two devices anywhere consecutive",
+            neurons("inf2.24xlarge", 6, &[], &[0, 3]),
+            count(2),
+            json!({}),
+            Ok(&["n-AWSNeuron-1", "n-AWSNeuron-2"]),
+        ),
+        (
+            "Inferentia: no two consecutive free",
+            neurons("inf2.24xlarge", 6, &[(1, 0)], &[3, 5]),
+            count(2),
+            json!({}),
+            Err(
+                "AWS Neuron places 2 devices on consecutive free devices (Inferentia's ring), and the free devices (0, 2, 4) hold none",
+            ),
+        ),
+        (
+            "Trainium: four devices as an aligned block",
+            neurons("trn1.32xlarge", 16, &[], &[1]),
+            count(4),
+            json!({}),
+            Ok(&[
+                "n-AWSNeuron-4",
+                "n-AWSNeuron-5",
+                "n-AWSNeuron-6",
+                "n-AWSNeuron-7",
+            ]),
+        ),
+        (
+            "Trainium: eight cores are four whole devices",
+            neurons("trn1.32xlarge", 8, &[(0, 0)], &[]),
+            cores(8),
+            json!({}),
+            Ok(&[
+                "n-AWSNeuron-4",
+                "n-AWSNeuron-5",
+                "n-AWSNeuron-6",
+                "n-AWSNeuron-7",
+            ]),
+        ),
+        (
+            "Trainium: two devices are never placed",
+            neurons("trn1.32xlarge", 16, &[], &[]),
+            count(2),
+            json!({}),
+            Err("AWS Neuron places 1, 4, 8 or 16 devices on a Trainium node, not 2"),
+        ),
+        (
+            "uuid mismatch",
+            neurons("inf2.xlarge", 1, &[], &[]),
+            count(1),
+            json!({"aws.amazon.com/use-neuron-uuid": "other"}),
+            Err("1 Neuron device not listed in aws.amazon.com/use-neuron-uuid"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+}
+
+#[test]
+fn aws_neuron_cores_are_handed_out_by_index_and_never_twice() {
+    let node = neurons("inf2.xlarge", 1, &[(0, 0)], &[]);
+    let request = parse_pod(
+        &pod(json!({"aws.amazon.com/neuroncore": "1"}), json!({})),
+        &config(),
+    )
+    .unwrap()
+    .unwrap();
+    let placement = fit(&node, &request, SchedulingPolicy::Spread).unwrap();
+    let slice = placement.slices().next().copied().unwrap();
+    assert_eq!(
+        (slice.cores, slice.core_mask, slice.memory_mib),
+        (1, 0b10, 0)
+    );
+    let mut full = node.clone();
+    full.charge(&slice);
+    assert!(full.within_capacity());
+    assert_eq!(full.usage[0].core_mask(), 0b11);
+    let err = fit(&full, &request, SchedulingPolicy::Spread).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("1 Neuron device with no free slice"),
+        "{err}"
+    );
+    // A whole device by count holds every core: no core request fits.
+    let whole = neurons("inf2.xlarge", 1, &[], &[0]);
+    assert!(fit(&whole, &request, SchedulingPolicy::Spread).is_err());
+}
+
 #[test]
 fn metax_exclusive_sgpus_prefer_the_smallest_metalink_that_holds_them() {
     // HAMi's TestPrioritizeExclusiveDevices: MetaLink 1 has one GPU,

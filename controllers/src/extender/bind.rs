@@ -216,13 +216,23 @@ impl Binder {
         // What another vendor's device plugin reads at Allocate; empty for
         // a pod of NVIDIA GPUs only.
         let now = k8s_openapi::jiff::Timestamp::now();
+        let order = crate::vendors::handoff::container_order(pod);
+        let mut pod_handoff =
+            crate::vendors::handoff::pod_annotations(&spec, &order, &self.config.request, now);
+        let cores_of = |uuid: &str| {
+            devices
+                .iter()
+                .find(|d| d.uuid == uuid)
+                .map_or(0, |d| d.cores)
+        };
+        pod_handoff.extend(crate::vendors::handoff::neuron_ids(
+            &spec,
+            &order,
+            cores_of,
+            &self.config.request,
+        ));
         let handoff = super::handoff::Handoff {
-            pod: crate::vendors::handoff::pod_annotations(
-                &spec,
-                &crate::vendors::handoff::container_order(pod),
-                &self.config.request,
-                now,
-            ),
+            pod: pod_handoff,
             node: crate::vendors::handoff::node_annotations(
                 &spec,
                 &args.pod_namespace,
@@ -488,6 +498,7 @@ fn live(devices: &[GpuDevice], placement: &Placement, uid: &str, node: &str) -> 
                 memory_mib: s.memory_mib,
                 cores: s.cores,
                 mig: s.mig.map(|cut| cut.placement),
+                core_indexes: crate::engine::core_indexes(s.core_mask),
             })
             .collect(),
     }
@@ -531,6 +542,7 @@ fn allocation_spec(
                 memory_mib: s.memory_mib,
                 cores: s.cores,
                 mig: mig_slice(d, s),
+                core_indexes: crate::engine::core_indexes(s.core_mask),
             }
         });
         match containers.iter_mut().find(|a| a.name == c.name) {

@@ -110,6 +110,7 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
                 memory_mib: d.memory_mib,
                 cores: d.cores,
                 mig: d.mig.as_ref().map(|m| m.placement),
+                core_indexes: d.core_indexes.clone(),
             })
             .collect(),
     })

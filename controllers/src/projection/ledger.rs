@@ -44,6 +44,8 @@ pub struct UuidSlice {
     pub cores: u32,
     /// Where its MIG instance sits, on a dynamic-MIG device.
     pub mig: Option<MigPlacement>,
+    /// The device's cores it holds, by index (AWS NeuronCores).
+    pub core_indexes: Vec<u32>,
 }
 
 /// Every GPU node and every live allocation.
@@ -308,6 +310,7 @@ fn charge(node: &mut NodeGpus, allocation: &LiveAllocation, direction: Direction
                 profile: None,
                 placement,
             }),
+            core_mask: crate::engine::core_mask(&slice.core_indexes),
         };
         match direction {
             Direction::Add => node.charge(&slice),
@@ -369,6 +372,7 @@ mod tests {
                 memory_mib: mib,
                 cores: 10,
                 mig: None,
+                core_indexes: Vec::new(),
             }],
         }
     }

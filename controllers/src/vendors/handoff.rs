@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde::Serialize;
 use tessera_api::{
-    names::{amd, cambricon, enflame, kunlun, metax, mthreads},
+    names::{amd, cambricon, enflame, kunlun, metax, mthreads, neuron},
     request::RequestConfig,
     v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
 };
@@ -71,6 +71,7 @@ fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
         DeviceFamily::Amd => Some(AMD),
         DeviceFamily::Kunlunxin if slice.model == kunlun::VXPU_TYPE => Some(kunlun::VXPU_TYPE),
         DeviceFamily::Kunlunxin => Some(kunlun::XPU_TYPE),
+        DeviceFamily::AwsNeuron => Some(neuron::DEVICE_TYPE),
     }
 }
 
@@ -151,11 +152,30 @@ pub fn pod_annotations(
                 } else {
                     device_type
                 };
-                encoded.push_str(&format!("{},{shown},{},{}:", d.uuid, d.memory_mib, d.cores));
+                // HAMi writes a Neuron device's cores as the mask of the
+                // cores it holds (3: both of two).
+                let cores = if device_type == neuron::DEVICE_TYPE {
+                    neuron_mask(d)
+                } else {
+                    d.cores
+                };
+                encoded.push_str(&format!("{},{shown},{},{cores}:", d.uuid, d.memory_mib));
             }
             encoded.push(';');
         }
         let (to_allocate, allocated) = keys(device_type);
+        if device_type == neuron::DEVICE_TYPE {
+            // AWS's plugin reads HAMi's list, the ids (written by Bind, which
+            // knows each device's cores: `neuron_ids`) and these.
+            out.insert(neuron::ALLOCATED.to_owned(), encoded);
+            out.insert(
+                neuron::PREDICATE_TIME.to_owned(),
+                now.as_nanosecond().to_string(),
+            );
+            out.insert(neuron::ALLOCATED_FLAG.to_owned(), "false".to_owned());
+            out.insert(neuron::PREDICATE_NODE.to_owned(), spec.node_name.clone());
+            continue;
+        }
         if device_type == "Mthreads" || device_type == kunlun::XPU_TYPE {
             // Moore Threads' and Kunlunxin's whole-XPU plugins read the card
             // indexes of the last container with devices, and HAMi writes no
@@ -254,6 +274,65 @@ pub fn pod_annotations(
             );
             out.insert(PREDICATE_TIME.to_owned(), seconds.clone());
         }
+    }
+    out
+}
+
+/// A Neuron slice's cores as HAMi encodes them: the mask of the cores it
+/// holds (a slice by count holds every core of its device).
+fn neuron_mask(slice: &DeviceSlice) -> u32 {
+    if slice.core_indexes.is_empty() {
+        1u32.checked_shl(slice.cores).map_or(u32::MAX, |m| m - 1)
+    } else {
+        slice
+            .core_indexes
+            .iter()
+            .filter(|&&i| i < 32)
+            .fold(0, |mask, &i| mask | (1 << i))
+    }
+}
+
+/// AWS's `AWS_NEURON_IDS` (and `NEURON_RESOURCE_TYPE`) for the Neuron
+/// slices of `spec`, in container order: a device's index for a container
+/// that asked for devices, else the node's numbers of its cores (device
+/// index × `cores_per_device(uuid)` + core, HAMi's `PatchAnnotations`).
+/// Empty without Neuron slices.
+pub fn neuron_ids(
+    spec: &VgpuAllocationSpec,
+    containers: &[String],
+    cores_per_device: impl Fn(&str) -> u32,
+    config: &RequestConfig,
+) -> BTreeMap<String, String> {
+    let mut ids = Vec::new();
+    let mut by_core = false;
+    for name in containers {
+        let slices = spec
+            .containers
+            .iter()
+            .filter(|c| &c.name == name)
+            .flat_map(|c| &c.devices)
+            .filter(|d| d.family == DeviceFamily::AwsNeuron);
+        for d in slices {
+            if d.core_indexes.is_empty() {
+                ids.push(d.index);
+            } else {
+                by_core = true;
+                let first = d.index.saturating_mul(cores_per_device(&d.uuid));
+                ids.extend(d.core_indexes.iter().map(|c| first.saturating_add(*c)));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    if ids.is_empty() {
+        return out;
+    }
+    let listed: Vec<String> = ids.iter().map(u32::to_string).collect();
+    out.insert(neuron::ASSIGNED_INDEX.to_owned(), listed.join(","));
+    if let Some(neuron) = config.awsneuron.as_ref().filter(|_| by_core) {
+        out.insert(
+            neuron::RESOURCE_TYPE.to_owned(),
+            neuron.resource_core_name.clone(),
+        );
     }
     out
 }
@@ -701,6 +780,55 @@ mod tests {
         );
         assert_eq!(out["hami.io/xpu-devices-allocated"], "xpu-0,XPU,24576,25:;");
         assert!(node_annotations(&spec, "ml", "p", now).contains_key(MUTEX_LOCK));
+    }
+
+    #[test]
+    fn aws_neuron_devices_and_cores_are_handed_off_as_hami_does() {
+        // HAMi's awsneuron TestPatchAnnotations: by count, device indexes;
+        // by cores, the node's core numbers and the core resource.
+        let neuron = |uuid: &str, index: u32, cores: u32, held: &[u32]| DeviceSlice {
+            index,
+            core_indexes: held.to_vec(),
+            ..slice(uuid, DeviceFamily::AwsNeuron, "inf2.xlarge", 0, cores, None)
+        };
+        let config = RequestConfig {
+            awsneuron: Some(tessera_api::request::AwsNeuronConfig::default()),
+            ..RequestConfig::default()
+        };
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let by_count = allocation("p", "u", "n1")
+            .container(container(
+                "a",
+                vec![neuron("test1", 0, 2, &[]), neuron("test2", 1, 2, &[])],
+            ))
+            .build()
+            .spec;
+        let out = pod_annotations(&by_count, &["a".to_owned()], &config, now);
+        assert_eq!(
+            out["hami.io/aws-neuron-devices-allocated"],
+            "test1,AWSNeuron,0,3:test2,AWSNeuron,0,3:;"
+        );
+        assert_eq!(out["NEURON_ALLOCATED"], "false");
+        assert_eq!(out["aws.amazon.com/predicate-node"], "n1");
+        let ids = neuron_ids(&by_count, &["a".to_owned()], |_| 2, &config);
+        assert_eq!(ids["AWS_NEURON_IDS"], "0,1");
+        assert!(!ids.contains_key("NEURON_RESOURCE_TYPE"));
+        let by_core = allocation("p", "u", "n1")
+            .container(container("a", vec![neuron("test2", 1, 1, &[1])]))
+            .build()
+            .spec;
+        let out = pod_annotations(&by_core, &["a".to_owned()], &config, now);
+        assert_eq!(
+            out["hami.io/aws-neuron-devices-allocated"],
+            "test2,AWSNeuron,0,2:;"
+        );
+        let ids = neuron_ids(&by_core, &["a".to_owned()], |_| 2, &config);
+        assert_eq!(ids["AWS_NEURON_IDS"], "3", "device 1, its second core");
+        assert_eq!(ids["NEURON_RESOURCE_TYPE"], "aws.amazon.com/neuroncore");
+        assert!(
+            node_annotations(&by_core, "ml", "p", now).is_empty(),
+            "no lock, as HAMi"
+        );
     }
 
     #[test]

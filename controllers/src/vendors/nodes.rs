@@ -75,6 +75,12 @@ async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Err
     let name = node.name_any();
     let mut annotations = node.metadata.annotations.clone().unwrap_or_default();
     annotations.insert(view::NODE_NAME.to_owned(), name.clone());
+    if let Some(instance) = node
+        .labels()
+        .get(tessera_api::names::neuron::INSTANCE_TYPE_LABEL)
+    {
+        annotations.insert(view::INSTANCE_TYPE.to_owned(), instance.clone());
+    }
     let annotations = &annotations;
     let empty_allocatable = BTreeMap::new();
     let allocatable = node

@@ -21,7 +21,7 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp, civil::DateTime, tz::TimeZone},
 };
 use tessera_api::{
-    names::{ascend::NODE_SOFT_SPLIT, enflame, kunlun, metax},
+    names::{ascend::NODE_SOFT_SPLIT, enflame, kunlun, metax, neuron},
     request::RequestConfig,
     v1alpha1::{
         DeviceCapacity, DeviceFamily, DeviceHealth, GpuDevice, GpuNodeStatus, OperatingMode,
@@ -78,6 +78,14 @@ pub enum SourceKind {
         memory_mib: u64,
         /// What device ids say after the node's name (`metax`).
         infix: &'static str,
+    },
+    /// Only the Node's allocatable, as HAMi reads AWS Neuron nodes: the
+    /// count resource's devices (`<node>-AWSNeuron-<i>`), each with an
+    /// equal share of `cores` (NeuronCores), shared by core, no memory; the
+    /// model is the Node's instance type (its topology: `inf` a ring).
+    Neuron {
+        /// The NeuronCore resource.
+        cores: String,
     },
     /// Only the Node's allocatable: 100 of `cores` per card and the cards'
     /// memory in `memory` (in units of `unit_mib`), as HAMi reads Cambricon
@@ -197,6 +205,18 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
             kind: SourceKind::Json,
         });
     }
+    if let Some(aws) = &config.awsneuron {
+        sources.push(Source {
+            family: DeviceFamily::AwsNeuron,
+            register: String::new(),
+            handshake: String::new(),
+            count_resource: aws.resource_count_name.clone(),
+            device_type: Some(neuron::DEVICE_TYPE.into()),
+            kind: SourceKind::Neuron {
+                cores: aws.resource_core_name.clone(),
+            },
+        });
+    }
     if let Some(amd) = &config.amd {
         sources.push(Source {
             family: DeviceFamily::Amd,
@@ -283,6 +303,33 @@ pub fn view(
                 let node = node_name(annotations);
                 view.devices
                     .extend(cards_of(&format!("{node}-{infix}"), cards, &card, source));
+            }
+            continue;
+        }
+        if let SourceKind::Neuron { cores } = &source.kind {
+            let devices = whole(allocatable, &source.count_resource);
+            if let Some(per_device) = whole(allocatable, cores).checked_div(devices) {
+                any = true;
+                let per_device = u32::try_from(per_device.min(MAX_CORES_PER_DEVICE)).unwrap_or(0);
+                let card = Card {
+                    memory_mib: 0,
+                    cores: per_device,
+                    split_count: per_device,
+                };
+                let node = node_name(annotations);
+                let model = annotations
+                    .get(INSTANCE_TYPE)
+                    .filter(|t| !t.is_empty() && t.len() <= 64)
+                    .cloned()
+                    .unwrap_or_else(|| neuron::DEVICE_TYPE.to_owned());
+                view.devices.extend(
+                    cards_of(&format!("{node}-AWSNeuron"), devices, &card, source)
+                        .into_iter()
+                        .map(|d| GpuDevice {
+                            model: model.clone(),
+                            ..d
+                        }),
+                );
             }
             continue;
         }
@@ -510,6 +557,14 @@ fn node_name(annotations: &BTreeMap<String, String>) -> &str {
 /// The key [`view`] reads the Node's name from (never a real annotation: it
 /// has no `/`, and the reconciler inserts it).
 pub const NODE_NAME: &str = "node-name";
+
+/// The key [`view`] reads the Node's `node.kubernetes.io/instance-type`
+/// label from (inserted by the reconciler, like [`NODE_NAME`]).
+pub const INSTANCE_TYPE: &str = "node-instance-type";
+
+/// NeuronCores one Neuron device offers at most (the cores a slice can
+/// name by index).
+const MAX_CORES_PER_DEVICE: u64 = 8;
 
 /// What each card of an allocatable source offers.
 struct Card {
@@ -985,6 +1040,74 @@ mod tests {
             ("xpu-0", DeviceFamily::Kunlunxin, "XPU", 4)
         );
         assert_eq!(seen.handshakes[0].0, "hami.io/node-handshake-xpu");
+    }
+
+    #[test]
+    fn aws_neuron_devices_come_from_the_nodes_count_and_cores() {
+        // HAMi's awsneuron TestGetNodeDevices: `<node>-AWSNeuron-<i>`,
+        // cores per device = neuroncore / neuron, the instance type kept.
+        let config = RequestConfig {
+            awsneuron: Some(tessera_api::request::AwsNeuronConfig::default()),
+            ..RequestConfig::default()
+        };
+        let allocatable = BTreeMap::from([
+            ("aws.amazon.com/neuron".to_owned(), Quantity("2".into())),
+            ("aws.amazon.com/neuroncore".to_owned(), Quantity("4".into())),
+        ]);
+        let node = annotations(&[(NODE_NAME, "n1"), (INSTANCE_TYPE, "inf2.8xlarge")]);
+        let seen = view(
+            &node,
+            &allocatable,
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        let got: Vec<_> = seen
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.uuid.as_str(),
+                    d.family,
+                    d.model.as_str(),
+                    d.memory_mib,
+                    d.capacity.cores,
+                    d.split_count,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "n1-AWSNeuron-0",
+                    DeviceFamily::AwsNeuron,
+                    "inf2.8xlarge",
+                    0,
+                    2,
+                    2
+                ),
+                (
+                    "n1-AWSNeuron-1",
+                    DeviceFamily::AwsNeuron,
+                    "inf2.8xlarge",
+                    0,
+                    2,
+                    2
+                ),
+            ]
+        );
+        let unlabelled = annotations(&[(NODE_NAME, "n1")]);
+        let seen = view(
+            &unlabelled,
+            &allocatable,
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        assert_eq!(seen.devices[0].model, "AWSNeuron");
     }
 
     #[test]
