@@ -26,6 +26,7 @@ mod fit;
 mod node;
 mod reason;
 mod score;
+mod topology;
 mod wings;
 
 #[cfg(test)]
@@ -37,6 +38,7 @@ pub use fit::{feasible, fit};
 pub use node::{DeviceUsage, GpuDevice, NodeGpus};
 pub use reason::Rejection;
 pub use score::{device_load, node_score, prioritized_score};
+pub use topology::topology_score;
 
 /// Cores that make a slice exclusive.
 pub const EXCLUSIVE_CORES: u32 = 100;

@@ -62,11 +62,22 @@ fn node_fullness(node: &NodeGpus) -> f64 {
 /// the lock; under binpack a burst of pods all prefer the same fullest node
 /// and would bind one at a time (measured at 1,000 nodes: up to 48 pods of a
 /// burst on one node, lock wait p50 5 s).
-pub fn prioritized_score(node: &NodeGpus, policy: SchedulingPolicy, pending: bool) -> i64 {
+///
+/// With a vendor `topology` score (0.0 to 1.0, [`super::topology_score`])
+/// the topology ranks first, as HAMi's device scores outweigh its node
+/// score: three tiers (worst, middle, best) of three policy steps, 1 to 9.
+pub fn prioritized_score(
+    node: &NodeGpus,
+    policy: SchedulingPolicy,
+    pending: bool,
+    topology: Option<f64>,
+) -> i64 {
     if pending || node.devices.is_empty() {
-        0
-    } else {
-        scaled(node, policy, 1, MAX_SCORE)
+        return 0;
+    }
+    match topology {
+        None => scaled(node, policy, 1, MAX_SCORE),
+        Some(t) => 1 + 3 * (t.clamp(0.0, 1.0) * 2.0).round() as i64 + scaled(node, policy, 0, 2),
     }
 }
 

@@ -384,20 +384,20 @@ fn a_node_with_a_bind_under_way_scores_below_every_idle_node() {
     let empty = a100s(2);
     for policy in [Binpack, Spread] {
         for node in [&full, &half, &tenth, &empty] {
-            assert_eq!(score::prioritized_score(node, policy, true), 0);
-            let idle = score::prioritized_score(node, policy, false);
+            assert_eq!(score::prioritized_score(node, policy, true, None), 0);
+            let idle = score::prioritized_score(node, policy, false, None);
             assert!((1..=score::MAX_SCORE).contains(&idle), "{idle}");
         }
     }
     // Among idle nodes the policy still decides: half a GPU used on one of
     // two beats a tenth (controllers/tests/scheduling.rs places pods so).
-    let idle = |node: &NodeGpus, policy| score::prioritized_score(node, policy, false);
+    let idle = |node: &NodeGpus, policy| score::prioritized_score(node, policy, false, None);
     assert!(idle(&full, Binpack) > idle(&half, Binpack));
     assert!(idle(&half, Binpack) > idle(&tenth, Binpack));
     assert!(idle(&tenth, Binpack) >= idle(&empty, Binpack));
     assert!(idle(&empty, Spread) > idle(&half, Spread));
     assert_eq!(
-        score::prioritized_score(&NodeGpus::default(), Binpack, false),
+        score::prioritized_score(&NodeGpus::default(), Binpack, false, None),
         0
     );
 }

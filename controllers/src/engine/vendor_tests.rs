@@ -1209,6 +1209,71 @@ fn aws_neuron_cores_are_handed_out_by_index_and_never_twice() {
 }
 
 #[test]
+fn prioritize_ranks_vendor_topology_before_the_policy() {
+    // HAMi's Ascend ScoreNode: a pod whose 910 NPUs share one network
+    // scores above one spread over two, whatever the node policy says.
+    let ascend = |networks: [u32; 4], used: &[usize]| {
+        let card = Row {
+            total_mem: 32768,
+            count: 4,
+            ..FREE
+        };
+        let mut node = node(DeviceFamily::Ascend, "Ascend910A", &[card; 4]);
+        for (i, device) in node.devices.iter_mut().enumerate() {
+            device.uuid = format!("npu-{i}");
+            device.network_id = Some(networks[i]);
+        }
+        for &i in used {
+            node.usage[i] = DeviceUsage {
+                memory_mib: 32768,
+                cores: 100,
+                slices: 1,
+                ..DeviceUsage::default()
+            };
+        }
+        node
+    };
+    let request = parse_pod(
+        &pod(json!({"huawei.com/Ascend910A": "2"}), json!({})),
+        &config(),
+    )
+    .unwrap()
+    .unwrap();
+    let together = ascend([0, 0, 1, 1], &[2]);
+    let apart = ascend([0, 1, 2, 3], &[]);
+    let policy = SchedulingPolicy::Spread;
+    assert_eq!(topology_score(&together, &request, policy), Some(1.0));
+    assert_eq!(topology_score(&apart, &request, policy), Some(0.5));
+    let score = |node: &NodeGpus| {
+        prioritized_score(node, policy, false, topology_score(node, &request, policy))
+    };
+    assert!(
+        score(&together) > score(&apart),
+        "{} vs {}: the emptier node loses on topology",
+        score(&together),
+        score(&apart)
+    );
+    // NVIDIA and other families keep the policy's 1..=10.
+    let nvidia = parse_pod(&pod(json!({"nvidia.com/gpu": "1"}), json!({})), &config())
+        .unwrap()
+        .unwrap();
+    assert_eq!(topology_score(&together, &nvidia, policy), None);
+    // Kunlunxin whole XPUs: HAMi's calcscore over the wing bubbles.
+    let mut rows = [(0, 0); 8];
+    rows[0] = (98304, 1);
+    let xpu = xpus("kunlun", rows);
+    let one = parse_pod(
+        &pod(json!({"kunlunxin.com/xpu": "1"}), json!({})),
+        &config(),
+    )
+    .unwrap()
+    .unwrap();
+    // XPU 0 in use; the pod gets XPU 1 (the left wing has three free):
+    // bubbles 3 before and after, HAMi's 2000.
+    assert_eq!(topology_score(&xpu, &one, policy), Some(2.0 / 3.0));
+}
+
+#[test]
 fn metax_exclusive_sgpus_prefer_the_smallest_metalink_that_holds_them() {
     // HAMi's TestPrioritizeExclusiveDevices: MetaLink 1 has one GPU,
     // MetaLink 2 two, the last GPU is on none.

@@ -104,6 +104,14 @@ pub fn prioritize(
                         .node_policy
                         .unwrap_or(config.node_scheduler_policy),
                     pending(host),
+                    engine::topology_score(
+                        node,
+                        request,
+                        request
+                            .options
+                            .gpu_policy
+                            .unwrap_or(config.gpu_scheduler_policy),
+                    ),
                 ),
                 _ => 0,
             };
