@@ -72,6 +72,9 @@ pub mod hygon {
 
 /// Ascend NPUs' pod annotations (HAMi `pkg/device/ascend`).
 pub mod ascend {
+    /// The variable Ascend's container runtime reads the visible NPUs from;
+    /// HAMi's `overwriteEnv` sets it empty in containers without NPUs.
+    pub const VISIBLE_DEVICES: &str = "ASCEND_VISIBLE_DEVICES";
     /// `hami-core`: HAMi's hami-vnpu-core soft split instead of the driver's
     /// vNPU templates.
     pub const VNPU_MODE: &str = "huawei.com/vnpu-mode";

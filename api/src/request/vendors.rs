@@ -296,12 +296,11 @@ pub struct VnpuConfig {
     /// AI CPUs per card (for display).
     #[serde(rename = "aiCPU")]
     pub ai_cpu: u32,
-    /// RuntimeClass HAMi's webhook gives pods that do not name one (accepted
-    /// so HAMi's section reads unchanged; not applied yet, docs/vendors.md).
+    /// The RuntimeClass the webhook gives a pod asking for this chip's NPUs
+    /// that names none (empty: none), as HAMi's does.
     pub runtime_class_name: String,
-    /// HAMi's webhook adds an empty `ASCEND_VISIBLE_DEVICES` to containers
-    /// without NPUs when set (accepted so HAMi's section reads unchanged; not
-    /// applied yet, docs/vendors.md).
+    /// When set, the webhook adds an empty `ASCEND_VISIBLE_DEVICES` to every
+    /// container of the pod that asks for no Ascend NPU, as HAMi's does.
     pub overwrite_env: bool,
     /// The vNPU templates, any order: a memory request rounds up to the
     /// smallest template that holds it.

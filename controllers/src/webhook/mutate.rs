@@ -83,6 +83,7 @@ pub fn mutate(pod: &Pod, config: &Config, largest_device_mib: Option<u64>) -> Ve
     let mut mutated = pod.clone();
     fill_defaults(&mut mutated, &request, config);
     super::vendors::pod_annotations(&mut mutated, &request.containers);
+    super::vendors::ascend_runtime(&mut mutated, &request.containers, &config.request);
     let spec = mutated.spec.get_or_insert_default();
     spec.scheduler_name = Some(config.scheduler_name.clone());
     Verdict::Mutated(Box::new(mutated))

@@ -135,6 +135,60 @@ fn vxpu_limits(container: &mut Container, wanted: &ContainerRequest, config: &Re
         .insert(key.clone(), size);
 }
 
+/// What HAMi's Ascend `MutateAdmission` writes beyond the limits: a chip's
+/// `runtimeClassName` on a pod asking for that chip's NPUs that names no
+/// RuntimeClass, and, for a chip with `overwriteEnv`, an empty
+/// `ASCEND_VISIBLE_DEVICES` in every container that asks for no Ascend NPU
+/// (so Ascend's runtime hands it none) unless the container sets it.
+pub(super) fn ascend_runtime(
+    pod: &mut k8s_openapi::api::core::v1::Pod,
+    wanted: &[ContainerRequest],
+    config: &RequestConfig,
+) {
+    use tessera_api::names::ascend::VISIBLE_DEVICES;
+    let chips = config.vnpus.iter().flat_map(|v| &v.configs);
+    let asks_chip = |chip: &str| {
+        wanted.iter().any(|r| {
+            r.family == DeviceFamily::Ascend
+                && r.vendor.as_ref().and_then(|v| v.device_type.as_deref()) == Some(chip)
+        })
+    };
+    let spec = pod.spec.get_or_insert_default();
+    if spec.runtime_class_name.is_none()
+        && let Some(chip) = chips
+            .clone()
+            .find(|c| !c.runtime_class_name.is_empty() && asks_chip(&c.common_word))
+    {
+        spec.runtime_class_name = Some(chip.runtime_class_name.clone());
+    }
+    if !chips.clone().any(|c| c.overwrite_env) {
+        return;
+    }
+    let asks_npus = |name: &str| {
+        wanted
+            .iter()
+            .any(|r| r.name == name && r.family == DeviceFamily::Ascend)
+    };
+    let containers = spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut());
+    for container in containers {
+        if asks_npus(&container.name) {
+            continue;
+        }
+        let env = container.env.get_or_insert_default();
+        if !env.iter().any(|e| e.name == VISIBLE_DEVICES) {
+            env.push(EnvVar {
+                name: VISIBLE_DEVICES.into(),
+                value: Some(String::new()),
+                value_from: None,
+            });
+        }
+    }
+}
+
 /// The pod annotations HAMi's webhook adds for other vendors: Moore
 /// Threads' `mthreads.com/request-gpu-num` for a container asking for more
 /// than one GPU, MetaX's `metax-tech.com/sgpu-qos-policy: best-effort` for
@@ -316,6 +370,57 @@ mod tests {
         assert_eq!(
             pod.metadata.annotations.unwrap()["mthreads.com/request-gpu-num"],
             "2"
+        );
+    }
+
+    #[test]
+    fn ascend_pods_get_the_runtime_class_and_other_containers_no_npus() {
+        // HAMi's Ascend MutateAdmission: runtimeClassName when the pod names
+        // none; overwriteEnv empties ASCEND_VISIBLE_DEVICES elsewhere.
+        let mut config = tessera_api::testing::vendor_config();
+        let chip = &mut config.vnpus.as_mut().unwrap().configs[0];
+        chip.runtime_class_name = "ascend".into();
+        chip.overwrite_env = true;
+        let mutate = |runtime: Option<&str>| {
+            let mut pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p"},
+                "spec": {
+                    "runtimeClassName": runtime,
+                    "containers": [
+                        {"name": "npu", "resources": {"limits": {"huawei.com/Ascend910A": "1"}}},
+                        {"name": "sidecar"},
+                        {"name": "own", "env": [{"name": "ASCEND_VISIBLE_DEVICES", "value": "0"}]},
+                    ],
+                },
+            }))
+            .unwrap();
+            let wanted = parse_pod(&pod, &config).unwrap().unwrap();
+            ascend_runtime(&mut pod, &wanted.containers, &config);
+            pod.spec.unwrap()
+        };
+        let spec = mutate(None);
+        assert_eq!(spec.runtime_class_name.as_deref(), Some("ascend"));
+        let env = |i: usize| {
+            spec.containers[i]
+                .env
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| e.name == "ASCEND_VISIBLE_DEVICES")
+                .map(|e| e.value.unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            env(0),
+            Vec::<String>::new(),
+            "the NPU container keeps what the plugin gives"
+        );
+        assert_eq!(env(1), [""]);
+        assert_eq!(env(2), ["0"], "a container's own value is kept");
+        assert_eq!(
+            mutate(Some("mine")).runtime_class_name.as_deref(),
+            Some("mine"),
+            "a pod's own RuntimeClass is kept"
         );
     }
 
