@@ -58,7 +58,7 @@ pub(super) fn parse(
             return reader.without_count(
                 &chip.resource_name,
                 "NPU",
-                [
+                &[
                     (&chip.resource_memory_name, &memory),
                     (&chip.resource_core_name, &cores),
                 ],

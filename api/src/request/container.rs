@@ -168,9 +168,9 @@ impl Reader<'_> {
         mut self,
         count: &str,
         noun: &str,
-        fields: [(&str, &Field); 2],
+        fields: &[(&str, &Field)],
     ) -> Result<Option<T>, Vec<Violation>> {
-        for (name, field) in fields {
+        for &(name, field) in fields {
             if !matches!(field, Field::Absent) {
                 self.violate(
                     name,

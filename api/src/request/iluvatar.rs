@@ -61,7 +61,7 @@ pub(super) fn parse(
             return reader.without_count(
                 &chip.resource_count_name,
                 "GPU",
-                [
+                &[
                     (&chip.resource_memory_name, &memory),
                     (&chip.resource_core_name, &cores),
                 ],

@@ -63,10 +63,7 @@ pub(super) fn parse_vxpu(
             return reader.without_count(
                 &config.resource_vcount_name,
                 "vXPU",
-                [
-                    (&config.resource_vmemory_name, &memory),
-                    ("", &Field::Absent),
-                ],
+                &[(&config.resource_vmemory_name, &memory)],
             );
         }
         return reader.finish(None);

@@ -77,7 +77,7 @@ pub(super) fn parse_sgpu(
             return reader.without_count(
                 &config.resource_vcount_name,
                 "sGPU",
-                [
+                &[
                     (config.resource_vmemory_name.as_str(), &memory),
                     (config.resource_vcore_name.as_str(), &cores),
                 ],

@@ -67,7 +67,7 @@ pub(super) fn parse(
             return reader.without_count(
                 &config.resource_count_name,
                 "GPU",
-                [
+                &[
                     (&config.resource_memory_name, &memory),
                     (&config.resource_core_name, &cores),
                 ],

@@ -140,7 +140,7 @@ pub(super) fn parse(
             return reader.without_count(
                 vendor.count,
                 vendor.noun,
-                [(vendor.memory, &memory), (vendor.cores, &cores)],
+                &[(vendor.memory, &memory), (vendor.cores, &cores)],
             );
         }
     };
