@@ -142,6 +142,28 @@ pub mod mthreads {
 pub mod enflame {
     /// The device type of whole GCUs (`enflame.com/gcu`).
     pub const GCU_TYPE: &str = "GCU";
+    /// The device type of GCUs cut into DRS partitions (HAMi's
+    /// `EnflameVGCUDevice`).
+    pub const DRS_TYPE: &str = "Enflame";
+    /// The Node annotation Enflame's plugin lists its DRS devices and
+    /// profiles in (JSON).
+    pub const DRS_CAPACITY: &str = "enflame.com/gcu-drs-capacity";
+    /// The DRS hand-off list (HAMi's `SupportDevices`).
+    pub const DRS_ALLOCATED: &str = "hami.io/enflame-vgpu-devices-allocated";
+    /// `false` until the plugin has served the pod.
+    pub const ASSIGNED: &str = "enflame.com/gcu-assigned";
+    /// Bind's time, Unix nanoseconds.
+    pub const ASSIGNED_TIME: &str = "enflame.com/gcu-assigned-time";
+    /// The first DRS container's device index.
+    pub const ASSIGNED_INDEX: &str = "enflame.com/gcu-assigned-index";
+    /// The same index, as HAMi writes it again.
+    pub const ASSIGNED_ID: &str = "enflame.com/gcu-assigned-id";
+    /// The first DRS container's device minor number.
+    pub const ASSIGNED_MINOR: &str = "enflame.com/gcu-assigned-minor";
+    /// The first DRS container's slices.
+    pub const REQUEST_SIZE: &str = "enflame.com/gcu-request-size";
+    /// Per container: `{allocated, request, profileID, profileName}`.
+    pub const ASSIGNED_CONTAINERS: &str = "assigned-containers";
     /// The memory HAMi gives each whole GCU read from the Node's capacity:
     /// a placeholder (the plugin reports none), kept so that the hand-off
     /// reads as HAMi's.

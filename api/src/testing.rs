@@ -196,6 +196,8 @@ pub fn gpu(index: u32, model: &str, memory_mib: u64) -> GpuDevice {
         mode: OperatingMode::HamiCore,
         mig_instances: Vec::new(),
         mig: None,
+        profiles: Vec::new(),
+        minor: None,
     }
 }
 

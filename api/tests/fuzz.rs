@@ -313,7 +313,7 @@ fn pod_json(pod: &GenPod) -> Value {
 /// What the model expects of one container whose values are all known numbers.
 enum Expected {
     None,
-    Request(ContainerRequest),
+    Request(Box<ContainerRequest>),
     /// The fields that must be named in the error.
     Violations(Vec<String>),
 }
@@ -367,7 +367,7 @@ fn model(c: &GenContainer, config: &RequestConfig) -> Option<Expected> {
         None if memory.is_whole_device() => 100,
         None => config.default_cores,
     };
-    Some(Expected::Request(ContainerRequest {
+    Some(Expected::Request(Box::new(ContainerRequest {
         name: c.name.clone(),
         kind: c.kind,
         count: count.map_or(config.default_gpu_num, |n| n as u32),
@@ -376,7 +376,7 @@ fn model(c: &GenContainer, config: &RequestConfig) -> Option<Expected> {
         priority: priority.map(|p| p as u32),
         family: Default::default(),
         vendor: None,
-    }))
+    })))
 }
 
 /// The annotation keys whose values the parser must refuse.
@@ -445,7 +445,7 @@ fn fuzz_pod_request_structured() {
             match model(c, config) {
                 None => all_known = false,
                 Some(Expected::None) => {}
-                Some(Expected::Request(r)) => expected.push(r),
+                Some(Expected::Request(r)) => expected.push(*r),
                 Some(Expected::Violations(fields)) => {
                     must_name.extend(fields.into_iter().map(|f| (Some(c.name.clone()), f)))
                 }

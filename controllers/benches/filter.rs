@@ -60,6 +60,8 @@ fn main() {
                     mode: OperatingMode::HamiCore,
                     mig: None,
                     mig_present: 0,
+                    profiles: Vec::new(),
+                    minor: None,
                 })
                 .collect();
             ledger.set_node(&format!("node-{n:05}"), devices);
@@ -83,6 +85,7 @@ fn main() {
                         cores: percent as u32,
                         mig: None,
                         core_indexes: Vec::new(),
+                        units: 1,
                     }],
                 },
             );
@@ -152,6 +155,8 @@ fn vendors(rng: &mut Rng) {
                     mode: OperatingMode::HamiCore,
                     mig: None,
                     mig_present: 0,
+                    profiles: Vec::new(),
+                    minor: None,
                 })
                 .collect();
             for device in &devices {
@@ -172,6 +177,7 @@ fn vendors(rng: &mut Rng) {
                                 cores: 100,
                                 mig: None,
                                 core_indexes: Vec::new(),
+                                units: 1,
                             }],
                         },
                     );

@@ -282,6 +282,8 @@ fn projection(cluster: &Cluster) -> Projection {
                         mode: OperatingMode::HamiCore,
                         mig: None,
                         mig_present: 0,
+                        profiles: Vec::new(),
+                        minor: None,
                     },
                 )
                 .collect();
@@ -302,6 +304,7 @@ fn projection(cluster: &Cluster) -> Projection {
                         cores,
                         mig: None,
                         core_indexes: Vec::new(),
+                        units: 1,
                     }],
                 },
             );

@@ -848,6 +848,71 @@ async fn an_amd_pod_gets_compute_units_and_its_hand_off_under_the_lock() {
 }
 
 #[tokio::test]
+async fn enflame_drs_partitions_are_cut_by_profile_and_handed_off() {
+    let cluster = Cluster::start(config()).await;
+    vendor_node(
+        &cluster,
+        "drs-1",
+        json!({"enflame.com/gcu-drs-capacity": r#"{"devices":[{"index":"0","minor":"7","capacity":6}],"profiles":{"1g.6gb":"p1","3g.20gb":"p3","6g.40gb":"p6"}}"#}),
+        json!({"enflame.com/drs-gcu": "6"}),
+    )
+    .await;
+    until("drs-1 in the projection", async || {
+        cluster
+            .projection
+            .read()
+            .node("drs-1")
+            .filter(|n| n.devices.first().is_some_and(|d| d.profiles.len() == 3))
+            .map(|_| ())
+    })
+    .await;
+    cluster
+        .create_pod(
+            "drs-pod",
+            json!({"enflame.com/gcu-memory": "20480", "enflame.com/gcu-core": "40"}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("drs-pod").await, "drs-1");
+    let slice = cluster.allocation("drs-pod").await.spec.containers[0].devices[0].clone();
+    assert_eq!(
+        (slice.template.as_deref(), slice.memory_mib, slice.cores),
+        (Some("3g.20gb"), 20480, 50)
+    );
+    let a = pod(&cluster, "drs-pod").await.annotations().clone();
+    assert_eq!(
+        a["hami.io/enflame-vgpu-devices-allocated"],
+        "drs-1-enflame-drs-0,Enflame,20480,50:;"
+    );
+    assert_eq!(a["enflame.com/gcu-assigned-minor"], "7");
+    assert_eq!(a["enflame.com/gcu-request-size"], "3");
+    assert_eq!(
+        a["assigned-containers"],
+        r#"{"main":{"allocated":false,"request":3,"profileID":"p3","profileName":"3g.20gb"}}"#
+    );
+    // The ledger counts the partition's three slices: a 6g partition no
+    // longer fits.
+    let request = tessera_api::request::parse_pod(
+        &serde_json::from_value(json!({"metadata": {"name": "x"}, "spec": {"containers": [
+            {"name": "main", "resources": {"limits": {"enflame.com/drs-gcu": "6"}}}]}}))
+        .unwrap(),
+        &config().request,
+    )
+    .unwrap()
+    .unwrap();
+    let projection = cluster.projection.read();
+    let node = projection.node("drs-1").unwrap();
+    assert_eq!(node.usage[0].slices, 3);
+    let err = tessera_controllers::engine::fit(
+        node,
+        &request,
+        tessera_api::v1alpha1::SchedulingPolicy::Binpack,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("1 DRS GCU"), "{err}");
+}
+
+#[tokio::test]
 async fn a_plugins_pending_pod_keeps_its_mutex_lock_even_when_tesseras_lock_lapsed() {
     let cluster = Cluster::start(config()).await;
     vendor_node(

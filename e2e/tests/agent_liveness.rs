@@ -202,7 +202,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
             .await
         {
             Err(kube::Error::Api(status)) => assert!(
-                status.message.contains("may change only the hami.io/*, huawei.com/*, mthreads.com/*, predicate-time, CAMBRICON_DSMLU_*, metax-tech.com/{gpu-devices-allocated,predicate-time}, BAIDU_COM_DEVICE_IDX, AWS_NEURON_IDS, NEURON_* and aws.amazon.com/predicate-node annotations of a pod"),
+                status.message.contains("may change only the hami.io/*, huawei.com/*, mthreads.com/*, predicate-time, CAMBRICON_DSMLU_*, metax-tech.com/{gpu-devices-allocated,predicate-time}, BAIDU_COM_DEVICE_IDX, AWS_NEURON_IDS, NEURON_*, aws.amazon.com/predicate-node, enflame.com/* and assigned-containers annotations of a pod"),
                 "{forbidden}: {}",
                 status.message
             ),

@@ -49,6 +49,8 @@ pub fn offered(
                 mode: settings.operating_mode,
                 mig_instances: Vec::new(),
                 mig: None,
+                profiles: Vec::new(),
+                minor: None,
             };
             mig_offer(whole, d.mig.as_ref(), settings, holders)
         })

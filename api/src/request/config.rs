@@ -166,6 +166,7 @@ impl RequestConfig {
         }
         if let Some(gcu) = &self.enflame {
             all.push(&gcu.resource_name_gcu);
+            all.extend(gcu.drs_names());
             all.extend(gcu.unscheduled_names());
         }
         if let Some(xpu) = &self.kunlun {

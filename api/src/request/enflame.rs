@@ -2,20 +2,39 @@
 //!
 //! - `enflame.com/gcu` is a number of whole GCUs, one container per GCU
 //!   (`gcu.go`).
-//! - DRS partitions (`enflame.com/drs-gcu`, `enflame.com/gcu-memory`,
-//!   `enflame.com/gcu-core`, `device.go`) are not scheduled by Tessera yet: a
-//!   container naming them is refused, naming the resource, rather than
-//!   placed without its partition.
+//! - DRS partitions (`device.go`): `enflame.com/drs-gcu` slices, or
+//!   `enflame.com/gcu-memory` and `enflame.com/gcu-core`; the engine picks
+//!   the device's profile (`1g.6gb`, `3g.20gb`, ...).
+//! - The legacy shared-GCU percentage, which HAMi's scheduler reads
+//!   nowhere, is refused naming the resource.
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::container::Reader;
-use super::{ContainerKind, ContainerRequest, EnflameConfig};
+use super::container::{Field, Reader, narrow};
+use super::{
+    ContainerKind, ContainerRequest, DrsAsk, EnflameConfig, MAX_MEMORY_MIB, MemoryRequest,
+    VendorRequest,
+};
 use crate::Violation;
-use crate::names::enflame::GCU_TYPE;
+use crate::names::enflame::{DRS_TYPE, GCU_TYPE};
 use crate::v1alpha1::DeviceFamily;
 
-/// Parses a container's request; `Ok(None)` when it asks for none.
+/// An Enflame DRS profile name's slices and memory in GB, as HAMi reads
+/// it (`parseProfile`: `3g.20gb` is 3 slices of 20 GB, case and spaces
+/// ignored); `None` unless both are whole numbers above 0 (HAMi skips
+/// such profiles), or beyond what a device can have.
+pub fn drs_profile(name: &str) -> Option<(u32, u32)> {
+    let normalized = name.trim().to_lowercase();
+    let mut parts = normalized.split('.');
+    let size = parts.next()?.trim();
+    let memory = parts.next()?.trim();
+    let size: u32 = size.strip_suffix('g').unwrap_or(size).parse().ok()?;
+    let gb: u32 = memory.strip_suffix("gb").unwrap_or(memory).parse().ok()?;
+    ((1..=64).contains(&size) && (1..=16_384).contains(&gb)).then_some((size, gb))
+}
+
+/// Parses a container's whole-GCU request; `Ok(None)` when it asks for
+/// none.
 pub(super) fn parse(
     container: &Container,
     kind: ContainerKind,
@@ -30,7 +49,8 @@ pub(super) fn parse(
             reader.violate(
                 name,
                 format!(
-                    "Enflame DRS partitions are not scheduled by Tessera yet; ask for whole GCUs with {}",
+                    "is not read by HAMi's Enflame scheduler either; ask for DRS partitions with {} or whole GCUs with {}",
+                    config.drs_name(),
                     config.resource_name_gcu
                 ),
             );
@@ -42,4 +62,67 @@ pub(super) fn parse(
         &config.resource_name_gcu,
         (DeviceFamily::Enflame, GCU_TYPE),
     )
+}
+
+/// Parses a container's DRS request (HAMi's `device.go`): a number of
+/// slices (`enflame.com/drs-gcu`), or memory and cores
+/// (`enflame.com/gcu-memory`, `enflame.com/gcu-core` 1-100); one GCU,
+/// cut as the profile the engine picks on each node. `Ok(None)` when it
+/// asks for none.
+pub(super) fn parse_drs(
+    container: &Container,
+    kind: ContainerKind,
+    config: &EnflameConfig,
+) -> Result<Option<ContainerRequest>, Vec<Violation>> {
+    let mut reader = Reader {
+        container,
+        violations: Vec::new(),
+    };
+    let slices = reader.read(config.drs_name(), 1, 64);
+    let ask = match slices {
+        Field::Value(n) => DrsAsk::Slices(narrow(n)),
+        Field::Invalid => return reader.finish(None),
+        Field::Absent => {
+            let optional = |reader: &mut Reader<'_>, name: &str, max| {
+                if name.is_empty() {
+                    Field::Absent
+                } else {
+                    reader.read(name, 1, max)
+                }
+            };
+            let memory = optional(
+                &mut reader,
+                &config.resource_name_gcu_memory,
+                MAX_MEMORY_MIB,
+            );
+            let cores = optional(&mut reader, &config.resource_name_gcu_core, 100);
+            match (memory, cores) {
+                (Field::Absent, Field::Absent) => return reader.finish(None),
+                (Field::Invalid, _) | (_, Field::Invalid) => return reader.finish(None),
+                (memory, cores) => DrsAsk::Spec {
+                    memory: if let Field::Value(m) = memory { m } else { 0 },
+                    cores: if let Field::Value(c) = cores {
+                        narrow(c)
+                    } else {
+                        0
+                    },
+                },
+            }
+        }
+    };
+    let name = reader.container.name.clone();
+    reader.finish(Some(ContainerRequest {
+        name,
+        kind,
+        count: 1,
+        memory: MemoryRequest::Mib(0),
+        cores: 0,
+        priority: None,
+        family: DeviceFamily::Enflame,
+        vendor: Some(VendorRequest {
+            device_type: Some(DRS_TYPE.to_owned()),
+            drs: Some(ask),
+            ..VendorRequest::default()
+        }),
+    }))
 }

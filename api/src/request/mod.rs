@@ -54,6 +54,7 @@ use crate::{Error, Result, Violations};
 
 pub use annotations::PodOptions;
 pub use config::{RequestConfig, ResourceNames};
+pub use enflame::drs_profile;
 pub use vendors::{
     AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
     KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
@@ -138,6 +139,26 @@ pub struct VendorRequest {
     /// AWS Neuron: the container named NeuronCores, so each slice records
     /// which cores it holds and the plugin is handed core numbers.
     pub by_core_index: bool,
+    /// Enflame: the DRS partition asked for, chosen among each device's
+    /// profiles by the engine.
+    pub drs: Option<DrsAsk>,
+}
+
+/// An Enflame DRS partition a container asks for (HAMi's two request
+/// modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrsAsk {
+    /// `enflame.com/drs-gcu`: the profile of exactly this many slices.
+    Slices(u32),
+    /// `enflame.com/gcu-memory` / `gcu-core`: the smallest profile with at
+    /// least this memory (GB; MiB when above twice the largest profile's
+    /// GB, as HAMi reads it) and this percent of the cores (0: any).
+    Spec {
+        /// The memory asked for, as written (0: any).
+        memory: u64,
+        /// Percent of the cores (0: any).
+        cores: u32,
+    },
 }
 
 /// A pod's device filters for one family, from its annotations.
@@ -253,6 +274,7 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
             }
             if let Some(gcu) = &config.enflame {
                 collect(enflame::parse(container, kind, gcu));
+                collect(enflame::parse_drs(container, kind, gcu));
             }
             if let Some(xpu) = &config.kunlun {
                 collect(kunlun::parse_xpu(container, kind, xpu, annotations));

@@ -520,7 +520,7 @@ fn metax_requests_follow_hami() {
 }
 
 #[test]
-fn enflame_whole_gcus_parse_and_drs_partitions_are_refused_by_name() {
+fn enflame_whole_gcus_and_drs_partitions_parse_as_hami_reads_them() {
     // HAMi's TestGCUDevices_GenerateResourceRequests.
     for count in [1, 2] {
         let limits = json!({"enflame.com/gcu": count.to_string()});
@@ -541,21 +541,75 @@ fn enflame_whole_gcus_parse_and_drs_partitions_are_refused_by_name() {
             Some("GCU")
         );
     }
-    for (limits, name) in [
-        (json!({"enflame.com/drs-gcu": "3"}), "enflame.com/drs-gcu"),
+    // DRS (HAMi's TestMutateAdmission_*, GenerateResourceRequests): slices,
+    // or memory and cores, always one GCU of type Enflame.
+    for (limits, ask) in [
+        (json!({"enflame.com/drs-gcu": "3"}), DrsAsk::Slices(3)),
         (
             json!({"enflame.com/gcu-memory": "20480", "enflame.com/gcu-core": "50"}),
+            DrsAsk::Spec {
+                memory: 20480,
+                cores: 50,
+            },
+        ),
+        (
+            json!({"enflame.com/gcu-core": "40"}),
+            DrsAsk::Spec {
+                memory: 0,
+                cores: 40,
+            },
+        ),
+    ] {
+        let got = parsed(limits.clone(), json!({})).unwrap();
+        assert_eq!(
+            (got[0].family, got[0].count),
+            (DeviceFamily::Enflame, 1),
+            "{limits}"
+        );
+        let vendor = got[0].vendor.as_ref().unwrap();
+        assert_eq!(vendor.device_type.as_deref(), Some("Enflame"));
+        assert_eq!(vendor.drs, Some(ask), "{limits}");
+    }
+    for (limits, field, rule) in [
+        (
+            json!({"enflame.com/drs-gcu": "0"}),
+            "enflame.com/drs-gcu",
+            "must be between 1 and 64, got 0",
+        ),
+        (
+            json!({"enflame.com/gcu-core": "101"}),
+            "enflame.com/gcu-core",
+            "must be between 1 and 100, got 101",
+        ),
+        (
+            json!({"enflame.com/gcu-memory": "0"}),
             "enflame.com/gcu-memory",
+            "must be between 1 and",
         ),
     ] {
         let error = parsed(limits.clone(), json!({})).unwrap_err();
         assert!(
-            error.contains(&format!(
-                "{name}: Enflame DRS partitions are not scheduled by Tessera yet; ask for whole GCUs with enflame.com/gcu"
-            )),
+            error.contains(&format!("{field}: {rule}")),
             "{limits}: {error}"
         );
     }
+    // The legacy vGCU percentage, read by HAMi's scheduler nowhere.
+    let mut config = config();
+    config
+        .enflame
+        .as_mut()
+        .unwrap()
+        .resource_name_vgcu_percentage = "enflame.com/vgcu-percentage".into();
+    let error = parse_pod(
+        &pod(json!({"enflame.com/vgcu-percentage": "50"}), json!({})),
+        &config,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("enflame.com/vgcu-percentage: is not read by HAMi's Enflame scheduler either; ask for DRS partitions with enflame.com/drs-gcu or whole GCUs with enflame.com/gcu"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -163,10 +163,9 @@ impl Default for AmdConfig {
     }
 }
 
-/// HAMi's `enflame:` section: Enflame GCUs. Whole GCUs
-/// (`enflame.com/gcu`) are scheduled; DRS partitions (`enflame.com/drs-gcu`,
-/// or `gcu-memory`/`gcu-core`) are named here as HAMi names them but not
-/// scheduled yet, and a pod asking for them is refused (docs/vendors.md).
+/// HAMi's `enflame:` section: Enflame GCUs, whole (`enflame.com/gcu`) or
+/// cut into DRS partitions (`enflame.com/drs-gcu`, or `gcu-memory` and
+/// `gcu-core`; docs/vendors.md).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnflameConfig {
@@ -205,18 +204,35 @@ impl Default for EnflameConfig {
 }
 
 impl EnflameConfig {
-    /// The DRS and legacy names, which Tessera refuses for now.
-    pub fn unscheduled_names(&self) -> impl Iterator<Item = &str> {
+    /// The DRS slices' name: `resourceNameDRSGCU`, or when that is empty
+    /// the legacy `resourceNameVGCU` (HAMi's `InitEnflameDevice`).
+    pub fn drs_name(&self) -> &str {
+        if self.resource_name_drs_gcu.is_empty() {
+            &self.resource_name_vgcu
+        } else {
+            &self.resource_name_drs_gcu
+        }
+    }
+
+    /// The DRS names: slices, memory, cores (empty ones left out).
+    pub fn drs_names(&self) -> impl Iterator<Item = &str> {
         [
-            &self.resource_name_drs_gcu,
+            self.drs_name(),
             &self.resource_name_gcu_memory,
             &self.resource_name_gcu_core,
-            &self.resource_name_vgcu,
-            &self.resource_name_vgcu_percentage,
         ]
         .into_iter()
-        .map(String::as_str)
         .filter(|n| !n.is_empty())
+    }
+
+    /// The legacy names HAMi's scheduler reads nowhere (the vGCU count
+    /// when the DRS name is set, and the vGCU percentage): refused.
+    pub fn unscheduled_names(&self) -> impl Iterator<Item = &str> {
+        let vgcu = (self.drs_name() != self.resource_name_vgcu).then_some(&self.resource_name_vgcu);
+        vgcu.into_iter()
+            .chain([&self.resource_name_vgcu_percentage])
+            .map(String::as_str)
+            .filter(|n| !n.is_empty())
     }
 }
 

@@ -189,6 +189,29 @@ pub struct GpuDevice {
     /// demand (dynamic MIG: `mode` is `mig` and `migStrategy` is `none`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigLayout>,
+    /// The partitions another vendor's plugin cuts the device into, where
+    /// the vendor has them (Enflame DRS `3g.20gb`: 3 of the device's slices,
+    /// 20 GB), with the plugin's id for each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub profiles: Vec<DeviceProfile>,
+    /// The device's minor number, where the vendor's plugin is handed it
+    /// (Enflame DRS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub minor: Option<String>,
+}
+
+/// One partition profile of a vendor's device.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceProfile {
+    /// The profile's name, e.g. `3g.20gb`.
+    #[schemars(length(min = 1, max = 32))]
+    pub name: String,
+    /// The plugin's id of the profile.
+    #[schemars(length(max = 32))]
+    pub id: String,
 }
 
 /// Schedulable capacity of one GPU.

@@ -25,7 +25,8 @@ pub use common::{
     CorePolicy, DeviceFamily, DeviceHealth, FrontDoor, MigStrategy, OperatingMode, SchedulingPolicy,
 };
 pub use gpu_node::{
-    CapacitySummary, DeviceCapacity, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, NodeSettings,
+    CapacitySummary, DeviceCapacity, DeviceProfile, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus,
+    NodeSettings,
 };
 pub use gpu_node_config::{
     ConfigConflict, FilterDevices, GpuNodeConfig, GpuNodeConfigSpec, GpuNodeConfigStatus,

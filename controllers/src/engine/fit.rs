@@ -2,7 +2,7 @@
 
 use tessera_api::{
     mig,
-    request::{ContainerRequest, PodOptions, PodRequest},
+    request::{ContainerRequest, DrsAsk, PodOptions, PodRequest},
     v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy},
 };
 
@@ -384,6 +384,8 @@ fn check(
         cores: container.cores,
         mig: None,
         core_mask: 0,
+        units: 1,
+        profile: None,
     };
     if !device.healthy {
         return Err(Cause::Unhealthy);
@@ -439,6 +441,15 @@ fn check(
     }
     if device.family.cores_are_units() {
         slice.cores = units_of(container.cores, device.cores);
+    }
+    // Enflame DRS: the device's profile for the ask, its memory and cores,
+    // and as many of the device's slices as the profile's size.
+    if let Some(ask) = container.vendor.as_ref().and_then(|v| v.drs) {
+        let (i, profile) = drs_profile(&device.profiles, ask).ok_or(Cause::NoProfile)?;
+        slice.memory_mib = profile.memory_mib;
+        slice.cores = profile.cores;
+        slice.units = profile.size;
+        slice.profile = u8::try_from(i).ok();
     }
     if device.family.cores_by_index() && container.cores >= EXCLUSIVE_CORES {
         slice.cores = device.cores;
@@ -498,6 +509,26 @@ fn free_cores(device: &GpuDevice, used: &DeviceUsage, wanted: u32) -> Option<u8>
         }
     }
     (found == wanted).then_some(mask)
+}
+
+/// The profile an Enflame DRS ask is cut as among `profiles` (smallest
+/// first), with its position (HAMi's `selectProfileByRequest`): the one of
+/// exactly the slices asked for; or the smallest with the memory (GB, read
+/// as MiB when above twice the largest profile's GB) and cores asked for.
+fn drs_profile(profiles: &[super::Profile], ask: DrsAsk) -> Option<(usize, &super::Profile)> {
+    let mut all = profiles.iter().enumerate();
+    match ask {
+        DrsAsk::Slices(size) => all.find(|(_, p)| p.size == size),
+        DrsAsk::Spec { memory, cores } => {
+            let largest_gb = profiles.last()?.memory_mib / 1024;
+            let gb = if memory > largest_gb.saturating_mul(2) {
+                memory.div_ceil(1024)
+            } else {
+                memory
+            };
+            all.find(|(_, p)| p.memory_mib / 1024 >= gb && p.cores >= cores)
+        }
+    }
 }
 
 /// AWS Neuron (HAMi's `graphSelect`): the first index starting `wanted`

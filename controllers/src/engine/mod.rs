@@ -35,7 +35,7 @@ mod tests;
 mod vendor_tests;
 
 pub use fit::{feasible, fit};
-pub use node::{DeviceUsage, GpuDevice, NodeGpus};
+pub use node::{DeviceUsage, GpuDevice, NodeGpus, Profile};
 pub use reason::Rejection;
 pub use score::{device_load, node_score, prioritized_score};
 pub use topology::topology_score;
@@ -58,6 +58,11 @@ pub struct Slice {
     /// The device cores it holds by index, as a mask (AWS NeuronCores,
     /// which the plugin hands out by index); 0 elsewhere.
     pub core_mask: u8,
+    /// How many of the device's slices it takes (`split_count` counts
+    /// them): an Enflame DRS partition's size; 1 elsewhere.
+    pub units: u32,
+    /// The device's profile it is cut as (Enflame DRS), by position.
+    pub profile: Option<u8>,
 }
 
 /// Cores a device may hand out by index (bits of [`Slice::core_mask`]).

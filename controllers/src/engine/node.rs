@@ -44,6 +44,29 @@ pub struct GpuDevice {
     /// keeps the scheduler clear of the others (not yet destroyed after
     /// their pod went, or made by someone else).
     pub mig_present: Mask,
+    /// The partitions the vendor's plugin cuts the device into (Enflame
+    /// DRS), smallest first; empty elsewhere.
+    pub profiles: Vec<Profile>,
+    /// The device's minor number, where the vendor's plugin is handed it
+    /// (Enflame DRS).
+    pub minor: Option<String>,
+}
+
+/// A partition profile of a vendor's device (Enflame DRS `3g.20gb`): how
+/// many of the device's slices it takes, its memory and its share of the
+/// cores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
+    /// The profile's name.
+    pub name: String,
+    /// The plugin's id for it.
+    pub id: String,
+    /// Slices of the device it takes (`3g`).
+    pub size: u32,
+    /// Its memory, MiB (`20gb`: 20,480).
+    pub memory_mib: u64,
+    /// Its cores: ⌈size × 100 / the largest profile's size⌉ percent.
+    pub cores: u32,
 }
 
 impl GpuDevice {
@@ -82,7 +105,7 @@ impl DeviceUsage {
     pub fn add(&mut self, slice: &Slice, exclusive: bool) {
         self.memory_mib = self.memory_mib.saturating_add(slice.memory_mib);
         self.cores = self.cores.saturating_add(slice.cores);
-        self.slices = self.slices.saturating_add(1);
+        self.slices = self.slices.saturating_add(slice.units.max(1));
         self.exclusive = self.exclusive.saturating_add(u32::from(exclusive));
         for held in self.mig_held(slice) {
             *held = held.saturating_add(1);
@@ -98,7 +121,7 @@ impl DeviceUsage {
     pub fn remove(&mut self, slice: &Slice, exclusive: bool) {
         self.memory_mib = self.memory_mib.saturating_sub(slice.memory_mib);
         self.cores = self.cores.saturating_sub(slice.cores);
-        self.slices = self.slices.saturating_sub(1);
+        self.slices = self.slices.saturating_sub(slice.units.max(1));
         self.exclusive = self.exclusive.saturating_sub(u32::from(exclusive));
         for held in self.mig_held(slice) {
             *held = held.saturating_sub(1);

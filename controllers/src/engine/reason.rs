@@ -10,7 +10,7 @@ use std::fmt::{self, Write};
 use tessera_api::{
     mig,
     names::{amd, annotations, ascend, cambricon, enflame, hygon, kunlun, metax, mthreads, neuron},
-    request::{ContainerRequest, MemoryRequest},
+    request::{ContainerRequest, DrsAsk, MemoryRequest},
     v1alpha1::DeviceFamily,
 };
 
@@ -36,9 +36,10 @@ pub(super) enum Cause {
     NoSoftSplit,
     OtherCardOfPod,
     OtherSize,
+    NoProfile,
 }
 
-const CAUSES: usize = 17;
+const CAUSES: usize = 18;
 
 /// Tally of why devices were rejected for one container.
 #[derive(Debug, Default)]
@@ -172,6 +173,10 @@ impl Census {
         part(
             Cause::OtherCardOfPod,
             "not the card the pod's other containers use (one card per pod)".into(),
+        );
+        part(
+            Cause::NoProfile,
+            format!("without a DRS profile for {}", drs_ask(container)),
         );
         part(
             Cause::OtherSize,
@@ -325,7 +330,9 @@ fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
         .and_then(|v| v.template.as_deref())
         .map(|t| format!(" (vNPU template {t})"))
         .unwrap_or_default();
-    let with = if container.family.cores_by_index() {
+    let with = if container.vendor.as_ref().is_some_and(|v| v.drs.is_some()) {
+        format!("a DRS partition of {}", drs_ask(container))
+    } else if container.family.cores_by_index() {
         // Neuron devices have no memory; cores are NeuronCores.
         if container.cores >= EXCLUSIVE_CORES {
             "all its NeuronCores".to_owned()
@@ -360,7 +367,14 @@ fn noun(container: &ContainerRequest) -> String {
         DeviceFamily::Hygon => "DCU".into(),
         DeviceFamily::Cambricon => "MLU".into(),
         DeviceFamily::Mthreads => "Moore Threads GPU".into(),
-        DeviceFamily::Enflame => "GCU".into(),
+        DeviceFamily::Enflame => match container
+            .vendor
+            .as_ref()
+            .and_then(|v| v.device_type.as_deref())
+        {
+            Some(enflame::DRS_TYPE) => "DRS GCU".into(),
+            _ => "GCU".into(),
+        },
         DeviceFamily::Amd => "AMD GPU".into(),
         DeviceFamily::AwsNeuron => "Neuron device".into(),
         DeviceFamily::Kunlunxin => match container
@@ -477,6 +491,19 @@ impl FilterKeys {
             use_uuid,
             nouse_uuid,
         }
+    }
+}
+
+/// An Enflame DRS ask in words.
+fn drs_ask(container: &ContainerRequest) -> String {
+    match container.vendor.as_ref().and_then(|v| v.drs) {
+        Some(DrsAsk::Slices(n)) => format!("{n} slices"),
+        Some(DrsAsk::Spec { memory, cores }) => {
+            format!(
+                "{memory} of memory (GB, or MiB above twice the largest profile) and {cores}% of the cores"
+            )
+        }
+        None => String::new(),
     }
 }
 

@@ -30,6 +30,8 @@ fn gpu(uuid: &str, model: &str, memory_mib: u64, numa: u32) -> GpuDevice {
         mode: OperatingMode::HamiCore,
         mig: None,
         mig_present: 0,
+        profiles: Vec::new(),
+        minor: None,
     }
 }
 
@@ -585,6 +587,8 @@ fn instances_on_the_hardware_but_in_no_allocation_keep_the_scheduler_away() {
         family: Default::default(),
         network_id: None,
         mig_present: 0xf0,
+        profiles: Vec::new(),
+        minor: None,
         ..mig_gpu("GPU-0")
     }]);
     let placement = fit(&node, &one(1, Mib(30_000), 0), Binpack).unwrap();
@@ -593,6 +597,8 @@ fn instances_on_the_hardware_but_in_no_allocation_keep_the_scheduler_away() {
         family: Default::default(),
         network_id: None,
         mig_present: 0x11,
+        profiles: Vec::new(),
+        minor: None,
         ..mig_gpu("GPU-0")
     }]);
     assert!(fit(&node, &one(1, Mib(30_000), 0), Binpack).is_err());

@@ -65,6 +65,8 @@ fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus {
             mode: OperatingMode::HamiCore,
             mig: None,
             mig_present: 0,
+            profiles: Vec::new(),
+            minor: None,
         })
         .collect();
     let mut node = NodeGpus::new(devices);
@@ -1065,6 +1067,8 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
             mode: OperatingMode::HamiCore,
             mig: None,
             mig_present: 0,
+            profiles: Vec::new(),
+            minor: None,
         })
         .collect();
     let mut node = NodeGpus::new(devices);
@@ -1075,6 +1079,8 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
             cores: 1,
             mig: None,
             core_mask: 1 << core,
+            units: 1,
+            profile: None,
         });
     }
     for &device in whole {
@@ -1084,6 +1090,8 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
             cores: 2,
             mig: None,
             core_mask: 0,
+            units: 1,
+            profile: None,
         });
     }
     node
@@ -1271,6 +1279,112 @@ fn prioritize_ranks_vendor_topology_before_the_policy() {
     // XPU 0 in use; the pod gets XPU 1 (the left wing has three free):
     // bubbles 3 before and after, HAMi's 2000.
     assert_eq!(topology_score(&xpu, &one, policy), Some(2.0 / 3.0));
+}
+
+/// An Enflame DRS GCU as HAMi's tests list it: 6 slices, 40 GB, the
+/// profiles `1g.6gb`, `3g.20gb`, `6g.40gb` (cores 17, 50, 100).
+fn drs_gcu(used_slices: u32, used_mib: u64, used_cores: u32, healthy: bool) -> NodeGpus {
+    let mut node = node(
+        DeviceFamily::Enflame,
+        "Enflame",
+        &[Row {
+            id: "node-a-enflame-drs-0",
+            count: 6,
+            used: used_slices,
+            total_mem: 40960,
+            used_mem: used_mib,
+            used_cores,
+            healthy,
+        }],
+    );
+    node.devices[0].profiles = [
+        ("1g.6gb", 1u32, 6u64),
+        ("3g.20gb", 3, 20),
+        ("6g.40gb", 6, 40),
+    ]
+    .iter()
+    .map(|&(name, size, gb)| Profile {
+        name: name.into(),
+        id: size.to_string(),
+        size,
+        memory_mib: gb * 1024,
+        cores: (size * 100).div_ceil(6),
+    })
+    .collect();
+    node
+}
+
+#[test]
+fn enflame_drs_partitions_fit_as_hami_does() {
+    // HAMi's enflame TestFit_* cases.
+    let slices = |n: u32| json!({"enflame.com/drs-gcu": n.to_string()});
+    let cases: [Case; 6] = [
+        (
+            "select profile by request (3 slices: 3g.20gb)",
+            drs_gcu(0, 0, 0, true),
+            slices(3),
+            json!({}),
+            Ok(&["node-a-enflame-drs-0"]),
+        ),
+        (
+            "select profile by memory and cores (20480 MiB is 20 GB; 40% fits 3g's 50%)",
+            drs_gcu(0, 0, 0, true),
+            json!({"enflame.com/gcu-memory": "20480", "enflame.com/gcu-core": "40"}),
+            json!({}),
+            Ok(&["node-a-enflame-drs-0"]),
+        ),
+        (
+            "profile not found",
+            drs_gcu(0, 0, 0, true),
+            slices(2),
+            json!({}),
+            Err("1 DRS GCU without a DRS profile for 2 slices"),
+        ),
+        (
+            "unhealthy device rejected",
+            drs_gcu(0, 0, 0, false),
+            slices(3),
+            json!({}),
+            Err("1 DRS GCU unhealthy"),
+        ),
+        (
+            "every slice in use",
+            drs_gcu(6, 40960, 100, true),
+            slices(1),
+            json!({}),
+            Err("1 DRS GCU with no free slice"),
+        ),
+        (
+            "a 3g partition where 3g.20gb and 1g.6gb are held: cores 50 + 17 + 50 > 100",
+            drs_gcu(4, 26624, 67, true),
+            slices(3),
+            json!({}),
+            Err("1 DRS GCU without"),
+        ),
+    ];
+    for (case, node, limits, annotations, want) in cases {
+        expect(case, place(&node, limits, annotations), want);
+    }
+    // The slice is the profile: its memory, cores and slices.
+    let node = drs_gcu(0, 0, 0, true);
+    let request = parse_pod(&pod(slices(3), json!({})), &config())
+        .unwrap()
+        .unwrap();
+    let placement = fit(&node, &request, SchedulingPolicy::Spread).unwrap();
+    let slice = *placement.slices().next().unwrap();
+    assert_eq!(
+        (slice.memory_mib, slice.cores, slice.units, slice.profile),
+        (20480, 50, 3, Some(1))
+    );
+    let mut full = node.clone();
+    full.charge(&slice);
+    full.charge(&slice);
+    assert_eq!(
+        full.usage[0].slices, 6,
+        "two 3g partitions take all six slices"
+    );
+    assert!(full.within_capacity());
+    assert!(fit(&full, &request, SchedulingPolicy::Spread).is_err());
 }
 
 #[test]

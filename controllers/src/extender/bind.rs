@@ -231,6 +231,18 @@ impl Binder {
             cores_of,
             &self.config.request,
         ));
+        pod_handoff.extend(crate::vendors::handoff::enflame_drs(
+            &spec,
+            &order,
+            |uuid, name| {
+                let device = devices.iter().find(|d| d.uuid == uuid);
+                let id = device
+                    .and_then(|d| d.profiles.iter().find(|p| p.name == name))
+                    .map(|p| p.id.clone())
+                    .unwrap_or_default();
+                (device.and_then(|d| d.minor.clone()), id)
+            },
+        ));
         let handoff = super::handoff::Handoff {
             pod: pod_handoff,
             node: crate::vendors::handoff::node_annotations(
@@ -499,6 +511,7 @@ fn live(devices: &[GpuDevice], placement: &Placement, uid: &str, node: &str) -> 
                 cores: s.cores,
                 mig: s.mig.map(|cut| cut.placement),
                 core_indexes: crate::engine::core_indexes(s.core_mask),
+                units: s.units,
             })
             .collect(),
     }
@@ -538,7 +551,12 @@ fn allocation_spec(
                 index: d.index,
                 family: d.family,
                 model: d.model.clone(),
-                template: template.clone(),
+                // Enflame DRS: the profile the engine chose for the device.
+                template: s
+                    .profile
+                    .and_then(|i| d.profiles.get(usize::from(i)))
+                    .map(|p| p.name.clone())
+                    .or_else(|| template.clone()),
                 memory_mib: s.memory_mib,
                 cores: s.cores,
                 mig: mig_slice(d, s),

@@ -42,6 +42,7 @@ fn admitted_marker(statuses: Option<&[ContainerStatus]>) -> Option<Vec<Container
 /// Keeps a Node's name, UID, resourceVersion and labels (what selects a
 /// GpuNodeConfig), what vendor device plugins report (the `hami.io/node-*`
 /// annotations, `hami-vnpu-core`, MetaX's `metax-tech.com/node-gpu-devices`,
+/// Enflame's `enflame.com/gcu-drs-capacity`,
 /// and `status.allocatable`); drops the rest
 /// of its spec and status (images, conditions, ...).
 pub fn node(node: &mut Node) {
@@ -51,6 +52,7 @@ pub fn node(node: &mut Node) {
             key.starts_with("hami.io/node-")
                 || key == tessera_api::names::ascend::NODE_SOFT_SPLIT
                 || key == tessera_api::names::metax::NODE_DEVICES
+                || key == tessera_api::names::enflame::DRS_CAPACITY
         });
         a
     });

@@ -9,7 +9,7 @@ use tessera_api::{
 };
 
 use super::ledger::{AllocationKey, LiveAllocation, UuidSlice};
-use crate::engine::GpuDevice;
+use crate::engine::{GpuDevice, Profile};
 
 /// The schedulable devices of a GpuNode.
 pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
@@ -37,8 +37,48 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
                 .filter(|layout| mig::usable(layout))
                 .map(|layout| Arc::new(layout.clone())),
             mig_present: mig::occupied(d.mig_instances.iter().map(|i| i.placement)),
+            profiles: profiles(&d.profiles),
+            minor: d.minor.clone(),
         })
         .collect()
+}
+
+/// How many of its device's slices a slice takes: an Enflame DRS
+/// partition's size (its profile, recorded as the slice's template); 1
+/// for every other slice.
+fn slice_units(slice: &tessera_api::v1alpha1::DeviceSlice) -> u32 {
+    slice
+        .template
+        .as_deref()
+        .filter(|_| slice.family == tessera_api::v1alpha1::DeviceFamily::Enflame)
+        .and_then(tessera_api::request::drs_profile)
+        .map_or(1, |(size, _)| size)
+}
+
+/// A device's partition profiles (Enflame DRS) as the engine counts them,
+/// smallest first (HAMi's `collectDRSProfiles`): names it cannot read are
+/// skipped, a profile's cores are its share of the largest one's slices.
+fn profiles(listed: &[tessera_api::v1alpha1::DeviceProfile]) -> Vec<Profile> {
+    let parsed: Vec<(&tessera_api::v1alpha1::DeviceProfile, u32, u32)> = listed
+        .iter()
+        .filter_map(|p| tessera_api::request::drs_profile(&p.name).map(|(s, gb)| (p, s, gb)))
+        .collect();
+    let Some(largest) = parsed.iter().map(|(_, size, _)| *size).max() else {
+        return Vec::new();
+    };
+    let mut profiles: Vec<Profile> = parsed
+        .into_iter()
+        .map(|(listed, size, gb)| Profile {
+            name: listed.name.clone(),
+            id: listed.id.clone(),
+            size,
+            memory_mib: u64::from(gb) * 1024,
+            cores: (size * 100).div_ceil(largest),
+        })
+        .collect();
+    profiles.sort_by(|a, b| (a.size, a.memory_mib, &a.name).cmp(&(b.size, b.memory_mib, &b.name)));
+    profiles.dedup_by(|a, b| a.name == b.name);
+    profiles
 }
 
 /// How [`not_ready`]'s reason starts for a node behind the DRA door.
@@ -111,6 +151,7 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
                 cores: d.cores,
                 mig: d.mig.as_ref().map(|m| m.placement),
                 core_indexes: d.core_indexes.clone(),
+                units: slice_units(d),
             })
             .collect(),
     })

@@ -46,6 +46,9 @@ pub struct UuidSlice {
     pub mig: Option<MigPlacement>,
     /// The device's cores it holds, by index (AWS NeuronCores).
     pub core_indexes: Vec<u32>,
+    /// How many of the device's slices it takes (an Enflame DRS partition's
+    /// size; 1 elsewhere).
+    pub units: u32,
 }
 
 /// Every GPU node and every live allocation.
@@ -311,6 +314,8 @@ fn charge(node: &mut NodeGpus, allocation: &LiveAllocation, direction: Direction
                 placement,
             }),
             core_mask: crate::engine::core_mask(&slice.core_indexes),
+            units: slice.units,
+            profile: None,
         };
         match direction {
             Direction::Add => node.charge(&slice),
@@ -341,6 +346,8 @@ mod tests {
             mode: OperatingMode::HamiCore,
             mig: None,
             mig_present: 0,
+            profiles: Vec::new(),
+            minor: None,
         }
     }
 
@@ -373,6 +380,7 @@ mod tests {
                 cores: 10,
                 mig: None,
                 core_indexes: Vec::new(),
+                units: 1,
             }],
         }
     }

@@ -67,6 +67,7 @@ fn handoff_type(slice: &DeviceSlice) -> Option<&str> {
         DeviceFamily::Ascend | DeviceFamily::Iluvatar => Some(slice.model.as_str()),
         DeviceFamily::Metax if slice.model == metax::SGPU_TYPE => Some(metax::SGPU_TYPE),
         DeviceFamily::Metax => Some(metax::GPU_TYPE),
+        DeviceFamily::Enflame if slice.model == enflame::DRS_TYPE => Some(enflame::DRS_TYPE),
         DeviceFamily::Enflame => Some(enflame::GCU_TYPE),
         DeviceFamily::Amd => Some(AMD),
         DeviceFamily::Kunlunxin if slice.model == kunlun::VXPU_TYPE => Some(kunlun::VXPU_TYPE),
@@ -164,6 +165,17 @@ pub fn pod_annotations(
             encoded.push(';');
         }
         let (to_allocate, allocated) = keys(device_type);
+        if device_type == enflame::DRS_TYPE {
+            // Enflame's DRS plugin reads HAMi's list and, from Bind, the
+            // partitions per container (`enflame_drs`).
+            out.insert(enflame::DRS_ALLOCATED.to_owned(), encoded);
+            out.insert(enflame::ASSIGNED.to_owned(), "false".to_owned());
+            out.insert(
+                enflame::ASSIGNED_TIME.to_owned(),
+                now.as_nanosecond().to_string(),
+            );
+            continue;
+        }
         if device_type == neuron::DEVICE_TYPE {
             // AWS's plugin reads HAMi's list, the ids (written by Bind, which
             // knows each device's cores: `neuron_ids`) and these.
@@ -334,6 +346,80 @@ pub fn neuron_ids(
             neuron.resource_core_name.clone(),
         );
     }
+    out
+}
+
+/// One container's DRS partition as Enflame's plugin reads it from
+/// `assigned-containers` (HAMi `assignedContainerInfo`, Go's omitempty
+/// kept).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AssignedContainer<'a> {
+    allocated: bool,
+    request: u32,
+    #[serde(rename = "profileID", skip_serializing_if = "str::is_empty")]
+    profile_id: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    profile_name: &'a str,
+}
+
+/// Enflame DRS (HAMi's enflame `PatchAnnotations`): `assigned-containers`,
+/// per container with a DRS GCU its partition (`request`: the profile's
+/// slices, and the profile's id and name), and for the first such
+/// container its GCU's index (`gcu-assigned-index`, `-id`), minor and
+/// slices. `profile(uuid, name)` gives a device's minor and the plugin's
+/// id of a profile, from the GpuNode. Empty without DRS slices.
+pub fn enflame_drs(
+    spec: &VgpuAllocationSpec,
+    containers: &[String],
+    profile: impl Fn(&str, &str) -> (Option<String>, String),
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut assigned: Vec<(&str, u32, &str, String)> = Vec::new();
+    for name in containers {
+        let Some(d) = spec
+            .containers
+            .iter()
+            .filter(|c| &c.name == name)
+            .flat_map(|c| &c.devices)
+            .find(|d| d.family == DeviceFamily::Enflame && d.model == enflame::DRS_TYPE)
+        else {
+            continue;
+        };
+        let profile_name = d.template.as_deref().unwrap_or_default();
+        let size = tessera_api::request::drs_profile(profile_name).map_or(1, |(s, _)| s);
+        let (minor, id) = profile(&d.uuid, profile_name);
+        if !out.contains_key(enflame::ASSIGNED_INDEX) {
+            out.insert(enflame::ASSIGNED_INDEX.to_owned(), d.index.to_string());
+            out.insert(enflame::ASSIGNED_ID.to_owned(), d.index.to_string());
+            if let Some(minor) = minor {
+                out.insert(enflame::ASSIGNED_MINOR.to_owned(), minor);
+            }
+            out.insert(enflame::REQUEST_SIZE.to_owned(), size.to_string());
+        }
+        assigned.push((name, size, profile_name, id));
+    }
+    if assigned.is_empty() {
+        return out;
+    }
+    let entries: BTreeMap<&str, AssignedContainer<'_>> = assigned
+        .iter()
+        .map(|(name, size, profile_name, id)| {
+            (
+                *name,
+                AssignedContainer {
+                    allocated: false,
+                    request: *size,
+                    profile_id: id,
+                    profile_name,
+                },
+            )
+        })
+        .collect();
+    out.insert(
+        enflame::ASSIGNED_CONTAINERS.to_owned(),
+        serde_json::to_string(&entries).unwrap_or_else(|_| "{}".into()),
+    );
     out
 }
 
@@ -828,6 +914,56 @@ mod tests {
         assert!(
             node_annotations(&by_core, "ml", "p", now).is_empty(),
             "no lock, as HAMi"
+        );
+    }
+
+    #[test]
+    fn enflame_drs_partitions_are_handed_off_as_hami_does() {
+        // HAMi's enflame PatchAnnotations: the list, assigned=false, the
+        // first container's GCU index, minor and slices, and per container
+        // its partition.
+        let drs = |uuid: &str, index: u32| DeviceSlice {
+            index,
+            ..slice(
+                uuid,
+                DeviceFamily::Enflame,
+                "Enflame",
+                20480,
+                50,
+                Some("3g.20gb"),
+            )
+        };
+        let spec = allocation("p", "u", "n1")
+            .container(container("a", vec![drs("n1-enflame-drs-1", 1)]))
+            .container(container("b", vec![drs("n1-enflame-drs-0", 0)]))
+            .build()
+            .spec;
+        let order = ["a".to_owned(), "b".to_owned()];
+        let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        let out = pod_annotations(&spec, &order, &RequestConfig::default(), now);
+        assert_eq!(
+            out["hami.io/enflame-vgpu-devices-allocated"],
+            "n1-enflame-drs-1,Enflame,20480,50:;n1-enflame-drs-0,Enflame,20480,50:;"
+        );
+        assert_eq!(out["enflame.com/gcu-assigned"], "false");
+        assert!(
+            node_annotations(&spec, "ml", "p", now).is_empty(),
+            "no lock, as HAMi"
+        );
+        let extra = enflame_drs(&spec, &order, |uuid, name| {
+            assert_eq!(name, "3g.20gb");
+            (Some(format!("minor-of-{uuid}")), "1".to_owned())
+        });
+        assert_eq!(extra["enflame.com/gcu-assigned-index"], "1");
+        assert_eq!(extra["enflame.com/gcu-assigned-id"], "1");
+        assert_eq!(
+            extra["enflame.com/gcu-assigned-minor"],
+            "minor-of-n1-enflame-drs-1"
+        );
+        assert_eq!(extra["enflame.com/gcu-request-size"], "3");
+        assert_eq!(
+            extra["assigned-containers"],
+            r#"{"a":{"allocated":false,"request":3,"profileID":"1","profileName":"3g.20gb"},"b":{"allocated":false,"request":3,"profileID":"1","profileName":"3g.20gb"}}"#
         );
     }
 

@@ -213,6 +213,140 @@ pub fn decode_metax(value: &str, device_type: &str) -> Result<Vec<Registered>, S
 
 /// A JSON list of 1 to [`MAX_DEVICES`] entries of `what`, from a value of at
 /// most [`MAX_LEN`] bytes.
+/// Enflame's `enflame.com/gcu-drs-capacity` (HAMi `drsCapacitySpec`).
+#[derive(Deserialize)]
+struct DrsCapacity {
+    #[serde(default)]
+    devices: Vec<DrsDevice>,
+    #[serde(default)]
+    profiles: std::collections::BTreeMap<String, String>,
+}
+
+/// One device of [`DrsCapacity`]: strings for index and minor, a number or
+/// a string for capacity, as HAMi accepts them.
+#[derive(Deserialize)]
+struct DrsDevice {
+    #[serde(default)]
+    index: String,
+    #[serde(default)]
+    minor: String,
+    #[serde(default)]
+    capacity: serde_json::Value,
+}
+
+/// A GCU the DRS plugin reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrsGcu {
+    /// Its index.
+    pub index: u32,
+    /// Its minor number (the index when the plugin gives none).
+    pub minor: String,
+    /// How many DRS slices it has.
+    pub capacity: u32,
+}
+
+/// What the DRS plugin reports on a Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrsNode {
+    /// The GCUs.
+    pub gcus: Vec<DrsGcu>,
+    /// Profile names and the plugin's ids, sorted by name.
+    pub profiles: Vec<(String, String)>,
+    /// Each GCU's memory in GB: the largest profile's (its largest slice
+    /// count when no profile names memory), HAMi's `maxMemGB`.
+    pub memory_gb: u32,
+}
+
+/// Most DRS profiles one Node may list.
+const MAX_PROFILES: usize = 32;
+/// Most DRS slices one GCU may report.
+const MAX_DRS_SLICES: u64 = 64;
+
+/// Decodes `enflame.com/gcu-drs-capacity` (HAMi's enflame `GetNodeDevices`):
+/// profiles named `<slices>g.<GB>gb` with the plugin's ids, and each GCU's
+/// index, minor and capacity in slices.
+pub fn decode_enflame_drs(value: &str) -> Result<DrsNode, String> {
+    check_len(value)?;
+    let spec: DrsCapacity = serde_json::from_str(value)
+        .map_err(|e| format!("is not HAMi's DRS capacity object ({{devices, profiles}}): {e}"))?;
+    if spec.profiles.len() > MAX_PROFILES {
+        return Err(format!(
+            "lists {} profiles, more than {MAX_PROFILES}",
+            spec.profiles.len()
+        ));
+    }
+    let mut profiles = Vec::new();
+    let (mut largest_slices, mut largest_gb) = (0, 0);
+    for (n, (name, id)) in spec.profiles.into_iter().enumerate() {
+        let name = text(&name, n, "profile name")?;
+        let id = if id.trim().is_empty() {
+            String::new()
+        } else {
+            text(&id, n, "profile id")?
+        };
+        if let Some((slices, gb)) = tessera_api::request::drs_profile(&name) {
+            largest_slices = largest_slices.max(slices);
+            largest_gb = largest_gb.max(gb);
+        }
+        profiles.push((name, id));
+    }
+    if largest_slices == 0 {
+        return Err("names no profile HAMi can read (`<slices>g.<GB>gb`)".into());
+    }
+    if spec.devices.is_empty() {
+        return Err("lists no device".into());
+    }
+    if spec.devices.len() > MAX_DEVICES {
+        return Err(format!(
+            "lists {} devices, more than {MAX_DEVICES}",
+            spec.devices.len()
+        ));
+    }
+    let gcus = spec
+        .devices
+        .into_iter()
+        .enumerate()
+        .map(|(n, d)| {
+            let index = d
+                .index
+                .trim()
+                .parse::<u32>()
+                .unwrap_or(u32::try_from(n).unwrap_or(u32::MAX));
+            let capacity = match &d.capacity {
+                serde_json::Value::Number(c) => c.as_u64(),
+                serde_json::Value::String(c) => c.trim().parse::<u64>().ok(),
+                _ => None,
+            }
+            .filter(|c| (1..=MAX_DRS_SLICES).contains(c))
+            .ok_or_else(|| {
+                format!(
+                    "device {n}: capacity {} is not 1 to {MAX_DRS_SLICES} slices",
+                    d.capacity
+                )
+            })?;
+            let minor = if d.minor.trim().is_empty() {
+                index.to_string()
+            } else {
+                text(&d.minor, n, "minor")?
+            };
+            Ok(DrsGcu {
+                index,
+                minor,
+                capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(DrsNode {
+        gcus,
+        profiles,
+        memory_gb: if largest_gb > 0 {
+            largest_gb
+        } else {
+            largest_slices
+        },
+    })
+}
+
 fn json_list<T: serde::de::DeserializeOwned>(value: &str, what: &str) -> Result<Vec<T>, String> {
     check_len(value)?;
     let list: Vec<T> =

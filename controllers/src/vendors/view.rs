@@ -24,11 +24,14 @@ use tessera_api::{
     names::{ascend::NODE_SOFT_SPLIT, enflame, kunlun, metax, neuron},
     request::RequestConfig,
     v1alpha1::{
-        DeviceCapacity, DeviceFamily, DeviceHealth, GpuDevice, GpuNodeStatus, OperatingMode,
+        DeviceCapacity, DeviceFamily, DeviceHealth, DeviceProfile, GpuDevice, GpuNodeStatus,
+        OperatingMode,
     },
 };
 
-use super::register::{Registered, decode_csv, decode_json, decode_metax};
+use super::register::{
+    DrsNode, Registered, decode_csv, decode_enflame_drs, decode_json, decode_metax,
+};
 
 /// How long a `Requesting` handshake may stay unanswered (HAMi: 60 s).
 pub const HANDSHAKE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
@@ -68,6 +71,9 @@ pub enum SourceKind {
     Json,
     /// MetaX's sGPU list (`metax-tech.com/node-gpu-devices`); no handshake.
     MetaxJson,
+    /// Enflame's DRS devices and profiles (`enflame.com/gcu-drs-capacity`);
+    /// no handshake (HAMi's `CheckHealth` is always healthy).
+    EnflameDrs,
     /// Only the count resource in the Node's allocatable: that many whole
     /// cards of `memory_mib` each, one container per card, as HAMi reads
     /// MetaX GPUs (`<node>-metax-<i>`, 65,536 MiB), Enflame GCUs
@@ -151,6 +157,14 @@ pub fn sources(config: &RequestConfig) -> Vec<Source> {
         });
     }
     if let Some(gcu) = &config.enflame {
+        sources.push(Source {
+            family: DeviceFamily::Enflame,
+            register: enflame::DRS_CAPACITY.into(),
+            handshake: String::new(),
+            count_resource: gcu.drs_name().to_owned(),
+            device_type: Some(enflame::DRS_TYPE.into()),
+            kind: SourceKind::EnflameDrs,
+        });
         sources.push(Source {
             family: DeviceFamily::Enflame,
             register: String::new(),
@@ -353,6 +367,16 @@ pub fn view(
             continue;
         };
         any = true;
+        if source.kind == SourceKind::EnflameDrs {
+            match decode_enflame_drs(value) {
+                Ok(drs) => {
+                    let node = node_name(annotations).to_owned();
+                    view.devices.extend(drs_gcus(&node, &drs, source));
+                }
+                Err(error) => view.malformed.push((source.register.clone(), error)),
+            }
+            continue;
+        }
         if source.kind == SourceKind::MetaxJson {
             match decode_metax(value, metax::SGPU_TYPE) {
                 Ok(devices) => add(&mut view, devices, source, soft_split),
@@ -595,6 +619,41 @@ fn cards_of(prefix: &str, cards: u64, card: &Card, source: &Source) -> Vec<GpuDe
             split_count: card.split_count,
             health: DeviceHealth::Healthy,
             mode: OperatingMode::HamiCore,
+            ..GpuDevice::default()
+        })
+        .collect()
+}
+
+/// Enflame's DRS GCUs as HAMi lists them: `<node>-enflame-drs-<index>`,
+/// the largest profile's memory, 100 cores, as many shares as DRS slices,
+/// and the node's profiles.
+fn drs_gcus(node: &str, drs: &DrsNode, source: &Source) -> Vec<GpuDevice> {
+    let memory_mib = u64::from(drs.memory_gb) * 1024;
+    let profiles: Vec<DeviceProfile> = drs
+        .profiles
+        .iter()
+        .map(|(name, id)| DeviceProfile {
+            name: name.clone(),
+            id: id.clone(),
+        })
+        .collect();
+    drs.gcus
+        .iter()
+        .map(|gcu| GpuDevice {
+            uuid: format!("{node}-enflame-drs-{}", gcu.index),
+            index: gcu.index,
+            family: source.family,
+            model: enflame::DRS_TYPE.into(),
+            memory_mib,
+            capacity: DeviceCapacity {
+                memory_mib,
+                cores: 100,
+            },
+            split_count: gcu.capacity,
+            health: DeviceHealth::Healthy,
+            mode: OperatingMode::HamiCore,
+            profiles: profiles.clone(),
+            minor: Some(gcu.minor.clone()),
             ..GpuDevice::default()
         })
         .collect()
@@ -1108,6 +1167,83 @@ mod tests {
         )
         .unwrap();
         assert_eq!(seen.devices[0].model, "AWSNeuron");
+    }
+
+    #[test]
+    fn enflame_drs_gcus_come_from_the_capacity_annotation() {
+        // HAMi's enflame TestGetNodeDevices: `<node>-enflame-drs-<index>`,
+        // as many shares as DRS slices, the largest profile's memory.
+        let config = RequestConfig {
+            enflame: Some(tessera_api::request::EnflameConfig::default()),
+            ..RequestConfig::default()
+        };
+        let drs = r#"{"devices":[{"index":"0","minor":"0","capacity":6}],"profiles":{"1g.6gb":"0","3g.20gb":"1","6g.40gb":"2"}}"#;
+        let node = annotations(&[(NODE_NAME, "node-a"), ("enflame.com/gcu-drs-capacity", drs)]);
+        let seen = view(
+            &node,
+            &BTreeMap::new(),
+            &sources(&config),
+            false,
+            Timestamp::now(),
+        )
+        .unwrap();
+        let d = &seen.devices[0];
+        assert_eq!(
+            (
+                d.uuid.as_str(),
+                d.model.as_str(),
+                d.memory_mib,
+                d.capacity.cores,
+                d.split_count,
+                d.minor.as_deref()
+            ),
+            ("node-a-enflame-drs-0", "Enflame", 40960, 100, 6, Some("0"))
+        );
+        let names: Vec<(&str, &str)> = d
+            .profiles
+            .iter()
+            .map(|p| (p.name.as_str(), p.id.as_str()))
+            .collect();
+        assert_eq!(names, [("1g.6gb", "0"), ("3g.20gb", "1"), ("6g.40gb", "2")]);
+        for (bad, why) in [
+            (
+                r#"{"devices":[{"index":"0","capacity":6}],"profiles":{"big":"0"}}"#,
+                "names no profile HAMi can read",
+            ),
+            (
+                r#"{"devices":[{"index":"0","capacity":0}],"profiles":{"1g.6gb":"0"}}"#,
+                "capacity 0 is not 1 to 64 slices",
+            ),
+            (
+                r#"{"devices":[{"index":"0","capacity":"x"}],"profiles":{"1g.6gb":"0"}}"#,
+                "is not 1 to 64 slices",
+            ),
+            (
+                r#"{"devices":[],"profiles":{"1g.6gb":"0"}}"#,
+                "lists no device",
+            ),
+            (
+                r#"{"devices":[{"index":"0","minor":"0,1","capacity":6}],"profiles":{"1g.6gb":"0"}}"#,
+                "minor must be",
+            ),
+            (r#""drs""#, "is not HAMi's DRS capacity object"),
+        ] {
+            let node = annotations(&[(NODE_NAME, "node-a"), ("enflame.com/gcu-drs-capacity", bad)]);
+            let seen = view(
+                &node,
+                &BTreeMap::new(),
+                &sources(&config),
+                false,
+                Timestamp::now(),
+            )
+            .unwrap();
+            assert!(seen.devices.is_empty(), "{bad}");
+            assert!(
+                seen.malformed[0].1.contains(why),
+                "{bad}: {:?}",
+                seen.malformed
+            );
+        }
     }
 
     #[test]
