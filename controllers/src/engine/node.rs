@@ -71,12 +71,15 @@ pub struct Profile {
 
 impl GpuDevice {
     /// Whether `slice` takes this device exclusively: 100 cores where cores
-    /// count percent (on AMD GPUs and AWS Neuron devices, whose cores are
-    /// compute units and NeuronCores, a slice of all of them leaves no room
-    /// anyway).
+    /// count percent, for a slice of one of the device's shares. On AMD
+    /// GPUs and AWS Neuron devices (cores are compute units and
+    /// NeuronCores) a slice of all of them leaves no room anyway, and an
+    /// Enflame DRS partition of several shares is bounded by the shares it
+    /// takes (the whole-GCU profile takes them all).
     pub fn is_exclusive(&self, slice: &Slice) -> bool {
         !self.family.cores_are_units()
             && !self.family.cores_by_index()
+            && slice.units <= 1
             && slice.cores >= EXCLUSIVE_CORES
     }
 }

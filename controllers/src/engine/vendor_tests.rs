@@ -1385,6 +1385,18 @@ fn enflame_drs_partitions_fit_as_hami_does() {
     );
     assert!(full.within_capacity());
     assert!(fit(&full, &request, SchedulingPolicy::Spread).is_err());
+    // The whole-GCU profile (6g.40gb: 100 % of the cores) takes all six
+    // slices; it is alone on its GCU, which I1 must accept (Bind checks it).
+    let whole = parse_pod(&pod(slices(6), json!({})), &config())
+        .unwrap()
+        .unwrap();
+    let placement = fit(&node, &whole, SchedulingPolicy::Spread).unwrap();
+    let slice = *placement.slices().next().unwrap();
+    assert_eq!((slice.cores, slice.units), (100, 6));
+    let mut taken = node.clone();
+    taken.charge(&slice);
+    assert!(taken.within_capacity(), "{:?}", taken.usage[0]);
+    assert!(fit(&taken, &request, SchedulingPolicy::Spread).is_err());
 }
 
 #[test]
