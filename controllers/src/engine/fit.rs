@@ -142,46 +142,23 @@ fn fit_container(
             Err(whole) => return Err(Rejection::pairs(container, fitting, whole, total)),
         }
     } else if vendor.is_some_and(|v| v.contiguous) {
-        let mut free: Vec<u32> = candidates
-            .iter()
-            .map(|(s, _)| devices[s.device].index)
-            .collect();
-        free.sort_unstable();
+        let free = indexes_of(devices, &candidates);
         let ring = devices
             .iter()
             .any(|d| filters.same_kind(d) && (d.model.contains("inf") || d.model.contains("Inf")));
         let Some(start) = consecutive(&free, wanted, ring) else {
             return Err(Rejection::consecutive(container, &free, total, ring));
         };
-        (start..start + wanted as u32)
-            .filter_map(|index| {
-                candidates
-                    .iter()
-                    .find(|(s, _)| devices[s.device].index == index)
-                    .map(|(s, _)| *s)
-            })
-            .collect()
+        slices_at(devices, &candidates, start..start + wanted as u32)
     } else if vendor.is_some_and(|v| v.by_wing) {
-        let mut fitting: Vec<u32> = candidates
-            .iter()
-            .map(|(s, _)| devices[s.device].index)
-            .collect();
-        fitting.sort_unstable();
+        let fitting = indexes_of(devices, &candidates);
         let Some(chosen) = wings::select(&fitting, wanted) else {
             if candidates.len() < wanted {
                 return Err(census.into_rejection(container, fitting.len(), total));
             }
             return Err(Rejection::wings(container, &fitting, total));
         };
-        chosen
-            .iter()
-            .filter_map(|&index| {
-                candidates
-                    .iter()
-                    .find(|(s, _)| devices[s.device].index == index)
-                    .map(|(s, _)| *s)
-            })
-            .collect()
+        slices_at(devices, &candidates, chosen)
     } else if vendor.is_some_and(|v| v.by_network) && all_networked && wanted > 1 {
         pick_fewest_networks(devices, &candidates, wanted)
     } else if vendor.is_some_and(|v| v.by_link_zone) && candidates.len() > wanted {
@@ -197,6 +174,34 @@ fn fit_container(
         return Err(census.into_rejection(container, fitting, total));
     }
     Ok(chosen)
+}
+
+/// The device indexes of the candidates, ascending (the vendors whose
+/// topology is by index: Kunlunxin wings, Neuron runs).
+fn indexes_of(devices: &[GpuDevice], candidates: &[(Slice, f64)]) -> Vec<u32> {
+    let mut indexes: Vec<u32> = candidates
+        .iter()
+        .map(|(s, _)| devices[s.device].index)
+        .collect();
+    indexes.sort_unstable();
+    indexes
+}
+
+/// The candidates' slices on the devices of these indexes, in that order.
+fn slices_at(
+    devices: &[GpuDevice],
+    candidates: &[(Slice, f64)],
+    indexes: impl IntoIterator<Item = u32>,
+) -> Vec<Slice> {
+    indexes
+        .into_iter()
+        .filter_map(|index| {
+            candidates
+                .iter()
+                .find(|(s, _)| devices[s.device].index == index)
+                .map(|(s, _)| *s)
+        })
+        .collect()
 }
 
 /// Ascend 910C in a SuperPod: whole modules (NPUs `2k` and `2k+1`) whose
