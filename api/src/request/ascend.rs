@@ -39,18 +39,12 @@ pub(super) fn parse(
     chip: &VnpuConfig,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let factor = u64::from(chip.memory_factor.max(1));
     let count = reader.read(&chip.resource_name, 0, u64::from(MAX_GPUS_PER_CONTAINER));
     let memory = reader.read(&chip.resource_memory_name, 0, MAX_MEMORY_MIB / factor);
-    let cores = if chip.resource_core_name.is_empty() {
-        Field::Absent
-    } else {
-        reader.read(&chip.resource_core_name, 0, u64::from(u32::MAX))
-    };
+    // An unnamed cores resource is never set.
+    let cores = reader.read(&chip.resource_core_name, 0, u64::from(u32::MAX));
     let count = match count {
         Field::Value(n) if n > 0 => n,
         Field::Invalid => return reader.finish(None),

@@ -19,10 +19,7 @@ pub(super) fn parse(
     config: &RequestConfig,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
     let names = &config.resources;
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let count = reader.read(&names.count, 0, u64::from(MAX_GPUS_PER_CONTAINER));
     let memory = reader.read(&names.memory, 1, MAX_MEMORY_MIB);
     let percentage = reader.read(&names.memory_percentage, 1, 100);
@@ -117,10 +114,22 @@ pub(super) struct Reader<'a> {
     pub(super) violations: Vec<Violation>,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// A reader of `container` with nothing refused yet.
+    pub(super) fn new(container: &'a Container) -> Self {
+        Self {
+            container,
+            violations: Vec::new(),
+        }
+    }
+
     /// Reads a resource from limits (or requests when no limit is set) and
-    /// checks it is a whole number in `min..=max`.
+    /// checks it is a whole number in `min..=max`. An empty name (a
+    /// resource a vendor section leaves unnamed) is never set.
     pub(super) fn read(&mut self, name: &str, min: u64, max: u64) -> Field {
+        if name.is_empty() {
+            return Field::Absent;
+        }
         let resources = self.container.resources.as_ref();
         let limits = resources.and_then(|r| r.limits.as_ref());
         let requests = resources.and_then(|r| r.requests.as_ref());

@@ -40,10 +40,7 @@ pub(super) fn parse(
     kind: ContainerKind,
     config: &EnflameConfig,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     for name in config.unscheduled_names() {
         if reader.text(name).is_some() {
             reader.violate(
@@ -74,28 +71,14 @@ pub(super) fn parse_drs(
     kind: ContainerKind,
     config: &EnflameConfig,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let slices = reader.read(config.drs_name(), 1, 64);
     let ask = match slices {
         Field::Value(n) => DrsAsk::Slices(narrow(n)),
         Field::Invalid => return reader.finish(None),
         Field::Absent => {
-            let optional = |reader: &mut Reader<'_>, name: &str, max| {
-                if name.is_empty() {
-                    Field::Absent
-                } else {
-                    reader.read(name, 1, max)
-                }
-            };
-            let memory = optional(
-                &mut reader,
-                &config.resource_name_gcu_memory,
-                MAX_MEMORY_MIB,
-            );
-            let cores = optional(&mut reader, &config.resource_name_gcu_core, 100);
+            let memory = reader.read(&config.resource_name_gcu_memory, 1, MAX_MEMORY_MIB);
+            let cores = reader.read(&config.resource_name_gcu_core, 1, 100);
             match (memory, cores) {
                 (Field::Absent, Field::Absent) => return reader.finish(None),
                 (Field::Invalid, _) | (_, Field::Invalid) => return reader.finish(None),

@@ -35,10 +35,7 @@ pub(super) fn parse(
     chip: &IluvatarConfig,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let count = reader.read(
         &chip.resource_count_name,
         0,
@@ -49,11 +46,8 @@ pub(super) fn parse(
         0,
         MAX_MEMORY_MIB / MEMORY_UNIT_MIB,
     );
-    let cores = if chip.resource_core_name.is_empty() {
-        Field::Absent
-    } else {
-        reader.read(&chip.resource_core_name, 0, u64::from(u32::MAX))
-    };
+    // An unnamed cores resource is never set.
+    let cores = reader.read(&chip.resource_core_name, 0, u64::from(u32::MAX));
     let count = match count {
         Field::Value(n) if n > 0 => n,
         Field::Invalid => return reader.finish(None),

@@ -35,10 +35,7 @@ pub(super) fn parse_xpu(
     config: &KunlunConfig,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let Some(count) = read_count(&mut reader, &config.resource_count_name) else {
         return reader.finish(None);
     };
@@ -53,10 +50,7 @@ pub(super) fn parse_vxpu(
     config: &KunlunConfig,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let memory = reader.read(&config.resource_vmemory_name, 0, MAX_MEMORY_MIB);
     let Some(count) = read_count(&mut reader, &config.resource_vcount_name) else {
         if !matches!(memory, Field::Absent) {

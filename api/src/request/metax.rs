@@ -40,10 +40,7 @@ pub(super) fn parse_gpu(
     kind: ContainerKind,
     config: &MetaxConfig,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let reader = Reader::new(container);
     super::whole::parse(
         reader,
         kind,
@@ -59,10 +56,7 @@ pub(super) fn parse_sgpu(
     config: &MetaxConfig,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let count = reader.read(
         &config.resource_vcount_name,
         0,

@@ -36,10 +36,7 @@ pub(super) fn parse(
     config: &MthreadsConfig,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let count = reader.read(
         &config.resource_count_name,
         0,

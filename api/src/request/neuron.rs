@@ -35,10 +35,7 @@ pub(super) fn parse(
     config: &AwsNeuronConfig,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
+    let mut reader = Reader::new(container);
     let max_devices = u64::from(MAX_GPUS_PER_CONTAINER);
     // 0 is refused, as HAMi's admission does ("must be greater than 0").
     let devices = reader.read(&config.resource_count_name, 1, max_devices);

@@ -109,29 +109,14 @@ pub(super) fn parse(
     vendor: &Simple<'_>,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
-    let mut reader = Reader {
-        container,
-        violations: Vec::new(),
-    };
-    // An empty name (AMD's optional memory and cores) is never set.
-    let read = |reader: &mut Reader<'_>, name: &str, min, max| {
-        if name.is_empty() {
-            Field::Absent
-        } else {
-            reader.read(name, min, max)
-        }
-    };
+    let mut reader = Reader::new(container);
+    // AMD's memory and cores may be left unnamed: never set then.
     let count = reader.read(vendor.count, 0, u64::from(MAX_GPUS_PER_CONTAINER));
-    let memory = read(
-        &mut reader,
-        vendor.memory,
-        0,
-        MAX_MEMORY_MIB / vendor.memory_unit,
-    );
+    let memory = reader.read(vendor.memory, 0, MAX_MEMORY_MIB / vendor.memory_unit);
     let cores = if vendor.cores_of_units {
-        read(&mut reader, vendor.cores, 1, 100)
+        reader.read(vendor.cores, 1, 100)
     } else {
-        read(&mut reader, vendor.cores, 0, u64::from(u32::MAX))
+        reader.read(vendor.cores, 0, u64::from(u32::MAX))
     };
     let count = match count {
         Field::Value(n) if n > 0 => n,
