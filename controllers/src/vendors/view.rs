@@ -271,10 +271,12 @@ pub struct VendorView {
     pub devices: Vec<GpuDevice>,
     /// Sources whose annotation is malformed: (annotation, what is wrong).
     pub malformed: Vec<(String, String)>,
-    /// Sources whose plugin is gone: (annotation, why). The handshake went
-    /// unanswered, or (sources without one) the Node no longer advertises
-    /// the count resource.
-    pub expired: Vec<(String, String)>,
+    /// Sources whose plugin stopped answering the handshake: annotation names.
+    pub expired: Vec<String>,
+    /// Sources without a handshake whose plugin is gone (the Node no longer
+    /// advertises the count resource, HAMi's `CheckHealth`): (register
+    /// annotation, count resource).
+    pub unadvertised: Vec<(String, String)>,
     /// Handshake annotations to write now: (key, value).
     pub handshakes: Vec<(String, String)>,
 }
@@ -388,13 +390,8 @@ pub fn view(
             // No handshake (AMD): the plugin lives while the Node advertises
             // its count resource (HAMi's `CheckHealth`).
             if !advertises(allocatable, &source.count_resource) {
-                view.expired.push((
-                    source.register.clone(),
-                    format!(
-                        "annotation {} is set but the node advertises no {}, so the device plugin is gone",
-                        source.register, source.count_resource
-                    ),
-                ));
+                view.unadvertised
+                    .push((source.register.clone(), source.count_resource.clone()));
                 continue;
             }
         } else {
@@ -408,13 +405,7 @@ pub fn view(
                 Handshake::Waiting => {}
                 Handshake::Expired if advertises(allocatable, &source.count_resource) => {}
                 Handshake::Expired => {
-                    view.expired.push((
-                        source.handshake.clone(),
-                        format!(
-                            "the device plugin has not answered the {} handshake for 60 s",
-                            source.handshake
-                        ),
-                    ));
+                    view.expired.push(source.handshake.clone());
                     continue;
                 }
             }
@@ -458,24 +449,20 @@ pub fn status(
         .iter()
         .map(|(key, error)| format!("annotation {key} {error}; its devices are ignored"))
         .collect();
-    problems.extend(
-        view.expired
-            .iter()
-            .map(|(_, why)| format!("{why}; its devices are dropped")),
-    );
+    problems.extend(view.expired.iter().map(|key| {
+        format!("the device plugin has not answered the {key} handshake for 60 s; its devices are dropped")
+    }));
+    problems.extend(view.unadvertised.iter().map(|(key, resource)| {
+        format!("annotation {key} is set but the node advertises no {resource}, so the device plugin is gone; its devices are dropped")
+    }));
     let (state, reason) = match (view.devices.is_empty(), problems.is_empty()) {
         (false, true) => ("True", "VendorPluginRegistered"),
         (false, false) => ("True", "SomeSourcesIgnored"),
         (true, _) if !view.malformed.is_empty() => ("False", "RegisterAnnotationMalformed"),
-        (true, _)
-            if view
-                .expired
-                .iter()
-                .any(|(key, _)| key.contains("handshake")) =>
-        {
-            ("False", "HandshakeExpired")
+        (true, _) if view.expired.is_empty() && !view.unadvertised.is_empty() => {
+            ("False", "DevicePluginGone")
         }
-        (true, _) => ("False", "DevicePluginGone"),
+        (true, _) => ("False", "HandshakeExpired"),
     };
     let message = if problems.is_empty() {
         "the vendor's device plugin registered the devices and answers the handshake".to_owned()
@@ -1357,7 +1344,7 @@ mod tests {
         let sources = sources(&config());
         let gone = view(&node, &BTreeMap::new(), &sources, false, now).unwrap();
         assert!(gone.devices.is_empty());
-        assert_eq!(gone.expired[0].0, HYGON_HANDSHAKE);
+        assert_eq!(gone.expired, vec![HYGON_HANDSHAKE.to_owned()]);
         assert!(gone.handshakes.is_empty(), "no new request while one waits");
         let status = status(&gone, None, now);
         assert_eq!(
