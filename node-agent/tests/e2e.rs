@@ -63,11 +63,7 @@ impl GpuHost {
             dir,
             kubelet,
             agent: None,
-            metrics_port: std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port(),
+            metrics_port: tessera_e2e::free_port().unwrap(),
         };
         host.write_gpus(&vec![true; gpus]);
         host.start_agent(cluster.plane.kubeconfig());
