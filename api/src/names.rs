@@ -283,6 +283,12 @@ pub mod metax {
     pub const APP_CLASS: &str = "metax-tech.com/sgpu-app-class";
     /// Pod annotation: whether an exclusive pod prefers GPUs on one MetaLink.
     pub const TOPOLOGY_AWARE: &str = "metax-tech.com/sgpu-topology-aware";
+    /// Node annotation of MetaX's GPU plugin: per number of whole GPUs a pod
+    /// takes, the topology it loses (JSON `{"1": 0, "2": 10}`).
+    pub const TOPOLOGY_LOSSES: &str = "metax-tech.com/gpu.topology.losses";
+    /// Node annotation of MetaX's GPU plugin: per number of whole GPUs a pod
+    /// takes, how good taking them is (JSON, as the losses).
+    pub const TOPOLOGY_SCORES: &str = "metax-tech.com/gpu.topology.scores";
 }
 
 /// Iluvatar GPUs' names (HAMi `pkg/device/iluvatar`).

@@ -47,6 +47,7 @@ fn main() {
         for n in 0..NODES {
             let devices = (0..GPUS)
                 .map(|g| GpuDevice {
+                    qos_policy: None,
                     family: Default::default(),
                     network_id: None,
                     uuid: format!("GPU-{n:05}-{g}"),
@@ -80,6 +81,7 @@ fn main() {
                     pod_uid: format!("uid-{a}"),
                     node: format!("node-{node:05}"),
                     slices: vec![UuidSlice {
+                        sharing: None,
                         uuid: format!("GPU-{node:05}-{gpu}"),
                         memory_mib: 81_920 * percent / 100,
                         cores: percent as u32,
@@ -138,6 +140,7 @@ fn vendors(rng: &mut Rng) {
             let ascend = n % 2 == 0;
             let devices: Vec<GpuDevice> = (0..GPUS)
                 .map(|g| GpuDevice {
+                    qos_policy: None,
                     family: if ascend {
                         DeviceFamily::Ascend
                     } else {
@@ -172,6 +175,7 @@ fn vendors(rng: &mut Rng) {
                             pod_uid: format!("vendor-uid-{a}"),
                             node: format!("node-{n:05}"),
                             slices: vec![UuidSlice {
+                                sharing: None,
                                 uuid: device.uuid.clone(),
                                 memory_mib: device.memory_mib,
                                 cores: 100,

@@ -269,6 +269,7 @@ fn projection(cluster: &Cluster) -> Projection {
                 .enumerate()
                 .map(
                     |(g, &(memory_mib, cores, split_count, healthy, numa_node))| GpuDevice {
+                        qos_policy: None,
                         family: Default::default(),
                         network_id: None,
                         uuid: format!("GPU-n{n}-{g}"),
@@ -299,6 +300,7 @@ fn projection(cluster: &Cluster) -> Projection {
                     pod_uid: format!("uid-{i}"),
                     node: format!("n{node}"),
                     slices: vec![UuidSlice {
+                        sharing: None,
                         uuid: format!("GPU-n{node}-{gpu}"),
                         memory_mib,
                         cores,

@@ -27,7 +27,7 @@ use tessera_api::{
         AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
         KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
     },
-    v1alpha1::{AllocationPhase, DeviceFamily, GpuNode, NodeLock},
+    v1alpha1::{AllocationPhase, AppClass, DeviceFamily, GpuNode, NodeLock, QosPolicy, Sharing},
 };
 use tessera_controllers::config::Config;
 
@@ -558,6 +558,97 @@ async fn a_metax_exclusive_pod_gets_one_metalink_and_its_hand_off() {
         .await
         .expect("the sGPU plugin finds the pod through the Node lock");
     assert!(lock.ends_with(",default,mx-pod"), "{lock}");
+}
+
+#[tokio::test]
+async fn metax_app_classes_and_qos_policies_decide_who_shares_a_gpu() {
+    let cluster = Cluster::start(config()).await;
+    // One GPU of four sGPUs whose plugin reports burst-share.
+    let list = json!([{"uuid": "GPU-q", "totalDevCount": 4, "totalCompute": 100,
+        "totalVRam": 16384, "healthy": true, "qosPolicy": "burst-share"}]);
+    vendor_node(
+        &cluster,
+        "mx-q",
+        json!({"metax-tech.com/node-gpu-devices": list.to_string()}),
+        json!({"metax-tech.com/sgpu": "4"}),
+    )
+    .await;
+    until("mx-q in the projection", async || {
+        cluster.projection.read().node("mx-q").map(|_| ())
+    })
+    .await;
+    let sgpu = json!({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "30", "metax-tech.com/vmemory": "2"});
+    let offline = json!({"metax-tech.com/sgpu-app-class": "offline", "metax-tech.com/sgpu-qos-policy": "fixed-share"});
+    cluster
+        .create_pod("offline-a", sgpu.clone(), offline.clone())
+        .await;
+    assert_eq!(cluster.node_of("offline-a").await, "mx-q");
+    let slice = &cluster.allocation("offline-a").await.spec.containers[0].devices[0];
+    assert_eq!(
+        slice.sharing,
+        Some(Sharing {
+            app_class: Some(AppClass::Offline),
+            qos_policy: Some(QosPolicy::FixedShare),
+        }),
+        "the allocation keeps the pod's class and policy for the ledger"
+    );
+    plugin_serves(&cluster, "offline-a").await;
+    until("offline-a allocated", async || {
+        (phase(&cluster, "offline-a").await == Some(AllocationPhase::Allocated)).then_some(())
+    })
+    .await;
+
+    // A pod without an app class may not share a GPU of offline pods.
+    cluster.create_pod("normal", sgpu.clone(), json!({})).await;
+    let reasons = cluster.failed_scheduling("normal").await;
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("running online or offline pods")),
+        "{reasons:?}"
+    );
+    // An offline pod of another QoS policy neither (the holders decide,
+    // not the plugin's stale burst-share).
+    let other = json!({"metax-tech.com/sgpu-app-class": "offline", "metax-tech.com/sgpu-qos-policy": "best-effort"});
+    cluster.create_pod("offline-b", sgpu.clone(), other).await;
+    let reasons = cluster.failed_scheduling("offline-b").await;
+    assert!(
+        reasons.iter().any(|r| r
+            .contains("another QoS policy than metax-tech.com/sgpu-qos-policy \"best-effort\"")),
+        "{reasons:?}"
+    );
+    // An online pod joins, charged no cores.
+    cluster
+        .create_pod(
+            "online",
+            sgpu.clone(),
+            json!({"metax-tech.com/sgpu-app-class": "online"}),
+        )
+        .await;
+    assert_eq!(cluster.node_of("online").await, "mx-q");
+    assert_eq!(
+        cluster.allocation("online").await.spec.containers[0].devices[0].cores,
+        0
+    );
+    let handed = pod(&cluster, "online").await;
+    let listed: serde_json::Value =
+        serde_json::from_str(&handed.annotations()["metax-tech.com/gpu-devices-allocated"])
+            .unwrap();
+    assert_eq!(listed[0][0]["vRam"], 2048);
+    assert!(
+        listed[0][0].get("compute").is_none_or(|c| c == 0),
+        "an online sGPU is handed no compute share: {listed}"
+    );
+    plugin_serves(&cluster, "online").await;
+    // Now the GPU runs an online pod: a further offline pod waits.
+    cluster.create_pod("offline-c", sgpu, offline).await;
+    let reasons = cluster.failed_scheduling("offline-c").await;
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("online pods, which take no offline pod")),
+        "{reasons:?}"
+    );
 }
 
 #[tokio::test]

@@ -28,11 +28,11 @@ use super::{
 };
 use crate::Violation;
 use crate::names::metax::{
-    APP_CLASS, GPU_TYPE, NOUSE_UUID, QOS_POLICIES, QOS_POLICY, SGPU_TYPE, USE_UUID,
+    APP_CLASS, GPU_TYPE, NOUSE_UUID, QOS_POLICIES, QOS_POLICY, SGPU_TYPE, TOPOLOGY_AWARE, USE_UUID,
     VMEMORY_UNIT_MIB,
 };
 use crate::quantity::bytes_as_mib;
-use crate::v1alpha1::DeviceFamily;
+use crate::v1alpha1::{AppClass, DeviceFamily, QosPolicy, Sharing};
 
 /// Parses a container's whole-GPU request; `Ok(None)` when it asks for none.
 pub(super) fn parse_gpu(
@@ -105,15 +105,32 @@ pub(super) fn parse_sgpu(
             format!("must be online or offline, got {other:?}"),
         ),
     }
-    if app_class != Some("online")
+    let online = app_class == Some("online");
+    let qos_policy = get(QOS_POLICY).and_then(QosPolicy::parse);
+    if !online
         && let Some(qos) = get(QOS_POLICY)
-        && !QOS_POLICIES.contains(&qos)
+        && qos_policy.is_none()
     {
         reader.violate(
             QOS_POLICY,
             format!("must be one of {}, got {qos:?}", QOS_POLICIES.join(", ")),
         );
     }
+    let sharing = Sharing {
+        app_class: match app_class {
+            Some("online") => Some(AppClass::Online),
+            Some("offline") => Some(AppClass::Offline),
+            _ => None,
+        },
+        qos_policy: qos_policy.filter(|_| !online),
+    };
+    // HAMi's topologyAwareEnable: the annotation as Go's ParseBool reads
+    // it, else the configuration.
+    let topology_aware = match get(TOPOLOGY_AWARE) {
+        Some("1" | "t" | "T" | "true" | "TRUE" | "True") => true,
+        Some("0" | "f" | "F" | "false" | "FALSE" | "False") => false,
+        _ => config.sgpu_topology_aware,
+    };
     reader.finish(Some(ContainerRequest {
         name: container.name.clone(),
         kind,
@@ -124,7 +141,10 @@ pub(super) fn parse_sgpu(
         family: DeviceFamily::Metax,
         vendor: Some(VendorRequest {
             device_type: Some(SGPU_TYPE.into()),
-            by_link_zone: cores == 100,
+            // HAMi prefers whole MetaLinks only for pods without an app class.
+            by_link_zone: cores == 100 && sharing.app_class.is_none(),
+            sharing: Some(sharing),
+            topology_aware: topology_aware && cores == 100 && !online,
             filters: DeviceFilters {
                 use_uuids: list(get(USE_UUID)),
                 nouse_uuids: list(get(NOUSE_UUID)),

@@ -60,7 +60,7 @@ pub use vendors::{
     KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
 };
 
-use crate::v1alpha1::DeviceFamily;
+use crate::v1alpha1::{DeviceFamily, Sharing};
 
 /// Largest number of vGPUs one container may ask for.
 pub const MAX_GPUS_PER_CONTAINER: u32 = 64;
@@ -142,6 +142,14 @@ pub struct VendorRequest {
     /// Enflame: the DRS partition asked for, chosen among each device's
     /// profiles by the engine.
     pub drs: Option<DrsAsk>,
+    /// MetaX sGPUs: the pod's app class and QoS policy, under HAMi's
+    /// co-location rules (`checkAppClass`, `checkDeviceQos`); `None` for
+    /// every other request.
+    pub sharing: Option<Sharing>,
+    /// MetaX exclusive sGPUs: nodes are scored by how well the GPUs keep
+    /// MetaLinks whole (HAMi's `scoreExclusiveDevices`), from the pod's
+    /// `metax-tech.com/sgpu-topology-aware` or the configuration.
+    pub topology_aware: bool,
 }
 
 /// An Enflame DRS partition a container asks for (HAMi's two request

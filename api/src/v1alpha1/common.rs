@@ -236,3 +236,63 @@ pub enum DeviceHealth {
     /// The GPU reported a fatal error (e.g. an XID event) and takes no new work.
     Unhealthy,
 }
+
+/// MetaX's app class (`metax-tech.com/sgpu-app-class`): online and offline
+/// pods share GPUs only with each other, and an online pod's GPU takes no
+/// new offline pod (MetaX's driver suspends offline work while online work
+/// runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AppClass {
+    /// Latency-sensitive work: charged no cores, put on the GPU with the
+    /// fewest other online pods.
+    Online,
+    /// Batch work that yields to online pods.
+    Offline,
+}
+
+/// MetaX's sGPU QoS policy (`metax-tech.com/sgpu-qos-policy`), which the
+/// plugin sets per GPU: every shared sGPU of a GPU runs under one policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum QosPolicy {
+    /// Takes idle compute; no guarantee.
+    BestEffort,
+    /// Exactly its share.
+    FixedShare,
+    /// Its share, and idle compute above it.
+    BurstShare,
+}
+
+impl QosPolicy {
+    /// Every policy, in the order MetaX lists them.
+    pub const ALL: [Self; 3] = [Self::BestEffort, Self::FixedShare, Self::BurstShare];
+
+    /// The annotation's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BestEffort => "best-effort",
+            Self::FixedShare => "fixed-share",
+            Self::BurstShare => "burst-share",
+        }
+    }
+
+    /// The policy an annotation value names.
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == value)
+    }
+}
+
+/// How a MetaX sGPU slice shares its GPU: the pod's app class and QoS
+/// policy, which decide who else the GPU may take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Sharing {
+    /// The pod's app class; absent: neither online nor offline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_class: Option<AppClass>,
+    /// The QoS policy the pod asked for; absent for online pods, and for
+    /// pods that name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_policy: Option<QosPolicy>,
+}

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     CorePolicy, DeviceFamily, DeviceHealth, FilterDevices, FrontDoor, MigInstance, MigLayout,
-    MigStrategy, OperatingMode,
+    MigStrategy, OperatingMode, QosPolicy,
 };
 
 /// A node's GPU inventory. Cluster-scoped, named after the Node, owned by it.
@@ -100,6 +100,13 @@ pub struct GpuNodeStatus {
     /// (HAMi's pod API) or DRA.
     #[serde(default)]
     pub front_door: FrontDoor,
+    /// How well taking some number of whole devices keeps the node's
+    /// topology, as the vendor's plugin computes it (MetaX's
+    /// `metax-tech.com/gpu.topology.losses` and `scores`); nodes are
+    /// compared by them first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub placement_scores: Vec<PlacementScore>,
     /// Names of the GpuNodeConfig objects that contributed to `settings`, lowest precedence first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applied_configs: Vec<String>,
@@ -130,6 +137,23 @@ impl GpuNodeStatus {
             ..Self::default()
         }
     }
+}
+
+/// What the vendor's plugin says about a pod taking `devices` whole devices
+/// of the node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementScore {
+    /// How many whole devices the pod takes.
+    pub devices: u32,
+    /// The topology lost by taking them: under the binpack node policy,
+    /// nodes that lose less are preferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<i64>,
+    /// How good taking them is: under the spread node policy, nodes that
+    /// score higher are preferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<i64>,
 }
 
 /// One physical GPU.
@@ -200,6 +224,11 @@ pub struct GpuDevice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub minor: Option<String>,
+    /// The QoS policy the vendor's plugin reports the device runs under
+    /// (MetaX sGPUs' `qosPolicy`): a shared device takes only sGPUs of its
+    /// policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_policy: Option<QosPolicy>,
 }
 
 /// One partition profile of a vendor's device.

@@ -22,11 +22,12 @@ mod node_lock;
 mod vgpu_allocation;
 
 pub use common::{
-    CorePolicy, DeviceFamily, DeviceHealth, FrontDoor, MigStrategy, OperatingMode, SchedulingPolicy,
+    AppClass, CorePolicy, DeviceFamily, DeviceHealth, FrontDoor, MigStrategy, OperatingMode,
+    QosPolicy, SchedulingPolicy, Sharing,
 };
 pub use gpu_node::{
     CapacitySummary, DeviceCapacity, DeviceProfile, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus,
-    NodeSettings,
+    NodeSettings, PlacementScore,
 };
 pub use gpu_node_config::{
     ConfigConflict, FilterDevices, GpuNodeConfig, GpuNodeConfigSpec, GpuNodeConfigStatus,

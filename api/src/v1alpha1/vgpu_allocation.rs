@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{DeviceFamily, MigSlice, SchedulingPolicy, ServedMigInstance};
+use super::{DeviceFamily, MigSlice, SchedulingPolicy, ServedMigInstance, Sharing};
 
 /// Which GPU slices a pod got. Namespaced, named after the pod, owned by it.
 ///
@@ -190,6 +190,10 @@ pub struct DeviceSlice {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub core_indexes: Vec<u32>,
+    /// How the slice shares its GPU (MetaX sGPUs: the pod's app class and
+    /// QoS policy, which decide the GPU's later tenants).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<Sharing>,
     /// The MIG instance that serves this slice, on a dynamic-MIG GPU: the
     /// node agent creates it at Allocate and destroys it at release.
     #[serde(default, skip_serializing_if = "Option::is_none")]

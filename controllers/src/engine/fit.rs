@@ -3,7 +3,7 @@
 use tessera_api::{
     mig,
     request::{ContainerRequest, DrsAsk, PodOptions, PodRequest},
-    v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy},
+    v1alpha1::{AppClass, DeviceFamily, OperatingMode, SchedulingPolicy},
 };
 
 use super::{
@@ -128,6 +128,23 @@ fn fit_container(
         };
         by_load.then(a.device.cmp(&b.device))
     });
+    if container
+        .vendor
+        .as_ref()
+        .and_then(|v| v.sharing?.app_class)
+        .is_some_and(|class| class == AppClass::Online)
+    {
+        // HAMi's prioritizeOnlineDevices: GPUs with fewer online pods first,
+        // those with only offline pods last (the fewest first).
+        candidates.sort_by_key(|(slice, _)| {
+            let used = &usage[slice.device];
+            (
+                used.offline > 0 && used.online == 0,
+                used.online,
+                used.offline,
+            )
+        });
+    }
     let wanted = container.count as usize;
     let fitting = candidates.len();
     let vendor = container.vendor.as_ref();
@@ -391,6 +408,7 @@ fn check(
         core_mask: 0,
         units: 1,
         profile: None,
+        sharing: container.vendor.as_ref().and_then(|v| v.sharing),
     };
     if !device.healthy {
         return Err(Cause::Unhealthy);
@@ -415,6 +433,25 @@ fn check(
     }
     if filters.nouse_uuids.contains(&device.uuid) {
         return Err(Cause::UuidExcluded);
+    }
+    // MetaX's co-location rules (HAMi's checkAppClass, checkDeviceQos); an
+    // online pod is charged no cores and skips the core checks.
+    let online = slice
+        .sharing
+        .is_some_and(|s| s.app_class == Some(AppClass::Online));
+    if let Some(sharing) = slice.sharing {
+        if !used.takes_class(sharing.app_class) {
+            return Err(Cause::AppClass);
+        }
+        if !online
+            && container.cores < EXCLUSIVE_CORES
+            && !used.takes_qos(device.qos_policy, sharing.qos_policy)
+        {
+            return Err(Cause::QosPolicy);
+        }
+        if online {
+            slice.cores = 0;
+        }
     }
     if filters.vgpu_mode.is_some_and(|mode| mode != device.mode) {
         return Err(Cause::ModeMismatch);
@@ -467,7 +504,7 @@ fn check(
     }
     // HAMi's rule for every family: a request without cores may not share
     // a device whose cores are all handed out (it would get no compute).
-    if slice.cores == 0 && device.cores > 0 && used.cores >= device.cores {
+    if slice.cores == 0 && !online && device.cores > 0 && used.cores >= device.cores {
         return Err(Cause::CoresExhausted);
     }
     // A sum past the integer's range does not fit either.

@@ -20,7 +20,7 @@
 //!   (`tessera_api::mig::choose`); it holds the profile's memory and its
 //!   compute share, and no two instances share a memory slice (I1).
 
-use tessera_api::v1alpha1::MigPlacement;
+use tessera_api::v1alpha1::{MigPlacement, Sharing};
 
 mod fit;
 mod node;
@@ -30,6 +30,8 @@ mod topology;
 mod wings;
 
 #[cfg(test)]
+mod metax_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod vendor_tests;
@@ -38,7 +40,7 @@ pub use fit::{feasible, fit};
 pub use node::{DeviceUsage, GpuDevice, NodeGpus, Profile};
 pub use reason::Rejection;
 pub use score::{device_load, node_score, prioritized_score};
-pub use topology::topology_score;
+pub use topology::{normalize as normalize_topology, topology_score};
 
 /// Cores that make a slice exclusive.
 pub const EXCLUSIVE_CORES: u32 = 100;
@@ -63,6 +65,8 @@ pub struct Slice {
     pub units: u32,
     /// The device's profile it is cut as (Enflame DRS), by position.
     pub profile: Option<u8>,
+    /// How it shares its device (MetaX sGPUs: app class and QoS policy).
+    pub sharing: Option<Sharing>,
 }
 
 /// Cores a device may hand out by index (bits of [`Slice::core_mask`]).

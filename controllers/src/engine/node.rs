@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tessera_api::{
     mig::{self, Mask},
-    v1alpha1::{DeviceFamily, MigLayout, OperatingMode},
+    v1alpha1::{AppClass, DeviceFamily, MigLayout, OperatingMode, PlacementScore, QosPolicy},
 };
 
 use super::{EXCLUSIVE_CORES, MAX_CORE_INDEXES, Slice};
@@ -50,6 +50,9 @@ pub struct GpuDevice {
     /// The device's minor number, where the vendor's plugin is handed it
     /// (Enflame DRS).
     pub minor: Option<String>,
+    /// The QoS policy the vendor's plugin reports the device runs under
+    /// (MetaX sGPUs).
+    pub qos_policy: Option<QosPolicy>,
 }
 
 /// A partition profile of a vendor's device (Enflame DRS `3g.20gb`): how
@@ -100,6 +103,13 @@ pub struct DeviceUsage {
     /// Slices holding each core index (AWS NeuronCores; 0 or 1 while I1
     /// holds).
     pub core_holders: [u8; MAX_CORE_INDEXES],
+    /// MetaX sGPU slices of online pods.
+    pub online: u32,
+    /// MetaX sGPU slices of offline pods.
+    pub offline: u32,
+    /// MetaX shared sGPU slices of pods that are not online, by the QoS
+    /// policy they run under: none named, then [`QosPolicy::ALL`]'s order.
+    pub qos_holders: [u32; 4],
 }
 
 impl DeviceUsage {
@@ -118,6 +128,7 @@ impl DeviceUsage {
                 *held = held.saturating_add(1);
             }
         }
+        self.count_sharing(slice, exclusive, u32::saturating_add);
     }
 
     /// Removes a slice (never below zero).
@@ -134,6 +145,61 @@ impl DeviceUsage {
                 *held = held.saturating_sub(1);
             }
         }
+        self.count_sharing(slice, exclusive, u32::saturating_sub);
+    }
+
+    /// Counts a MetaX sGPU slice by its app class, and (a shared slice of
+    /// a pod that is not online) by its QoS policy; other slices are not
+    /// counted.
+    fn count_sharing(&mut self, slice: &Slice, exclusive: bool, step: fn(u32, u32) -> u32) {
+        let Some(sharing) = slice.sharing else {
+            return;
+        };
+        match sharing.app_class {
+            Some(AppClass::Online) => self.online = step(self.online, 1),
+            Some(AppClass::Offline) => self.offline = step(self.offline, 1),
+            None => {}
+        }
+        if sharing.app_class != Some(AppClass::Online) && !exclusive {
+            let at = sharing
+                .qos_policy
+                .and_then(|q| QosPolicy::ALL.iter().position(|p| *p == q))
+                .map_or(0, |i| i + 1);
+            self.qos_holders[at] = step(self.qos_holders[at], 1);
+        }
+    }
+
+    /// Whether a MetaX sGPU of app class `asked` may join the device
+    /// (HAMi's `checkAppClass`): an empty device takes any; online and
+    /// offline pods share only with each other, pods without a class only
+    /// with each other; a device running an online pod takes no offline one.
+    pub fn takes_class(&self, asked: Option<AppClass>) -> bool {
+        if self.slices == 0 {
+            return true;
+        }
+        let classed = self.online + self.offline > 0;
+        classed == asked.is_some() && !(self.online > 0 && asked == Some(AppClass::Offline))
+    }
+
+    /// Whether a shared sGPU of QoS policy `asked` may join the device
+    /// (HAMi's `checkDeviceQos`): an empty device takes any policy; a
+    /// device with sGPUs of pods that are not online, only their policy (any
+    /// when one of them names none); otherwise the policy the plugin
+    /// `reports` it runs under, if it reports one.
+    pub fn takes_qos(&self, reported: Option<QosPolicy>, asked: Option<QosPolicy>) -> bool {
+        if self.slices == 0 || self.qos_holders[0] > 0 {
+            return true;
+        }
+        let mut held = QosPolicy::ALL
+            .iter()
+            .zip(&self.qos_holders[1..])
+            .filter(|(_, holders)| **holders > 0)
+            .map(|(policy, _)| Some(*policy))
+            .peekable();
+        if held.peek().is_none() {
+            return reported.is_none() || reported == asked;
+        }
+        held.all(|policy| policy == asked)
     }
 
     /// The core indexes live slices hold, as a mask.
@@ -176,13 +242,20 @@ pub struct NodeGpus {
     pub devices: Vec<GpuDevice>,
     /// Usage per device.
     pub usage: Vec<DeviceUsage>,
+    /// The vendor plugin's topology losses and scores by how many whole
+    /// devices a pod takes (MetaX GPUs).
+    pub placement_scores: Vec<PlacementScore>,
 }
 
 impl NodeGpus {
     /// A node with nothing allocated.
     pub fn new(devices: Vec<GpuDevice>) -> Self {
         let usage = vec![DeviceUsage::default(); devices.len()];
-        Self { devices, usage }
+        Self {
+            devices,
+            usage,
+            placement_scores: Vec::new(),
+        }
     }
 
     /// Adds a slice to its device's usage.

@@ -11,7 +11,7 @@ use tessera_api::{
     mig,
     names::{amd, annotations, ascend, cambricon, enflame, hygon, kunlun, metax, mthreads, neuron},
     request::{ContainerRequest, DrsAsk, MemoryRequest},
-    v1alpha1::DeviceFamily,
+    v1alpha1::{AppClass, DeviceFamily},
 };
 
 use super::{DeviceUsage, EXCLUSIVE_CORES, GpuDevice};
@@ -37,9 +37,11 @@ pub(super) enum Cause {
     OtherCardOfPod,
     OtherSize,
     NoProfile,
+    AppClass,
+    QosPolicy,
 }
 
-const CAUSES: usize = 18;
+const CAUSES: usize = 20;
 
 /// Tally of why devices were rejected for one container.
 #[derive(Debug, Default)]
@@ -178,6 +180,19 @@ impl Census {
             Cause::NoProfile,
             format!("without a DRS profile for {}", drs_ask(container)),
         );
+        part(Cause::AppClass, app_class_rule(container));
+        part(
+            Cause::QosPolicy,
+            format!(
+                "running sGPUs of another QoS policy than {} {:?} (a GPU's shared sGPUs run under one policy)",
+                metax::QOS_POLICY,
+                container
+                    .vendor
+                    .as_ref()
+                    .and_then(|v| v.sharing?.qos_policy)
+                    .map_or("", |q| q.as_str())
+            ),
+        );
         part(
             Cause::OtherSize,
             "holding vXPUs of another size (an XPU shares only vXPUs of one size)".into(),
@@ -216,6 +231,25 @@ impl Census {
             let _ = write!(message, ": {}", parts.join("; "));
         }
         Rejection { message }
+    }
+}
+
+/// MetaX's co-location rule, as it bars the container's app class.
+fn app_class_rule(container: &ContainerRequest) -> String {
+    let class = container.vendor.as_ref().and_then(|v| v.sharing?.app_class);
+    match class {
+        None => format!(
+            "running online or offline pods, which share a GPU only with each other ({} absent)",
+            metax::APP_CLASS
+        ),
+        Some(AppClass::Offline) => format!(
+            "running pods without an app class, or online pods, which take no offline pod ({}: offline)",
+            metax::APP_CLASS
+        ),
+        Some(AppClass::Online) => format!(
+            "running pods without an app class, which share a GPU only with each other ({}: online)",
+            metax::APP_CLASS
+        ),
     }
 }
 

@@ -1,41 +1,200 @@
 //! Vendor topology scores (HAMi's device `ScoreNode`s): how well the
-//! devices a pod would get on a node fit together, 0.0 to 1.0, for the
-//! families HAMi scores by topology. Prioritize ranks nodes by it first.
+//! devices a pod would get on a node fit together, higher is better, for the
+//! families HAMi scores by topology. Prioritize compares them over the
+//! candidate nodes ([`normalize`]) and ranks nodes by them first.
+
+use std::collections::BTreeSet;
 
 use tessera_api::{
-    names::kunlun,
-    request::PodRequest,
-    v1alpha1::{DeviceFamily, SchedulingPolicy},
+    names::{kunlun, metax},
+    request::{ContainerRequest, PodRequest},
+    v1alpha1::{AppClass, DeviceFamily, SchedulingPolicy},
 };
 
-use super::{NodeGpus, Placement, fit};
+use super::{EXCLUSIVE_CORES, NodeGpus, Placement, fit};
 
-/// The pod's topology score on `node` (the mean over the scored families),
-/// or `None` when no container asks for a family HAMi scores by topology
-/// (Ascend 910 by `NetworkID`, Kunlunxin whole XPUs by wing) or the pod
-/// does not fit.
+/// The pod's topology score on `node` (the sum over the scored families,
+/// as HAMi adds its device scores), or `None` when no container asks for
+/// a family HAMi scores by topology (Ascend 910 by `NetworkID`, Kunlunxin
+/// whole XPUs by wing, MetaX online sGPUs by their neighbours,
+/// topology-aware exclusive sGPUs by MetaLink, whole GPUs by the plugin's
+/// losses or scores) or the pod does not fit. Devices are placed under
+/// `gpu_policy`; MetaX's whole-GPU maps are read under `node_policy`.
+/// Ascend's and Kunlunxin's are 0.0 to 1.0; MetaX's are HAMi's own.
 pub fn topology_score(
     node: &NodeGpus,
     request: &PodRequest,
-    policy: SchedulingPolicy,
+    gpu_policy: SchedulingPolicy,
+    node_policy: SchedulingPolicy,
 ) -> Option<f64> {
-    let scored = |c: &tessera_api::request::ContainerRequest| {
-        c.vendor.as_ref().is_some_and(|v| {
-            v.by_network || (v.by_wing && v.device_type.as_deref() == Some(kunlun::XPU_TYPE))
-        })
+    let whole_metax = |c: &ContainerRequest| {
+        c.family == DeviceFamily::Metax
+            && c.vendor.as_ref().and_then(|v| v.device_type.as_deref()) == Some(metax::GPU_TYPE)
+            && !node.placement_scores.is_empty()
     };
-    if !request.containers.iter().any(scored) {
+    if !request
+        .containers
+        .iter()
+        .any(|c| scored(c) || whole_metax(c))
+    {
         return None;
     }
-    let placement = fit(node, request, policy).ok()?;
-    let mut scores = Vec::new();
-    if let Some(score) = network_score(node, request, &placement) {
-        scores.push(score);
+    let placement = fit(node, request, gpu_policy).ok()?;
+    let scores = [
+        network_score(node, request, &placement),
+        wing_score(node, &placement),
+        metax_score(node, request, &placement),
+        metax_gpu_score(node, &placement, node_policy),
+    ];
+    scores
+        .into_iter()
+        .flatten()
+        .reduce(|sum, score| sum + score)
+}
+
+/// Whether HAMi scores the container's devices by topology.
+fn scored(c: &ContainerRequest) -> bool {
+    c.vendor.as_ref().is_some_and(|v| {
+        v.by_network
+            || (v.by_wing && v.device_type.as_deref() == Some(kunlun::XPU_TYPE))
+            || v.topology_aware
+            || v.sharing
+                .is_some_and(|s| s.app_class == Some(AppClass::Online))
+    })
+}
+
+/// Topology scores of the candidate nodes onto 0.0 (the worst among them)
+/// to 1.0 (the best), as HAMi compares its raw scores between nodes; all
+/// 1.0 when they are equal. Nodes without a score keep `None`.
+pub fn normalize(scores: &mut [Option<f64>]) {
+    let known = scores.iter().flatten().copied();
+    let (low, high) = known.fold((f64::INFINITY, f64::NEG_INFINITY), |(low, high), s| {
+        (low.min(s), high.max(s))
+    });
+    for score in scores.iter_mut().flatten() {
+        *score = if high > low {
+            (*score - low) / (high - low)
+        } else {
+            1.0
+        };
     }
-    if let Some(score) = wing_score(node, &placement) {
-        scores.push(score);
+}
+
+/// MetaX sGPUs (HAMi's sGPU `ScoreNode`): for an online pod, its GPUs'
+/// neighbours (`scoreOnlineDevices`: -100 per offline pod on a GPU with
+/// only offline pods, else -20 per online and -2 per offline pod); else,
+/// for topology-aware exclusive sGPUs, how well they keep MetaLinks whole
+/// (`scoreExclusiveDevices`).
+fn metax_score(node: &NodeGpus, request: &PodRequest, placement: &Placement) -> Option<f64> {
+    let sgpus = |want: &dyn Fn(&ContainerRequest) -> bool| -> BTreeSet<usize> {
+        request
+            .containers
+            .iter()
+            .zip(&placement.containers)
+            .filter(|(c, _)| want(c))
+            .flat_map(|(_, placed)| &placed.slices)
+            .filter(|s| is_sgpu(node, s.device))
+            .map(|s| s.device)
+            .collect()
+    };
+    let online = sgpus(&|c| {
+        c.vendor.as_ref().is_some_and(|v| {
+            v.sharing
+                .is_some_and(|s| s.app_class == Some(AppClass::Online))
+        })
+    });
+    if !online.is_empty() {
+        return Some(online_score(node, &online) as f64);
     }
-    (!scores.is_empty()).then(|| scores.iter().sum::<f64>() / scores.len() as f64)
+    let exclusive = sgpus(&|c| {
+        c.cores >= EXCLUSIVE_CORES && c.vendor.as_ref().is_some_and(|v| v.topology_aware)
+    });
+    if exclusive.is_empty() {
+        return None;
+    }
+    Some(exclusive_score(node, &exclusive) as f64)
+}
+
+/// HAMi's `scoreOnlineDevices` over the GPUs an online pod gets, from
+/// what they run before it.
+pub(super) fn online_score(node: &NodeGpus, devices: &BTreeSet<usize>) -> i64 {
+    devices
+        .iter()
+        .map(|&d| {
+            let used = &node.usage[d];
+            let (on, off) = (i64::from(used.online), i64::from(used.offline));
+            if off > 0 && on == 0 {
+                -100 * off
+            } else {
+                -20 * on - 2 * off
+            }
+        })
+        .sum()
+}
+
+/// HAMi's `scoreExclusiveDevices`: 10 × the MetaLink pairs among the GPUs
+/// taken, less the pairs of free GPUs that taking them breaks.
+pub(super) fn exclusive_score(node: &NodeGpus, exclusive: &BTreeSet<usize>) -> i64 {
+    let free: Vec<usize> = (0..node.devices.len())
+        .filter(|&d| is_sgpu(node, d) && node.usage[d].slices == 0)
+        .collect();
+    let zones = |devices: &mut dyn Iterator<Item = usize>| -> i64 {
+        link_pairs(devices.map(|d| node.devices[d].network_id.unwrap_or(0)))
+    };
+    let allocated = zones(&mut exclusive.iter().copied());
+    let available = zones(&mut free.iter().copied());
+    let rest = zones(&mut free.iter().copied().filter(|d| !exclusive.contains(d)));
+    let loss = available - allocated - rest;
+    10 * allocated - loss
+}
+
+/// MetaX whole GPUs (HAMi's GPU `ScoreNode`): by the plugin's map for
+/// the number of GPUs the pod takes (a count it does not list reads 0):
+/// under binpack the less topology lost the better, under spread the
+/// higher the plugin's score. `None` on a node whose plugin writes no map.
+fn metax_gpu_score(
+    node: &NodeGpus,
+    placement: &Placement,
+    policy: SchedulingPolicy,
+) -> Option<f64> {
+    let taken = placement
+        .slices()
+        .filter(|s| {
+            let d = &node.devices[s.device];
+            d.family == DeviceFamily::Metax && d.model == metax::GPU_TYPE
+        })
+        .count();
+    if taken == 0 || node.placement_scores.is_empty() {
+        return None;
+    }
+    let entry = node
+        .placement_scores
+        .iter()
+        .find(|p| p.devices as usize == taken);
+    Some(match policy {
+        SchedulingPolicy::Binpack => -entry.and_then(|p| p.loss).unwrap_or(0) as f64,
+        SchedulingPolicy::Spread => entry.and_then(|p| p.score).unwrap_or(0) as f64,
+    })
+}
+
+fn is_sgpu(node: &NodeGpus, device: usize) -> bool {
+    let d = &node.devices[device];
+    d.family == DeviceFamily::Metax && d.model == metax::SGPU_TYPE
+}
+
+/// HAMi's `LinkDevices.Score`: 10 for each pair of devices on one MetaLink
+/// (zone 0 is none).
+fn link_pairs(zones: impl Iterator<Item = u32>) -> i64 {
+    let zones: Vec<u32> = zones.collect();
+    let mut score = 0;
+    for (i, a) in zones.iter().enumerate() {
+        for b in &zones[i + 1..] {
+            if *a != 0 && a == b {
+                score += 10;
+            }
+        }
+    }
+    score
 }
 
 /// Ascend 910 (HAMi's ascend `ScoreNode`): per container, the share of its

@@ -20,24 +20,24 @@ use tessera_api::{
 use super::*;
 
 /// HAMi's `configStr` chips: 910A with its four templates, 910C in a SuperPod.
-fn config() -> RequestConfig {
+pub(super) fn config() -> RequestConfig {
     tessera_api::testing::vendor_config()
 }
 
 /// A device as HAMi's `DeviceUsage` rows give it: id, count (split),
 /// used slices, total/used memory, total/used cores, health.
 #[derive(Clone, Copy)]
-struct Row {
-    id: &'static str,
-    count: u32,
-    used: u32,
-    total_mem: u64,
-    used_mem: u64,
-    used_cores: u32,
-    healthy: bool,
+pub(super) struct Row {
+    pub(super) id: &'static str,
+    pub(super) count: u32,
+    pub(super) used: u32,
+    pub(super) total_mem: u64,
+    pub(super) used_mem: u64,
+    pub(super) used_cores: u32,
+    pub(super) healthy: bool,
 }
 
-const FREE: Row = Row {
+pub(super) const FREE: Row = Row {
     id: "dev-0",
     count: 100,
     used: 0,
@@ -47,11 +47,12 @@ const FREE: Row = Row {
     healthy: true,
 };
 
-fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus {
+pub(super) fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus {
     let devices = rows
         .iter()
         .enumerate()
         .map(|(i, r)| GpuDevice {
+            qos_policy: None,
             uuid: r.id.into(),
             index: u32::try_from(i).unwrap(),
             model: model.into(),
@@ -81,7 +82,7 @@ fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus {
     node
 }
 
-fn pod(limits: Value, annotations: Value) -> Pod {
+pub(super) fn pod(limits: Value, annotations: Value) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": "p", "annotations": annotations},
         "spec": {"containers": [{"name": "main", "image": "i", "resources": {"limits": limits}}]},
@@ -91,7 +92,11 @@ fn pod(limits: Value, annotations: Value) -> Pod {
 
 /// Fits `limits` (with pod `annotations`) on `node`: the chosen device ids,
 /// or the reason.
-fn place(node: &NodeGpus, limits: Value, annotations: Value) -> Result<Vec<String>, String> {
+pub(super) fn place(
+    node: &NodeGpus,
+    limits: Value,
+    annotations: Value,
+) -> Result<Vec<String>, String> {
     let request = parse_pod(&pod(limits, annotations), &config())
         .map_err(|e| e.to_string())?
         .expect("asks for devices");
@@ -113,7 +118,7 @@ type Case = (
     Result<&'static [&'static str], &'static str>,
 );
 
-fn expect(case: &str, got: Result<Vec<String>, String>, want: Result<&[&str], &str>) {
+pub(super) fn expect(case: &str, got: Result<Vec<String>, String>, want: Result<&[&str], &str>) {
     match (got, want) {
         (Ok(ids), Ok(want)) => assert_eq!(ids, want, "{case}"),
         (Err(reason), Err(want)) => {
@@ -1054,6 +1059,7 @@ fn kunlunxin_xpus_are_placed_by_wing_as_hami_does() {
 fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGpus {
     let devices = (0..n)
         .map(|i| GpuDevice {
+            qos_policy: None,
             uuid: format!("n-AWSNeuron-{i}"),
             index: i,
             model: model.into(),
@@ -1074,6 +1080,7 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
     let mut node = NodeGpus::new(devices);
     for &(device, core) in held {
         node.charge(&Slice {
+            sharing: None,
             device,
             memory_mib: 0,
             cores: 1,
@@ -1085,6 +1092,7 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
     }
     for &device in whole {
         node.charge(&Slice {
+            sharing: None,
             device,
             memory_mib: 0,
             cores: 2,
@@ -1250,10 +1258,18 @@ fn prioritize_ranks_vendor_topology_before_the_policy() {
     let together = ascend([0, 0, 1, 1], &[2]);
     let apart = ascend([0, 1, 2, 3], &[]);
     let policy = SchedulingPolicy::Spread;
-    assert_eq!(topology_score(&together, &request, policy), Some(1.0));
-    assert_eq!(topology_score(&apart, &request, policy), Some(0.5));
+    assert_eq!(
+        topology_score(&together, &request, policy, policy),
+        Some(1.0)
+    );
+    assert_eq!(topology_score(&apart, &request, policy, policy), Some(0.5));
     let score = |node: &NodeGpus| {
-        prioritized_score(node, policy, false, topology_score(node, &request, policy))
+        prioritized_score(
+            node,
+            policy,
+            false,
+            topology_score(node, &request, policy, policy),
+        )
     };
     assert!(
         score(&together) > score(&apart),
@@ -1265,7 +1281,7 @@ fn prioritize_ranks_vendor_topology_before_the_policy() {
     let nvidia = parse_pod(&pod(json!({"nvidia.com/gpu": "1"}), json!({})), &config())
         .unwrap()
         .unwrap();
-    assert_eq!(topology_score(&together, &nvidia, policy), None);
+    assert_eq!(topology_score(&together, &nvidia, policy, policy), None);
     // Kunlunxin whole XPUs: HAMi's calcscore over the wing bubbles.
     let mut rows = [(0, 0); 8];
     rows[0] = (98304, 1);
@@ -1278,7 +1294,7 @@ fn prioritize_ranks_vendor_topology_before_the_policy() {
     .unwrap();
     // XPU 0 in use; the pod gets XPU 1 (the left wing has three free):
     // bubbles 3 before and after, HAMi's 2000.
-    assert_eq!(topology_score(&xpu, &one, policy), Some(2.0 / 3.0));
+    assert_eq!(topology_score(&xpu, &one, policy, policy), Some(2.0 / 3.0));
 }
 
 /// An Enflame DRS GCU as HAMi's tests list it: 6 slices, 40 GB, the

@@ -512,6 +512,7 @@ fn live(devices: &[GpuDevice], placement: &Placement, uid: &str, node: &str) -> 
                 mig: s.mig.map(|cut| cut.placement),
                 core_indexes: crate::engine::core_indexes(s.core_mask),
                 units: s.units,
+                sharing: s.sharing,
             })
             .collect(),
     }
@@ -561,6 +562,7 @@ fn allocation_spec(
                 cores: s.cores,
                 mig: mig_slice(d, s),
                 core_indexes: crate::engine::core_indexes(s.core_mask),
+                sharing: s.sharing,
             }
         });
         match containers.iter_mut().find(|a| a.name == c.name) {

@@ -93,10 +93,29 @@ pub fn prioritize(
 ) -> Vec<HostPriority> {
     let request: Option<PodRequest> = parse_pod(&args.pod, &config.request).ok().flatten();
     let ledger = projection.read();
-    args.candidate_names()
+    let hosts = args.candidate_names();
+    let nodes: Vec<_> = hosts.iter().map(|host| ledger.node(host)).collect();
+    // Vendor topology first, compared over the candidates as HAMi does.
+    let mut topology: Vec<Option<f64>> = nodes
+        .iter()
+        .map(|node| {
+            let (request, node) = (request.as_ref()?, (*node)?);
+            let options = &request.options;
+            engine::topology_score(
+                node,
+                request,
+                options.gpu_policy.unwrap_or(config.gpu_scheduler_policy),
+                options.node_policy.unwrap_or(config.node_scheduler_policy),
+            )
+        })
+        .collect();
+    engine::normalize_topology(&mut topology);
+    hosts
         .into_iter()
-        .map(|host| {
-            let score = match (&request, ledger.node(host)) {
+        .zip(nodes)
+        .zip(topology)
+        .map(|((host, node), topology)| {
+            let score = match (&request, node) {
                 (Some(request), Some(node)) => engine::prioritized_score(
                     node,
                     request
@@ -104,14 +123,7 @@ pub fn prioritize(
                         .node_policy
                         .unwrap_or(config.node_scheduler_policy),
                     pending(host),
-                    engine::topology_score(
-                        node,
-                        request,
-                        request
-                            .options
-                            .gpu_policy
-                            .unwrap_or(config.gpu_scheduler_policy),
-                    ),
+                    topology,
                 ),
                 _ => 0,
             };

@@ -39,8 +39,17 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
             mig_present: mig::occupied(d.mig_instances.iter().map(|i| i.placement)),
             profiles: profiles(&d.profiles),
             minor: d.minor.clone(),
+            qos_policy: d.qos_policy,
         })
         .collect()
+}
+
+/// What the vendor's plugin says about taking whole devices of the node.
+pub fn placement_scores(node: &GpuNode) -> Vec<tessera_api::v1alpha1::PlacementScore> {
+    node.status
+        .as_ref()
+        .map(|s| s.placement_scores.clone())
+        .unwrap_or_default()
 }
 
 /// How many of its device's slices a slice takes: an Enflame DRS
@@ -152,6 +161,7 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
                 mig: d.mig.as_ref().map(|m| m.placement),
                 core_indexes: d.core_indexes.clone(),
                 units: slice_units(d),
+                sharing: d.sharing,
             })
             .collect(),
     })

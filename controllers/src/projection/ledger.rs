@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::jiff::Timestamp;
 
-use tessera_api::v1alpha1::MigPlacement;
+use tessera_api::v1alpha1::{MigPlacement, PlacementScore};
 
 use crate::engine::{GpuDevice, MigCut, NodeGpus, Slice};
 
@@ -49,6 +49,8 @@ pub struct UuidSlice {
     /// How many of the device's slices it takes (an Enflame DRS partition's
     /// size; 1 elsewhere).
     pub units: u32,
+    /// How it shares its device (MetaX sGPUs: app class and QoS policy).
+    pub sharing: Option<tessera_api::v1alpha1::Sharing>,
 }
 
 /// Every GPU node and every live allocation.
@@ -117,7 +119,18 @@ impl Ledger {
         for key in self.by_node.get(name).into_iter().flatten() {
             charge(&mut node, &self.allocations[key], Direction::Add);
         }
+        if let Some(old) = self.nodes.remove(name) {
+            node.placement_scores = old.placement_scores;
+        }
         self.nodes.insert(name.to_owned(), node);
+    }
+
+    /// Sets what the vendor's plugin says about taking whole devices of a
+    /// node (a node without devices keeps nothing).
+    pub fn set_placement_scores(&mut self, name: &str, scores: Vec<PlacementScore>) {
+        if let Some(node) = self.nodes.get_mut(name) {
+            node.placement_scores = scores;
+        }
     }
 
     /// Forgets a node's devices (its allocations stay until their pods go).
@@ -316,6 +329,7 @@ fn charge(node: &mut NodeGpus, allocation: &LiveAllocation, direction: Direction
             core_mask: crate::engine::core_mask(&slice.core_indexes),
             units: slice.units,
             profile: None,
+            sharing: slice.sharing,
         };
         match direction {
             Direction::Add => node.charge(&slice),
@@ -333,6 +347,7 @@ mod tests {
 
     fn device(uuid: &str) -> GpuDevice {
         GpuDevice {
+            qos_policy: None,
             family: Default::default(),
             network_id: None,
             uuid: uuid.into(),
@@ -375,6 +390,7 @@ mod tests {
             pod_uid: uid.into(),
             node: node.into(),
             slices: vec![UuidSlice {
+                sharing: None,
                 uuid: uuid.into(),
                 memory_mib: mib,
                 cores: 10,

@@ -259,6 +259,7 @@ impl Projection {
 pub struct NodeEntry {
     name: String,
     devices: Vec<crate::engine::GpuDevice>,
+    placement_scores: Vec<tessera_api::v1alpha1::PlacementScore>,
     not_ready: Option<String>,
     ready_since: Option<Timestamp>,
 }
@@ -338,6 +339,7 @@ impl Feeder {
                 let name = node.name_any();
                 let mut ledger = self.write();
                 ledger.set_node(&name, devices(&node));
+                ledger.set_placement_scores(&name, convert::placement_scores(&node));
                 ledger.set_not_ready(&name, convert::not_ready(&node));
                 ledger.set_ready_since(&name, convert::ready_since(&node));
                 let ready = ledger.not_ready(&name).is_none();
@@ -351,6 +353,7 @@ impl Feeder {
             watcher::Event::InitApply(node) => relist.push(NodeEntry {
                 name: node.name_any(),
                 devices: devices(&node),
+                placement_scores: convert::placement_scores(&node),
                 not_ready: convert::not_ready(&node),
                 ready_since: convert::ready_since(&node),
             }),
@@ -358,6 +361,7 @@ impl Feeder {
                 let mut ledger = self.write();
                 ledger.replace_nodes(relist.iter().map(|e| (e.name.clone(), e.devices.clone())));
                 for entry in relist.drain(..) {
+                    ledger.set_placement_scores(&entry.name, entry.placement_scores);
                     ledger.set_not_ready(&entry.name, entry.not_ready);
                     ledger.set_ready_since(&entry.name, entry.ready_since);
                 }

@@ -7,7 +7,10 @@
 //! is bounded, and anything malformed is an error naming the rule, never a
 //! panic or a guessed device.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
+use tessera_api::v1alpha1::QosPolicy;
 
 /// Devices one annotation may list (a GpuNode holds at most 64).
 pub const MAX_DEVICES: usize = 64;
@@ -38,6 +41,8 @@ pub struct Registered {
     pub healthy: bool,
     /// Ascend's `custominfo.NetworkID`.
     pub network_id: Option<u32>,
+    /// The QoS policy the plugin runs the device under (MetaX sGPUs).
+    pub qos_policy: Option<QosPolicy>,
 }
 
 /// Decodes the CSV form: `id,count,devmem,devcore,type,numa,health[,index,mode]:`
@@ -90,6 +95,7 @@ pub fn decode_csv(value: &str) -> Result<Vec<Registered>, String> {
             numa: u32::try_from(numa).ok(),
             healthy: health,
             network_id: None,
+            qos_policy: None,
         });
         if devices.len() > MAX_DEVICES {
             return Err(format!("lists more than {MAX_DEVICES} devices"));
@@ -152,6 +158,7 @@ pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
                 numa: d.numa.and_then(|v| u32::try_from(v).ok()),
                 healthy: d.health,
                 network_id,
+                qos_policy: None,
             })
         })
         .collect()
@@ -176,6 +183,8 @@ struct MetaxDevice {
     healthy: bool,
     #[serde(default)]
     link_zone: i64,
+    #[serde(default)]
+    qos_policy: String,
 }
 
 /// Decodes MetaX's sGPU list (`metax-tech.com/node-gpu-devices`, HAMi
@@ -206,6 +215,14 @@ pub fn decode_metax(value: &str, device_type: &str) -> Result<Vec<Registered>, S
                 numa: u32::try_from(d.numa).ok(),
                 healthy: d.healthy,
                 network_id: (zone > 0).then_some(zone),
+                qos_policy: match d.qos_policy.as_str() {
+                    "" => None,
+                    named => Some(QosPolicy::parse(named).ok_or_else(|| {
+                        format!(
+                            "sGPU {n}: qosPolicy {named:?} is none of best-effort, fixed-share, burst-share"
+                        )
+                    })?),
+                },
             })
         })
         .collect()
@@ -345,6 +362,29 @@ pub fn decode_enflame_drs(value: &str) -> Result<DrsNode, String> {
             largest_slices
         },
     })
+}
+
+/// Decodes one of MetaX's per-count topology maps
+/// (`metax-tech.com/gpu.topology.losses` or `scores`, HAMi
+/// `parseMetaxAnnos`): a JSON object from a device count (1 to
+/// [`MAX_DEVICES`]) to a whole number.
+pub fn decode_count_map(value: &str) -> Result<BTreeMap<u32, i64>, String> {
+    check_len(value)?;
+    let map: BTreeMap<String, i64> = serde_json::from_str(value)
+        .map_err(|e| format!("is not a JSON object from device counts to numbers: {e}"))?;
+    map.into_iter()
+        .map(|(key, value)| {
+            let count = key
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|c| (1..=MAX_DEVICES as u32).contains(c))
+                .ok_or_else(|| {
+                    format!("has the key {key:?}, which is no device count from 1 to {MAX_DEVICES}")
+                })?;
+            Ok((count, value))
+        })
+        .collect()
 }
 
 fn json_list<T: serde::de::DeserializeOwned>(value: &str, what: &str) -> Result<Vec<T>, String> {

@@ -25,12 +25,13 @@ use tessera_api::{
     request::RequestConfig,
     v1alpha1::{
         DeviceCapacity, DeviceFamily, DeviceHealth, DeviceProfile, GpuDevice, GpuNodeStatus,
-        OperatingMode,
+        OperatingMode, PlacementScore,
     },
 };
 
 use super::register::{
-    DrsNode, Registered, decode_csv, decode_enflame_drs, decode_json, decode_metax,
+    DrsNode, Registered, decode_count_map, decode_csv, decode_enflame_drs, decode_json,
+    decode_metax,
 };
 
 /// How long a `Requesting` handshake may stay unanswered (HAMi: 60 s).
@@ -279,6 +280,9 @@ pub struct VendorView {
     pub unadvertised: Vec<(String, String)>,
     /// Handshake annotations to write now: (key, value).
     pub handshakes: Vec<(String, String)>,
+    /// The plugin's topology losses and scores by device count (MetaX
+    /// whole GPUs).
+    pub placement_scores: Vec<PlacementScore>,
 }
 
 /// The Node's vendor view; `None` when it carries no configured source's
@@ -362,6 +366,9 @@ pub fn view(
                 let node = node_name(annotations);
                 view.devices
                     .extend(cards_of(&format!("{node}-{infix}"), cards, &card, source));
+                if source.family == DeviceFamily::Metax {
+                    placement_scores(&mut view, annotations);
+                }
             }
             continue;
         }
@@ -435,6 +442,31 @@ pub fn view(
     any.then_some(view)
 }
 
+/// MetaX's whole-GPU topology maps, merged by device count; a malformed
+/// one is reported and ignored.
+fn placement_scores(view: &mut VendorView, annotations: &BTreeMap<String, String>) {
+    let mut read = |key: &str| match annotations.get(key).map(|v| decode_count_map(v)) {
+        None => BTreeMap::new(),
+        Some(Ok(map)) => map,
+        Some(Err(error)) => {
+            view.malformed.push((key.to_owned(), error));
+            BTreeMap::new()
+        }
+    };
+    let losses = read(metax::TOPOLOGY_LOSSES);
+    let scores = read(metax::TOPOLOGY_SCORES);
+    let counts: std::collections::BTreeSet<u32> =
+        losses.keys().chain(scores.keys()).copied().collect();
+    view.placement_scores = counts
+        .into_iter()
+        .map(|devices| PlacementScore {
+            devices,
+            loss: losses.get(&devices).copied(),
+            score: scores.get(&devices).copied(),
+        })
+        .collect();
+}
+
 /// The GpuNode status for a view: its devices and a `Ready` condition that
 /// names what is missing. `previous` keeps transition times of conditions
 /// that did not change.
@@ -444,10 +476,17 @@ pub fn status(
     now: Timestamp,
 ) -> GpuNodeStatus {
     let mut status = GpuNodeStatus::of_devices(view.devices.clone());
+    status.placement_scores = view.placement_scores.clone();
     let mut problems: Vec<String> = view
         .malformed
         .iter()
-        .map(|(key, error)| format!("annotation {key} {error}; its devices are ignored"))
+        .map(|(key, error)| {
+            if [metax::TOPOLOGY_LOSSES, metax::TOPOLOGY_SCORES].contains(&key.as_str()) {
+                format!("annotation {key} {error}; the node's GPUs are scored without it")
+            } else {
+                format!("annotation {key} {error}; its devices are ignored")
+            }
+        })
         .collect();
     problems.extend(view.expired.iter().map(|key| {
         format!("the device plugin has not answered the {key} handshake for 60 s; its devices are dropped")
@@ -500,6 +539,7 @@ fn device(d: Registered, source: &Source, soft_split: bool) -> GpuDevice {
         index: d.index,
         family: source.family,
         network_id: d.network_id,
+        qos_policy: d.qos_policy,
         model: source.device_type.clone().unwrap_or(d.device_type),
         memory_mib: d.memory_mib,
         capacity: DeviceCapacity {
@@ -672,6 +712,7 @@ mod tests {
     use tessera_api::request::{HygonConfig, VnpuConfig, VnpusConfig};
 
     use super::*;
+    use tessera_api::v1alpha1::QosPolicy;
 
     fn config() -> RequestConfig {
         RequestConfig {
@@ -912,14 +953,20 @@ mod tests {
             ]
         );
         assert_eq!(seen.devices[1].numa_node, Some(1));
+        assert_eq!(
+            (seen.devices[0].qos_policy, seen.devices[1].qos_policy),
+            (Some(QosPolicy::BestEffort), None),
+            "the plugin's QoS policy, none when it names none"
+        );
         assert!(seen.handshakes.is_empty(), "MetaX has no handshake");
         // A malformed list is reported and ignored (HAMi's Unmarshal fail
-        // and empty list rows).
+        // and empty list rows; a QoS policy MetaX does not have).
         for bad in [
             "{not json",
             "[]",
             r#"[{"uuid":"a,b","totalVRam":1}]"#,
             r#"[{"uuid":"x","totalVRam":-1}]"#,
+            r#"[{"uuid":"x","totalVRam":1,"qosPolicy":"gold"}]"#,
         ] {
             let node = annotations(&[
                 (NODE_NAME, "mx-3"),
@@ -936,6 +983,74 @@ mod tests {
             assert!(seen.devices.is_empty(), "{bad}");
             assert_eq!(seen.malformed.len(), 1, "{bad}");
             assert_eq!(seen.malformed[0].0, "metax-tech.com/node-gpu-devices");
+        }
+    }
+
+    #[test]
+    fn metax_gpu_topology_maps_become_placement_scores() {
+        let config = RequestConfig {
+            metax: Some(tessera_api::request::MetaxConfig::default()),
+            ..RequestConfig::default()
+        };
+        let allocatable = BTreeMap::from([("metax-tech.com/gpu".to_owned(), Quantity("4".into()))]);
+        let seen = |losses: &str, scores: &str| {
+            let node = annotations(&[
+                (NODE_NAME, "mx-1"),
+                (metax::TOPOLOGY_LOSSES, losses),
+                (metax::TOPOLOGY_SCORES, scores),
+            ]);
+            view(
+                &node,
+                &allocatable,
+                &sources(&config),
+                false,
+                Timestamp::now(),
+            )
+            .unwrap()
+        };
+        // HAMi's parseMetaxAnnos form: a JSON object from counts to numbers.
+        let good = seen(r#"{"1": 0, "2": 10, "4": 30}"#, r#"{"2": 80}"#);
+        assert!(good.malformed.is_empty(), "{:?}", good.malformed);
+        assert_eq!(
+            good.placement_scores,
+            [
+                PlacementScore {
+                    devices: 1,
+                    loss: Some(0),
+                    score: None
+                },
+                PlacementScore {
+                    devices: 2,
+                    loss: Some(10),
+                    score: Some(80)
+                },
+                PlacementScore {
+                    devices: 4,
+                    loss: Some(30),
+                    score: None
+                },
+            ]
+        );
+        let written = status(&good, None, Timestamp::now());
+        assert_eq!(written.placement_scores.len(), 3);
+        // A malformed map is reported by name and ignored; the GPUs stay.
+        for bad in [r#"{"x": 1}"#, r#"{"0": 1}"#, r#"{"1": "a"}"#, "[1]"] {
+            let got = seen(bad, r#"{"2": 80}"#);
+            assert_eq!(got.devices.len(), 4, "{bad}");
+            assert_eq!(got.malformed.len(), 1, "{bad}");
+            assert_eq!(got.malformed[0].0, metax::TOPOLOGY_LOSSES, "{bad}");
+            assert_eq!(got.placement_scores.len(), 1, "{bad}: the scores stay");
+            let written = status(&got, None, Timestamp::now());
+            let ready = &written.conditions[0];
+            assert_eq!(
+                (ready.status.as_str(), ready.reason.as_str()),
+                ("True", "SomeSourcesIgnored")
+            );
+            assert!(
+                ready.message.contains("scored without it"),
+                "{}",
+                ready.message
+            );
         }
     }
 
