@@ -137,6 +137,9 @@ impl LocalCluster {
                 Some((crate::mock_vendor::Vendor::Ascend { .. }, _)) => {
                     ("accelerator".to_owned(), "ascend".to_owned())
                 }
+                Some((crate::mock_vendor::Vendor::Amd { .. }, _)) => {
+                    ("accelerator".to_owned(), "amd".to_owned())
+                }
             };
             let spec = NodeSpec {
                 name: wanted.name.clone(),

@@ -22,7 +22,7 @@ use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
-    mock_vendor::{Vendor, ascend_910b4, chart_values, hygon_dcus},
+    mock_vendor::{Vendor, amd_mi300x, ascend_910b4, chart_values, hygon_dcus},
     node::FakeGpu,
     testkit::{gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for},
 };
@@ -86,6 +86,16 @@ async fn ascend_and_hygon_pods_run_beside_nvidia_through_their_vendors_plugins()
             vendor: Some((Vendor::Hygon, hygon_dcus(2))),
             ..Default::default()
         },
+        NodeGpus {
+            name: "amd-1".into(),
+            vendor: Some((
+                Vendor::Amd {
+                    product: "AMD Instinct MI300X VF".into(),
+                },
+                amd_mi300x(1),
+            )),
+            ..Default::default()
+        },
     ];
     let cluster =
         LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
@@ -95,14 +105,18 @@ async fn ascend_and_hygon_pods_run_beside_nvidia_through_their_vendors_plugins()
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
 
     // The vendor nodes' GpuNodes, from the plugins' annotations.
-    for (node, family) in [("npu-1", "ascend"), ("dcu-1", "hygon")] {
+    for (node, family, count) in [
+        ("npu-1", "ascend", 2),
+        ("dcu-1", "hygon", 2),
+        ("amd-1", "amd", 1),
+    ] {
         wait_for(&format!("{node}'s GpuNode"), LIMIT, async || {
             let g = Api::<GpuNode>::all(client.clone())
                 .get_opt(node)
                 .await
                 .ok()??;
             let status = g.status?;
-            (status.gpu_count == 2 && status.devices[0].family.as_str() == family).then_some(())
+            (status.gpu_count == count && status.devices[0].family.as_str() == family).then_some(())
         })
         .await;
     }
@@ -131,6 +145,35 @@ async fn ascend_and_hygon_pods_run_beside_nvidia_through_their_vendors_plugins()
         json!({"hygon.com/dcunum": 1, "hygon.com/dcumem": 4096, "hygon.com/dcucores": 30}),
     ))
     .await;
+
+    // Two AMD pods of a quarter of the GPU's compute each: Tessera counts
+    // 76 of its 304 compute units per pod, the plugin picks which, and the
+    // two never overlap.
+    for name in ["amd-a", "amd-b"] {
+        create(vendor_pod(
+            name,
+            json!({"amd.com/gpu": 1, "amd.com/gpumem": 8192, "amd.com/gpucores": 25}),
+        ))
+        .await;
+        let out = logs_when_done(&cluster, name).await;
+        assert!(out.contains("ROCR_VISIBLE_DEVICES=AMD-MI300X-0"), "{out}");
+        assert!(out.contains("HIP_DEVICE_MEMORY_LIMIT=8192m"), "{out}");
+        let mask = if name == "amd-a" {
+            "0:0-75"
+        } else {
+            "0:76-151"
+        };
+        assert!(
+            out.contains(&format!("HSA_CU_MASK={mask}")),
+            "{name}: {out}"
+        );
+        let served = wait_for(&format!("{name} Allocated"), LIMIT, async || {
+            let a = allocation(&client, name).await;
+            (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
+        })
+        .await;
+        assert_eq!(served.spec.containers[0].devices[0].cores, 76);
+    }
 
     let nv = logs_when_done(&cluster, "nv").await;
     assert!(nv.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m"), "{nv}");

@@ -20,12 +20,23 @@
 //!   variables, writes the erased annotation back, and once no container is
 //!   left sets `bind-phase: success` and deletes the lock (`failed` on error).
 //!
+//! - **AMD** (Project-HAMi/amd-device-plugin `internal/pkg/plugin/plugin.go`
+//!   `RegisterInAnnotation`, `Allocate`, `buildCUAllocations`,
+//!   `validateNodeLockOwner`; `internal/pkg/cuallocation`): JSON
+//!   `hami.io/node-amd-register` without a handshake; at Allocate the
+//!   compute units are taken first-fit from those the node's pods hold
+//!   (`hami.io/amd-cu-allocated`, refused when two pods' overlap), the
+//!   Node lock must name the pod, and the pod's CUs are written back.
+//!
 //! What the real plugins hand the container and the mock cannot (device
 //! nodes, driver mounts, the vNPU itself) becomes variables: Ascend's own
 //! `ASCEND_VISIBLE_DEVICES` and `ASCEND_VNPU_SPECS`; for Hygon, whose
 //! plugin passes `/dev/dri` nodes and a vdev file, `HIP_VISIBLE_DEVICES`
-//! and `TESSERA_MOCK_DCU_VDEV` (`<uuid>:<MiB>:<cores>` per DCU).
+//! and `TESSERA_MOCK_DCU_VDEV` (`<uuid>:<MiB>:<cores>` per DCU); AMD's own
+//! `ROCR_VISIBLE_DEVICES` (the device ids where the plugin puts ROCr
+//! UUIDs), `HSA_CU_MASK` and `HIP_DEVICE_MEMORY_LIMIT`.
 
+mod amd;
 mod protocol;
 mod service;
 
@@ -42,16 +53,21 @@ use kube::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-pub use protocol::{Handed, all_served, decode, encode, pop_next};
+pub use amd::AllocateState;
+pub use protocol::{
+    Handed, all_served, cu_list, decode, encode, first_free_cus, parse_cu_list, pop_next,
+};
 
 use crate::Error;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
-/// copies them from `hami-scheduler-device`: `hygon: {}` (HAMi's names) and
-/// HAMi's `vnpus:` entry for the Ascend 910B4 with its two templates.
+/// copies them from `hami-scheduler-device`: `hygon: {}` and `amd: {}`
+/// (HAMi's names) and HAMi's `vnpus:` entry for the Ascend 910B4 with its
+/// two templates.
 pub fn chart_values() -> serde_json::Value {
     json!({"config": {
         "hygon": {},
+        "amd": {},
         "vnpus": {"hamiVnpuCore": false, "configs": [{
             "chipName": "910B4", "commonWord": "Ascend910B4",
             "resourceName": "huawei.com/Ascend910B4",
@@ -75,6 +91,20 @@ pub fn ascend_910b4(n: u32) -> Vec<MockDevice> {
             cores: 20,
             count: 4,
             network_id: Some(0),
+        })
+        .collect()
+}
+
+/// `n` AMD Instinct MI300X VF GPUs of 192 GiB and 304 compute units, 4
+/// shares each.
+pub fn amd_mi300x(n: u32) -> Vec<MockDevice> {
+    (0..n)
+        .map(|i| MockDevice {
+            id: format!("AMD-MI300X-{i}"),
+            memory_mib: 196_608,
+            cores: 304,
+            count: 4,
+            network_id: None,
         })
         .collect()
 }
@@ -103,6 +133,11 @@ pub enum Vendor {
         /// The chip's `commonWord`.
         chip: String,
     },
+    /// AMD Instinct GPUs of one product, as HAMi's amd-device-plugin.
+    Amd {
+        /// The product type the plugin registers (`AMD Instinct MI300X VF`).
+        product: String,
+    },
 }
 
 /// One device the mock registers.
@@ -112,7 +147,8 @@ pub struct MockDevice {
     pub id: String,
     /// MiB.
     pub memory_mib: u64,
-    /// Compute as the vendor counts it (percent; AI cores for Ascend).
+    /// Compute as the vendor counts it (percent; AI cores for Ascend;
+    /// compute units for AMD).
     pub cores: u32,
     /// How many containers may share it.
     pub count: u32,
@@ -141,6 +177,7 @@ impl MockPlugin {
         match &self.vendor {
             Vendor::Hygon => "hygon.com/dcunum".into(),
             Vendor::Ascend { chip } => format!("huawei.com/{chip}"),
+            Vendor::Amd { .. } => "amd.com/gpu".into(),
         }
     }
 
@@ -149,6 +186,7 @@ impl MockPlugin {
         match &self.vendor {
             Vendor::Hygon => "DCU",
             Vendor::Ascend { chip } => chip,
+            Vendor::Amd { product } => product,
         }
     }
 
@@ -157,6 +195,7 @@ impl MockPlugin {
         match &self.vendor {
             Vendor::Hygon => "hami.io/dcu-devices-to-allocate".into(),
             Vendor::Ascend { chip } => format!("hami.io/{chip}-devices-to-allocate"),
+            Vendor::Amd { .. } => "hami.io/amd-devices-to-allocate".into(),
         }
     }
 
@@ -164,6 +203,7 @@ impl MockPlugin {
         match &self.vendor {
             Vendor::Hygon => "mock-hygon.sock".into(),
             Vendor::Ascend { chip } => format!("mock-{}.sock", chip.to_lowercase()),
+            Vendor::Amd { .. } => "mock-amd.sock".into(),
         }
     }
 
@@ -214,15 +254,35 @@ impl MockPlugin {
                 );
                 out.insert("hami-vnpu-core".into(), "false".into());
             }
+            Vendor::Amd { product } => {
+                // HAMi's DeviceInfo JSON, as `marshalNodeDevices` writes it.
+                let devices: Vec<_> = self
+                    .devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        json!({"id": d.id, "index": i, "count": d.count, "devmem": d.memory_mib,
+                            "devcore": d.cores, "type": product, "numa": 0, "mode": "",
+                            "health": true, "devicevendor": "amd"})
+                    })
+                    .collect();
+                out.insert(
+                    "hami.io/node-amd-register".into(),
+                    serde_json::Value::from(devices).to_string(),
+                );
+            }
         }
         out
     }
 
-    /// The variables a container gets for `devices` of pod `annotations`.
+    /// The variables a container gets for `devices` of pod `annotations`;
+    /// `state` carries what one Allocate call decides across containers
+    /// (AMD's compute units).
     pub fn env(
         &self,
         devices: &[Handed],
         annotations: &BTreeMap<String, String>,
+        state: &mut AllocateState,
     ) -> Result<BTreeMap<String, String>, String> {
         let index = |uuid: &str| {
             self.devices
@@ -260,6 +320,23 @@ impl MockPlugin {
                     .find_map(|i| i["temp"].as_str().filter(|t| !t.is_empty()));
                 if let Some(template) = template {
                     env.insert("ASCEND_VNPU_SPECS".into(), template.into());
+                }
+            }
+            Vendor::Amd { .. } => {
+                let ids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+                env.insert("ROCR_VISIBLE_DEVICES".into(), ids.join(","));
+                let mut masks = Vec::new();
+                for (i, d) in devices.iter().enumerate() {
+                    let total = self.devices[index(&d.uuid)?].cores;
+                    let cus = state.take_cus(&d.uuid, total, d.cores)?;
+                    masks.push(format!("{i}:{}", cu_list(&cus)));
+                }
+                env.insert("HSA_CU_MASK".into(), masks.join(";"));
+                if let Some(first) = devices.first() {
+                    env.insert(
+                        "HIP_DEVICE_MEMORY_LIMIT".into(),
+                        format!("{}m", first.memory_mib),
+                    );
                 }
             }
         }
@@ -312,12 +389,8 @@ impl MockPlugin {
                     .map_err(|e| e.to_string());
             }
         }
-        let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
-        let pods = Api::<Pod>::all(client.clone())
-            .list(&on_node)
-            .await
-            .map_err(|e| e.to_string())?;
-        pods.items
+        self.node_pods(client)
+            .await?
             .into_iter()
             .find(|p| {
                 let a = p.annotations();
@@ -330,6 +403,47 @@ impl MockPlugin {
                     && a.get("hami.io/vgpu-node") == Some(&self.node)
             })
             .ok_or_else(|| format!("no binding pod found on node {}", self.node))
+    }
+
+    /// The pods bound to the node.
+    async fn node_pods(&self, client: &Client) -> Result<Vec<Pod>, String> {
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        Api::<Pod>::all(client.clone())
+            .list(&on_node)
+            .await
+            .map(|list| list.items)
+            .map_err(|e| format!("list Pods: {e}"))
+    }
+
+    /// Fails unless the Node's `hami.io/mutex.lock` names `pod` (the AMD
+    /// plugin's `validateNodeLockOwner`).
+    async fn check_lock_owner(&self, client: &Client, pod: &Pod) -> Result<(), String> {
+        let node = Api::<Node>::all(client.clone())
+            .get(&self.node)
+            .await
+            .map_err(|e| format!("get node {}: {e}", self.node))?;
+        let lock = node
+            .annotations()
+            .get("hami.io/mutex.lock")
+            .ok_or_else(|| {
+                format!(
+                    "node {} lock is missing before CU allocation commit",
+                    self.node
+                )
+            })?;
+        let owner = format!(
+            ",{},{}",
+            pod.namespace().unwrap_or_default(),
+            pod.name_any()
+        );
+        if lock.ends_with(&owner) {
+            Ok(())
+        } else {
+            Err(format!(
+                "node {} lock is owned by {lock}, not this pod",
+                self.node
+            ))
+        }
     }
 
     /// Sets `bind-phase` and releases the Node lock when it is the pod's

@@ -80,6 +80,74 @@ pub fn all_served(value: &str, device_type: &str) -> bool {
     !value.contains(device_type)
 }
 
+/// Reads an AMD CU list as the AMD plugin writes it (`0-75,80`; `0` for
+/// none is read as CU 0, as the plugin itself would).
+pub fn parse_cu_list(list: &str) -> Result<std::collections::BTreeSet<u32>, String> {
+    let mut cus = std::collections::BTreeSet::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let number = |s: &str| {
+            s.parse::<u32>()
+                .map_err(|_| format!("CU list {list:?}: {s:?} is no CU number"))
+        };
+        let (start, end) = match part.split_once('-') {
+            Some((a, b)) => (number(a)?, number(b)?),
+            None => (number(part)?, number(part)?),
+        };
+        if end < start || end - start > 4096 {
+            return Err(format!("CU list {list:?}: bad range {part:?}"));
+        }
+        cus.extend(start..=end);
+    }
+    Ok(cus)
+}
+
+/// Writes CUs as the AMD plugin's `allocationToIDList` does: ascending
+/// ranges, `0` for none.
+pub fn cu_list(cus: &std::collections::BTreeSet<u32>) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut run: Option<(u32, u32)> = None;
+    for &cu in cus {
+        run = match run {
+            Some((start, end)) if cu == end + 1 => Some((start, cu)),
+            Some((start, end)) => {
+                parts.push(range(start, end));
+                Some((cu, cu))
+            }
+            None => Some((cu, cu)),
+        };
+    }
+    if let Some((start, end)) = run {
+        parts.push(range(start, end));
+    }
+    if parts.is_empty() {
+        "0".into()
+    } else {
+        parts.join(",")
+    }
+}
+
+fn range(start: u32, end: u32) -> String {
+    if start == end {
+        start.to_string()
+    } else {
+        format!("{start}-{end}")
+    }
+}
+
+/// The AMD plugin's `cuallocation.AllocateN`: the `n` lowest CUs below
+/// `total` not in `held`, or `None` when fewer are free.
+pub fn first_free_cus(
+    held: &std::collections::BTreeSet<u32>,
+    total: u32,
+    n: u32,
+) -> Option<std::collections::BTreeSet<u32>> {
+    let free: std::collections::BTreeSet<u32> = (0..total)
+        .filter(|cu| !held.contains(cu))
+        .take(n as usize)
+        .collect();
+    (free.len() == n as usize).then_some(free)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,5 +170,19 @@ mod tests {
         assert!(all_served(&encode(&containers), "DCU"));
         assert_eq!(pop_next(&mut containers), None);
         assert!(decode("x,DCU,nope,1:;").is_err());
+    }
+
+    #[test]
+    fn amd_cu_lists_are_read_written_and_allocated_first_fit() {
+        let held = parse_cu_list("0-75,80").unwrap();
+        assert_eq!(held.len(), 77);
+        assert_eq!(cu_list(&held), "0-75,80");
+        assert_eq!(cu_list(&Default::default()), "0");
+        let next = first_free_cus(&held, 304, 6).unwrap();
+        assert_eq!(cu_list(&next), "76-79,81-82");
+        assert_eq!(first_free_cus(&held, 80, 5), None, "only 4 free below 80");
+        for bad in ["x", "5-2", "1-99999"] {
+            assert!(parse_cu_list(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -23,7 +23,7 @@ use tessera_deviceplugin::{
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use super::{MockPlugin, protocol};
+use super::{AllocateState, MockPlugin, Vendor, amd::CU_ALLOCATED, protocol};
 use crate::Error;
 
 const CHECK: Duration = Duration::from_secs(1);
@@ -102,6 +102,13 @@ impl Service {
             .get(&key)
             .ok_or_else(|| format!("annotation {key} not set"))?;
         let mut containers = protocol::decode(value)?;
+        let mut state = match &self.plugin.vendor {
+            Vendor::Amd { .. } => AllocateState::from_pods(
+                &self.plugin.node_pods(&self.client).await?,
+            )
+            .map_err(|e| format!("rebuild CU allocation for node {}: {e}", self.plugin.node))?,
+            _ => AllocateState::default(),
+        };
         let mut response = AllocateResponse::default();
         for wanted in &request.container_requests {
             let (_, devices) =
@@ -115,7 +122,7 @@ impl Service {
             }
             let envs: HashMap<String, String> = self
                 .plugin
-                .env(&devices, annotations)?
+                .env(&devices, annotations, &mut state)?
                 .into_iter()
                 .collect();
             response
@@ -125,7 +132,16 @@ impl Service {
                     ..ContainerAllocateResponse::default()
                 });
         }
-        let erased = json!({"metadata": {"annotations": {&key: protocol::encode(&containers)}}});
+        let mut patch = serde_json::Map::new();
+        patch.insert(key.clone(), protocol::encode(&containers).into());
+        if let Some(cus) =
+            state.pod_annotation(annotations.get(CU_ALLOCATED).map(String::as_str))?
+        {
+            // AMD: the units are committed only while the Node lock is the pod's.
+            self.plugin.check_lock_owner(&self.client, pod).await?;
+            patch.insert(CU_ALLOCATED.to_owned(), cus.into());
+        }
+        let erased = json!({"metadata": {"annotations": patch}});
         Api::<Pod>::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default())
             .patch(
                 &pod.name_any(),
