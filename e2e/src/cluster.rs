@@ -116,6 +116,7 @@ impl LocalCluster {
             lifetime,
             install_crds: !configs.is_empty(),
             serve_pods: true,
+            ..Options::default()
         })
         .await?;
         let api: Api<GpuNodeConfig> = Api::all(plane.client().await?);

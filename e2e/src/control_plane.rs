@@ -51,6 +51,9 @@ pub struct Options {
     /// the ServiceAccount admission plugin gives pods their tokens (needs
     /// kube-controller-manager for the `default` accounts and `kube-root-ca.crt`).
     pub serve_pods: bool,
+    /// Further kube-apiserver flags, e.g. `--runtime-config=resource.k8s.io/v1=false`
+    /// for a cluster that serves no DRA, as before Kubernetes 1.34.
+    pub apiserver_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -60,6 +63,7 @@ impl Default for Options {
             lifetime: Lifetime::Tied,
             install_crds: true,
             serve_pods: false,
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -105,9 +109,7 @@ impl ControlPlane {
                 Some(dir) => (dir.clone(), false),
                 None => (fresh_temp_dir()?, true),
             };
-            match Self::start_once(&bin, dir, remove_dir, options.lifetime, options.serve_pods)
-                .await
-            {
+            match Self::start_once(&bin, dir, remove_dir, &options).await {
                 Ok(plane) => {
                     if options.install_crds {
                         plane.install_crds().await?;
@@ -127,9 +129,9 @@ impl ControlPlane {
         bin: &Path,
         dir: PathBuf,
         remove_dir: bool,
-        lifetime: Lifetime,
-        serve_pods: bool,
+        options: &Options,
     ) -> Result<Self, Error> {
+        let (lifetime, serve_pods) = (options.lifetime, options.serve_pods);
         fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
         let pki = Pki::create(&dir)?;
         let [etcd_client, etcd_peer, apiserver_port] = free_ports::<3>()?;
@@ -206,6 +208,7 @@ impl ControlPlane {
             );
             apiserver_args.push("--endpoint-reconciler-type=none".to_owned());
         }
+        apiserver_args.extend(options.apiserver_args.iter().cloned());
         plane.spawn(
             "kube-apiserver",
             &bin.join("kube-apiserver"),

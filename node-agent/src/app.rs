@@ -308,7 +308,19 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         regions: args.state_dir.join("containers"),
     };
 
-    let doors = crate::door::track(view.clone(), offers.clone()).await;
+    // Nothing of DRA runs where the cluster does not serve it (Kubernetes
+    // before 1.34, or resource.k8s.io/v1 turned off).
+    let dra = crate::dra::dra_served(&client).await;
+    let offers = if dra {
+        offers
+    } else {
+        tracing::info!(
+            api = crate::dra::discovery::RESOURCE_V1,
+            "the cluster does not serve DRA; serving the GPUs through the device plugin only"
+        );
+        crate::door::without_dra(offers)
+    };
+    let doors = crate::door::track(view.clone(), offers.clone(), dra).await;
     let (plugin_state, plugin_states) = tokio::sync::watch::channel(PluginState::NotRegistered);
     let lease_lapsed = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(publish::gpu_node(
@@ -319,25 +331,27 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         plugin_states.clone(),
         lease_lapsed.clone(),
     ));
-    tokio::spawn(crate::dra::publish::keep(
-        view.clone(),
-        offers.clone(),
-        doors.clone(),
-    ));
-    // Claims are prepared whatever the door: one allocated just before a
-    // switch away from DRA still starts (the switch waits for it).
-    let dra = crate::dra::service::DraService::new(
-        view.clone(),
-        offers.clone(),
-        paths.clone(),
-        args.cdi_dir.clone(),
-    );
-    let sockets = crate::dra::server::Sockets {
-        plugins_dir: args.kubelet_plugins_dir.clone(),
-        registry_dir: args.plugins_registry_dir.clone(),
-    };
-    tokio::spawn(dra.clone().reconcile());
-    tokio::spawn(crate::dra::server::run(sockets, dra));
+    if dra {
+        tokio::spawn(crate::dra::publish::keep(
+            view.clone(),
+            offers.clone(),
+            doors.clone(),
+        ));
+        // Claims are prepared whatever the door: one allocated just before
+        // a switch away from DRA still starts (the switch waits for it).
+        let service = crate::dra::service::DraService::new(
+            view.clone(),
+            offers.clone(),
+            paths.clone(),
+            args.cdi_dir.clone(),
+        );
+        let sockets = crate::dra::server::Sockets {
+            plugins_dir: args.kubelet_plugins_dir.clone(),
+            registry_dir: args.plugins_registry_dir.clone(),
+        };
+        tokio::spawn(service.clone().reconcile());
+        tokio::spawn(crate::dra::server::run(sockets, service));
+    }
     // The device plugin offers nothing while the node serves through DRA.
     let plugin_offers = crate::door::gate(offers.clone(), doors);
     let lease_site = args.lease_site();

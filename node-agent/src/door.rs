@@ -46,6 +46,10 @@ pub struct Holders {
     pub pods: Vec<String>,
     /// Live DRA mirrors and claims allocated from the node's pool, `namespace/name`.
     pub claims: Vec<String>,
+    /// Why the claims of the node's pool could not be read, when they could
+    /// not: a switch waits for it, but it is no holder and says nothing of
+    /// the door the node serves.
+    pub unlisted: Option<String>,
 }
 
 impl Holders {
@@ -63,7 +67,13 @@ impl Holders {
     }
 
     fn all(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.pods.iter().chain(&self.claims).cloned().collect();
+        let mut all: Vec<String> = self
+            .pods
+            .iter()
+            .chain(&self.claims)
+            .chain(&self.unlisted)
+            .cloned()
+            .collect();
         all.sort();
         all.dedup();
         all
@@ -139,14 +149,26 @@ async fn last_served(view: &NodeView) -> Option<FrontDoor> {
 /// GpuNode says was served (the agent's own last word, kept across its
 /// restarts), and re-decides whenever the offer's settings or the node's
 /// allocations change, and every [`RECHECK`] while a switch waits.
-pub async fn track(view: NodeView, mut offers: watch::Receiver<Offer>) -> watch::Receiver<Door> {
+///
+/// Where the cluster does not serve DRA (`dra` false) the claims are never
+/// listed, and the offer never asks for DRA (see [`without_dra`]).
+pub async fn track(
+    view: NodeView,
+    mut offers: watch::Receiver<Offer>,
+    dra: bool,
+) -> watch::Receiver<Door> {
     view.ready().await;
     let last = last_served(&view).await;
     let wanted = offers.borrow_and_update().resolved.settings.front_door;
     // A restarted agent lets a pending switch settle again: what was under
     // way while it was down may not be recorded yet.
     let mut asked = std::time::Instant::now();
-    let first = decide(last, wanted, &holders(&view, last, wanted).await, false);
+    let first = decide(
+        last,
+        wanted,
+        &holders(&view, last, wanted, dra).await,
+        false,
+    );
     log(&first);
     let (tx, rx) = watch::channel(first);
     let mut changes = view.changes();
@@ -169,7 +191,7 @@ pub async fn track(view: NodeView, mut offers: watch::Receiver<Offer>) -> watch:
             let door = decide(
                 Some(current),
                 wanted,
-                &holders(&view, Some(current), wanted).await,
+                &holders(&view, Some(current), wanted, dra).await,
                 asked.elapsed() >= SETTLE,
             );
             tx.send_if_modified(|was| {
@@ -212,10 +234,15 @@ fn log(door: &Door) {
 /// no pod has started with yet (they have no mirror); that needs a list of
 /// every claim, so it is read only then, and only once no allocation holds
 /// the node (the switch waits for those anyway).
-async fn holders(view: &NodeView, serving: Option<FrontDoor>, wanted: FrontDoor) -> Holders {
+async fn holders(
+    view: &NodeView,
+    serving: Option<FrontDoor>,
+    wanted: FrontDoor,
+    dra: bool,
+) -> Holders {
     let mut holders = Holders::of(&view.allocations());
     let held = !holders.pods.is_empty() || !holders.claims.is_empty();
-    if !held && serving != Some(FrontDoor::DevicePlugin) && wanted != FrontDoor::Dra {
+    if dra && !held && serving != Some(FrontDoor::DevicePlugin) && wanted != FrontDoor::Dra {
         let claims = Api::<ResourceClaim>::all(view.client().clone());
         match claims.list(&ListParams::default()).await {
             Ok(list) => holders.claims.extend(
@@ -225,14 +252,51 @@ async fn holders(view: &NodeView, serving: Option<FrontDoor>, wanted: FrontDoor)
                     .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())),
             ),
             Err(error) => {
-                tracing::warn!(%error, "listing ResourceClaims failed; the switch waits");
-                holders
-                    .claims
-                    .push("(ResourceClaims could not be listed)".into());
+                tracing::warn!(%error, "listing ResourceClaims failed; a switch waits");
+                holders.unlisted = Some("(ResourceClaims could not be listed)".into());
             }
         }
     }
     holders
+}
+
+/// The offers as a cluster without DRA can serve them: a config's
+/// `frontDoor: dra` is read as the device plugin, with a warning each time
+/// it is asked for, since no claim could ever reach the node.
+pub fn without_dra(mut offers: watch::Receiver<Offer>) -> watch::Receiver<Offer> {
+    // The offer served, and whether its configs asked for DRA.
+    let served = |offer: &Offer| {
+        let mut offer = offer.clone();
+        let asked = offer.resolved.settings.front_door == FrontDoor::Dra;
+        offer.resolved.settings.front_door = FrontDoor::DevicePlugin;
+        (offer, asked)
+    };
+    let warn = || {
+        tracing::warn!(
+            api = crate::dra::discovery::RESOURCE_V1,
+            "a GpuNodeConfig asks for frontDoor: dra, but the cluster does not serve DRA; serving through the device plugin"
+        );
+    };
+    let (first, mut asked) = served(&offers.borrow_and_update());
+    if asked {
+        warn();
+    }
+    let (tx, rx) = watch::channel(first);
+    tokio::spawn(async move {
+        while offers.changed().await.is_ok() {
+            let (offer, asks) = served(&offers.borrow_and_update());
+            if asks && !asked {
+                warn();
+            }
+            asked = asks;
+            tx.send_if_modified(|was| {
+                let changed = *was != offer;
+                *was = offer;
+                changed
+            });
+        }
+    });
+    rx
 }
 
 /// The offer as the device plugin sees it: no device while the node serves
@@ -276,7 +340,28 @@ mod tests {
         Holders {
             pods: pods.iter().map(|&p| p.into()).collect(),
             claims: claims.iter().map(|&c| c.into()).collect(),
+            unlisted: None,
         }
+    }
+
+    #[test]
+    fn claims_that_could_not_be_listed_hold_nothing_and_choose_no_door() {
+        // A new node (no GpuNode yet) whose claim list failed, as on a
+        // cluster without resource.k8s.io/v1: it serves the wanted door.
+        let unlisted = Holders {
+            unlisted: Some("(ResourceClaims could not be listed)".into()),
+            ..Holders::default()
+        };
+        assert_eq!(
+            decide(None, DevicePlugin, &unlisted, false),
+            Door::settled(DevicePlugin)
+        );
+        // Leaving DRA, it waits: the claims it cannot see may hold the GPUs.
+        let door = decide(Some(Dra), DevicePlugin, &unlisted, true);
+        assert_eq!(
+            (door.serving, door.waiting_for),
+            (Dra, vec!["(ResourceClaims could not be listed)".to_owned()])
+        );
     }
 
     #[test]

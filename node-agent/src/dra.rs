@@ -8,7 +8,10 @@
 //! - [`mirror`]: the VgpuAllocation that records a prepared claim.
 //! - [`service`]: NodePrepareResources / NodeUnprepareResources.
 //! - [`server`]: the kubelet plugin's sockets and registration.
+//! - [`discovery`]: whether the cluster serves DRA at all; nothing above
+//!   runs where it does not.
 
+pub mod discovery;
 pub mod mirror;
 pub mod prepare;
 pub mod publish;
@@ -16,6 +19,7 @@ pub mod server;
 pub mod service;
 pub mod slice;
 
+pub use discovery::dra_served;
 pub use mirror::{mirror, mirror_name};
 pub use prepare::{ClaimGpu, allocated_from, cdi_spec, claim_gpus, prepared_devices};
 pub use slice::resource_slice;

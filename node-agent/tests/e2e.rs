@@ -49,9 +49,19 @@ impl GpuHost {
 
     async fn start(cluster: &Cluster, name: &str, gpus: usize) -> Self {
         cluster.add_node(name, json!({"gpu-pool": "a100"})).await;
+        Self::start_on(&cluster.client, cluster.plane.kubeconfig(), name, gpus).await
+    }
+
+    /// Its kubelet and agent for the Node `name`, which exists already.
+    async fn start_on(
+        client: &Client,
+        kubeconfig: &std::path::Path,
+        name: &str,
+        gpus: usize,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let kubelet = KubeletSim::start(
-            cluster.client.clone(),
+            client.clone(),
             name,
             &dir.path().join("device-plugins"),
             "nvidia.com/gpu",
@@ -66,7 +76,7 @@ impl GpuHost {
             metrics_port: tessera_e2e::free_port().unwrap(),
         };
         host.write_gpus(&vec![true; gpus]);
-        host.start_agent(cluster.plane.kubeconfig());
+        host.start_agent(kubeconfig);
         host
     }
 
@@ -509,4 +519,65 @@ async fn config_and_health_changes_reach_the_kubelet_without_a_restart() {
         .wait_for("default split count again", WAIT, |s| s.devices.len() == 20)
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_cluster_without_dra_serves_its_gpus_through_the_device_plugin() {
+    // An API server that does not serve resource.k8s.io/v1, as Kubernetes
+    // before 1.34 (the docs claim 1.30): a failed claim list or a config
+    // asking for DRA must never switch the node's GPUs off.
+    let plane = tessera_e2e::ControlPlane::start_with(tessera_e2e::Options {
+        apiserver_args: vec!["--runtime-config=resource.k8s.io/v1=false".into()],
+        ..tessera_e2e::Options::default()
+    })
+    .await
+    .unwrap();
+    let client = plane.client().await.unwrap();
+    assert!(
+        client
+            .list_api_group_resources("resource.k8s.io/v1")
+            .await
+            .is_err(),
+        "the API server still serves DRA"
+    );
+    let config: GpuNodeConfig = serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
+        "metadata": {"name": "wants-dra"},
+        "spec": {"nodeNames": ["old-1"], "frontDoor": "dra"},
+    }))
+    .unwrap();
+    Api::<GpuNodeConfig>::all(client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    support::create_node(&client, "old-1", json!({})).await;
+    let host = GpuHost::start_on(&client, plane.kubeconfig(), "old-1", 2).await;
+    eventually("the GpuNode says: device plugin, Ready", async || {
+        let Ok(Some(node)) = Api::<GpuNode>::all(client.clone()).get_opt("old-1").await else {
+            return false;
+        };
+        let Some(status) = node.status else {
+            return false;
+        };
+        status.gpu_count == 2
+            && status.front_door == tessera_api::v1alpha1::FrontDoor::DevicePlugin
+            && status.settings.front_door == tessera_api::v1alpha1::FrontDoor::DevicePlugin
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+    .await;
+    host.kubelet
+        .wait_for("the kubelet to see the GPUs' shares", WAIT, |s| {
+            !s.devices.is_empty()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; agent log:\n{}", host.agent_log()));
+    let log = std::fs::read_to_string(host.dir.path().join("agent.log")).unwrap();
+    assert!(
+        log.contains("the cluster does not serve DRA"),
+        "the agent says why: {}",
+        host.agent_log()
+    );
 }

@@ -148,21 +148,7 @@ impl Cluster {
 
     /// A Ready node with the hostname label and `labels`.
     pub async fn add_node(&self, name: &str, labels: Value) {
-        let mut all_labels = json!({"kubernetes.io/hostname": name});
-        if let (Some(all), Some(extra)) = (all_labels.as_object_mut(), labels.as_object()) {
-            all.extend(extra.clone());
-        }
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": all_labels},
-            "status": {
-                "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}],
-            },
-        }))
-        .unwrap();
-        nodes.create(&PostParams::default(), &node).await.unwrap();
+        create_node(&self.client, name, labels).await;
     }
 
     /// A Ready node and its GpuNode with `gpus` devices of `model` and `mib` MiB.
@@ -301,6 +287,26 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Creates a Ready Node `name` with the hostname label and `labels`, as a
+/// kubelet would register it.
+pub async fn create_node(client: &Client, name: &str, labels: Value) {
+    let mut all_labels = json!({"kubernetes.io/hostname": name});
+    if let (Some(all), Some(extra)) = (all_labels.as_object_mut(), labels.as_object()) {
+        all.extend(extra.clone());
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": all_labels},
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}],
+        },
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
 }
 
 /// A component's `/metrics` text on a loopback port, asserting a 200.

@@ -63,6 +63,7 @@ async fn up(dir: &Path) -> anyhow::Result<()> {
             lifetime: Lifetime::Detached,
             install_crds: true,
             serve_pods: false,
+            ..Options::default()
         };
         let cluster = ControlPlane::start_with(options)
             .await
