@@ -1,20 +1,29 @@
 //! Leader election through a coordination.k8s.io Lease, so that replicated
 //! controllers run their lifecycle controllers in one replica at a time.
 //!
-//! A candidate takes the Lease when it does not exist, when it holds it
-//! already, or when the holder has not renewed it for `leaseDurationSeconds`.
-//! Every write carries the resourceVersion it read, so two candidates can
-//! never both win. The leader renews every third of the duration and stops
-//! its work as soon as a renewal fails.
+//! As client-go's `leaderelection`:
+//! - A candidate takes the Lease when it does not exist, when it holds it
+//!   already, or when the record has not changed for the Lease's duration
+//!   **as this candidate observed it, on its own monotonic clock**: the
+//!   holder's `renewTime` is written for people, never compared with
+//!   another replica's clock.
+//! - Every write carries the resourceVersion it read, so two candidates can
+//!   never both win, and a candidate can only take over a record it has seen.
+//! - The leader renews every [`Election::retry_period`] and stops its work
+//!   when no renewal has succeeded for [`Election::renew_deadline`] (two
+//!   thirds of the duration), even while a renewal hangs. A rival waits a
+//!   whole duration after it first saw the last renewal, which happened after
+//!   the leader sent it, so the leader has stopped before anyone else starts.
 
 use std::{future::Future, time::Duration};
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
-    jiff::{SignedDuration, Timestamp},
+    jiff::Timestamp,
 };
-use kube::{Api, Client, api::PostParams};
+use kube::{Api, Client, ResourceExt, api::PostParams};
+use tokio::time::Instant;
 
 use crate::Error;
 
@@ -36,51 +45,125 @@ pub struct Election {
     pub name: String,
     /// This candidate's identity (e.g. the pod name).
     pub identity: String,
-    /// How long a holder stays leader without renewing.
+    /// How long a rival waits after it last saw the record change before
+    /// it takes the Lease.
     pub lease_duration: Duration,
 }
 
+/// The Lease record as this candidate last saw it change, on its own clock.
+#[derive(Debug, Default)]
+struct Observed {
+    /// The record's resourceVersion.
+    version: String,
+    /// When this candidate first read that version.
+    at: Option<Instant>,
+}
+
+impl Observed {
+    /// Notes a read of `version`; the time moves only when the record did.
+    fn saw(&mut self, version: &str, now: Instant) {
+        if self.at.is_none() || self.version != version {
+            self.version = version.to_owned();
+            self.at = Some(now);
+        }
+    }
+
+    /// Whether the record has stood unchanged for `duration`.
+    fn lapsed(&self, duration: Duration, now: Instant) -> bool {
+        self.at
+            .is_some_and(|at| now.saturating_duration_since(at) >= duration)
+    }
+}
+
 impl Election {
+    /// How long the leader keeps working without a successful renewal:
+    /// two thirds of the Lease's duration (client-go's 10 s of 15 s).
+    pub fn renew_deadline(&self) -> Duration {
+        self.lease_duration * 2 / 3
+    }
+
+    /// How often the Lease is tried: a sixth of its duration.
+    pub fn retry_period(&self) -> Duration {
+        self.lease_duration / 6
+    }
+
     /// Runs `work` whenever this candidate leads, forever: the work is
-    /// dropped (cancelled) when leadership is lost, and started again when
-    /// it is regained.
+    /// dropped (cancelled) when leadership is lost or cannot be confirmed
+    /// within the renew deadline, and started again when it is regained.
     pub async fn run<F, Fut>(&self, client: Client, mut work: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let leases: Api<Lease> = Api::namespaced(client, &self.namespace);
-        let retry = self.lease_duration / 3;
+        let mut observed = Observed::default();
         loop {
-            match self.try_acquire(&leases).await {
-                Ok(true) => {
+            let attempt = tokio::time::timeout(
+                self.renew_deadline(),
+                self.try_acquire(&leases, &mut observed),
+            );
+            let started = Instant::now();
+            match attempt.await {
+                Ok(Ok(true)) => {
                     tracing::info!(lease = %self.name, identity = %self.identity, "became leader");
                     // Dropped (and so cancelled) on losing leadership, and also
                     // if this election itself is cancelled.
                     let task = AbortOnDrop(tokio::spawn(work()));
-                    while matches!(self.try_acquire(&leases).await, Ok(true)) {
-                        tokio::time::sleep(retry).await;
-                    }
+                    self.keep(&leases, &mut observed, started).await;
                     drop(task);
-                    tracing::warn!(lease = %self.name, identity = %self.identity, "lost leadership");
+                    tracing::warn!(lease = %self.name, identity = %self.identity, "lost leadership; work stopped");
                 }
-                Ok(false) => {}
-                Err(error) => {
+                Ok(Ok(false)) => {}
+                Ok(Err(error)) => {
                     tracing::warn!(%error, lease = %self.name, "leader election failed; retrying")
                 }
+                Err(_) => {
+                    tracing::warn!(lease = %self.name, "leader election timed out; retrying")
+                }
             }
-            tokio::time::sleep(retry).await;
+            tokio::time::sleep(self.retry_period()).await;
+        }
+    }
+
+    /// Renews while leading; returns when another holds the Lease or when
+    /// no renewal has succeeded for the renew deadline (a renewal in
+    /// flight then is abandoned). `renewed`: when the last successful
+    /// write was sent.
+    async fn keep(&self, leases: &Api<Lease>, observed: &mut Observed, mut renewed: Instant) {
+        loop {
+            let deadline = renewed + self.renew_deadline();
+            tokio::time::sleep_until((Instant::now() + self.retry_period()).min(deadline)).await;
+            if Instant::now() >= deadline {
+                tracing::warn!(lease = %self.name, "no renewal within the renew deadline");
+                return;
+            }
+            let sent = Instant::now();
+            match tokio::time::timeout_at(deadline, self.try_acquire(leases, observed)).await {
+                Ok(Ok(true)) => renewed = sent,
+                Ok(Ok(false)) => return,
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, lease = %self.name, "renewing the leader Lease failed; retrying until the renew deadline");
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %self.name, "renewing the leader Lease hung past the renew deadline");
+                    return;
+                }
+            }
         }
     }
 
     /// Takes or renews the Lease; `Ok(false)` while someone else holds it.
-    pub async fn try_acquire(&self, leases: &Api<Lease>) -> Result<bool, Error> {
-        let now = Timestamp::now();
+    async fn try_acquire(
+        &self,
+        leases: &Api<Lease>,
+        observed: &mut Observed,
+    ) -> Result<bool, Error> {
         let seconds = i32::try_from(self.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
         let existing = leases
             .get_opt(&self.name)
             .await
             .map_err(Error::kube("reading the leader Lease"))?;
+        let now = Timestamp::now();
         let Some(existing) = existing else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -95,20 +178,18 @@ impl Election {
                 Err(e) => Err(Error::kube("creating the leader Lease")(e)),
             };
         };
+        observed.saw(
+            existing.resource_version().as_deref().unwrap_or_default(),
+            Instant::now(),
+        );
         let spec = existing.spec.clone().unwrap_or_default();
         let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
-        let renewed = spec
-            .renew_time
-            .as_ref()
-            .map(|t| t.0)
-            .unwrap_or(Timestamp::UNIX_EPOCH);
-        let duration =
-            SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(seconds)));
-        let lapsed = renewed
-            .checked_add(duration)
-            .map(|until| until <= now)
-            .unwrap_or(true);
-        if !ours && !lapsed {
+        let free = spec.holder_identity.as_deref().is_none_or(str::is_empty);
+        let duration = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.lease_duration, Duration::from_secs);
+        if !ours && !free && !observed.lapsed(duration, Instant::now()) {
             return Ok(false);
         }
         let mut lease = existing.clone();
@@ -117,7 +198,13 @@ impl Election {
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(written) => {
+                observed.saw(
+                    written.resource_version().as_deref().unwrap_or_default(),
+                    Instant::now(),
+                );
+                Ok(true)
+            }
             Err(kube::Error::Api(s)) if s.is_conflict() => Ok(false),
             Err(e) => Err(Error::kube("renewing the leader Lease")(e)),
         }
@@ -143,5 +230,35 @@ impl Election {
             }),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_lapses_only_after_standing_unchanged_on_the_observers_clock() {
+        let start = Instant::now();
+        let second = Duration::from_secs(1);
+        let mut observed = Observed::default();
+        assert!(!observed.lapsed(second, start), "never seen: not lapsed");
+        observed.saw("10", start);
+        assert!(!observed.lapsed(second, start + second / 2));
+        // Seen again unchanged: the clock keeps running from the first read.
+        observed.saw("10", start + second / 2);
+        assert!(observed.lapsed(second, start + second));
+        // A renewal (a new version) starts it over.
+        observed.saw("11", start + second);
+        assert!(!observed.lapsed(second, start + second + second / 2));
+        assert!(observed.lapsed(second, start + 2 * second));
+        let election = Election {
+            namespace: "n".into(),
+            name: "l".into(),
+            identity: "a".into(),
+            lease_duration: Duration::from_secs(15),
+        };
+        assert_eq!(election.renew_deadline(), Duration::from_secs(10));
+        assert!(election.retry_period() < election.renew_deadline());
     }
 }
