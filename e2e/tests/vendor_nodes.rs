@@ -1,7 +1,9 @@
-//! Other vendors on real kubelets beside an NVIDIA node: an Ascend node and
-//! a Hygon node, each served by a mock of HAMi's vendor device plugin
-//! (`tessera-mock-vendor-plugin`, registered with the node's real kubelet),
-//! Tessera installed by its chart with HAMi's `hygon:` and `vnpus:` sections.
+//! Other vendors on real kubelets beside an NVIDIA node: an Ascend node, a
+//! Hygon node and an AMD node, each served by a mock of HAMi's vendor device
+//! plugin (`tessera-mock-vendor-plugin`, registered with the node's real
+//! kubelet), Tessera installed by its chart with HAMi's `hygon:`, `amd:` and
+//! `vnpus:` sections. Two AMD pods share one GPU's compute units without
+//! overlap.
 //! Pods of each family run with the vendor's variables, are recorded in one
 //! ledger (`kubectl get vgpuallocations` shows them side by side), wait with
 //! the vendor's reason when nothing fits, and release; a malformed register
@@ -59,7 +61,7 @@ async fn allocation(client: &Client, name: &str) -> VgpuAllocation {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn ascend_and_hygon_pods_run_beside_nvidia_through_their_vendors_plugins() {
+async fn ascend_hygon_and_amd_pods_run_beside_nvidia_through_their_vendors_plugins() {
     if skip_real_nodes("real-node vendor test") {
         return;
     }
