@@ -5,7 +5,14 @@
 //! that cannot be used (unreadable, not PEM, key not matching the
 //! certificate) is logged and the certificate in use is kept.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use axum_server::tls_rustls::RustlsConfig;
 
@@ -26,6 +33,26 @@ pub enum Reload {
     Rejected(Error),
 }
 
+/// How many changed pairs [`CertificateFiles::keep_current`] loaded and
+/// refused so far.
+#[derive(Debug, Default)]
+pub struct ReloadCounts {
+    reloaded: AtomicU64,
+    rejected: AtomicU64,
+}
+
+impl ReloadCounts {
+    /// Pairs loaded after the first.
+    pub fn reloaded(&self) -> u64 {
+        self.reloaded.load(Ordering::Relaxed)
+    }
+
+    /// Pairs refused (the certificate in use kept).
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+}
+
 /// The certificate and key files, and what was last read from them.
 #[derive(Debug)]
 pub struct CertificateFiles {
@@ -35,6 +62,7 @@ pub struct CertificateFiles {
     /// The contents last loaded or rejected, so a bad pair is reported once
     /// and a good one is not loaded again.
     seen: Option<(Vec<u8>, Vec<u8>)>,
+    counts: Arc<ReloadCounts>,
 }
 
 impl CertificateFiles {
@@ -45,7 +73,14 @@ impl CertificateFiles {
             key: key.into(),
             every: CHECK_EVERY,
             seen: None,
+            counts: Arc::default(),
         }
+    }
+
+    /// What the files' checks have done so far, kept current by
+    /// [`Self::keep_current`].
+    pub fn counts(&self) -> Arc<ReloadCounts> {
+        self.counts.clone()
     }
 
     /// Checks the files every `every` instead.
@@ -113,15 +148,21 @@ impl CertificateFiles {
             ticks.tick().await;
             match self.reload_if_changed(&tls).await {
                 Reload::Unchanged => {}
-                Reload::Reloaded => tracing::info!(
-                    cert = %self.cert.display(),
-                    key = %self.key.display(),
-                    "webhook certificate reloaded"
-                ),
-                Reload::Rejected(error) => tracing::error!(
-                    %error,
-                    "webhook certificate files cannot be used; still serving the previous certificate"
-                ),
+                Reload::Reloaded => {
+                    self.counts.reloaded.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        cert = %self.cert.display(),
+                        key = %self.key.display(),
+                        "webhook certificate reloaded"
+                    );
+                }
+                Reload::Rejected(error) => {
+                    self.counts.rejected.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(
+                        %error,
+                        "webhook certificate files cannot be used; still serving the previous certificate"
+                    );
+                }
             }
         }
     }

@@ -77,6 +77,15 @@ fn served_certificate(port: u16, cas: &[&Path]) -> std::io::Result<Vec<u8>> {
     Ok(connection.peer_certificates().unwrap()[0].to_vec())
 }
 
+/// Waits until `check` holds, or fails after 10 s.
+async fn eventually(what: &str, check: impl AsyncFn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits until the handshake presents `expected`, or fails after 10 s.
 async fn wait_served(port: u16, cas: [PathBuf; 2], expected: Vec<u8>, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -115,6 +124,7 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_refused() {
     );
     let watched =
         CertificateFiles::new(&files.0, &files.1).checked_every(Duration::from_millis(50));
+    let counts = watched.counts();
     let server = tokio::spawn(crate::app::serve_webhook(listener, watched, webhook));
     let cas = [first.ca_cert.clone(), second.ca_cert.clone()];
 
@@ -138,8 +148,18 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_refused() {
 
     // A certificate that does not match the key in place, then a file that
     // is not PEM at all: both refused, the rotated one stays in service.
+    // Each refusal is counted, so the checks below follow a check that ran.
+    let refused = |n: u64| {
+        let counts = counts.clone();
+        async move {
+            eventually(&format!("refusal {n} counted"), async || {
+                counts.rejected() >= n
+            })
+            .await;
+        }
+    };
     std::fs::copy(&first.serving_cert, &files.0).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    refused(1).await;
     wait_served(
         port,
         cas.clone(),
@@ -148,7 +168,7 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_refused() {
     )
     .await;
     std::fs::write(&files.0, "not a certificate").unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    refused(2).await;
     wait_served(
         port,
         cas.clone(),
@@ -156,6 +176,7 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_refused() {
         "the previous certificate, the new file not being PEM",
     )
     .await;
+    assert_eq!(counts.reloaded(), 1, "only the rotation was loaded");
     assert!(!server.is_finished(), "the webhook keeps serving");
     server.abort();
 }
