@@ -1,48 +1,50 @@
-//! Leader election against a real API server: one leader at a time, and a
-//! standby takes over after the leader stops renewing.
+//! Leader election against a real API server: one leader at a time, a
+//! standby takes over after the leader stops renewing, and a leader whose
+//! renewals hang stops first. The tests follow what the candidates' work
+//! did, in order, never a wall-clock window.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
 use tessera_controllers::leader::Election;
 use tessera_e2e::ControlPlane;
 
-fn election(identity: &str) -> Election {
-    Election {
-        namespace: "default".into(),
-        name: "tessera-test".into(),
-        identity: identity.into(),
-        lease_duration: Duration::from_secs(2),
-    }
-}
+/// What the candidates' work did, in the order it happened.
+type Events = Arc<Mutex<Vec<String>>>;
 
-/// Starts a candidate whose work counts itself in `leaders` while it runs.
+/// Starts candidate `identity` for Lease `lease` (3 s); its work records
+/// `<identity> started` when it starts and `<identity> stopped` when it is
+/// cancelled.
 fn candidate(
-    client: kube::Client,
-    identity: &str,
-    leaders: Arc<AtomicUsize>,
-    led: Arc<AtomicUsize>,
+    client: Client,
+    identity: &'static str,
+    lease: &'static str,
+    events: &Events,
 ) -> tokio::task::JoinHandle<()> {
-    let election = election(identity);
+    let events = events.clone();
+    let election = Election {
+        namespace: "default".into(),
+        name: lease.into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(3),
+    };
     tokio::spawn(async move {
         election
             .run(client, move || {
-                let (leaders, led) = (leaders.clone(), led.clone());
+                let events = events.clone();
                 async move {
-                    leaders.fetch_add(1, Ordering::SeqCst);
-                    led.fetch_add(1, Ordering::SeqCst);
-                    struct Leave(Arc<AtomicUsize>);
-                    impl Drop for Leave {
+                    struct Stop(Events, &'static str);
+                    impl Drop for Stop {
                         fn drop(&mut self) {
-                            self.0.fetch_sub(1, Ordering::SeqCst);
+                            self.0.lock().unwrap().push(format!("{} stopped", self.1));
                         }
                     }
-                    let _leave = Leave(leaders);
+                    events.lock().unwrap().push(format!("{identity} started"));
+                    let _stop = Stop(events, identity);
                     std::future::pending::<()>().await;
                 }
             })
@@ -50,40 +52,46 @@ fn candidate(
     })
 }
 
+/// Waits until `event` has happened.
+async fn seen(events: &Events, event: &str) {
+    tessera_testkit::eventually(event, Duration::from_secs(20), async || {
+        events.lock().unwrap().iter().any(|e| e == event)
+    })
+    .await;
+}
+
+/// Where `event` is in the order, if it happened.
+fn position(events: &Events, event: &str) -> Option<usize> {
+    events.lock().unwrap().iter().position(|e| e == event)
+}
+
 #[tokio::test]
 async fn one_leader_at_a_time_and_a_standby_takes_over() {
     let plane = ControlPlane::start().await.unwrap();
     let client = plane.client().await.unwrap();
-    let leaders = Arc::new(AtomicUsize::new(0));
-    let (a_led, b_led) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let a = candidate(client.clone(), "replica-a", leaders.clone(), a_led.clone());
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let b = candidate(client.clone(), "replica-b", leaders.clone(), b_led.clone());
-
-    for _ in 0..30 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(leaders.load(Ordering::SeqCst) <= 1, "two leaders at once");
-    }
-    assert_eq!(
-        (a_led.load(Ordering::SeqCst), b_led.load(Ordering::SeqCst)),
-        (1, 0),
-        "replica-a leads, replica-b waits"
-    );
+    let events = Events::default();
+    let a = candidate(client.clone(), "a", "tessera-test", &events);
+    seen(&events, "a started").await;
+    let b = candidate(client.clone(), "b", "tessera-test", &events);
+    // The leader renews several times while the standby competes.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let versions = Mutex::new(std::collections::BTreeSet::new());
+    tessera_testkit::eventually("three renewals", Duration::from_secs(20), async || {
+        if let Ok(lease) = leases.get("tessera-test").await {
+            let version = lease.metadata.resource_version.unwrap_or_default();
+            versions.lock().unwrap().insert(version);
+        }
+        versions.lock().unwrap().len() >= 4
+    })
+    .await;
+    assert_eq!(position(&events, "b started"), None, "two leaders at once");
 
     a.abort(); // the leader dies without releasing the Lease
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while b_led.load(Ordering::SeqCst) == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the standby never took over"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        leaders.load(Ordering::SeqCst),
-        1,
-        "the old leader's work stopped with it"
+    seen(&events, "b started").await;
+    assert!(
+        position(&events, "a stopped") < position(&events, "b started"),
+        "the old leader's work stopped before the standby's started: {:?}",
+        events.lock().unwrap()
     );
     b.abort();
 }
@@ -145,60 +153,21 @@ async fn a_leader_whose_renewals_hang_stops_before_a_standby_takes_over() {
     let through_proxy = kube::Client::try_from(config).unwrap();
     let direct = plane.client().await.unwrap();
 
-    // What each replica's work did, in the order it happened.
-    let events = Arc::new(std::sync::Mutex::new(Vec::<&'static str>::new()));
-    let run = |client: kube::Client, identity: &'static str| {
-        let events = events.clone();
-        let election = Election {
-            namespace: "default".into(),
-            name: "tessera-hang".into(),
-            identity: identity.into(),
-            lease_duration: Duration::from_secs(3),
-        };
-        tokio::spawn(async move {
-            election
-                .run(client, move || {
-                    let events = events.clone();
-                    async move {
-                        struct Stop(Arc<std::sync::Mutex<Vec<&'static str>>>, &'static str);
-                        impl Drop for Stop {
-                            fn drop(&mut self) {
-                                self.0.lock().unwrap().push(self.1);
-                            }
-                        }
-                        let (start, stop) = match identity {
-                            "replica-a" => ("a started", "a stopped"),
-                            _ => ("b started", "b stopped"),
-                        };
-                        events.lock().unwrap().push(start);
-                        let _stop = Stop(events, stop);
-                        std::future::pending::<()>().await;
-                    }
-                })
-                .await;
-        })
-    };
-    let seen = |what: &'static str| {
-        let events = events.clone();
-        async move {
-            tessera_testkit::eventually(what, Duration::from_secs(20), async || {
-                events.lock().unwrap().contains(&what)
-            })
-            .await;
-        }
-    };
-    let a = run(through_proxy, "replica-a");
-    seen("a started").await;
-    let b = run(direct, "replica-b");
+    let events = Events::default();
+    let a = candidate(through_proxy, "a", "tessera-hang", &events);
+    seen(&events, "a started").await;
+    let b = candidate(direct, "b", "tessera-hang", &events);
     // The leader's renewals hang from now on: requests in flight and new ones.
     freeze.send(true).unwrap();
-    seen("b started").await;
-    let order = events.lock().unwrap().clone();
-    let stopped = order.iter().position(|e| *e == "a stopped");
-    let started = order.iter().position(|e| *e == "b started");
+    seen(&events, "b started").await;
+    let (stopped, started) = (
+        position(&events, "a stopped"),
+        position(&events, "b started"),
+    );
     assert!(
         stopped.is_some() && stopped < started,
-        "the hung leader must stop before the standby starts: {order:?}"
+        "the hung leader must stop before the standby starts: {:?}",
+        events.lock().unwrap()
     );
     a.abort();
     b.abort();
