@@ -82,44 +82,41 @@ pub fn chart_values() -> serde_json::Value {
     }})
 }
 
-/// `n` Ascend 910B4 NPUs of 32 GiB on one network, 4 shares each.
-pub fn ascend_910b4(n: u32) -> Vec<MockDevice> {
+/// `n` devices `<prefix>-<i>` of `memory_mib` and `cores`, 4 shares each,
+/// on `network_id`.
+fn devices(
+    n: u32,
+    prefix: &str,
+    memory_mib: u64,
+    cores: u32,
+    network_id: Option<u32>,
+) -> Vec<MockDevice> {
     (0..n)
         .map(|i| MockDevice {
-            id: format!("NPU-{i}"),
-            memory_mib: 32768,
-            cores: 20,
+            id: format!("{prefix}-{i}"),
+            memory_mib,
+            cores,
             count: 4,
-            network_id: Some(0),
+            network_id,
         })
         .collect()
+}
+
+/// `n` Ascend 910B4 NPUs of 32 GiB (20 AI cores) on one network, 4 shares
+/// each.
+pub fn ascend_910b4(n: u32) -> Vec<MockDevice> {
+    devices(n, "NPU", 32768, 20, Some(0))
 }
 
 /// `n` AMD Instinct MI300X VF GPUs of 192 GiB and 304 compute units, 4
 /// shares each.
 pub fn amd_mi300x(n: u32) -> Vec<MockDevice> {
-    (0..n)
-        .map(|i| MockDevice {
-            id: format!("AMD-MI300X-{i}"),
-            memory_mib: 196_608,
-            cores: 304,
-            count: 4,
-            network_id: None,
-        })
-        .collect()
+    devices(n, "AMD-MI300X", 196_608, 304, None)
 }
 
 /// `n` Hygon DCUs of 16 GiB, 4 shares each.
 pub fn hygon_dcus(n: u32) -> Vec<MockDevice> {
-    (0..n)
-        .map(|i| MockDevice {
-            id: format!("DCU-{i}"),
-            memory_mib: 16384,
-            cores: 100,
-            count: 4,
-            network_id: None,
-        })
-        .collect()
+    devices(n, "DCU", 16384, 100, None)
 }
 
 /// Which vendor the mock plays.
