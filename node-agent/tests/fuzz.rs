@@ -707,3 +707,172 @@ fn fuzz_corpus_allocate_region_dir_stays_under_the_root() {
         assert!(error.contains("ml/train") && error.contains(uid), "{error}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// DRA: a claim's allocation results, and the CDI spec made from them.
+
+/// A quantity as the scheduler writes one, or hostile text.
+fn quantity() -> BoxedStrategy<String> {
+    prop_oneof![
+        (0u64..200_000).prop_map(|mib| format!("{mib}Mi")),
+        (0u64..=100).prop_map(|n| n.to_string()),
+        any::<u64>().prop_map(|n| n.to_string()),
+        Just("-1".to_owned()),
+        Just("1e400".to_owned()),
+        Just("18446744073709551616Ki".to_owned()),
+        Just("0.5".to_owned()),
+        "\\PC{0,12}",
+    ]
+    .boxed()
+}
+
+/// One allocation result: mostly ours, on this node's devices; sometimes
+/// another driver's or pool's, a device not offered, or hostile names.
+fn claim_result() -> impl Strategy<Value = Value> {
+    let driver = prop_oneof![
+        4 => Just(tessera_node_agent::dra::DRIVER.to_owned()),
+        1 => Just("other.example.com".to_owned()),
+        1 => "\\PC{0,10}",
+    ];
+    let pool = prop_oneof![4 => Just("node-a".to_owned()), 1 => Just("node-b".to_owned()), 1 => "\\PC{0,10}"];
+    let device = prop_oneof![
+        4 => (0u32..4).prop_map(|i| format!("gpu-{i}")),
+        1 => Just("gpu-99".to_owned()),
+        1 => "\\PC{0,10}",
+    ];
+    let request = prop_oneof![
+        4 => prop::sample::select(vec!["train", "infer", "main/small", "main/large"]).prop_map(str::to_owned),
+        1 => Just("../../etc".to_owned()),
+        1 => Just("a/../../b".to_owned()),
+        1 => "\\PC{0,16}",
+    ];
+    let consumed = prop::option::of((prop::option::of(quantity()), prop::option::of(quantity())));
+    (
+        driver,
+        pool,
+        device,
+        request,
+        consumed,
+        prop::option::of("[a-z0-9-]{0,12}"),
+    )
+        .prop_map(|(driver, pool, device, request, consumed, share)| {
+            let mut result =
+                json!({"driver": driver, "pool": pool, "device": device, "request": request});
+            if let Some((memory, cores)) = consumed {
+                let mut capacity = serde_json::Map::new();
+                if let Some(m) = memory {
+                    capacity.insert("memory".into(), m.into());
+                }
+                if let Some(c) = cores {
+                    capacity.insert("cores".into(), c.into());
+                }
+                result["consumedCapacity"] = Value::Object(capacity);
+            }
+            if let Some(share) = share {
+                result["shareID"] = share.into();
+            }
+            result
+        })
+}
+
+#[test]
+fn fuzz_claim_results() {
+    use tessera_node_agent::dra::{cdi_spec, claim_gpus};
+    let offer: Vec<_> = (0..4)
+        .map(|i| tessera_api::testing::gpu(i, tessera_api::testing::MODEL, 81920))
+        .collect();
+    let paths = HostPaths {
+        library: "/opt/tessera/libtessera_vgpu.so".into(),
+        preload: "/var/lib/tessera/ld.so.preload".into(),
+        regions: "/var/lib/tessera/containers".into(),
+    };
+    let uid = "0b6f4c8e-5d2a-4f7e-9a3b-1c2d3e4f5a6b";
+    let claims = (
+        prop::collection::vec(claim_result(), 0..6),
+        prop::option::of(any::<u8>()),
+    )
+        .prop_map(|(results, swap)| {
+            let mut claim = json!({
+                "metadata": {"name": "c", "namespace": "ml", "uid": uid},
+                "spec": {},
+                "status": {"allocation": {"devices": {"results": results}}},
+            });
+            // Now and then a result of the wrong shape.
+            if let Some(n) = swap
+                && let Some(list) =
+                    claim["status"]["allocation"]["devices"]["results"].as_array_mut()
+                && !list.is_empty()
+            {
+                let at = usize::from(n) % list.len();
+                list[at] = json!({"driver": n, "pool": [], "device": null});
+            }
+            claim
+        });
+    fuzz("fuzz_claim_results", 1_000, claims, |claim| {
+        let input = claim.to_string().len();
+        let Ok(claim) =
+            serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceClaim>(claim)
+        else {
+            return Ok(());
+        };
+        let gpus = match claim_gpus(&claim, "node-a", &offer) {
+            Ok(gpus) => gpus,
+            Err(error) => {
+                let text = error.to_string();
+                prop_assert!(text.contains("ml/c"), "the error names the claim: {text}");
+                prop_assert!(text.len() <= 4 * input + 1024, "{text}");
+                return Ok(());
+            }
+        };
+        prop_assert!(!gpus.is_empty());
+        for gpu in &gpus {
+            let offered = offer.iter().find(|d| d.uuid == gpu.uuid);
+            let offered_as = offered.map(|d| format!("gpu-{}", d.index));
+            prop_assert_eq!(offered_as.as_deref(), Some(gpu.device.as_str()));
+            prop_assert!(gpu.cores <= 100);
+            // What the agent writes the interposer reads back exactly.
+            let text = env::format_memory_limit(gpu.memory_mib);
+            prop_assert!(
+                gpu.memory_mib >= 1
+                    && gpu.memory_mib <= offered.map_or(0, |d| d.capacity.memory_mib)
+            );
+            prop_assert_eq!(
+                env::parse_memory_limit("CUDA_DEVICE_MEMORY_LIMIT", &text).ok(),
+                gpu.memory_mib.checked_mul(1 << 20)
+            );
+        }
+        let spec = cdi_spec(uid, &gpus, &NodeSettings::default(), &paths);
+        prop_assert!(spec.to_string().len() <= 64 * input + 4096);
+        for device in spec["devices"].as_array().into_iter().flatten() {
+            let name = device["name"].as_str().unwrap_or_default();
+            // A CDI device name: letters, digits, `_`, `.`, `:`, `-`.
+            prop_assert!(
+                !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c)),
+                "CDI device name {name:?}"
+            );
+            for mount in device["containerEdits"]["mounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let host = Path::new(mount["hostPath"].as_str().unwrap_or_default());
+                if let Ok(rest) = host.strip_prefix(&paths.regions) {
+                    prop_assert_eq!(
+                        rest.components().count(),
+                        1,
+                        "region {:?} is one directory under the root",
+                        host
+                    );
+                    prop_assert!(matches!(
+                        rest.components().next(),
+                        Some(std::path::Component::Normal(_))
+                    ));
+                }
+            }
+        }
+        Ok(())
+    });
+}

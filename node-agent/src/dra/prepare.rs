@@ -110,6 +110,17 @@ pub fn claim_gpus(
             })?,
             None => gpu.capacity.memory_mib,
         };
+        // The scheduler keeps a share within the device's capacity; a
+        // result that does not is refused rather than handed on.
+        if memory_mib == 0 || memory_mib > gpu.capacity.memory_mib {
+            return Err(claim_error(
+                claim,
+                format!(
+                    "consumedCapacity.memory of {}: {memory_mib} MiB is not 1 to the device's {} MiB",
+                    result.device, gpu.capacity.memory_mib
+                ),
+            ));
+        }
         let cores = match consumed("cores") {
             Some(q) => quantity::whole(&q.0)
                 .ok()
@@ -130,6 +141,17 @@ pub fn claim_gpus(
             .request
             .split_once('/')
             .map_or(result.request.as_str(), |(parent, _)| parent);
+        // It names a CDI device and a region directory: only what the API
+        // server lets a claim's request be named (a DNS label) is used.
+        if !dns_label(request) {
+            return Err(claim_error(
+                claim,
+                format!(
+                    "request {:?} of {} is not a DNS label",
+                    result.request, result.device
+                ),
+            ));
+        }
         gpus.push(ClaimGpu {
             request: request.to_owned(),
             device: result.device.clone(),
@@ -148,6 +170,18 @@ pub fn claim_gpus(
         ));
     }
     Ok(gpus)
+}
+
+/// Whether `name` is a DNS label (RFC 1123: 1 to 63 lowercase letters,
+/// digits and `-`, starting and ending with a letter or digit).
+fn dns_label(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    (1..=63).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && edge(name.chars().next())
+        && edge(name.chars().last())
 }
 
 /// The claim's requests in first-result order, each with its GPUs.
