@@ -17,6 +17,7 @@ use crate::{
         parse_cdi_kind,
     },
     publish,
+    supervise::{self, Loops},
     view::NodeView,
 };
 
@@ -323,20 +324,23 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     let doors = crate::door::track(view.clone(), offers.clone(), dra).await;
     let (plugin_state, plugin_states) = tokio::sync::watch::channel(PluginState::NotRegistered);
     let lease_lapsed = Arc::new(tokio::sync::Notify::new());
-    tokio::spawn(publish::gpu_node(
-        client.clone(),
-        args.node_name.clone(),
-        offers.clone(),
-        doors.clone(),
-        plugin_states.clone(),
-        lease_lapsed.clone(),
-    ));
-    if dra {
-        tokio::spawn(crate::dra::publish::keep(
-            view.clone(),
+    let mut loops = Loops::default();
+    loops.spawn(
+        "GpuNode publisher",
+        publish::gpu_node(
+            client.clone(),
+            args.node_name.clone(),
             offers.clone(),
             doors.clone(),
-        ));
+            plugin_states.clone(),
+            lease_lapsed.clone(),
+        ),
+    );
+    if dra {
+        loops.spawn(
+            "ResourceSlice publisher",
+            crate::dra::publish::keep(view.clone(), offers.clone(), doors.clone()),
+        );
         // Claims are prepared whatever the door: one allocated just before
         // a switch away from DRA still starts (the switch waits for it).
         let service = crate::dra::service::DraService::new(
@@ -349,13 +353,17 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
             plugins_dir: args.kubelet_plugins_dir.clone(),
             registry_dir: args.plugins_registry_dir.clone(),
         };
-        tokio::spawn(service.clone().reconcile());
-        tokio::spawn(crate::dra::server::run(sockets, service));
+        loops.spawn("DRA claim reconciler", service.clone().reconcile());
+        loops.spawn(
+            "DRA plugin server",
+            crate::dra::server::run(sockets, service),
+        );
     }
     // The device plugin offers nothing while the node serves through DRA.
     let plugin_offers = crate::door::gate(offers.clone(), doors);
     let lease_site = args.lease_site();
-    let lease = tokio::spawn(lease::keep(
+    // Owned apart: stopped and awaited before the Lease is deleted.
+    let mut lease = tokio::spawn(lease::keep(
         client.clone(),
         lease_site.clone(),
         format!("tessera-node-agent/{}", args.node_name),
@@ -368,51 +376,76 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         .local_addr()
         .map_err(Error::io("the metrics listener"))?;
     tracing::info!(%addr, "metrics listening");
-    tokio::spawn(crate::monitor::mark_sharing(
-        view.clone(),
-        paths.regions.clone(),
-    ));
-    tokio::spawn(crate::monitor::arbiter::run(
-        view.clone(),
-        paths.regions.clone(),
-    ));
-    tokio::spawn(crate::monitor::collect_regions(
-        view.clone(),
-        paths.regions.clone(),
-    ));
-    tokio::spawn(crate::monitor::serve(
-        metrics,
-        crate::monitor::Sources {
-            view: view.clone(),
-            offers: offers.clone(),
-            regions: paths.regions.clone(),
-            backend: backend.clone(),
-            legacy: args.legacy_metrics,
-            plugin: plugin_states.clone(),
-        },
-    ));
+    loops.spawn(
+        "region sharing marker",
+        crate::monitor::mark_sharing(view.clone(), paths.regions.clone()),
+    );
+    loops.spawn(
+        "compute arbiter",
+        crate::monitor::arbiter::run(view.clone(), paths.regions.clone()),
+    );
+    loops.spawn(
+        "region collector",
+        crate::monitor::collect_regions(view.clone(), paths.regions.clone()),
+    );
+    loops.spawn(
+        "metrics server",
+        crate::monitor::serve(
+            metrics,
+            crate::monitor::Sources {
+                view: view.clone(),
+                offers: offers.clone(),
+                regions: paths.regions.clone(),
+                backend: backend.clone(),
+                legacy: args.legacy_metrics,
+                plugin: plugin_states.clone(),
+            },
+        ),
+    );
     let endpoint = Endpoint {
         dir: args.device_plugin_dir.clone(),
         resource: args.resource_name.clone(),
     };
     let mig = Arc::new(crate::mig::MigManager::new(backend));
-    crate::mig::spawn_cleaner(mig.clone(), offers.clone(), view.clone());
+    loops.spawn(
+        "MIG cleaner",
+        crate::mig::clean_every_pass(mig.clone(), offers.clone(), view.clone()),
+    );
     let mps_control: Arc<dyn MpsControl> = match args.backend {
         BackendKind::Nvml => Arc::new(NvidiaControl::new(&args.mps_control)),
         BackendKind::Fake => Arc::new(FakeControl),
     };
     let mps = Arc::new(MpsManager::new(mps_control, args.state_dir.join("mps")));
-    crate::mps::spawn_keeper(mps.clone(), offers.clone());
-    plugin::static_mig::spawn(
-        args.device_plugin_dir.clone(),
-        plugin_offers.clone(),
-        args.device_list(),
+    loops.spawn(
+        "MPS keeper",
+        crate::mps::keep_daemons(mps.clone(), offers.clone()),
+    );
+    loops.spawn(
+        "static MIG plugins",
+        plugin::static_mig::serve_profiles(
+            args.device_plugin_dir.clone(),
+            plugin_offers.clone(),
+            args.device_list(),
+        ),
     );
     let service = Service::new(view, plugin_offers, paths, args.device_list(), mig, mps);
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.
-    let plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));
-    stop_signal().await;
+    let mut plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));
+    tracing::info!(loops = loops.len() + 2, "the agent runs");
+    let ended = tokio::select! {
+        () = stop_signal() => None,
+        ended = loops.ended() => Some(ended),
+        joined = &mut plugin => Some(supervise::ended("device plugin server", joined)),
+        joined = &mut lease => Some(supervise::ended("Lease keeper", joined)),
+    };
+    if let Some(ended) = ended {
+        tracing::error!(error = %ended, "stopping");
+        plugin.abort();
+        lease.abort();
+        loops.abort_all();
+        return Err(ended);
+    }
     stopping.send_replace(PluginState::Stopping);
     drain(
         &client,

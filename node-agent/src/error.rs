@@ -76,6 +76,14 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A background loop ended while the agent ran.
+    #[error("the agent's {name} loop {how}; stopping so that the kubelet restarts the agent")]
+    LoopEnded {
+        /// The loop.
+        name: &'static str,
+        /// How it ended.
+        how: String,
+    },
 }
 
 impl Error {

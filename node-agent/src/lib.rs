@@ -30,6 +30,7 @@ mod periodic;
 pub mod plugin;
 pub mod publish;
 pub mod settings;
+pub mod supervise;
 pub mod view;
 
 pub use error::Error;

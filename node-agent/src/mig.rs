@@ -221,16 +221,17 @@ impl MigManager {
     }
 }
 
-/// Runs [`MigManager::clean`] every [`PASS`] for the life of the process.
-pub fn spawn_cleaner(
+/// Runs [`MigManager::clean`] every [`PASS`] while polled.
+pub async fn clean_every_pass(
     manager: Arc<MigManager>,
     offers: tokio::sync::watch::Receiver<Offer>,
     view: crate::view::NodeView,
 ) {
-    crate::periodic::every(PASS, move || {
+    crate::periodic::every("MIG cleaner", PASS, move || {
         let offer = offers.borrow().clone();
         manager.clean(&offer, &view.allocations());
-    });
+    })
+    .await;
 }
 
 #[cfg(test)]

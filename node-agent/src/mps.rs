@@ -205,13 +205,14 @@ fn wait_until_answers(control: &dyn MpsControl, daemon: &MpsDaemon) -> Result<()
 
 /// Checks the daemons every [`PASS`], so a GPU put in MPS mode has its
 /// daemon before the first pod arrives and a daemon that died is restarted.
-pub fn spawn_keeper(manager: Arc<MpsManager>, offers: tokio::sync::watch::Receiver<Offer>) {
-    crate::periodic::every(PASS, move || {
+pub async fn keep_daemons(manager: Arc<MpsManager>, offers: tokio::sync::watch::Receiver<Offer>) {
+    crate::periodic::every("MPS keeper", PASS, move || {
         let offer = offers.borrow().clone();
         for (gpu, error) in manager.reconcile(&offer) {
             tracing::warn!(%gpu, %error, "MPS control daemon");
         }
-    });
+    })
+    .await;
 }
 
 impl Grant {

@@ -200,47 +200,57 @@ impl DevicePlugin for StaticMigService {
 }
 
 /// Runs one device plugin per MIG profile present under `migStrategy:
-/// mixed`, starting and stopping them as the profiles on the node change.
-pub fn spawn(dir: PathBuf, mut offers: watch::Receiver<Offer>, list: DeviceList) {
-    tokio::spawn(async move {
-        let mut running: BTreeMap<String, JoinHandle<()>> = BTreeMap::new();
-        loop {
-            let wanted = static_instances(&offers.borrow());
-            let gone: Vec<String> = running
-                .keys()
-                .filter(|r| !wanted.contains_key(*r))
-                .cloned()
-                .collect();
-            for resource in gone {
-                if let Some(plugin) = running.remove(&resource) {
-                    plugin.abort();
-                }
-                let endpoint = Endpoint {
-                    dir: dir.clone(),
-                    resource: resource.clone(),
-                };
-                let _ = std::fs::remove_file(dir.join(endpoint.socket_name()));
-                tracing::info!(%resource, "static MIG resource gone: its device plugin stopped");
-            }
-            for resource in wanted.into_keys() {
-                if running.contains_key(&resource) {
-                    continue;
-                }
-                let endpoint = Endpoint {
-                    dir: dir.clone(),
-                    resource: resource.clone(),
-                };
-                let service = StaticMigService::new(resource.clone(), offers.clone(), list.clone());
-                // Readiness follows the main plugin; this state is not read.
-                let (state, _) = watch::channel(PluginState::NotRegistered);
-                tracing::info!(%resource, "serving a static MIG resource");
-                running.insert(resource, tokio::spawn(super::run(endpoint, service, state)));
-            }
-            if offers.changed().await.is_err() {
-                return;
-            }
+/// mixed`, starting and stopping them as the profiles on the node change,
+/// while polled (the plugins stop with it); returns when the offers end.
+pub async fn serve_profiles(dir: PathBuf, mut offers: watch::Receiver<Offer>, list: DeviceList) {
+    /// The plugins served, stopped when dropped.
+    #[derive(Default)]
+    struct Running(BTreeMap<String, JoinHandle<()>>);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.0.values().for_each(JoinHandle::abort);
         }
-    });
+    }
+    let mut running = Running::default();
+    loop {
+        let wanted = static_instances(&offers.borrow());
+        let gone: Vec<String> = running
+            .0
+            .keys()
+            .filter(|r| !wanted.contains_key(*r))
+            .cloned()
+            .collect();
+        for resource in gone {
+            if let Some(plugin) = running.0.remove(&resource) {
+                plugin.abort();
+            }
+            let endpoint = Endpoint {
+                dir: dir.clone(),
+                resource: resource.clone(),
+            };
+            let _ = std::fs::remove_file(dir.join(endpoint.socket_name()));
+            tracing::info!(%resource, "static MIG resource gone: its device plugin stopped");
+        }
+        for resource in wanted.into_keys() {
+            if running.0.contains_key(&resource) {
+                continue;
+            }
+            let endpoint = Endpoint {
+                dir: dir.clone(),
+                resource: resource.clone(),
+            };
+            let service = StaticMigService::new(resource.clone(), offers.clone(), list.clone());
+            // Readiness follows the main plugin; this state is not read.
+            let (state, _) = watch::channel(PluginState::NotRegistered);
+            tracing::info!(%resource, "serving a static MIG resource");
+            running
+                .0
+                .insert(resource, tokio::spawn(super::run(endpoint, service, state)));
+        }
+        if offers.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 #[cfg(test)]
