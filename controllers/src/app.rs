@@ -121,7 +121,7 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         identity: identity.clone(),
         lease_duration: std::time::Duration::from_secs(15),
     };
-    let projection = start_loops(
+    let (projection, mut election) = start_loops(
         client.clone(),
         &watches,
         election,
@@ -163,23 +163,33 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         result = serve_extender(extender, client, projection, config, metrics.clone()) => result,
         result = serve_metrics(metrics_listener, metrics) => result,
         result = webhook => result,
+        // The election runs for the life of the process: its end is an error.
+        joined = &mut election => Err(Error::LoopEnded {
+            name: "leader election",
+            how: match joined {
+                Ok(()) => "returned".to_owned(),
+                Err(error) if error.is_panic() => "panicked".to_owned(),
+                Err(error) => format!("was cancelled ({error})"),
+            },
+        }),
     }
 }
 
 /// Starts the watches ([`Cache`], each kind once) and the projection they
 /// feed, which every replica runs, and the lifecycle controllers on the same
 /// watches while this replica wins `election`. Returns the projection the
-/// extender, the webhook and the metrics read.
+/// extender, the webhook and the metrics read, and the election's task
+/// (the lifecycle controllers run inside it), which never ends by itself.
 pub fn start_loops(
     client: kube::Client,
     watches: &crate::cache::Watches,
     election: crate::leader::Election,
     agent_lease_namespace: Option<String>,
     vendors: crate::vendors::Sources,
-) -> Projection {
+) -> (Projection, tokio::task::JoinHandle<()>) {
     let cache = Cache::spawn(client.clone(), watches);
     let projection = Projection::spawn_on(&cache);
-    tokio::spawn(async move {
+    let election = tokio::spawn(async move {
         election
             .run(client, move || {
                 crate::lifecycle::run_with(
@@ -190,7 +200,7 @@ pub fn start_loops(
             })
             .await
     });
-    projection
+    (projection, election)
 }
 
 /// Serves the webhook over HTTPS on `listener` until the task is dropped,

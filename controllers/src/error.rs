@@ -4,6 +4,14 @@ pub enum Error {
     /// The configuration file is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A background loop ended while the controller ran.
+    #[error("the controller's {name} loop {how}; stopping so that it is restarted")]
+    LoopEnded {
+        /// The loop.
+        name: &'static str,
+        /// How it ended.
+        how: String,
+    },
     /// The webhook's certificate files cannot be read or used.
     #[error("webhook certificate {} / {}: {source}", cert.display(), key.display())]
     Certificate {
@@ -77,7 +85,10 @@ impl Error {
     /// A short, stable label for metrics (one of [`Error::METRIC_LABELS`]).
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Config(_) | Self::Certificate { .. } | Self::Serve { .. } => "config",
+            Self::Config(_)
+            | Self::Certificate { .. }
+            | Self::Serve { .. }
+            | Self::LoopEnded { .. } => "config",
             Self::Kube { .. } => "api",
             Self::LockBusy { .. } => "lock_busy",
             Self::NoLongerFits { .. } => "no_longer_fits",

@@ -103,7 +103,7 @@ async fn the_leader_lists_and_watches_each_kind_once() {
         lease_duration: Duration::from_secs(15),
     };
     let lease = Some("kube-node-lease".to_owned());
-    let projection = start_loops(
+    let (projection, _election) = start_loops(
         client.clone(),
         &watches,
         election,
