@@ -33,6 +33,32 @@ async fn delete_now(cluster: &Cluster, name: &str) {
     .unwrap();
 }
 
+/// Waits until kube-scheduler has marked pod `name` unschedulable (its
+/// `PodScheduled` condition False, `Unschedulable`): it sits among the
+/// unschedulable pods, where only a move event brings it back.
+async fn unschedulable(cluster: &Cluster, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    tessera_testkit::eventually(
+        &format!("{name} marked unschedulable"),
+        Duration::from_secs(20),
+        async || {
+            let Ok(pod) = pods.get(name).await else {
+                return false;
+            };
+            pod.status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+        },
+    )
+    .await;
+}
+
 /// When `name` got its node, measured from `since` (polling every 10 ms).
 async fn bound_after(cluster: &Cluster, name: &str, since: Instant, limit: Duration) -> Duration {
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
@@ -72,8 +98,8 @@ async fn freed_capacity_reaches_a_waiting_pod_within_two_seconds_twenty_times() 
         cluster.create_pod(&waiter, most.clone(), json!({})).await;
         let reasons = cluster.failed_scheduling(&waiter).await.join("\n");
         assert!(reasons.contains("without 800 MiB free"), "{reasons}");
-        // Let kube-scheduler put it among the unschedulable pods.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // kube-scheduler has put it among the unschedulable pods.
+        unschedulable(&cluster, &waiter).await;
         let deleted = Instant::now();
         delete_now(&cluster, &holder).await;
         let took = bound_after(&cluster, &waiter, deleted, Duration::from_secs(2)).await;
@@ -172,7 +198,7 @@ async fn a_node_whose_agent_pod_is_down_takes_no_gpu_pod_until_it_is_back() {
         reasons.contains("node agent pod agent-n1: container node-agent is terminated (Error)"),
         "{reasons}"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    unschedulable(&cluster, "during").await;
     let pod = pods.get("during").await.unwrap();
     assert_eq!(
         pod.spec.and_then(|s| s.node_name),
@@ -260,7 +286,7 @@ async fn a_lapsed_agent_lease_makes_the_gpunode_unknown_and_keeps_pods_away() {
         .await;
     let reasons = cluster.failed_scheduling("waits").await.join("\n");
     assert!(reasons.contains("AgentLeaseExpired"), "{reasons}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    unschedulable(&cluster, "waits").await;
 
     // The agent is back: it renews and writes its GpuNode.
     let back = Instant::now();

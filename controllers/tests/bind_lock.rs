@@ -32,15 +32,24 @@ use tessera_e2e::ControlPlane;
 
 const NODE: &str = "lock-1";
 
-/// A client that counts the NodeLock creates it sends.
-async fn counting_client(plane: &ControlPlane, creates: Arc<AtomicUsize>) -> Client {
+/// A client that counts the NodeLock creates it sends, and its reads of
+/// the node's lock (a waiting Bind's holder checks).
+async fn counting_client(
+    plane: &ControlPlane,
+    creates: Arc<AtomicUsize>,
+    reads: Arc<AtomicUsize>,
+) -> Client {
     let config = plane.client_config().await.unwrap();
     let layer =
         tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
-            if request.method() == http::Method::POST
-                && request.uri().path().ends_with("/nodelocks")
-            {
+            let path = request.uri().path();
+            if request.method() == http::Method::POST && path.ends_with("/nodelocks") {
                 creates.fetch_add(1, Ordering::SeqCst);
+            }
+            if request.method() == http::Method::GET
+                && path.ends_with(&format!("/nodelocks/{NODE}"))
+            {
+                reads.fetch_add(1, Ordering::SeqCst);
             }
             request
         });
@@ -54,24 +63,27 @@ struct Setup {
     cluster: Cluster,
     binder: Binder,
     creates: Arc<AtomicUsize>,
+    /// The binder's reads of the node's lock.
+    reads: Arc<AtomicUsize>,
 }
 
 async fn setup(wait_millis: u64) -> Setup {
     let creates = Arc::new(AtomicUsize::new(0));
-    let counted = creates.clone();
+    let reads = Arc::new(AtomicUsize::new(0));
+    let (counted, read) = (creates.clone(), Arc::new(AtomicUsize::new(0)));
     let config = Config {
         node_lock_wait_millis: wait_millis,
         ..Config::default()
     };
     let cluster = Cluster::start_with(config.clone(), async move |plane: &ControlPlane| {
-        counting_client(plane, counted).await
+        counting_client(plane, counted, read).await
     })
     .await;
     cluster
         .add_gpu_node(NODE, "NVIDIA A100-SXM4-80GB", 2, 81920)
         .await;
     let binder = Binder::new(
-        counting_client(&cluster.plane, creates.clone()).await,
+        counting_client(&cluster.plane, creates.clone(), reads.clone()).await,
         cluster.projection.clone(),
         Arc::new(config),
         Metrics::new(cluster.projection.clone()),
@@ -81,6 +93,7 @@ async fn setup(wait_millis: u64) -> Setup {
         cluster,
         binder,
         creates,
+        reads,
     }
 }
 
@@ -136,6 +149,7 @@ async fn a_waiting_bind_proceeds_when_the_lock_goes_and_creates_it_once() {
         cluster,
         binder,
         creates,
+        reads,
     } = setup(20_000).await;
     let holder = pod(&cluster, "holder").await;
     let lock = lock_for(&cluster, &holder).await;
@@ -145,7 +159,14 @@ async fn a_waiting_bind_proceeds_when_the_lock_goes_and_creates_it_once() {
         let binder = binder.clone();
         async move { binder.bind(&waiter, None).await }
     });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The waiter checks the lock with the API server every 2 s: release it
+    // just after a check, so the next one is 2 s away and only the watch
+    // can wake the waiter sooner.
+    let before = reads.load(Ordering::SeqCst);
+    tessera_testkit::eventually("a holder check", Duration::from_secs(10), async || {
+        reads.load(Ordering::SeqCst) >= before + 2
+    })
+    .await;
     assert!(!bind.is_finished(), "the holder is alive: the waiter waits");
     assert_eq!(
         creates.load(Ordering::SeqCst),
@@ -153,7 +174,7 @@ async fn a_waiting_bind_proceeds_when_the_lock_goes_and_creates_it_once() {
         "no create while the lock is visibly held"
     );
 
-    let released = Instant::now();
+    let checked = reads.load(Ordering::SeqCst);
     Api::<NodeLock>::all(cluster.client.clone())
         .delete(NODE, &DeleteParams::default())
         .await
@@ -162,10 +183,10 @@ async fn a_waiting_bind_proceeds_when_the_lock_goes_and_creates_it_once() {
         .await
         .unwrap()
         .expect("bound once the lock was released");
-    let woke_after = released.elapsed();
-    assert!(
-        woke_after < Duration::from_millis(400),
-        "woken by the watch, not by a poll: {woke_after:?}"
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        checked,
+        "woken by the watch, not by a holder check"
     );
     assert_eq!(bound.devices.len(), 1);
     assert_eq!(creates.load(Ordering::SeqCst), 1, "one create for one pod");
@@ -183,6 +204,7 @@ async fn binds_for_one_node_queue_and_each_creates_the_lock_once() {
         cluster,
         binder,
         creates,
+        ..
     } = setup(20_000).await;
     spawn_allocate_stand_in(cluster.client.clone());
     let mut args = Vec::new();
@@ -250,12 +272,11 @@ async fn a_bounded_wait_fails_cleanly_and_an_orphaned_lock_is_taken_over() {
         .delete("slow-holder", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
-    let started = Instant::now();
+    // Within the 1 s bound, or the Bind would have failed as LockBusy.
     binder
         .bind(&late, None)
         .await
         .expect("the orphaned lock does not block the node");
-    assert!(started.elapsed() < Duration::from_millis(1000));
     let now_held = Api::<NodeLock>::all(cluster.client.clone())
         .get(NODE)
         .await
