@@ -1,0 +1,44 @@
+//! Before the agent exits: mark the node, serve what is already bound.
+
+use std::time::Duration;
+
+use tessera_api::v1alpha1::{GpuNode, NodeLock};
+
+/// Before exiting: the GpuNode says `AgentStopping` (so the extender sends
+/// no new pod here), then a pod already bound here gets served: wait, up to
+/// `limit` in all, until the GpuNode shows it and the node's NodeLock is gone.
+pub(super) async fn drain(client: &kube::Client, node: &str, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    let nodes: kube::Api<GpuNode> = kube::Api::all(client.clone());
+    let locks: kube::Api<NodeLock> = kube::Api::all(client.clone());
+    let marked = |n: &GpuNode| {
+        n.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "AgentStopping")
+        })
+    };
+    tracing::info!(
+        node,
+        "stopping: marking the node not Ready and serving any pod bound here"
+    );
+    while tokio::time::Instant::now() < deadline {
+        let shown = nodes
+            .get_opt(node)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|n| marked(&n));
+        let locked = !matches!(locks.get_opt(node).await, Ok(None));
+        if shown && !locked {
+            tracing::info!(node, "drained");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::warn!(
+        node,
+        seconds = limit.as_secs(),
+        "stopping before the node drained"
+    );
+}
