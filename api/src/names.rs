@@ -108,8 +108,13 @@ pub mod cambricon {
     pub const DSMLU_LOCK: &str = "cambricon.com/dsmlu.lock";
     /// Pod annotation: `<index>_<cores>_<memory in 256 MiB>` of the MLU.
     pub const DSMLU_PROFILE: &str = "CAMBRICON_DSMLU_PROFILE";
-    /// Pod annotation: `false` until the plugin has assigned the MLU.
+    /// Pod annotation: `false` until the plugin has assigned the MLU, as HAMi
+    /// spells it.
     pub const DSMLU_ASSIGNED: &str = "CAMBRICON_DSMLU_ASSIGNED";
+    /// The same, as Cambricon's device plugin spells it and reads it to find
+    /// the pod (`DsmluResourceAssigned` in Cambricon/cambricon-k8s-device-plugin
+    /// `device-plugin/pkg/mlu/const.go`, v1.3.6 to v2.0.22).
+    pub const DSMLU_ASSIGNED_BY_PLUGIN: &str = "CAMBRICON_DSMLU_ASSIGHED";
     /// MiB per unit of the memory resource (`cambricon.com/mlu.smlu.vmemory`).
     pub const MEMORY_UNIT_MIB: u64 = 256;
 }

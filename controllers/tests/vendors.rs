@@ -417,6 +417,7 @@ async fn a_cambricon_node_is_read_from_its_allocatable_and_its_pod_gets_a_profil
     let profile = &a["CAMBRICON_DSMLU_PROFILE"];
     assert!(profile == "0_40_8" || profile == "1_40_8", "{profile}");
     assert_eq!(a["CAMBRICON_DSMLU_ASSIGNED"], "false");
+    assert_eq!(a["CAMBRICON_DSMLU_ASSIGHED"], "false");
     assert!(a["hami.io/cambricon-mlu-devices-to-allocate"].ends_with(",MLU,2048,40:;"));
     let lock = node_annotation(&cluster, "mlu-1", "cambricon.com/dsmlu.lock").await;
     assert!(

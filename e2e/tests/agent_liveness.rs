@@ -186,7 +186,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         .patch(
             "plain",
             &kube::api::PatchParams::default(),
-            &patch(serde_json::json!({"metadata": {"annotations": {"hami.io/bind-phase": "allocating", "huawei.com/Ascend910B4": "[]", "CAMBRICON_DSMLU_ASSIGNED": "false"}}})),
+            &patch(serde_json::json!({"metadata": {"annotations": {"hami.io/bind-phase": "allocating", "huawei.com/Ascend910B4": "[]", "CAMBRICON_DSMLU_ASSIGNED": "false", "CAMBRICON_DSMLU_ASSIGHED": "false"}}})),
         )
         .await
         .expect("Bind's vendor annotations are allowed");

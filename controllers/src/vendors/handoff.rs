@@ -262,7 +262,13 @@ pub fn pod_annotations(
                     ),
                 );
             }
-            out.insert(cambricon::DSMLU_ASSIGNED.to_owned(), "false".to_owned());
+            // HAMi's spelling, and the one Cambricon's plugin reads.
+            for key in [
+                cambricon::DSMLU_ASSIGNED,
+                cambricon::DSMLU_ASSIGNED_BY_PLUGIN,
+            ] {
+                out.insert(key.to_owned(), "false".to_owned());
+            }
         }
         let chip = config
             .vnpus
@@ -638,6 +644,8 @@ mod tests {
         );
         assert_eq!(out["CAMBRICON_DSMLU_PROFILE"], "1_50_16");
         assert_eq!(out["CAMBRICON_DSMLU_ASSIGNED"], "false");
+        // Cambricon's plugin finds the pod by its own spelling.
+        assert_eq!(out["CAMBRICON_DSMLU_ASSIGHED"], "false");
         let node = node_annotations(&spec, "ml", "p", now);
         assert_eq!(
             node,
