@@ -1,7 +1,12 @@
 //! No import circle: `hack/module-cycles.py` lists the module dependency
-//! edges of the interposer and of the fakes and fails on a cycle
-//! between files or top-level modules (and, for the interposer, on an edge
-//! from a layer to one above it). Skipped, saying so, without `python3`.
+//! edges of the interposer, of the fakes and of the workspace's other
+//! crates that have none today, and fails on a cycle between files or
+//! top-level modules (and, for the interposer, on an edge from a layer to
+//! one above it). A script that cannot run fails the test: a check that
+//! passes without running proves nothing. (api, controllers, node-agent,
+//! e2e and the region crate still have circles, through `mod.rs` files that
+//! define items their children use and re-export the children's; they are
+//! not listed until they have none.)
 
 use std::path::Path;
 use std::process::Command;
@@ -17,10 +22,7 @@ fn check(src: &str, args: &[&str]) {
         .output()
     {
         Ok(output) => output,
-        Err(e) => {
-            eprintln!("SKIPPED: cannot run python3 ({e}); module cycles of {src} not checked");
-            return;
-        }
+        Err(e) => panic!("cannot run python3 ({e}): module cycles of {src} not checked"),
     };
     assert!(
         output.status.success(),
@@ -45,6 +47,22 @@ fn the_interposer_s_layers_only_depend_downwards() {
 #[test]
 fn the_fake_driver_and_the_fake_gpu_crates_have_no_import_circle() {
     for src in ["fake-driver/src", "fake-gpu/src", "fake-nvml/src"] {
+        check(src, &[]);
+    }
+}
+
+#[test]
+fn the_workspace_crates_without_circles_keep_none() {
+    for src in [
+        "../node-agent/deviceplugin/src",
+        "../node-agent/draplugin/src",
+        "../node-agent/nvml-mig/src",
+        "../kubekit/src",
+        "../telemetry/src",
+        "../testkit/src",
+        "../bench/src",
+        "support/src",
+    ] {
         check(src, &[]);
     }
 }
