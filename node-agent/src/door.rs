@@ -151,7 +151,7 @@ async fn last_served(view: &NodeView) -> Option<FrontDoor> {
 /// allocations change, and every [`RECHECK`] while a switch waits.
 ///
 /// Where the cluster does not serve DRA (`dra` false) the claims are never
-/// listed, and the offer never asks for DRA (see [`without_dra`]).
+/// listed (and the offer never asks for DRA: [`crate::inventory::track`]).
 pub async fn track(
     view: NodeView,
     mut offers: watch::Receiver<Offer>,
@@ -258,45 +258,6 @@ async fn holders(
         }
     }
     holders
-}
-
-/// The offers as a cluster without DRA can serve them: a config's
-/// `frontDoor: dra` is read as the device plugin, with a warning each time
-/// it is asked for, since no claim could ever reach the node.
-pub fn without_dra(mut offers: watch::Receiver<Offer>) -> watch::Receiver<Offer> {
-    // The offer served, and whether its configs asked for DRA.
-    let served = |offer: &Offer| {
-        let mut offer = offer.clone();
-        let asked = offer.resolved.settings.front_door == FrontDoor::Dra;
-        offer.resolved.settings.front_door = FrontDoor::DevicePlugin;
-        (offer, asked)
-    };
-    let warn = || {
-        tracing::warn!(
-            api = crate::dra::discovery::RESOURCE_V1,
-            "a GpuNodeConfig asks for frontDoor: dra, but the cluster does not serve DRA; serving through the device plugin"
-        );
-    };
-    let (first, mut asked) = served(&offers.borrow_and_update());
-    if asked {
-        warn();
-    }
-    let (tx, rx) = watch::channel(first);
-    tokio::spawn(async move {
-        while offers.changed().await.is_ok() {
-            let (offer, asks) = served(&offers.borrow_and_update());
-            if asks && !asked {
-                warn();
-            }
-            asked = asks;
-            tx.send_if_modified(|was| {
-                let changed = *was != offer;
-                *was = offer;
-                changed
-            });
-        }
-    });
-    rx
 }
 
 /// The offer as the device plugin sees it: no device while the node serves

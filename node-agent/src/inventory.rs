@@ -4,7 +4,7 @@
 
 use tessera_api::{
     node_config::{Resolved, resolve},
-    v1alpha1::{GpuDevice, NodeSettings},
+    v1alpha1::{FrontDoor, GpuDevice, NodeSettings},
 };
 use tokio::sync::watch;
 
@@ -20,10 +20,15 @@ pub struct Offer {
 }
 
 /// Keeps an [`Offer`] current; the first value is computed before returning.
+/// Where the cluster does not serve DRA (`dra` false), a config's
+/// `frontDoor: dra` is read as the device plugin, with a warning at start
+/// and whenever the offer changes while one asks for it: no claim could
+/// reach the node.
 pub async fn track(
     view: NodeView,
     defaults: NodeSettings,
     mut physical: watch::Receiver<Vec<PhysicalGpu>>,
+    dra: bool,
 ) -> watch::Receiver<Offer> {
     view.ready().await;
     let compute = move |view: &NodeView, physical: &[PhysicalGpu]| {
@@ -31,12 +36,25 @@ pub async fn track(
             .node_object()
             .and_then(|n| n.metadata.labels)
             .unwrap_or_default();
-        let resolved = resolve(view.node(), &labels, &defaults, &view.configs());
+        let mut resolved = resolve(view.node(), &labels, &defaults, &view.configs());
+        let unserved_dra = !dra && resolved.settings.front_door == FrontDoor::Dra;
+        if unserved_dra {
+            resolved.settings.front_door = FrontDoor::DevicePlugin;
+        }
         let holders = crate::mig::holders(&view.allocations());
         let devices = offered(physical, &resolved.settings, &holders);
-        Offer { resolved, devices }
+        (Offer { resolved, devices }, unserved_dra)
     };
-    let first = compute(&view, &physical.borrow_and_update());
+    let warn_dra = |unserved: bool| {
+        if unserved {
+            tracing::warn!(
+                api = crate::dra::discovery::RESOURCE_V1,
+                "a GpuNodeConfig asks for frontDoor: dra, but the cluster does not serve DRA; serving through the device plugin"
+            );
+        }
+    };
+    let (first, unserved) = compute(&view, &physical.borrow_and_update());
+    warn_dra(unserved);
     let (tx, rx) = watch::channel(first);
     let mut changes = view.changes();
     tokio::spawn(async move {
@@ -45,10 +63,11 @@ pub async fn track(
                 changed = physical.changed() => if changed.is_err() { return },
                 changed = changes.changed() => if changed.is_err() { return },
             }
-            let offer = compute(&view, &physical.borrow_and_update());
+            let (offer, unserved) = compute(&view, &physical.borrow_and_update());
             tx.send_if_modified(|current| {
                 let changed = *current != offer;
                 if changed {
+                    warn_dra(unserved);
                     tracing::info!(
                         gpus = offer.devices.len(),
                         split = offer.resolved.settings.device_split_count,

@@ -65,7 +65,17 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     };
     let physical = backend::watch(backend.clone(), Duration::from_millis(args.gpu_poll_millis))?;
     let view = NodeView::spawn(client.clone(), &args.node_name);
-    let offers = inventory::track(view.clone(), defaults, physical).await;
+    // Nothing of DRA runs where the cluster does not serve it (Kubernetes
+    // before 1.34, or resource.k8s.io/v1 turned off); the offer then never
+    // asks for the DRA door.
+    let dra = crate::dra::dra_served(&client).await;
+    if !dra {
+        tracing::info!(
+            api = crate::dra::discovery::RESOURCE_V1,
+            "the cluster does not serve DRA; serving the GPUs through the device plugin only"
+        );
+    }
+    let offers = inventory::track(view.clone(), defaults, physical, dra).await;
 
     std::fs::create_dir_all(&args.state_dir)
         .map_err(Error::io(format!("creating {}", args.state_dir.display())))?;
@@ -78,18 +88,6 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         regions: args.state_dir.join("containers"),
     };
 
-    // Nothing of DRA runs where the cluster does not serve it (Kubernetes
-    // before 1.34, or resource.k8s.io/v1 turned off).
-    let dra = crate::dra::dra_served(&client).await;
-    let offers = if dra {
-        offers
-    } else {
-        tracing::info!(
-            api = crate::dra::discovery::RESOURCE_V1,
-            "the cluster does not serve DRA; serving the GPUs through the device plugin only"
-        );
-        crate::door::without_dra(offers)
-    };
     let doors = crate::door::track(view.clone(), offers.clone(), dra).await;
     let (plugin_state, plugin_states) = tokio::sync::watch::channel(PluginState::NotRegistered);
     let lease_lapsed = Arc::new(tokio::sync::Notify::new());
