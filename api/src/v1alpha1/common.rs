@@ -296,3 +296,10 @@ pub struct Sharing {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos_policy: Option<QosPolicy>,
 }
+
+impl Sharing {
+    /// Whether the pod is of the online class.
+    pub fn is_online(self) -> bool {
+        self.app_class == Some(AppClass::Online)
+    }
+}

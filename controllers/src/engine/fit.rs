@@ -3,7 +3,7 @@
 use tessera_api::{
     mig,
     request::{ContainerRequest, DrsAsk, PodOptions, PodRequest},
-    v1alpha1::{AppClass, DeviceFamily, OperatingMode, SchedulingPolicy},
+    v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy, Sharing},
 };
 
 use super::{
@@ -131,8 +131,8 @@ fn fit_container(
     if container
         .vendor
         .as_ref()
-        .and_then(|v| v.sharing?.app_class)
-        .is_some_and(|class| class == AppClass::Online)
+        .and_then(|v| v.sharing)
+        .is_some_and(Sharing::is_online)
     {
         // HAMi's prioritizeOnlineDevices: GPUs with fewer online pods first,
         // those with only offline pods last (the fewest first).
@@ -436,9 +436,7 @@ fn check(
     }
     // MetaX's co-location rules (HAMi's checkAppClass, checkDeviceQos); an
     // online pod is charged no cores and skips the core checks.
-    let online = slice
-        .sharing
-        .is_some_and(|s| s.app_class == Some(AppClass::Online));
+    let online = slice.sharing.is_some_and(Sharing::is_online);
     if let Some(sharing) = slice.sharing {
         if !used.takes_class(sharing.app_class) {
             return Err(Cause::AppClass);

@@ -160,7 +160,7 @@ impl DeviceUsage {
             Some(AppClass::Offline) => self.offline = step(self.offline, 1),
             None => {}
         }
-        if sharing.app_class != Some(AppClass::Online) && !exclusive {
+        if !sharing.is_online() && !exclusive {
             let at = sharing
                 .qos_policy
                 .and_then(|q| QosPolicy::ALL.iter().position(|p| *p == q))

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use tessera_api::{
     names::{kunlun, metax},
     request::{ContainerRequest, PodRequest},
-    v1alpha1::{AppClass, DeviceFamily, SchedulingPolicy},
+    v1alpha1::{DeviceFamily, SchedulingPolicy, Sharing},
 };
 
 use super::{EXCLUSIVE_CORES, NodeGpus, Placement, fit};
@@ -58,8 +58,7 @@ fn scored(c: &ContainerRequest) -> bool {
         v.by_network
             || (v.by_wing && v.device_type.as_deref() == Some(kunlun::XPU_TYPE))
             || v.topology_aware
-            || v.sharing
-                .is_some_and(|s| s.app_class == Some(AppClass::Online))
+            || v.sharing.is_some_and(Sharing::is_online)
     })
 }
 
@@ -98,10 +97,9 @@ fn metax_score(node: &NodeGpus, request: &PodRequest, placement: &Placement) -> 
             .collect()
     };
     let online = sgpus(&|c| {
-        c.vendor.as_ref().is_some_and(|v| {
-            v.sharing
-                .is_some_and(|s| s.app_class == Some(AppClass::Online))
-        })
+        c.vendor
+            .as_ref()
+            .is_some_and(|v| v.sharing.is_some_and(Sharing::is_online))
     });
     if !online.is_empty() {
         return Some(online_score(node, &online) as f64);
@@ -138,12 +136,12 @@ pub(super) fn exclusive_score(node: &NodeGpus, exclusive: &BTreeSet<usize>) -> i
     let free: Vec<usize> = (0..node.devices.len())
         .filter(|&d| is_sgpu(node, d) && node.usage[d].slices == 0)
         .collect();
-    let zones = |devices: &mut dyn Iterator<Item = usize>| -> i64 {
-        link_pairs(devices.map(|d| node.devices[d].network_id.unwrap_or(0)))
-    };
-    let allocated = zones(&mut exclusive.iter().copied());
-    let available = zones(&mut free.iter().copied());
-    let rest = zones(&mut free.iter().copied().filter(|d| !exclusive.contains(d)));
+    let allocated = link_pairs(node, exclusive.iter().copied());
+    let available = link_pairs(node, free.iter().copied());
+    let rest = link_pairs(
+        node,
+        free.iter().copied().filter(|d| !exclusive.contains(d)),
+    );
     let loss = available - allocated - rest;
     10 * allocated - loss
 }
@@ -182,10 +180,12 @@ fn is_sgpu(node: &NodeGpus, device: usize) -> bool {
     d.family == DeviceFamily::Metax && d.model == metax::SGPU_TYPE
 }
 
-/// HAMi's `LinkDevices.Score`: 10 for each pair of devices on one MetaLink
-/// (zone 0 is none).
-fn link_pairs(zones: impl Iterator<Item = u32>) -> i64 {
-    let zones: Vec<u32> = zones.collect();
+/// HAMi's `LinkDevices.Score`: 10 for each pair of `devices` on one
+/// MetaLink (the device's network; none is no MetaLink).
+fn link_pairs(node: &NodeGpus, devices: impl Iterator<Item = usize>) -> i64 {
+    let zones: Vec<u32> = devices
+        .map(|d| node.devices[d].network_id.unwrap_or(0))
+        .collect();
     let mut score = 0;
     for (i, a) in zones.iter().enumerate() {
         for b in &zones[i + 1..] {
