@@ -42,7 +42,6 @@ pub const MODEL: &str = "NVIDIA A100-SXM4-80GB";
 /// A slice of device `uuid` (index `index`, model [`MODEL`]).
 pub fn slice(uuid: &str, index: u32, memory_mib: u64, cores: u32) -> DeviceSlice {
     DeviceSlice {
-        sharing: None,
         family: Default::default(),
         template: None,
         uuid: uuid.into(),
@@ -52,6 +51,7 @@ pub fn slice(uuid: &str, index: u32, memory_mib: u64, cores: u32) -> DeviceSlice
         cores,
         mig: None,
         core_indexes: Vec::new(),
+        sharing: None,
     }
 }
 
@@ -177,7 +177,6 @@ impl AllocationBuilder {
 /// all of its memory and 100 % cores offered, split 10 ways, hami-core.
 pub fn gpu(index: u32, model: &str, memory_mib: u64) -> GpuDevice {
     GpuDevice {
-        qos_policy: None,
         family: Default::default(),
         network_id: None,
         uuid: format!("GPU-{index}"),
@@ -200,6 +199,7 @@ pub fn gpu(index: u32, model: &str, memory_mib: u64) -> GpuDevice {
         mig: None,
         profiles: Vec::new(),
         minor: None,
+        qos_policy: None,
     }
 }
 

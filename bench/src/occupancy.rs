@@ -75,7 +75,6 @@ async fn one(
     }
     let pod = pods::create(pods_api, &pod).await?;
     let slice = DeviceSlice {
-        sharing: None,
         family: Default::default(),
         template: None,
         uuid: fleet::gpu_uuid(n, g),
@@ -85,6 +84,7 @@ async fn one(
         cores: ASK.cores,
         mig: None,
         core_indexes: Vec::new(),
+        sharing: None,
     };
     let object = allocation(&name, &pod.uid().unwrap_or_default(), &node)
         .namespace(NAMESPACE)

@@ -131,7 +131,6 @@ async fn one_hundred_simulated_nodes() {
         .await
         .unwrap();
     let slice = DeviceSlice {
-        sharing: None,
         family: Default::default(),
         template: None,
         uuid: "GPU-00000000-0000-0000-0000-00000000dead".into(),
@@ -141,6 +140,7 @@ async fn one_hundred_simulated_nodes() {
         cores: 10,
         mig: None,
         core_indexes: Vec::new(),
+        sharing: None,
     };
     let phantom = allocation("phantom", &phantom_pod.uid().unwrap(), &fleet::node_name(3))
         .namespace(NAMESPACE)

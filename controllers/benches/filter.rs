@@ -47,7 +47,6 @@ fn main() {
         for n in 0..NODES {
             let devices = (0..GPUS)
                 .map(|g| GpuDevice {
-                    qos_policy: None,
                     family: Default::default(),
                     network_id: None,
                     uuid: format!("GPU-{n:05}-{g}"),
@@ -63,6 +62,7 @@ fn main() {
                     mig_present: 0,
                     profiles: Vec::new(),
                     minor: None,
+                    qos_policy: None,
                 })
                 .collect();
             ledger.set_node(&format!("node-{n:05}"), devices);
@@ -81,13 +81,13 @@ fn main() {
                     pod_uid: format!("uid-{a}"),
                     node: format!("node-{node:05}"),
                     slices: vec![UuidSlice {
-                        sharing: None,
                         uuid: format!("GPU-{node:05}-{gpu}"),
                         memory_mib: 81_920 * percent / 100,
                         cores: percent as u32,
                         mig: None,
                         core_indexes: Vec::new(),
                         units: 1,
+                        sharing: None,
                     }],
                 },
             );
@@ -140,7 +140,6 @@ fn vendors(rng: &mut Rng) {
             let ascend = n % 2 == 0;
             let devices: Vec<GpuDevice> = (0..GPUS)
                 .map(|g| GpuDevice {
-                    qos_policy: None,
                     family: if ascend {
                         DeviceFamily::Ascend
                     } else {
@@ -160,6 +159,7 @@ fn vendors(rng: &mut Rng) {
                     mig_present: 0,
                     profiles: Vec::new(),
                     minor: None,
+                    qos_policy: None,
                 })
                 .collect();
             for device in &devices {
@@ -175,13 +175,13 @@ fn vendors(rng: &mut Rng) {
                             pod_uid: format!("vendor-uid-{a}"),
                             node: format!("node-{n:05}"),
                             slices: vec![UuidSlice {
-                                sharing: None,
                                 uuid: device.uuid.clone(),
                                 memory_mib: device.memory_mib,
                                 cores: 100,
                                 mig: None,
                                 core_indexes: Vec::new(),
                                 units: 1,
+                                sharing: None,
                             }],
                         },
                     );

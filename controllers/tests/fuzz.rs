@@ -269,7 +269,6 @@ fn projection(cluster: &Cluster) -> Projection {
                 .enumerate()
                 .map(
                     |(g, &(memory_mib, cores, split_count, healthy, numa_node))| GpuDevice {
-                        qos_policy: None,
                         family: Default::default(),
                         network_id: None,
                         uuid: format!("GPU-n{n}-{g}"),
@@ -285,6 +284,7 @@ fn projection(cluster: &Cluster) -> Projection {
                         mig_present: 0,
                         profiles: Vec::new(),
                         minor: None,
+                        qos_policy: None,
                     },
                 )
                 .collect();
@@ -300,13 +300,13 @@ fn projection(cluster: &Cluster) -> Projection {
                     pod_uid: format!("uid-{i}"),
                     node: format!("n{node}"),
                     slices: vec![UuidSlice {
-                        sharing: None,
                         uuid: format!("GPU-n{node}-{gpu}"),
                         memory_mib,
                         cores,
                         mig: None,
                         core_indexes: Vec::new(),
                         units: 1,
+                        sharing: None,
                     }],
                 },
             );

@@ -28,7 +28,6 @@ pub fn offered(
         .filter(|d| !filter.uuids.contains(&d.uuid) && !filter.indexes.contains(&d.index))
         .flat_map(|d| {
             let whole = GpuDevice {
-                qos_policy: None,
                 family: Default::default(),
                 network_id: None,
                 uuid: d.uuid.clone(),
@@ -52,6 +51,7 @@ pub fn offered(
                 mig: None,
                 profiles: Vec::new(),
                 minor: None,
+                qos_policy: None,
             };
             mig_offer(whole, d.mig.as_ref(), settings, holders)
         })

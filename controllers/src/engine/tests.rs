@@ -14,7 +14,6 @@ use SchedulingPolicy::{Binpack, Spread};
 
 fn gpu(uuid: &str, model: &str, memory_mib: u64, numa: u32) -> GpuDevice {
     GpuDevice {
-        qos_policy: None,
         family: Default::default(),
         network_id: None,
         uuid: uuid.into(),
@@ -33,6 +32,7 @@ fn gpu(uuid: &str, model: &str, memory_mib: u64, numa: u32) -> GpuDevice {
         mig_present: 0,
         profiles: Vec::new(),
         minor: None,
+        qos_policy: None,
     }
 }
 

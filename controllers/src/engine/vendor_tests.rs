@@ -52,7 +52,6 @@ pub(super) fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus 
         .iter()
         .enumerate()
         .map(|(i, r)| GpuDevice {
-            qos_policy: None,
             uuid: r.id.into(),
             index: u32::try_from(i).unwrap(),
             model: model.into(),
@@ -68,6 +67,7 @@ pub(super) fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus 
             mig_present: 0,
             profiles: Vec::new(),
             minor: None,
+            qos_policy: None,
         })
         .collect();
     let mut node = NodeGpus::new(devices);
@@ -1059,7 +1059,6 @@ fn kunlunxin_xpus_are_placed_by_wing_as_hami_does() {
 fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGpus {
     let devices = (0..n)
         .map(|i| GpuDevice {
-            qos_policy: None,
             uuid: format!("n-AWSNeuron-{i}"),
             index: i,
             model: model.into(),
@@ -1075,12 +1074,12 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
             mig_present: 0,
             profiles: Vec::new(),
             minor: None,
+            qos_policy: None,
         })
         .collect();
     let mut node = NodeGpus::new(devices);
     for &(device, core) in held {
         node.charge(&Slice {
-            sharing: None,
             device,
             memory_mib: 0,
             cores: 1,
@@ -1088,11 +1087,11 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
             core_mask: 1 << core,
             units: 1,
             profile: None,
+            sharing: None,
         });
     }
     for &device in whole {
         node.charge(&Slice {
-            sharing: None,
             device,
             memory_mib: 0,
             cores: 2,
@@ -1100,6 +1099,7 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
             core_mask: 0,
             units: 1,
             profile: None,
+            sharing: None,
         });
     }
     node

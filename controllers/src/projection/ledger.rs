@@ -347,7 +347,6 @@ mod tests {
 
     fn device(uuid: &str) -> GpuDevice {
         GpuDevice {
-            qos_policy: None,
             family: Default::default(),
             network_id: None,
             uuid: uuid.into(),
@@ -363,6 +362,7 @@ mod tests {
             mig_present: 0,
             profiles: Vec::new(),
             minor: None,
+            qos_policy: None,
         }
     }
 
@@ -390,13 +390,13 @@ mod tests {
             pod_uid: uid.into(),
             node: node.into(),
             slices: vec![UuidSlice {
-                sharing: None,
                 uuid: uuid.into(),
                 memory_mib: mib,
                 cores: 10,
                 mig: None,
                 core_indexes: Vec::new(),
                 units: 1,
+                sharing: None,
             }],
         }
     }

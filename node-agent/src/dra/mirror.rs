@@ -53,7 +53,6 @@ pub fn mirror(
             let devices = merged(&gpus)
                 .into_iter()
                 .map(|gpu| DeviceSlice {
-                    sharing: None,
                     core_indexes: Vec::new(),
                     family: Default::default(),
                     template: None,
@@ -63,6 +62,7 @@ pub fn mirror(
                     memory_mib: gpu.memory_mib,
                     cores: gpu.cores,
                     mig: None,
+                    sharing: None,
                 })
                 .collect();
             ContainerAllocation {
