@@ -732,6 +732,22 @@ mod tests {
         }
     }
 
+    /// The view of a Node with `annotations` and `allocatable` under the
+    /// sources of `config`, now, without hami-vnpu-core by default.
+    fn view_now(
+        annotations: &BTreeMap<String, String>,
+        allocatable: &BTreeMap<String, Quantity>,
+        config: &RequestConfig,
+    ) -> Option<VendorView> {
+        view(
+            annotations,
+            allocatable,
+            &sources(config),
+            false,
+            Timestamp::now(),
+        )
+    }
+
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
@@ -758,14 +774,7 @@ mod tests {
             ),
         ]);
         let node = annotations(&[(NODE_NAME, "mlu-1")]);
-        let seen = view(
-            &node,
-            &allocatable,
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &allocatable, &config).unwrap();
         assert_eq!(seen.devices.len(), 2);
         let d = &seen.devices[1];
         assert_eq!(
@@ -816,14 +825,7 @@ mod tests {
             ),
         ]);
         let node = annotations(&[(NODE_NAME, "mlu-big")]);
-        let seen = view(
-            &node,
-            &allocatable,
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &allocatable, &config).unwrap();
         assert_eq!(seen.devices.len(), 64);
         assert!(seen.devices.iter().all(|d| d.capacity.memory_mib == 16384));
     }
@@ -842,14 +844,7 @@ mod tests {
             ),
         ]);
         let node = annotations(&[(NODE_NAME, "mt-1")]);
-        let seen = view(
-            &node,
-            &allocatable,
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &allocatable, &config).unwrap();
         let d = &seen.devices[1];
         assert_eq!(
             (
@@ -872,14 +867,7 @@ mod tests {
         // Whole GPUs: HAMi's TestGetNodeDevices (capacity 2: two 64 GiB cards).
         let allocatable = BTreeMap::from([("metax-tech.com/gpu".to_owned(), Quantity("2".into()))]);
         let node = annotations(&[(NODE_NAME, "mx-1")]);
-        let seen = view(
-            &node,
-            &allocatable,
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &allocatable, &config).unwrap();
         let shape = |d: &GpuDevice| {
             (
                 d.uuid.clone(),
@@ -921,14 +909,7 @@ mod tests {
             (NODE_NAME, "mx-2"),
             ("metax-tech.com/node-gpu-devices", list),
         ]);
-        let seen = view(
-            &node,
-            &BTreeMap::new(),
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &BTreeMap::new(), &config).unwrap();
         assert_eq!(
             seen.devices.iter().map(shape).collect::<Vec<_>>(),
             [
@@ -972,14 +953,7 @@ mod tests {
                 (NODE_NAME, "mx-3"),
                 ("metax-tech.com/node-gpu-devices", bad),
             ]);
-            let seen = view(
-                &node,
-                &BTreeMap::new(),
-                &sources(&config),
-                false,
-                Timestamp::now(),
-            )
-            .unwrap();
+            let seen = view_now(&node, &BTreeMap::new(), &config).unwrap();
             assert!(seen.devices.is_empty(), "{bad}");
             assert_eq!(seen.malformed.len(), 1, "{bad}");
             assert_eq!(seen.malformed[0].0, "metax-tech.com/node-gpu-devices");
@@ -999,14 +973,7 @@ mod tests {
                 (metax::TOPOLOGY_LOSSES, losses),
                 (metax::TOPOLOGY_SCORES, scores),
             ]);
-            view(
-                &node,
-                &allocatable,
-                &sources(&config),
-                false,
-                Timestamp::now(),
-            )
-            .unwrap()
+            view_now(&node, &allocatable, &config).unwrap()
         };
         // HAMi's parseMetaxAnnos form: a JSON object from counts to numbers.
         let good = seen(r#"{"1": 0, "2": 10, "4": 30}"#, r#"{"2": 80}"#);
@@ -1064,14 +1031,7 @@ mod tests {
         };
         let allocatable = BTreeMap::from([("enflame.com/gcu".to_owned(), Quantity("2".into()))]);
         let node = annotations(&[(NODE_NAME, "test-node")]);
-        let seen = view(
-            &node,
-            &allocatable,
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &allocatable, &config).unwrap();
         let got: Vec<_> = seen
             .devices
             .iter()
@@ -1216,14 +1176,7 @@ mod tests {
             ("aws.amazon.com/neuroncore".to_owned(), Quantity("4".into())),
         ]);
         let node = annotations(&[(NODE_NAME, "n1"), (INSTANCE_TYPE, "inf2.8xlarge")]);
-        let seen = view(
-            &node,
-            &allocatable,
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &allocatable, &config).unwrap();
         let got: Vec<_> = seen
             .devices
             .iter()
@@ -1260,14 +1213,7 @@ mod tests {
             ]
         );
         let unlabelled = annotations(&[(NODE_NAME, "n1")]);
-        let seen = view(
-            &unlabelled,
-            &allocatable,
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&unlabelled, &allocatable, &config).unwrap();
         assert_eq!(seen.devices[0].model, "AWSNeuron");
     }
 
@@ -1281,14 +1227,7 @@ mod tests {
         };
         let drs = r#"{"devices":[{"index":"0","minor":"0","capacity":6}],"profiles":{"1g.6gb":"0","3g.20gb":"1","6g.40gb":"2"}}"#;
         let node = annotations(&[(NODE_NAME, "node-a"), ("enflame.com/gcu-drs-capacity", drs)]);
-        let seen = view(
-            &node,
-            &BTreeMap::new(),
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &BTreeMap::new(), &config).unwrap();
         let d = &seen.devices[0];
         assert_eq!(
             (
@@ -1331,14 +1270,7 @@ mod tests {
             (r#""drs""#, "is not HAMi's DRS capacity object"),
         ] {
             let node = annotations(&[(NODE_NAME, "node-a"), ("enflame.com/gcu-drs-capacity", bad)]);
-            let seen = view(
-                &node,
-                &BTreeMap::new(),
-                &sources(&config),
-                false,
-                Timestamp::now(),
-            )
-            .unwrap();
+            let seen = view_now(&node, &BTreeMap::new(), &config).unwrap();
             assert!(seen.devices.is_empty(), "{bad}");
             assert!(
                 seen.malformed[0].1.contains(why),
@@ -1363,14 +1295,7 @@ mod tests {
             "hami.io/node-MR-V100-register",
             "ilu-0,8,32768,100,MR-V100,0,true,0,hami-core:",
         )]);
-        let seen = view(
-            &node,
-            &BTreeMap::new(),
-            &sources(&config),
-            false,
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_now(&node, &BTreeMap::new(), &config).unwrap();
         let d = &seen.devices[0];
         assert_eq!(
             (d.family, d.model.as_str(), d.capacity.cores, d.split_count),
