@@ -730,23 +730,35 @@ static unsigned long long realtime_us(void) {
     return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
 }
 
-/* This process's mean NVML utilisation of the device over the samples newer than *seen (NVML's CPU
- * timestamp; the driver samples on its own clock, each sample the share of the period before it), which it
- * advances to the newest sample's time; 0 when no sample of this process came, -1 when NVML does not
- * support per-process utilisation. */
-static int own_utilization(nvmlDevice_t device, unsigned long long *seen) {
+/* This process's NVML samples, each in the window its time falls in (window i: sample times in
+ * (start + i s, start + (i + 1) s], NVML's CPU clock), not in the window during which it was read: a
+ * read that comes a little late would otherwise move a sample (200 ms of the 1 s) to the next
+ * window. */
+#define OWN_WINDOWS 256
+struct own {
+    unsigned long long start_us, seen;
+    unsigned sum[OWN_WINDOWS], count[OWN_WINDOWS];
+};
+
+/* Reads the samples newer than o->seen into their windows and returns window w's mean utilisation
+ * (0 when no sample of this process fell in it), or -1 when NVML does not support per-process
+ * utilisation. */
+static int own_utilization(nvmlDevice_t device, struct own *o, int w) {
     nvmlProcessUtilizationSample_t samples[64];
     unsigned count = 64;
-    nvmlReturn_t rc = nvml.nvmlDeviceGetProcessUtilization(device, samples, &count, *seen);
-    if (rc == 6 /* NVML_ERROR_NOT_FOUND: no new sample */) return 0;
+    nvmlReturn_t rc = nvml.nvmlDeviceGetProcessUtilization(device, samples, &count, o->seen);
     if (rc == 3 /* NVML_ERROR_NOT_SUPPORTED */) return -1;
-    if (rc) die("nvmlDeviceGetProcessUtilization", rc);
-    unsigned sum = 0, own = 0;
+    if (rc == 6 /* NVML_ERROR_NOT_FOUND: no new sample */) count = 0;
+    else if (rc) die("nvmlDeviceGetProcessUtilization", rc);
     for (unsigned i = 0; i < count; i++) {
-        if (samples[i].pid == (unsigned)getpid()) sum += samples[i].smUtil, own++;
-        if (samples[i].timeStamp > *seen) *seen = samples[i].timeStamp;
+        unsigned long long t = samples[i].timeStamp;
+        if (t > o->seen) o->seen = t;
+        if (samples[i].pid != (unsigned)getpid() || t <= o->start_us) continue;
+        unsigned long long in = (t - o->start_us - 1) / 1000000ull;
+        if (in < OWN_WINDOWS) o->sum[in] += samples[i].smUtil, o->count[in]++;
     }
-    return own ? (int)(sum / own) : 0;
+    if (w >= OWN_WINDOWS || !o->count[w]) return 0;
+    return (int)(o->sum[w] / o->count[w]);
 }
 
 static int cmd_launch(const char *path, double seconds, unsigned blocks) {
@@ -762,7 +774,8 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
     unsigned util[2];
     /* Starts this process's utilisation sample period. */
     if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
-    unsigned long long seen = realtime_us();
+    static struct own own_samples;
+    own_samples.seen = realtime_us();
 
     int pt = strstr(path, "_ptsz") != NULL;
     void *stream = NULL, *graph_exec = NULL;
@@ -779,6 +792,7 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
     /* Windows end on a fixed grid (start + 1 s, + 2 s, ...), so a late one does not delay the next. */
     unsigned long long start = now_ns(), window_end = start + 1000000000ull,
                        end = start + (unsigned long long)(seconds * 1e9);
+    own_samples.start_us = realtime_us();
     long launches = 0;
     int windows = 0;
     for (;;) {
@@ -788,7 +802,7 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
         unsigned long long t = now_ns();
         if (t >= window_end) {
             if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
-            int own = own_utilization(device, &seen);
+            int own = own_utilization(device, &own_samples, windows);
             if (own >= 0) printf("own_%d=%d\n", windows, own);
             printf("window_%d=%u\n", windows++, util[0]);
             window_end += 1000000000ull;

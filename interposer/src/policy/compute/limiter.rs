@@ -22,8 +22,9 @@ use crate::sys::{
 };
 
 /// The most GPU time a container can save up while it launches nothing: what
-/// it may then run at full speed before the limit bites again.
-pub(crate) const CAP_NS: i64 = 50_000_000;
+/// it may then run at full speed before the limit bites again, and so how far
+/// above the limit one second can run (2.5 points).
+pub(crate) const CAP_NS: i64 = 25_000_000;
 /// Shortest and longest sleep while waiting for budget: the budget is checked
 /// again after each (other processes may have refilled or measured).
 const MIN_WAIT_NS: u64 = 50_000;

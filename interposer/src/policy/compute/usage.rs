@@ -245,12 +245,12 @@ impl Usage {
                 region.charge(dev, correction);
                 region.adjust_busy(dev, correction);
                 if measured >= MIN_MEASURED_NS {
-                    // Half the old ratio and half this period's, within bounds.
+                    // This period's ratio, within bounds, moves the old one.
                     let ratio = (u128::from(own_ns) * u128::from(PPM) / u128::from(measured))
                         .clamp(u128::from(MIN_RATIO_PPM), u128::from(MAX_RATIO_PPM))
                         as u64;
                     let old = self.ratio_ppm[dev].load(Ordering::Relaxed);
-                    self.ratio_ppm[dev].store((old + ratio) / 2, Ordering::Relaxed);
+                    self.ratio_ppm[dev].store(next_ratio(old, ratio), Ordering::Relaxed);
                 }
             }
         }
@@ -306,6 +306,17 @@ impl Usage {
     }
 }
 
+/// The ratio of GPU time to measured time for the next period, from the
+/// last one's (`old`) and this period's (`seen`): a higher ratio (charge
+/// more) is taken half at once, a lower one an eighth at a time.
+fn next_ratio(old: u64, seen: u64) -> u64 {
+    if seen >= old {
+        old + (seen - old) / 2
+    } else {
+        old - (old - seen) / 8
+    }
+}
+
 /// `pid`'s busy time in `samples` since `last_seen_us`: each sample's
 /// `smUtil` % of the time since the previous one (the first: since
 /// `last_seen_us`), in ns; and the newest sample's time.
@@ -353,6 +364,21 @@ mod tests {
             sm_util,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_ratio_rises_fast_and_falls_slowly() {
+        // Charging more is safe at once; charging less is learned slowly, so
+        // a period starved behind a neighbour's burst (its measured time all
+        // queueing) does not let the next one burst in turn.
+        assert_eq!(next_ratio(400_000, 800_000), 600_000);
+        assert_eq!(next_ratio(800_000, 0), 700_000);
+        let mut ratio = PPM;
+        for _ in 0..8 {
+            ratio = next_ratio(ratio, MIN_RATIO_PPM);
+        }
+        assert!(ratio > 3 * PPM / 10, "{ratio}");
+        assert_eq!(next_ratio(PPM, PPM), PPM);
     }
 
     #[test]
