@@ -132,15 +132,7 @@ impl LocalCluster {
         for wanted in nodes {
             let label = match &wanted.vendor {
                 None => ("gpu".to_owned(), "on".to_owned()),
-                Some((crate::mock_vendor::Vendor::Hygon, _)) => {
-                    ("accelerator".to_owned(), "hygon".to_owned())
-                }
-                Some((crate::mock_vendor::Vendor::Ascend { .. }, _)) => {
-                    ("accelerator".to_owned(), "ascend".to_owned())
-                }
-                Some((crate::mock_vendor::Vendor::Amd { .. }, _)) => {
-                    ("accelerator".to_owned(), "amd".to_owned())
-                }
+                Some((vendor, _)) => ("accelerator".to_owned(), vendor.family().to_owned()),
             };
             let spec = NodeSpec {
                 name: wanted.name.clone(),

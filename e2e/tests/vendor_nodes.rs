@@ -1,9 +1,10 @@
 //! Other vendors on real kubelets beside an NVIDIA node: an Ascend node, a
-//! Hygon node and an AMD node, each served by a mock of HAMi's vendor device
-//! plugin (`tessera-mock-vendor-plugin`, registered with the node's real
-//! kubelet), Tessera installed by its chart with HAMi's `hygon:`, `amd:` and
-//! `vnpus:` sections. Two AMD pods share one GPU's compute units without
-//! overlap.
+//! Hygon node, an AMD node, an Iluvatar node and a Kunlunxin node, each
+//! served by a mock of its vendor's device plugin
+//! (`tessera-mock-vendor-plugin`, registered with the node's real kubelet),
+//! Tessera installed by its chart with HAMi's `hygon:`, `amd:`, `kunlun:`,
+//! `iluvatars:` and `vnpus:` sections. Two AMD pods share one GPU's compute
+//! units without overlap.
 //! Pods of each family run with the vendor's variables, are recorded in one
 //! ledger (`kubectl get vgpuallocations` shows them side by side), wait with
 //! the vendor's reason when nothing fits, and release; a malformed register
@@ -24,7 +25,10 @@ use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
-    mock_vendor::{Vendor, amd_mi300x, ascend_910b4, chart_values, hygon_dcus},
+    mock_vendor::{
+        Vendor, amd_mi300x, ascend_910b4, chart_values, hygon_dcus, iluvatar_mr_v100,
+        kunlunxin_xpus,
+    },
     node::FakeGpu,
     testkit::{gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for},
 };
@@ -61,7 +65,7 @@ async fn allocation(client: &Client, name: &str) -> VgpuAllocation {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn ascend_hygon_and_amd_pods_run_beside_nvidia_through_their_vendors_plugins() {
+async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
     if skip_real_nodes("real-node vendor test") {
         return;
     }
@@ -98,6 +102,21 @@ async fn ascend_hygon_and_amd_pods_run_beside_nvidia_through_their_vendors_plugi
             )),
             ..Default::default()
         },
+        NodeGpus {
+            name: "ix-1".into(),
+            vendor: Some((
+                Vendor::Iluvatar {
+                    chip: "MR-V100".into(),
+                },
+                iluvatar_mr_v100(1),
+            )),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: "xpu-1".into(),
+            vendor: Some((Vendor::Kunlunxin, kunlunxin_xpus(1))),
+            ..Default::default()
+        },
     ];
     let cluster =
         LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
@@ -111,6 +130,8 @@ async fn ascend_hygon_and_amd_pods_run_beside_nvidia_through_their_vendors_plugi
         ("npu-1", "ascend", 2),
         ("dcu-1", "hygon", 2),
         ("amd-1", "amd", 1),
+        ("ix-1", "iluvatar", 1),
+        ("xpu-1", "kunlunxin", 1),
     ] {
         wait_for(&format!("{node}'s GpuNode"), LIMIT, async || {
             let g = Api::<GpuNode>::all(client.clone())
@@ -145,6 +166,19 @@ async fn ascend_hygon_and_amd_pods_run_beside_nvidia_through_their_vendors_plugi
     create(vendor_pod(
         "dcu",
         json!({"hygon.com/dcunum": 1, "hygon.com/dcumem": 4096, "hygon.com/dcucores": 30}),
+    ))
+    .await;
+
+    // Iluvatar counts memory in 256 MiB units (16: 4096 MiB); Kunlunxin
+    // rounds a vXPU's memory up to 24576, 49152 or 98304 MiB.
+    create(vendor_pod(
+        "ix",
+        json!({"iluvatar.ai/MR-V100-vgpu": 1, "iluvatar.ai/MR-V100.vMem": 16, "iluvatar.ai/MR-V100.vCore": 50}),
+    ))
+    .await;
+    create(vendor_pod(
+        "xpu",
+        json!({"kunlunxin.com/vxpu": 1, "kunlunxin.com/vxpu-memory": 20000}),
     ))
     .await;
 
@@ -192,8 +226,23 @@ async fn ascend_hygon_and_amd_pods_run_beside_nvidia_through_their_vendors_plugi
         "the DCU's vdev says 4096 MiB and 30 cores: {dcu}"
     );
 
+    let ix = logs_when_done(&cluster, "ix").await;
+    assert!(
+        ix.contains("TESSERA_MOCK_IX_VDEV=MR-V100-0:4096:50"),
+        "{ix}"
+    );
+    let xpu = logs_when_done(&cluster, "xpu").await;
+    assert!(xpu.contains("XPU_VISIBLE_DEVICES=0"), "{xpu}");
+    assert!(xpu.contains("TESSERA_MOCK_XPU_VDEV=XPU-0:24576"), "{xpu}");
+
     // One ledger: every family's holder, Allocated once served.
-    for (name, family) in [("nv", "nvidia"), ("npu", "ascend"), ("dcu", "hygon")] {
+    for (name, family) in [
+        ("nv", "nvidia"),
+        ("npu", "ascend"),
+        ("dcu", "hygon"),
+        ("ix", "iluvatar"),
+        ("xpu", "kunlunxin"),
+    ] {
         let served = wait_for(
             &format!("{name}'s allocation Allocated"),
             LIMIT,
@@ -214,7 +263,7 @@ async fn ascend_hygon_and_amd_pods_run_beside_nvidia_through_their_vendors_plugi
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(table.contains("FAMILY"), "{table}");
-    for line in ["nvidia", "ascend", "hygon"] {
+    for line in ["nvidia", "ascend", "hygon", "iluvatar", "kunlunxin"] {
         assert!(table.contains(line), "{table}");
     }
     let npu_pod = pods.get("npu").await.unwrap();

@@ -20,6 +20,14 @@
 //!   variables, writes the erased annotation back, and once no container is
 //!   left sets `bind-phase: success` and deletes the lock (`failed` on error).
 //!
+//! - **Iluvatar** (HAMi `pkg/device/iluvatar`): CSV
+//!   `hami.io/node-<chip>-register` with the handshake
+//!   `hami.io/node-handshake-<chip>`, as Hygon's; devices from
+//!   `hami.io/<chip>-devices-to-allocate`.
+//! - **Kunlunxin vXPUs** (HAMi `pkg/device/kunlun/vdevice.go`): JSON
+//!   `hami.io/node-register-xpu` with the handshake
+//!   `hami.io/node-handshake-xpu`; devices from
+//!   `hami.io/xpu-devices-to-allocate`.
 //! - **AMD** (Project-HAMi/amd-device-plugin `internal/pkg/plugin/plugin.go`
 //!   `RegisterInAnnotation`, `Allocate`, `buildCUAllocations`,
 //!   `validateNodeLockOwner`; `internal/pkg/cuallocation`): JSON
@@ -34,7 +42,10 @@
 //! plugin passes `/dev/dri` nodes and a vdev file, `HIP_VISIBLE_DEVICES`
 //! and `TESSERA_MOCK_DCU_VDEV` (`<uuid>:<MiB>:<cores>` per DCU); AMD's own
 //! `ROCR_VISIBLE_DEVICES` (the device ids where the plugin puts ROCr
-//! UUIDs), `HSA_CU_MASK` and `HIP_DEVICE_MEMORY_LIMIT`.
+//! UUIDs), `HSA_CU_MASK` and `HIP_DEVICE_MEMORY_LIMIT`; for Iluvatar,
+//! whose plugin is closed, `TESSERA_MOCK_IX_VDEV` (`<uuid>:<MiB>:<cores>`);
+//! for Kunlunxin, Kunlun's own `XPU_VISIBLE_DEVICES` and
+//! `TESSERA_MOCK_XPU_VDEV` (`<uuid>:<MiB>`).
 
 mod amd;
 mod protocol;
@@ -61,13 +72,20 @@ pub use protocol::{
 use crate::Error;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
-/// copies them from `hami-scheduler-device`: `hygon: {}` and `amd: {}`
-/// (HAMi's names) and HAMi's `vnpus:` entry for the Ascend 910B4 with its
-/// two templates.
+/// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}` and
+/// `kunlun: {}` (HAMi's names), an `iluvatars:` entry for the MR-V100, and
+/// HAMi's `vnpus:` entry for the Ascend 910B4 with its two templates.
 pub fn chart_values() -> serde_json::Value {
     json!({"config": {
         "hygon": {},
         "amd": {},
+        "kunlun": {},
+        "iluvatars": [{
+            "chipName": "MR-V100", "commonWord": "MR-V100",
+            "resourceCountName": "iluvatar.ai/MR-V100-vgpu",
+            "resourceMemoryName": "iluvatar.ai/MR-V100.vMem",
+            "resourceCoreName": "iluvatar.ai/MR-V100.vCore",
+        }],
         "vnpus": {"hamiVnpuCore": false, "configs": [{
             "chipName": "910B4", "commonWord": "Ascend910B4",
             "resourceName": "huawei.com/Ascend910B4",
@@ -119,6 +137,36 @@ pub fn hygon_dcus(n: u32) -> Vec<MockDevice> {
     devices(n, "DCU", 16384, 100, None)
 }
 
+/// `n` Iluvatar MR-V100 GPUs of 32 GiB, 4 shares each.
+pub fn iluvatar_mr_v100(n: u32) -> Vec<MockDevice> {
+    devices(n, "MR-V100", 32768, 100, None)
+}
+
+/// `n` Kunlunxin P800 XPUs of 96 GiB, 4 vXPUs each.
+pub fn kunlunxin_xpus(n: u32) -> Vec<MockDevice> {
+    devices(n, "XPU", 98_304, 100, None)
+}
+
+/// `Reported_<time>`, a plugin's answer to the scheduler's handshake.
+fn reported(time: &k8s_openapi::jiff::Zoned) -> String {
+    format!("Reported_{}", time.strftime("%Y-%m-%d %H:%M:%S"))
+}
+
+/// `<uuid>:<MiB>[:<cores>]` per device, comma-separated.
+fn vdev(devices: &[Handed], cores: bool) -> String {
+    let each: Vec<String> = devices
+        .iter()
+        .map(|d| {
+            if cores {
+                format!("{}:{}:{}", d.uuid, d.memory_mib, d.cores)
+            } else {
+                format!("{}:{}", d.uuid, d.memory_mib)
+            }
+        })
+        .collect();
+    each.join(",")
+}
+
 /// Which vendor the mock plays.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -135,6 +183,27 @@ pub enum Vendor {
         /// The product type the plugin registers (`AMD Instinct MI300X VF`).
         product: String,
     },
+    /// Iluvatar GPUs of one chip (`MR-V100`), as HAMi expects Iluvatar's
+    /// plugin to behave.
+    Iluvatar {
+        /// The chip's `commonWord`.
+        chip: String,
+    },
+    /// Kunlunxin vXPUs, as Kunlunxin's vxpu-device-plugin.
+    Kunlunxin,
+}
+
+impl Vendor {
+    /// The family's name (the node's `accelerator` label in the tests).
+    pub fn family(&self) -> &'static str {
+        match self {
+            Vendor::Hygon => "hygon",
+            Vendor::Ascend { .. } => "ascend",
+            Vendor::Amd { .. } => "amd",
+            Vendor::Iluvatar { .. } => "iluvatar",
+            Vendor::Kunlunxin => "kunlunxin",
+        }
+    }
 }
 
 /// One device the mock registers.
@@ -175,6 +244,8 @@ impl MockPlugin {
             Vendor::Hygon => "hygon.com/dcunum".into(),
             Vendor::Ascend { chip } => format!("huawei.com/{chip}"),
             Vendor::Amd { .. } => "amd.com/gpu".into(),
+            Vendor::Iluvatar { chip } => format!("iluvatar.ai/{chip}-vgpu"),
+            Vendor::Kunlunxin => "kunlunxin.com/vxpu".into(),
         }
     }
 
@@ -184,6 +255,8 @@ impl MockPlugin {
             Vendor::Hygon => "DCU",
             Vendor::Ascend { chip } => chip,
             Vendor::Amd { product } => product,
+            Vendor::Iluvatar { chip } => chip,
+            Vendor::Kunlunxin => "XPU",
         }
     }
 
@@ -193,6 +266,8 @@ impl MockPlugin {
             Vendor::Hygon => "hami.io/dcu-devices-to-allocate".into(),
             Vendor::Ascend { chip } => format!("hami.io/{chip}-devices-to-allocate"),
             Vendor::Amd { .. } => "hami.io/amd-devices-to-allocate".into(),
+            Vendor::Iluvatar { chip } => format!("hami.io/{chip}-devices-to-allocate"),
+            Vendor::Kunlunxin => "hami.io/xpu-devices-to-allocate".into(),
         }
     }
 
@@ -201,6 +276,8 @@ impl MockPlugin {
             Vendor::Hygon => "mock-hygon.sock".into(),
             Vendor::Ascend { chip } => format!("mock-{}.sock", chip.to_lowercase()),
             Vendor::Amd { .. } => "mock-amd.sock".into(),
+            Vendor::Iluvatar { chip } => format!("mock-{}.sock", chip.to_lowercase()),
+            Vendor::Kunlunxin => "mock-kunlunxin.sock".into(),
         }
     }
 
@@ -210,22 +287,12 @@ impl MockPlugin {
         let mut out = BTreeMap::new();
         match &self.vendor {
             Vendor::Hygon => {
-                let csv: String = self
-                    .devices
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| {
-                        format!(
-                            "{},{},{},{},DCU-Z100,0,true,{i},hami-core:",
-                            d.id, d.count, d.memory_mib, d.cores
-                        )
-                    })
-                    .collect();
-                out.insert("hami.io/node-dcu-register".into(), csv);
-                out.insert(
-                    "hami.io/node-handshake-dcu".into(),
-                    format!("Reported_{}", time.strftime("%Y-%m-%d %H:%M:%S")),
-                );
+                out.insert("hami.io/node-dcu-register".into(), self.csv("DCU-Z100"));
+                out.insert("hami.io/node-handshake-dcu".into(), reported(&time));
+            }
+            Vendor::Iluvatar { chip } => {
+                out.insert(format!("hami.io/node-{chip}-register"), self.csv(chip));
+                out.insert(format!("hami.io/node-handshake-{chip}"), reported(&time));
             }
             Vendor::Ascend { chip } => {
                 let devices: Vec<_> = self
@@ -252,24 +319,50 @@ impl MockPlugin {
                 out.insert("hami-vnpu-core".into(), "false".into());
             }
             Vendor::Amd { product } => {
-                // HAMi's DeviceInfo JSON, as `marshalNodeDevices` writes it.
-                let devices: Vec<_> = self
-                    .devices
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| {
-                        json!({"id": d.id, "index": i, "count": d.count, "devmem": d.memory_mib,
-                            "devcore": d.cores, "type": product, "numa": 0, "mode": "",
-                            "health": true, "devicevendor": "amd"})
-                    })
-                    .collect();
                 out.insert(
                     "hami.io/node-amd-register".into(),
-                    serde_json::Value::from(devices).to_string(),
+                    self.device_info(product, "amd"),
                 );
+            }
+            Vendor::Kunlunxin => {
+                out.insert(
+                    "hami.io/node-register-xpu".into(),
+                    self.device_info("XPU", "XPU"),
+                );
+                out.insert("hami.io/node-handshake-xpu".into(), reported(&time));
             }
         }
         out
+    }
+
+    /// HAMi's CSV register form, one `id,count,devmem,devcore,type,numa,health,index,mode:`
+    /// per device.
+    fn csv(&self, device_type: &str) -> String {
+        self.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                format!(
+                    "{},{},{},{},{device_type},0,true,{i},hami-core:",
+                    d.id, d.count, d.memory_mib, d.cores
+                )
+            })
+            .collect()
+    }
+
+    /// HAMi's `DeviceInfo` JSON, as `marshalNodeDevices` writes it.
+    fn device_info(&self, device_type: &str, vendor: &str) -> String {
+        let devices: Vec<_> = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                json!({"id": d.id, "index": i, "count": d.count, "devmem": d.memory_mib,
+                    "devcore": d.cores, "type": device_type, "numa": 0, "mode": "",
+                    "health": true, "devicevendor": vendor})
+            })
+            .collect();
+        serde_json::Value::from(devices).to_string()
     }
 
     /// The variables a container gets for `devices` of pod `annotations`;
@@ -296,11 +389,14 @@ impl MockPlugin {
         match &self.vendor {
             Vendor::Hygon => {
                 env.insert("HIP_VISIBLE_DEVICES".into(), indexes);
-                let vdev: Vec<String> = devices
-                    .iter()
-                    .map(|d| format!("{}:{}:{}", d.uuid, d.memory_mib, d.cores))
-                    .collect();
-                env.insert("TESSERA_MOCK_DCU_VDEV".into(), vdev.join(","));
+                env.insert("TESSERA_MOCK_DCU_VDEV".into(), vdev(devices, true));
+            }
+            Vendor::Iluvatar { .. } => {
+                env.insert("TESSERA_MOCK_IX_VDEV".into(), vdev(devices, true));
+            }
+            Vendor::Kunlunxin => {
+                env.insert("XPU_VISIBLE_DEVICES".into(), indexes);
+                env.insert("TESSERA_MOCK_XPU_VDEV".into(), vdev(devices, false));
             }
             Vendor::Ascend { chip } => {
                 env.insert("ASCEND_VISIBLE_DEVICES".into(), indexes);
