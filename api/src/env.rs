@@ -67,6 +67,87 @@ pub fn is_enforcement_var(name: &str) -> bool {
             })
 }
 
+/// The directory in a container where the node agent mounts, read-only, the
+/// file holding the container's limits ([`LIMITS_FILE`]).
+pub const LIMITS_DIR: &str = "/var/run/tessera/limits";
+/// The container's limits as the node agent wrote them: one `NAME=VALUE`
+/// line per [limit variable](is_limit_var) it set. The interposer takes
+/// these variables from the file when it exists; the environment may repeat
+/// them (HAMi's images read it) but must agree, or CUDA is refused.
+pub const LIMITS_FILE: &str = "/var/run/tessera/limits/limits.env";
+/// Longest limits file read (a container's limits take a few hundred bytes).
+pub const MAX_LIMITS_FILE: usize = 16 * 1024;
+
+/// Whether the interposer takes `name` from the [limits file](LIMITS_FILE)
+/// when there is one: the enforcement variables it reads (the limits, the
+/// region, the policy, the switch, the priority, oversubscription).
+pub fn is_limit_var(name: &str) -> bool {
+    is_enforcement_var(name)
+        && ![
+            NVIDIA_VISIBLE_DEVICES,
+            CUDA_MPS_PIPE_DIRECTORY,
+            CUDA_MPS_LOG_DIRECTORY,
+            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
+            CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
+        ]
+        .contains(&name)
+}
+
+/// The limits file for the limit variables among `vars` (others are left
+/// out), one sorted `NAME=VALUE` line each.
+pub fn format_limits_file<'a>(vars: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut lines: Vec<String> = vars
+        .into_iter()
+        .filter(|(name, _)| is_limit_var(name))
+        .map(|(name, value)| format!("{name}={value}\n"))
+        .collect();
+    lines.sort();
+    lines.concat()
+}
+
+/// Parses a limits file: `NAME=VALUE` lines of limit variables, each at
+/// most once, values without control characters, the whole at most
+/// [`MAX_LIMITS_FILE`] bytes.
+pub fn parse_limits_file(text: &str) -> Result<Vec<(String, String)>, Error> {
+    let invalid = |line: usize, rule: String| Error::InvalidLimitsFile { line, rule };
+    if text.len() > MAX_LIMITS_FILE {
+        return Err(invalid(
+            0,
+            format!(
+                "{} bytes, more than the {MAX_LIMITS_FILE} a limits file may have",
+                text.len()
+            ),
+        ));
+    }
+    let mut vars: Vec<(String, String)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.is_empty() {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            return Err(invalid(n, "is not NAME=VALUE".into()));
+        };
+        if !is_limit_var(name) {
+            return Err(invalid(
+                n,
+                format!("{name:?} is not a variable the limits file may set"),
+            ));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(invalid(
+                n,
+                format!("the value of {name} has a control character"),
+            ));
+        }
+        if vars.iter().any(|(seen, _)| seen == name) {
+            return Err(invalid(n, format!("{name} is set twice")));
+        }
+        vars.push((name.to_owned(), value.to_owned()));
+    }
+    Ok(vars)
+}
+
 /// Highest device index that may carry its own memory limit variable.
 pub const MAX_DEVICES: usize = 16;
 
@@ -272,6 +353,50 @@ mod tests {
         assert!(parse_switch(CUDA_DISABLE_CONTROL, "TRUE").unwrap());
         assert!(!parse_switch(CUDA_DISABLE_CONTROL, "0").unwrap());
         assert!(parse_switch(CUDA_DISABLE_CONTROL, "yes").is_err());
+    }
+
+    #[test]
+    fn a_limits_file_round_trips_and_refuses_what_is_not_a_limit() {
+        let text = format_limits_file([
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"),
+            ("LIBCUDA_LOG_LEVEL", "2"),
+            ("NVIDIA_VISIBLE_DEVICES", "GPU-1"),
+        ]);
+        assert_eq!(
+            text,
+            "CUDA_DEVICE_MEMORY_LIMIT_0=4096m\nCUDA_DEVICE_SM_LIMIT=30\n"
+        );
+        assert_eq!(
+            parse_limits_file(&text).unwrap(),
+            [
+                ("CUDA_DEVICE_MEMORY_LIMIT_0".to_owned(), "4096m".to_owned()),
+                ("CUDA_DEVICE_SM_LIMIT".to_owned(), "30".to_owned()),
+            ]
+        );
+        assert!(parse_limits_file("").unwrap().is_empty());
+        for (bad, rule) in [
+            ("CUDA_DEVICE_SM_LIMIT", "line 1: is not NAME=VALUE"),
+            (
+                "LIBCUDA_LOG_LEVEL=4",
+                "line 1: \"LIBCUDA_LOG_LEVEL\" is not",
+            ),
+            (
+                "CUDA_DEVICE_SM_LIMIT=30\nCUDA_DEVICE_SM_LIMIT=90",
+                "line 2: CUDA_DEVICE_SM_LIMIT is set twice",
+            ),
+            ("CUDA_DEVICE_SM_LIMIT=3\r0", "control character"),
+        ] {
+            let error = parse_limits_file(bad).unwrap_err().to_string();
+            assert!(error.contains(rule), "{bad:?}: {error}");
+        }
+        let long = "CUDA_DEVICE_SM_LIMIT=".to_owned() + &"9".repeat(MAX_LIMITS_FILE);
+        assert!(
+            parse_limits_file(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("more than")
+        );
     }
 
     #[test]

@@ -13,6 +13,14 @@ pub enum Error {
         /// The rule it broke.
         rule: &'static str,
     },
+    /// The node agent's limits file breaks a rule.
+    #[error("limits file line {line}: {rule}")]
+    InvalidLimitsFile {
+        /// The line, from 1 (0: the file as a whole).
+        line: usize,
+        /// The rule it broke.
+        rule: String,
+    },
     /// A pod's GPU request breaks one or more rules; every broken rule is listed.
     #[error("invalid GPU request: {0}")]
     InvalidPodRequest(Violations),

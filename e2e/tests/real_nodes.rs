@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -203,6 +203,7 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
     const CHUNK: u64 = 64 * MIB;
     let script = format!(
         "echo '--- env'; env; echo '--- mounts'; cat /proc/mounts; \
+         echo '--- limits'; cat /var/run/tessera/limits/limits.env; \
          echo '--- meminfo'; cuda-probe meminfo 0; \
          echo '--- alloc'; cuda-probe alloc plain {CHUNK} 1000; echo '--- end'; sleep 3600"
     );
@@ -247,6 +248,28 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
         mounts.contains(&format!(" {region_dir} ")),
         "{region_dir} not in {mounts}"
     );
+    // The agent's limits file, mounted read-only: what the interposer reads.
+    let limits_mount = mounts
+        .lines()
+        .find(|l| l.contains(" /var/run/tessera/limits "))
+        .unwrap_or_else(|| panic!("no limits mount in {mounts}"));
+    assert!(
+        limits_mount
+            .split(' ')
+            .nth(3)
+            .is_some_and(|o| o.split(',').any(|o| o == "ro")),
+        "{limits_mount}"
+    );
+    let limits = section(&out, "--- limits");
+    assert_eq!(
+        limits.get("CUDA_DEVICE_MEMORY_LIMIT_0").map(String::as_str),
+        Some("1024m"),
+        "{out}"
+    );
+    assert_eq!(
+        limits.get("CUDA_DEVICE_SM_LIMIT"),
+        env.get("CUDA_DEVICE_SM_LIMIT")
+    );
 
     let meminfo = section(&out, "--- meminfo");
     assert_eq!(number(&meminfo, "total"), 1024 * MIB, "{out}");
@@ -282,6 +305,37 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
         .await
         .unwrap();
     stack.wait_released("slice").await;
+
+    // The limit variables through `envFrom`, which the webhook cannot see:
+    // the interposer holds them against the agent's read-only limits file
+    // and refuses CUDA, naming the variable, rather than run at 80 GiB.
+    let overrides: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "overrides", "namespace": "default"},
+        "data": {"CUDA_DEVICE_MEMORY_LIMIT_0": "80g"},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(stack.client.clone(), "default")
+        .create(&PostParams::default(), &overrides)
+        .await
+        .unwrap();
+    let mut pod = gpu_pod(
+        "from-configmap",
+        1024,
+        None,
+        "echo \"env=$CUDA_DEVICE_MEMORY_LIMIT_0\"; cuda-probe meminfo 0 2>&1; echo \"rc=$?\"; echo '--- end'; sleep 3600",
+    );
+    pod["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "overrides"}}]);
+    stack.create(pod).await;
+    let out = stack.wait_output("from-configmap", "--- end").await;
+    assert!(
+        out.contains("env=80g"),
+        "the kubelet applied envFrom: {out}"
+    );
+    assert!(!out.contains("rc=0"), "CUDA was not refused: {out}");
+    assert!(
+        out.contains("refusing CUDA: CUDA_DEVICE_MEMORY_LIMIT_0=\"80g\" in the environment, but the node agent's limits file /var/run/tessera/limits/limits.env says \"1024m\""),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,9 +1,10 @@
 //! Other vendors on real kubelets beside an NVIDIA node: an Ascend node, a
-//! Hygon node, an AMD node, an Iluvatar node and a Kunlunxin node, each
+//! Hygon node, an AMD node, an Iluvatar node, a Kunlunxin node and a MetaX
+//! node, each
 //! served by a mock of its vendor's device plugin
 //! (`tessera-mock-vendor-plugin`, registered with the node's real kubelet),
 //! Tessera installed by its chart with HAMi's `hygon:`, `amd:`, `kunlun:`,
-//! `iluvatars:` and `vnpus:` sections. Two AMD pods share one GPU's compute
+//! `metax:`, `iluvatars:` and `vnpus:` sections. Two AMD pods share one GPU's compute
 //! units without overlap.
 //! Pods of each family run with the vendor's variables, are recorded in one
 //! ledger (`kubectl get vgpuallocations` shows them side by side), wait with
@@ -27,7 +28,7 @@ use tessera_e2e::{
     cluster::{LocalCluster, NodeGpus},
     mock_vendor::{
         Vendor, amd_mi300x, ascend_910b4, chart_values, hygon_dcus, iluvatar_mr_v100,
-        kunlunxin_xpus,
+        kunlunxin_xpus, metax_c500,
     },
     node::FakeGpu,
     testkit::{gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for},
@@ -117,6 +118,11 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
             vendor: Some((Vendor::Kunlunxin, kunlunxin_xpus(1))),
             ..Default::default()
         },
+        NodeGpus {
+            name: "mx-1".into(),
+            vendor: Some((Vendor::Metax, metax_c500(1))),
+            ..Default::default()
+        },
     ];
     let cluster =
         LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
@@ -132,6 +138,7 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
         ("amd-1", "amd", 1),
         ("ix-1", "iluvatar", 1),
         ("xpu-1", "kunlunxin", 1),
+        ("mx-1", "metax", 1),
     ] {
         wait_for(&format!("{node}'s GpuNode"), LIMIT, async || {
             let g = Api::<GpuNode>::all(client.clone())
@@ -179,6 +186,12 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
     create(vendor_pod(
         "xpu",
         json!({"kunlunxin.com/vxpu": 1, "kunlunxin.com/vxpu-memory": 20000}),
+    ))
+    .await;
+    // MetaX counts sGPU memory in GiB.
+    create(vendor_pod(
+        "sgpu",
+        json!({"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 4, "metax-tech.com/vcore": 60}),
     ))
     .await;
 
@@ -234,6 +247,11 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
     let xpu = logs_when_done(&cluster, "xpu").await;
     assert!(xpu.contains("XPU_VISIBLE_DEVICES=0"), "{xpu}");
     assert!(xpu.contains("TESSERA_MOCK_XPU_VDEV=XPU-0:24576"), "{xpu}");
+    let sgpu = logs_when_done(&cluster, "sgpu").await;
+    assert!(
+        sgpu.contains("TESSERA_MOCK_SGPU=MX-C500-0:4096:60"),
+        "MetaX's own list says 4096 MiB and 60 %: {sgpu}"
+    );
 
     // One ledger: every family's holder, Allocated once served.
     for (name, family) in [
@@ -242,6 +260,7 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
         ("dcu", "hygon"),
         ("ix", "iluvatar"),
         ("xpu", "kunlunxin"),
+        ("sgpu", "metax"),
     ] {
         let served = wait_for(
             &format!("{name}'s allocation Allocated"),
@@ -263,7 +282,14 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(table.contains("FAMILY"), "{table}");
-    for line in ["nvidia", "ascend", "hygon", "iluvatar", "kunlunxin"] {
+    for line in [
+        "nvidia",
+        "ascend",
+        "hygon",
+        "iluvatar",
+        "kunlunxin",
+        "metax",
+    ] {
         assert!(table.contains(line), "{table}");
     }
     let npu_pod = pods.get("npu").await.unwrap();

@@ -1,5 +1,6 @@
-//! The interposer's configuration, read once from the environment with the
-//! strict parsers of `tessera_api::env`.
+//! The interposer's configuration, read once from the node agent's limits
+//! file and the environment (`limits.rs`) with the strict parsers of
+//! `tessera_api::env`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -10,6 +11,8 @@ use tessera_api::env::{
     LIBCUDA_LOG_LEVEL,
 };
 use tessera_vgpu_region::{MAX_DEVICES, Priority};
+
+pub mod limits;
 
 /// Where the region lives when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset. The
 /// node agent always sets the variable; this default only serves processes
@@ -31,6 +34,29 @@ pub enum Error {
     /// The shared region cannot be used.
     #[error(transparent)]
     Region(#[from] tessera_vgpu_region::Error),
+    /// The node agent's limits file exists but cannot be read.
+    #[error("cannot read the node agent's limits file {path}: {why}")]
+    LimitsFile {
+        /// Its path.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    /// The environment sets a limit variable other than the node agent's
+    /// limits file does.
+    #[error(
+        "{name}={env:?} in the environment, but the node agent's limits file {} {}: a container's limits come from the file",
+        tessera_api::env::LIMITS_FILE,
+        file.as_ref().map_or_else(|| "does not set it".to_owned(), |f| format!("says {f:?}"))
+    )]
+    Overridden {
+        /// The variable.
+        name: String,
+        /// Its value in the environment.
+        env: String,
+        /// Its value in the file, if the file sets it.
+        file: Option<String>,
+    },
 }
 
 /// The interposer's settings.

@@ -19,6 +19,36 @@ use crate::Error;
 /// Permissions of the installed library: every container user reads it.
 const MODE: u32 = 0o755;
 
+/// Permissions of a container's limits file: every container user reads it.
+const LIMITS_MODE: u32 = 0o644;
+
+/// Creates a hami-core container's region directory (which the container
+/// writes) and its limits directory with the limits file for the limit
+/// variables among `envs` (which the container only reads: it is mounted
+/// read-only, so the container cannot loosen its own limits). The file is
+/// replaced atomically; an existing region directory is kept.
+pub fn prepare_container_dirs(
+    paths: &crate::plugin::HostPaths,
+    region_dir: &Path,
+    envs: &std::collections::BTreeMap<String, String>,
+) -> Result<(), Error> {
+    fs::create_dir_all(region_dir).map_err(Error::io(format!(
+        "creating the region directory {}",
+        region_dir.display()
+    )))?;
+    let file = paths.limits_dir(region_dir).join(
+        Path::new(tessera_api::env::LIMITS_FILE)
+            .file_name()
+            .unwrap_or_default(),
+    );
+    let text = tessera_api::env::format_limits_file(
+        envs.iter()
+            .map(|(name, value)| (name.as_str(), value.as_str())),
+    );
+    replace(&file, text.as_bytes(), LIMITS_MODE)
+        .map_err(|(action, source)| Error::io(format!("{action} {}", file.display()))(source))
+}
+
 /// What [`install_interposer`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Installed {
@@ -102,6 +132,44 @@ mod tests {
     use std::{io::Read, os::unix::fs::MetadataExt};
 
     use super::*;
+
+    #[test]
+    fn a_container_gets_its_region_directory_and_a_limits_file_of_its_limits_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = crate::plugin::HostPaths {
+            library: dir.path().join("lib.so"),
+            preload: dir.path().join("preload"),
+            regions: dir.path().join("containers"),
+            limits: dir.path().join("limits"),
+        };
+        let region = paths.regions.join("uid-1_main");
+        let envs = |memory: &str| -> std::collections::BTreeMap<String, String> {
+            [
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", memory),
+                ("CUDA_DEVICE_SM_LIMIT", "30"),
+                ("LIBCUDA_LOG_LEVEL", "2"),
+                ("NVIDIA_VISIBLE_DEVICES", "GPU-1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+        };
+        prepare_container_dirs(&paths, &region, &envs("4096m")).unwrap();
+        assert!(region.is_dir());
+        let file = dir.path().join("limits/uid-1_main/limits.env");
+        assert_eq!(
+            fs::read_to_string(&file).unwrap(),
+            "CUDA_DEVICE_MEMORY_LIMIT_0=4096m\nCUDA_DEVICE_SM_LIMIT=30\n"
+        );
+        assert_eq!(fs::metadata(&file).unwrap().mode() & 0o777, 0o644);
+        // A second Allocate for the same container replaces the file whole.
+        prepare_container_dirs(&paths, &region, &envs("2048m")).unwrap();
+        assert!(
+            fs::read_to_string(&file)
+                .unwrap()
+                .starts_with("CUDA_DEVICE_MEMORY_LIMIT_0=2048m\n")
+        );
+    }
 
     #[test]
     fn copies_into_a_new_directory_readable_by_all() {

@@ -274,8 +274,9 @@ pub fn stale_regions(
         .collect()
 }
 
-/// Removes region directories of pods that are gone, every minute.
-pub async fn collect_regions(view: crate::view::NodeView, regions: std::path::PathBuf) {
+/// Removes the region and limits directories of pods that are gone (the
+/// directories under `roots`), every minute.
+pub async fn collect_regions(view: crate::view::NodeView, roots: Vec<std::path::PathBuf>) {
     let mut ticks = tokio::time::interval(std::time::Duration::from_secs(60));
     loop {
         ticks.tick().await;
@@ -286,12 +287,13 @@ pub async fn collect_regions(view: crate::view::NodeView, regions: std::path::Pa
             .filter(VgpuAllocation::is_live)
             .map(|a| a.region_owner().to_owned())
             .collect();
-        let root = regions.clone();
+        let roots = roots.clone();
         let removed = tokio::task::spawn_blocking(move || {
             // remove_dir_all does not follow the links a tenant may have
             // left in its directory (it unlinks them).
-            stale_regions(&root, &live)
-                .into_iter()
+            roots
+                .iter()
+                .flat_map(|root| stale_regions(root, &live))
                 .filter(|dir| std::fs::remove_dir_all(dir).is_ok())
                 .inspect(|dir| self::regions::forget(dir))
                 .count()

@@ -464,6 +464,7 @@ fn fuzz_allocate_request() {
         library: "/opt/tessera/libtessera_vgpu.so".into(),
         preload: "/var/lib/tessera/ld.so.preload".into(),
         regions: "/var/lib/tessera/containers".into(),
+        limits: "/var/lib/tessera/limits".into(),
     };
     fuzz(
         "fuzz_allocate_request",
@@ -666,6 +667,7 @@ fn fuzz_corpus_allocate_region_dir_stays_under_the_root() {
         library: "/l".into(),
         preload: "/p".into(),
         regions: "/var/lib/tessera/containers".into(),
+        limits: "/var/lib/tessera/limits".into(),
     };
     for (uid, container) in [
         ("../../etc", "a"),
@@ -785,6 +787,7 @@ fn fuzz_claim_results() {
         library: "/opt/tessera/libtessera_vgpu.so".into(),
         preload: "/var/lib/tessera/ld.so.preload".into(),
         regions: "/var/lib/tessera/containers".into(),
+        limits: "/var/lib/tessera/limits".into(),
     };
     let uid = "0b6f4c8e-5d2a-4f7e-9a3b-1c2d3e4f5a6b";
     let claims = (

@@ -42,6 +42,7 @@ async fn run_plugin(
         library: "/opt/lib.so".into(),
         preload: dir.join("ld.so.preload"),
         regions: dir.join("containers"),
+        limits: dir.join("limits"),
     };
     let endpoint = Endpoint {
         dir: plugins.to_owned(),

@@ -28,6 +28,11 @@
 //!   `hami.io/node-register-xpu` with the handshake
 //!   `hami.io/node-handshake-xpu`; devices from
 //!   `hami.io/xpu-devices-to-allocate`.
+//! - **MetaX sGPUs** (HAMi `pkg/device/metax/sdevice.go`): JSON
+//!   `metax-tech.com/node-gpu-devices` (`MetaxSDeviceInfo`), no handshake;
+//!   at Allocate the container's sGPUs are read from MetaX's own
+//!   `metax-tech.com/gpu-devices-allocated` (one list per container) and
+//!   must agree with HAMi's `hami.io/metax-sgpu-devices-to-allocate`.
 //! - **AMD** (Project-HAMi/amd-device-plugin `internal/pkg/plugin/plugin.go`
 //!   `RegisterInAnnotation`, `Allocate`, `buildCUAllocations`,
 //!   `validateNodeLockOwner`; `internal/pkg/cuallocation`): JSON
@@ -45,7 +50,8 @@
 //! UUIDs), `HSA_CU_MASK` and `HIP_DEVICE_MEMORY_LIMIT`; for Iluvatar,
 //! whose plugin is closed, `TESSERA_MOCK_IX_VDEV` (`<uuid>:<MiB>:<cores>`);
 //! for Kunlunxin, Kunlun's own `XPU_VISIBLE_DEVICES` and
-//! `TESSERA_MOCK_XPU_VDEV` (`<uuid>:<MiB>`).
+//! `TESSERA_MOCK_XPU_VDEV` (`<uuid>:<MiB>`); for MetaX `TESSERA_MOCK_SGPU`
+//! (`<uuid>:<vRam>:<compute>` from MetaX's list).
 
 mod amd;
 mod protocol;
@@ -73,13 +79,14 @@ use crate::Error;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
 /// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}` and
-/// `kunlun: {}` (HAMi's names), an `iluvatars:` entry for the MR-V100, and
+/// `kunlun: {}`, `metax: {}` (HAMi's names), an `iluvatars:` entry for the MR-V100, and
 /// HAMi's `vnpus:` entry for the Ascend 910B4 with its two templates.
 pub fn chart_values() -> serde_json::Value {
     json!({"config": {
         "hygon": {},
         "amd": {},
         "kunlun": {},
+        "metax": {},
         "iluvatars": [{
             "chipName": "MR-V100", "commonWord": "MR-V100",
             "resourceCountName": "iluvatar.ai/MR-V100-vgpu",
@@ -142,6 +149,11 @@ pub fn iluvatar_mr_v100(n: u32) -> Vec<MockDevice> {
     devices(n, "MR-V100", 32768, 100, None)
 }
 
+/// `n` MetaX C500 GPUs of 64 GiB, 4 sGPUs each.
+pub fn metax_c500(n: u32) -> Vec<MockDevice> {
+    devices(n, "MX-C500", 65_536, 100, None)
+}
+
 /// `n` Kunlunxin P800 XPUs of 96 GiB, 4 vXPUs each.
 pub fn kunlunxin_xpus(n: u32) -> Vec<MockDevice> {
     devices(n, "XPU", 98_304, 100, None)
@@ -165,6 +177,43 @@ fn vdev(devices: &[Handed], cores: bool) -> String {
         })
         .collect();
     each.join(",")
+}
+
+/// The container's sGPUs as MetaX's plugin reads them: the list in
+/// `metax-tech.com/gpu-devices-allocated` whose UUIDs are `devices`', as
+/// `<uuid>:<vRam>:<compute>`.
+fn metax_sgpus(
+    devices: &[Handed],
+    annotations: &BTreeMap<String, String>,
+) -> Result<String, String> {
+    const KEY: &str = "metax-tech.com/gpu-devices-allocated";
+    let lists: Vec<Vec<serde_json::Value>> = annotations
+        .get(KEY)
+        .map(|v| serde_json::from_str(v))
+        .transpose()
+        .map_err(|e| format!("annotation {KEY} invalid: {e}"))?
+        .ok_or_else(|| format!("annotation {KEY} not set"))?;
+    let wanted: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+    let list = lists
+        .iter()
+        .find(|list| {
+            list.iter()
+                .map(|d| d["uuid"].as_str().unwrap_or_default())
+                .eq(wanted.iter().copied())
+        })
+        .ok_or_else(|| format!("annotation {KEY} lists no container with sGPUs {wanted:?}"))?;
+    let each: Vec<String> = list
+        .iter()
+        .map(|d| {
+            format!(
+                "{}:{}:{}",
+                d["uuid"].as_str().unwrap_or_default(),
+                d["vRam"].as_u64().unwrap_or(0),
+                d["compute"].as_u64().unwrap_or(0)
+            )
+        })
+        .collect();
+    Ok(each.join(","))
 }
 
 /// Which vendor the mock plays.
@@ -191,6 +240,8 @@ pub enum Vendor {
     },
     /// Kunlunxin vXPUs, as Kunlunxin's vxpu-device-plugin.
     Kunlunxin,
+    /// MetaX sGPUs, as MetaX's sGPU device plugin.
+    Metax,
 }
 
 impl Vendor {
@@ -202,6 +253,7 @@ impl Vendor {
             Vendor::Amd { .. } => "amd",
             Vendor::Iluvatar { .. } => "iluvatar",
             Vendor::Kunlunxin => "kunlunxin",
+            Vendor::Metax => "metax",
         }
     }
 }
@@ -246,6 +298,7 @@ impl MockPlugin {
             Vendor::Amd { .. } => "amd.com/gpu".into(),
             Vendor::Iluvatar { chip } => format!("iluvatar.ai/{chip}-vgpu"),
             Vendor::Kunlunxin => "kunlunxin.com/vxpu".into(),
+            Vendor::Metax => "metax-tech.com/sgpu".into(),
         }
     }
 
@@ -257,6 +310,7 @@ impl MockPlugin {
             Vendor::Amd { product } => product,
             Vendor::Iluvatar { chip } => chip,
             Vendor::Kunlunxin => "XPU",
+            Vendor::Metax => "Metax-SGPU",
         }
     }
 
@@ -268,6 +322,7 @@ impl MockPlugin {
             Vendor::Amd { .. } => "hami.io/amd-devices-to-allocate".into(),
             Vendor::Iluvatar { chip } => format!("hami.io/{chip}-devices-to-allocate"),
             Vendor::Kunlunxin => "hami.io/xpu-devices-to-allocate".into(),
+            Vendor::Metax => "hami.io/metax-sgpu-devices-to-allocate".into(),
         }
     }
 
@@ -278,6 +333,7 @@ impl MockPlugin {
             Vendor::Amd { .. } => "mock-amd.sock".into(),
             Vendor::Iluvatar { chip } => format!("mock-{}.sock", chip.to_lowercase()),
             Vendor::Kunlunxin => "mock-kunlunxin.sock".into(),
+            Vendor::Metax => "mock-metax.sock".into(),
         }
     }
 
@@ -330,6 +386,22 @@ impl MockPlugin {
                     self.device_info("XPU", "XPU"),
                 );
                 out.insert("hami.io/node-handshake-xpu".into(), reported(&time));
+            }
+            Vendor::Metax => {
+                // MetaX's `MetaxSDeviceInfo`, one per GPU.
+                let devices: Vec<_> = self
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        json!({"uuid": d.id, "totalDevCount": d.count, "totalCompute": d.cores,
+                            "totalVRam": d.memory_mib, "numa": 0, "healthy": true,
+                            "linkZone": 0, "qosPolicy": "best-effort"})
+                    })
+                    .collect();
+                out.insert(
+                    "metax-tech.com/node-gpu-devices".into(),
+                    serde_json::Value::from(devices).to_string(),
+                );
             }
         }
         out
@@ -397,6 +469,12 @@ impl MockPlugin {
             Vendor::Kunlunxin => {
                 env.insert("XPU_VISIBLE_DEVICES".into(), indexes);
                 env.insert("TESSERA_MOCK_XPU_VDEV".into(), vdev(devices, false));
+            }
+            Vendor::Metax => {
+                env.insert(
+                    "TESSERA_MOCK_SGPU".into(),
+                    metax_sgpus(devices, annotations)?,
+                );
             }
             Vendor::Ascend { chip } => {
                 env.insert("ASCEND_VISIBLE_DEVICES".into(), indexes);

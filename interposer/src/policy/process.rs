@@ -40,7 +40,9 @@ static PROCESS: OnceLock<Process> = OnceLock::new();
 
 fn process() -> &'static Process {
     PROCESS.get_or_init(|| {
-        let config = Config::from_vars(|name| std::env::var_os(name));
+        // The agent's limits file over the environment (config/limits.rs).
+        let config = crate::config::limits::process_vars()
+            .and_then(|vars| Config::from_vars(|name| vars.get(name)));
         let core_policy = config
             .as_ref()
             .map_or(CoreUtilizationPolicy::Default, |(c, _)| c.core_policy);

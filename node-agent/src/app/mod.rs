@@ -86,6 +86,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         library: args.interposer_library.clone(),
         preload,
         regions: args.state_dir.join("containers"),
+        limits: args.state_dir.join("limits"),
     };
 
     let doors = crate::door::track(view.clone(), offers.clone(), dra).await;
@@ -153,7 +154,10 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     );
     loops.spawn(
         "region collector",
-        crate::monitor::collect_regions(view.clone(), paths.regions.clone()),
+        crate::monitor::collect_regions(
+            view.clone(),
+            vec![paths.regions.clone(), paths.limits.clone()],
+        ),
     );
     loops.spawn(
         "metrics server",

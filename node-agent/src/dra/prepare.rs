@@ -14,7 +14,7 @@
 //! claim with two) gets both devices' edits, and the later one's
 //! `NVIDIA_VISIBLE_DEVICES` and limits win.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use serde_json::{Value, json};
@@ -231,12 +231,7 @@ pub fn cdi_spec(uid: &str, gpus: &[ClaimGpu], settings: &NodeSettings, paths: &H
     let devices: Vec<Value> = by_request(gpus)
         .into_iter()
         .map(|(request, gpus)| {
-            let gpus = merged(&gpus);
-            let memories: Vec<u64> = gpus.iter().map(|g| g.memory_mib).collect();
-            let cores = gpus.iter().map(|g| g.cores).max().unwrap_or(0);
-            let mut envs = slice_env(&memories, cores, None, settings);
-            let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
-            envs.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
+            let envs = request_env(&gpus, settings);
             let region = paths.regions.join(region_name(uid, request));
             json!({
                 "name": cdi_device(uid, request),
@@ -252,6 +247,18 @@ pub fn cdi_spec(uid: &str, gpus: &[ClaimGpu], settings: &NodeSettings, paths: &H
         "kind": CDI_KIND,
         "devices": devices,
     })
+}
+
+/// What the containers of one request of a claim get in their environment
+/// for its `gpus`: the interposer's limits and the visible devices.
+pub fn request_env(gpus: &[&ClaimGpu], settings: &NodeSettings) -> BTreeMap<String, String> {
+    let gpus = merged(gpus);
+    let memories: Vec<u64> = gpus.iter().map(|g| g.memory_mib).collect();
+    let cores = gpus.iter().map(|g| g.cores).max().unwrap_or(0);
+    let mut envs = slice_env(&memories, cores, None, settings);
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    envs.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
+    envs
 }
 
 fn cdi_mounts(paths: &HostPaths, region: &Path) -> Vec<Value> {

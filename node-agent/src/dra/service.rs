@@ -28,7 +28,7 @@ use tonic::{Request, Response, Status};
 
 use super::{
     claim_gpus, mirror, mirror_name,
-    prepare::{by_request, cdi_spec, claim_error, prepared_devices, region_name},
+    prepare::{by_request, cdi_spec, claim_error, prepared_devices, region_name, request_env},
 };
 use crate::{Error, inventory::Offer, plugin::HostPaths, view::NodeView};
 
@@ -90,14 +90,13 @@ impl DraService {
         let node = self.view.node();
         let offer = self.offers.borrow().clone();
         let gpus = claim_gpus(&object, node, &offer.devices)?;
-        for (request, _) in by_request(&gpus) {
+        let settings = &offer.resolved.settings;
+        for (request, request_gpus) in by_request(&gpus) {
             let dir = self.paths.regions.join(region_name(&claim.uid, request));
-            std::fs::create_dir_all(&dir).map_err(Error::io(format!(
-                "creating the region directory {}",
-                dir.display()
-            )))?;
+            let envs = request_env(&request_gpus, settings);
+            crate::install::prepare_container_dirs(&self.paths, &dir, &envs)?;
         }
-        let spec = cdi_spec(&claim.uid, &gpus, &offer.resolved.settings, &self.paths);
+        let spec = cdi_spec(&claim.uid, &gpus, settings, &self.paths);
         // Atomically: containerd never reads half a spec.
         crate::install::replace(&file, spec.to_string().as_bytes(), CDI_MODE).map_err(
             |(action, source)| Error::io(format!("{action} {}", file.display()))(source),

@@ -34,6 +34,21 @@ pub struct HostPaths {
     pub preload: PathBuf,
     /// The directory under which each container gets its region directory.
     pub regions: PathBuf,
+    /// The directory under which each container gets its limits directory
+    /// (named as its region directory), mounted read-only at
+    /// [`env::LIMITS_DIR`].
+    pub limits: PathBuf,
+}
+
+impl HostPaths {
+    /// The limits directory of the container whose region directory is
+    /// `region_dir`.
+    pub fn limits_dir(&self, region_dir: &std::path::Path) -> PathBuf {
+        match region_dir.file_name() {
+            Some(name) => self.limits.join(name),
+            None => self.limits.join("_"),
+        }
+    }
 }
 
 /// A bind mount for the container.
@@ -299,8 +314,9 @@ pub fn slice_env(
     envs
 }
 
-/// The interposer's mounts: the library and the preload list read-only,
-/// and the container's region directory `region_dir` read-write.
+/// The interposer's mounts: the library, the preload list and the
+/// container's limits directory read-only, and its region directory
+/// `region_dir` read-write.
 pub fn interposer_mounts(paths: &HostPaths, region_dir: &std::path::Path) -> Vec<MountSpec> {
     vec![
         MountSpec {
@@ -317,6 +333,11 @@ pub fn interposer_mounts(paths: &HostPaths, region_dir: &std::path::Path) -> Vec
             container_path: CONTAINER_REGION_DIR.to_owned(),
             host_path: region_dir.to_owned(),
             read_only: false,
+        },
+        MountSpec {
+            container_path: env::LIMITS_DIR.to_owned(),
+            host_path: paths.limits_dir(region_dir),
+            read_only: true,
         },
     ]
 }

@@ -118,10 +118,7 @@ impl Service {
         } else if self.on_mps(&grant) {
             grant = self.with_mps(grant, &allocation).await?;
         } else {
-            std::fs::create_dir_all(&grant.region_dir).map_err(Error::io(format!(
-                "creating the region directory {}",
-                grant.region_dir.display()
-            )))?;
+            crate::install::prepare_container_dirs(&self.paths, &grant.region_dir, &grant.envs)?;
         }
         tracing::info!(
             namespace = %grant.namespace,

@@ -151,6 +151,7 @@ fn each_request_gets_a_cdi_device_that_gives_what_allocate_gives() {
         library: "/usr/local/vgpu/libtessera_vgpu.so".into(),
         preload: "/var/lib/tessera/ld.so.preload".into(),
         regions: "/var/lib/tessera/containers".into(),
+        limits: "/var/lib/tessera/limits".into(),
     };
     let spec = cdi_spec("uid-1", &gpus, &NodeSettings::default(), &paths);
     assert_eq!(spec["kind"], "tessera.dev/vgpu");
@@ -167,13 +168,17 @@ fn each_request_gets_a_cdi_device_that_gives_what_allocate_gives() {
         assert!(env.contains(&wanted), "{wanted} not in {env:?}");
     }
     let mounts = device["containerEdits"]["mounts"].as_array().unwrap();
-    assert_eq!(mounts.len(), 3);
+    assert_eq!(mounts.len(), 4);
     assert_eq!(
         mounts[2]["hostPath"],
         "/var/lib/tessera/containers/uid-1_gpu"
     );
     assert_eq!(mounts[2]["options"][0], "rw");
     assert_eq!(mounts[0]["options"][0], "ro");
+    // The limits file's directory, read-only.
+    assert_eq!(mounts[3]["hostPath"], "/var/lib/tessera/limits/uid-1_gpu");
+    assert_eq!(mounts[3]["containerPath"], "/var/run/tessera/limits");
+    assert_eq!(mounts[3]["options"][0], "ro");
 
     let other = &spec["devices"][1];
     assert_eq!(other["name"], "uid-1-other");
@@ -193,6 +198,7 @@ fn two_shares_of_one_gpu_in_a_request_are_one_gpu_with_their_sum() {
         library: "/l.so".into(),
         preload: "/p".into(),
         regions: "/r".into(),
+        limits: "/l".into(),
     };
     let spec = cdi_spec("uid-1", &gpus, &NodeSettings::default(), &paths);
     let env = env_of(&spec["devices"][0]);

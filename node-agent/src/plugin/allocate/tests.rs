@@ -11,6 +11,7 @@ fn paths() -> HostPaths {
         library: "/opt/tessera/libtessera_vgpu.so".into(),
         preload: "/var/lib/tessera/ld.so.preload".into(),
         regions: "/var/lib/tessera/containers".into(),
+        limits: "/var/lib/tessera/limits".into(),
     }
 }
 
@@ -79,8 +80,13 @@ fn one_container_gets_its_devices_limits_and_mounts() {
         [
             ("/usr/local/vgpu/libtessera_vgpu.so", true),
             ("/etc/ld.so.preload", true),
-            ("/var/run/tessera/vgpu", false)
+            ("/var/run/tessera/vgpu", false),
+            ("/var/run/tessera/limits", true)
         ]
+    );
+    assert_eq!(
+        grant.mounts[3].host_path,
+        PathBuf::from("/var/lib/tessera/limits/uid-1_main")
     );
 }
 
@@ -329,7 +335,7 @@ fn each_device_list_strategy_shapes_the_answer() {
     );
     assert_eq!(
         cri.mounts.len(),
-        3,
+        4,
         "the interposer is mounted all the same"
     );
 
