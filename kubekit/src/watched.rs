@@ -14,11 +14,22 @@
 //! subscriber of a [`Watched`] gets every event in order, a late one first
 //! a list made of the store, so it sees what a watch of its own would have
 //! shown; the only cost is a channel per subscriber instead of a request.
+//!
+//! Each channel holds at most [`BUFFER`] events. A subscriber that falls
+//! that far behind is not waited for (the watch serves every subscriber)
+//! and does not grow without bound: it misses events until it has read
+//! what it has, then gets a fresh list made of the store, as a watch of its
+//! own gets after the API server expired its place (HTTP 410).
 
 use std::{
+    collections::VecDeque,
     fmt::Debug,
     future::Future,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::Poll,
 };
 
 use futures::{Stream, StreamExt};
@@ -32,6 +43,9 @@ use kube::{
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
+
+/// Events a subscriber's channel holds before it is deemed behind.
+pub const BUFFER: usize = 4096;
 
 /// What a kind must be to be watched here (every Kubernetes or Tessera
 /// object type).
@@ -184,10 +198,39 @@ impl<K: Watchable> Watched<K> {
     /// one made of the store (`Init`, `InitApply` of each object,
     /// `InitDone`); one that joins during a list gets the whole list when
     /// it completes.
+    ///
+    /// A subscriber more than [`BUFFER`] events behind misses events until
+    /// it has read those it has, then gets a list made of the store (the
+    /// objects as they are by then; deletions meanwhile show as absences).
     pub fn events(&self) -> impl Stream<Item = Event<K>> + Send + 'static {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        lock(&self.hub).subscribe(tx);
-        futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+        let (tx, mut rx) = mpsc::channel(BUFFER);
+        let behind = Arc::new(AtomicBool::new(false));
+        lock(&self.hub).subscribe(tx, behind.clone());
+        let store = self.store.clone();
+        let mut relist: VecDeque<Event<K>> = VecDeque::new();
+        futures::stream::poll_fn(move |cx| {
+            if let Some(event) = relist.pop_front() {
+                return Poll::Ready(Some(event));
+            }
+            match rx.poll_recv(cx) {
+                Poll::Pending if behind.load(Ordering::SeqCst) => {
+                    // Caught up with what was kept: the hub sends again from
+                    // now on, and the list covers what it dropped (an event
+                    // both in the list and sent is seen twice, never lost).
+                    behind.store(false, Ordering::SeqCst);
+                    relist.push_back(Event::Init);
+                    relist.extend(
+                        store
+                            .state()
+                            .into_iter()
+                            .map(|o| Event::InitApply((*o).clone())),
+                    );
+                    relist.push_back(Event::InitDone);
+                    Poll::Ready(relist.pop_front())
+                }
+                other => other,
+            }
+        })
     }
 
     /// The objects [`Watched::events`] touches (applied, listed or
@@ -215,25 +258,41 @@ struct Hub<K: Watchable> {
 }
 
 struct Subscriber<K> {
-    events: mpsc::UnboundedSender<Event<K>>,
+    events: mpsc::Sender<Event<K>>,
     /// Joined during a list: hears nothing until the list is done, then
     /// all of it at once.
     waiting: bool,
+    /// Its channel was full: it hears nothing until it has read what it
+    /// has and made itself a list of the store (which clears this).
+    behind: Arc<AtomicBool>,
+}
+
+impl<K> Subscriber<K> {
+    /// Sends `event` unless the subscriber is behind; a full channel puts
+    /// it behind.
+    fn send(&self, event: Event<K>) {
+        if self.behind.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.events.try_send(event) {
+            self.behind.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 impl<K: Watchable> Hub<K> {
-    fn subscribe(&mut self, events: mpsc::UnboundedSender<Event<K>>) {
+    fn subscribe(&mut self, events: mpsc::Sender<Event<K>>, behind: Arc<AtomicBool>) {
         let waiting = self.listing;
+        let subscriber = Subscriber {
+            events,
+            waiting,
+            behind,
+        };
         if self.listed && !waiting {
-            self.replay(&events);
+            list_from(&self.store, &subscriber);
+            subscriber.send(Event::InitDone);
         }
-        self.subscribers.push(Subscriber { events, waiting });
-    }
-
-    /// A list made of the store.
-    fn replay(&self, to: &mpsc::UnboundedSender<Event<K>>) {
-        list_from(&self.store, to);
-        let _ = to.send(Event::InitDone);
+        self.subscribers.push(subscriber);
     }
 
     /// Applies `event` to the store, then passes it on: under the hub's
@@ -250,7 +309,7 @@ impl<K: Watchable> Hub<K> {
                 // ends it is the one passed on below.
                 for subscriber in self.subscribers.iter_mut().filter(|s| s.waiting) {
                     subscriber.waiting = false;
-                    list_from(&self.store, &subscriber.events);
+                    list_from(&self.store, subscriber);
                 }
             }
             Event::Apply(_) | Event::InitApply(_) | Event::Delete(_) => {}
@@ -258,18 +317,18 @@ impl<K: Watchable> Hub<K> {
         let hearing: Vec<_> = self.subscribers.iter().filter(|s| !s.waiting).collect();
         if let Some((last, others)) = hearing.split_last() {
             for subscriber in others {
-                let _ = subscriber.events.send(event.clone());
+                subscriber.send(event.clone());
             }
-            let _ = last.events.send(event);
+            last.send(event);
         }
     }
 }
 
 /// `Init` and an `InitApply` of each object in `store`.
-fn list_from<K: Watchable>(store: &Store<K>, to: &mpsc::UnboundedSender<Event<K>>) {
-    let _ = to.send(Event::Init);
+fn list_from<K: Watchable>(store: &Store<K>, to: &Subscriber<K>) {
+    to.send(Event::Init);
     for object in store.state() {
-        let _ = to.send(Event::InitApply((*object).clone()));
+        to.send(Event::InitApply((*object).clone()));
     }
 }
 

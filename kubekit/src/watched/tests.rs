@@ -125,3 +125,36 @@ async fn streams_end_when_the_watch_stops() {
     drop(run);
     assert!(events.next().await.is_none());
 }
+
+#[test]
+fn a_subscriber_that_falls_behind_is_not_waited_for_and_relists_when_it_catches_up() {
+    let mut fixture = Fixture::new();
+    let mut slow = Box::pin(fixture.watched.events());
+    let mut quick = Box::pin(fixture.watched.events());
+    fixture.deliver(list(&[]));
+    assert_eq!(drain(&mut quick), ["Init", "InitDone"]);
+    // More than the slow one's channel holds; the quick one keeps up.
+    let names: Vec<String> = (0..BUFFER + 10).map(|i| format!("o{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        fixture.deliver(vec![Event::Apply(object(name))]);
+        if i % 100 == 0 {
+            assert_eq!(drain(&mut quick).len(), if i == 0 { 1 } else { 100 });
+        }
+    }
+    fixture.deliver(vec![Event::Delete(object("o0"))]);
+    let seen = drain(&mut slow);
+    // What fitted (the list and the first Applies), then a list of the
+    // store as it is now: o0 deleted, the last object there.
+    assert_eq!(&seen[..2], ["Init", "InitDone"]);
+    assert_eq!(seen[2], "Apply:o0");
+    let relist = seen[2..].iter().position(|e| e == "Init").unwrap() + 2;
+    assert_eq!(relist, BUFFER, "the channel held BUFFER events");
+    assert_eq!(seen.last().unwrap(), "InitDone");
+    let listed = &seen[relist + 1..seen.len() - 1];
+    assert_eq!(listed.len(), BUFFER + 9, "every object but o0");
+    assert!(!listed.contains(&"InitApply:o0".to_owned()));
+    assert!(listed.contains(&format!("InitApply:o{}", BUFFER + 9)));
+    // Caught up: it hears the next event as it happens.
+    fixture.deliver(vec![Event::Apply(object("next"))]);
+    assert_eq!(drain(&mut slow), ["Apply:next"]);
+}
