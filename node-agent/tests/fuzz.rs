@@ -862,11 +862,14 @@ fn fuzz_claim_results() {
                 .flatten()
             {
                 let host = Path::new(mount["hostPath"].as_str().unwrap_or_default());
-                if let Ok(rest) = host.strip_prefix(&paths.regions) {
+                if let Ok(rest) = host
+                    .strip_prefix(&paths.regions)
+                    .or_else(|_| host.strip_prefix(&paths.limits))
+                {
                     prop_assert_eq!(
                         rest.components().count(),
                         1,
-                        "region {:?} is one directory under the root",
+                        "region or limits directory {:?} is one directory under its root",
                         host
                     );
                     prop_assert!(matches!(

@@ -221,3 +221,76 @@ fn fuzz_interposer_env() {
         started.elapsed()
     );
 }
+
+/// A limits file's text: lines of limit and other variables with any
+/// values, now and then a malformed line, or anything at all.
+fn limits_text() -> impl Strategy<Value = String> {
+    let names = names();
+    let count = names.len();
+    let line = prop_oneof![
+        6 => ((0..count).prop_map(move |i| names[i].clone()), "[ -~]{0,12}")
+            .prop_map(|(n, v)| format!("{n}={v}")),
+        1 => "\\PC{0,20}",
+        1 => Just(String::new()),
+    ];
+    prop_oneof![
+        8 => proptest::collection::vec(line, 0..10).prop_map(|l| l.join("\n")),
+        1 => any::<String>(),
+    ]
+}
+
+#[test]
+fn fuzz_limits_file() {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let config = RunnerConfig {
+        cases,
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let outcome = runner.run(&(limits_text(), vars()), |(text, env_vars)| {
+        let env_list: Vec<(OsString, OsString)> = env_vars
+            .iter()
+            .map(|(k, v)| (OsString::from(k), v.clone()))
+            .collect();
+        let Ok(vars) = limits::Vars::new(Some(&text), env_list) else {
+            // Refused: a malformed file, or a limit the environment
+            // changes; never a panic.
+            return Ok(());
+        };
+        let parsed =
+            env::parse_limits_file(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for name in names() {
+            let from_file = parsed
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| OsString::from(v));
+            let got = vars.get(&name);
+            if env::is_limit_var(&name) {
+                // Accepted: every limit comes from the file, and the
+                // environment said the same or nothing.
+                prop_assert_eq!(&got, &from_file);
+                if let Some(value) = env_vars.get(&name) {
+                    prop_assert_eq!(Some(value), from_file.as_ref());
+                }
+            } else {
+                prop_assert_eq!(got, env_vars.get(&name).cloned());
+            }
+        }
+        // What the agent writes, the interposer reads back as written.
+        let pairs: Vec<(&str, &str)> = parsed
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let again = env::parse_limits_file(&env::format_limits_file(pairs))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(again.len(), parsed.len());
+        Ok(())
+    });
+    if let Err(error) = outcome {
+        panic!("fuzz_limits_file: {error}");
+    }
+}
