@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::{Region, Sharing, SlotId};
+use crate::region::{Region, Sharing, SlotId};
 
 impl Region {
     /// The compute limit of device `dev` in percent, `None` for none.

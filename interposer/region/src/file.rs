@@ -59,9 +59,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::{
-    DeviceRecord, Error, Header, Layout, REGION_SIZE, Result, Sharing, SlotId, SlotRecord, Snapshot,
+use crate::region::{
+    DeviceRecord, Error, Header, Layout, REGION_SIZE, Result, Sharing, SlotId, SlotRecord,
 };
+use crate::snapshot::Snapshot;
 
 /// A container's region file, opened and checked as the module docs say.
 /// Holds no mapping: every read is a `pread`, every write a `pwrite`.
@@ -158,9 +159,9 @@ impl RegionFile {
     }
 
     /// Marks device `dev` shared or exclusive; ordinals beyond
-    /// [`crate::MAX_DEVICES`] are ignored.
+    /// [`crate::region::MAX_DEVICES`] are ignored.
     pub fn set_sharing(&self, dev: usize, sharing: Sharing) -> Result<()> {
-        if dev >= crate::MAX_DEVICES {
+        if dev >= crate::region::MAX_DEVICES {
             return Ok(());
         }
         let at = offset_of!(Layout, devices)
@@ -170,7 +171,7 @@ impl RegionFile {
     }
 
     /// Holds launches on the ordinals of `devices` until `until` (`devices`
-    /// 0 releases them), the deadline first as [`crate::Region::set_hold`].
+    /// 0 releases them), the deadline first as [`crate::region::Region::set_hold`].
     pub fn set_hold(&self, devices: u32, until: u64) -> Result<()> {
         if devices != 0 {
             self.write(offset_of!(Header, hold_until), &until.to_ne_bytes())?;

@@ -25,33 +25,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::{LIVE, MAX_DEVICES, Region, SlotId};
-
-/// `CUDA_TASK_PRIORITY`: 0 is high, 1 (the default) low; stored in the
-/// region as the value + 1, so that 0 (a region older than minor version 2)
-/// reads as low.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Priority {
-    /// `CUDA_TASK_PRIORITY=0`: holds lower-priority containers back.
-    High,
-    /// `CUDA_TASK_PRIORITY=1`, or unset: held back while a high-priority
-    /// container is active on the GPU.
-    #[default]
-    Low,
-}
-
-impl Priority {
-    pub(crate) fn raw(self) -> u32 {
-        match self {
-            Self::High => 1,
-            Self::Low => 2,
-        }
-    }
-
-    pub(crate) fn from_raw(raw: u32) -> Self {
-        if raw == 1 { Self::High } else { Self::Low }
-    }
-}
+use crate::region::{LIVE, MAX_DEVICES, Priority, Region, SlotId};
 
 /// How recently a high-priority container must have launched on a GPU to
 /// hold others back, as the node agent is advised to call [`arbitrate`].
@@ -159,9 +133,9 @@ impl Launches for Region {
     }
 }
 
-impl Launches for crate::Snapshot {
+impl Launches for crate::snapshot::Snapshot {
     fn launched_since(&self, dev: usize, since: u64) -> bool {
-        crate::Snapshot::launched_since(self, dev, since)
+        crate::snapshot::Snapshot::launched_since(self, dev, since)
     }
 }
 

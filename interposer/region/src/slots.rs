@@ -3,9 +3,10 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::{
+use crate::process::process_alive;
+use crate::region::{
     CLAIMING, Error, FREE, LIVE, OverLimit, RECLAIMING, Reclaimed, Region, Result, SlotId,
-    process_alive, saturating_sub,
+    saturating_sub,
 };
 
 impl Region {
@@ -54,7 +55,7 @@ impl Region {
     ///
     /// One compare-and-swap on the device counter decides; the slot's own
     /// counter (attribution and cleanup) follows. Devices beyond
-    /// [`MAX_DEVICES`](crate::MAX_DEVICES) are refused with a zero limit.
+    /// [`MAX_DEVICES`](crate::region::MAX_DEVICES) are refused with a zero limit.
     pub fn try_reserve(&self, slot: SlotId, dev: usize, bytes: u64) -> Result<(), OverLimit> {
         let layout = self.layout();
         let Some(device) = layout.devices.get(dev) else {

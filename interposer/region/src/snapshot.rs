@@ -1,13 +1,13 @@
 //! A copy of a region's counters and live slots: from a mapping
 //! ([`Region::snapshot`], the interposer and tests) or from bytes read out of
 //! a file nobody trusts ([`Snapshot::parse`], the node agent through
-//! [`crate::RegionFile`]).
+//! [`crate::file::RegionFile`]).
 
 use std::mem::{offset_of, size_of};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use crate::{
+use crate::region::{
     DeviceRecord, Error, Header, LIVE, Layout, MAGIC, MAX_DEVICES, Priority, REGION_SIZE, Region,
     Result, SLOTS, Sharing, SlotRecord, VERSION,
 };

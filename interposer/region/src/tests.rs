@@ -1,5 +1,6 @@
 use super::*;
 use crate::priority::{Member, arbitrate};
+use crate::{DeviceUsage, RegionFile, Snapshot, process_alive, process_start_time};
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
