@@ -23,10 +23,11 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::annotations::list;
 use super::container::{Field, Reader, narrow};
-use super::{
+use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
-    MemoryRequest, VendorRequest, VnpuConfig,
+    MemoryRequest, VendorRequest,
 };
+use super::vendors::VnpuConfig;
 use crate::Violation;
 use crate::names::ascend::{HAMI_CORE, VNPU_MODE};
 use crate::v1alpha1::DeviceFamily;

@@ -87,13 +87,14 @@ impl RequestConfig {
                 rule: rule.to_owned(),
             })
         };
-        if self.default_gpu_num == 0 || self.default_gpu_num > super::MAX_GPUS_PER_CONTAINER {
+        if self.default_gpu_num == 0 || self.default_gpu_num > super::types::MAX_GPUS_PER_CONTAINER
+        {
             return invalid("defaultGPUNum", "must be between 1 and 64");
         }
         if self.default_cores > 100 {
             return invalid("defaultCores", "must be between 0 and 100");
         }
-        if self.default_memory > super::MAX_MEMORY_MIB {
+        if self.default_memory > super::types::MAX_MEMORY_MIB {
             return invalid(
                 "defaultMemory",
                 "must be at most 16777216 MiB (0 means the whole device)",

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::{api::core::v1::Container, apimachinery::pkg::api::resource::Quantity};
 
-use super::{
+use super::config::RequestConfig;
+use super::types::{
     ContainerKind, ContainerRequest, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB, MemoryRequest,
-    RequestConfig,
 };
 use crate::Violation;
 use crate::quantity::{QuantityError, parse_whole};

@@ -11,10 +11,10 @@
 use k8s_openapi::api::core::v1::Container;
 
 use super::container::{Field, Reader, narrow};
-use super::{
-    ContainerKind, ContainerRequest, DrsAsk, EnflameConfig, MAX_MEMORY_MIB, MemoryRequest,
-    VendorRequest,
+use super::types::{
+    ContainerKind, ContainerRequest, DrsAsk, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
 };
+use super::vendors::EnflameConfig;
 use crate::Violation;
 use crate::names::enflame::{DRS_TYPE, GCU_TYPE};
 use crate::v1alpha1::DeviceFamily;

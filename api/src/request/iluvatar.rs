@@ -19,10 +19,11 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::annotations::list;
 use super::container::{Field, Reader, narrow};
-use super::{
-    ContainerKind, ContainerRequest, DeviceFilters, IluvatarConfig, MAX_GPUS_PER_CONTAINER,
-    MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
+use super::types::{
+    ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
+    MemoryRequest, VendorRequest,
 };
+use super::vendors::IluvatarConfig;
 use crate::Violation;
 use crate::names::{ascend, iluvatar::MEMORY_UNIT_MIB};
 use crate::v1alpha1::DeviceFamily;

@@ -17,10 +17,10 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::annotations::list;
 use super::container::{Field, Reader, narrow};
-use super::{
-    ContainerKind, ContainerRequest, DeviceFilters, KunlunConfig, MAX_MEMORY_MIB, MemoryRequest,
-    VendorRequest,
+use super::types::{
+    ContainerKind, ContainerRequest, DeviceFilters, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
 };
+use super::vendors::KunlunConfig;
 use crate::Violation;
 use crate::names::kunlun::{
     BAIDU_NOUSE_UUID, BAIDU_USE_UUID, COUNTS, NOUSE_UUID, USE_UUID, VXPU_SIZES_MIB, VXPU_TYPE,

@@ -22,10 +22,11 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::annotations::list;
 use super::container::{Field, Reader, narrow};
-use super::{
+use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
-    MemoryRequest, MetaxConfig, VendorRequest,
+    MemoryRequest, VendorRequest,
 };
+use super::vendors::MetaxConfig;
 use crate::Violation;
 use crate::names::metax::{
     APP_CLASS, GPU_TYPE, NOUSE_UUID, QOS_POLICIES, QOS_POLICY, SGPU_TYPE, TOPOLOGY_AWARE, USE_UUID,

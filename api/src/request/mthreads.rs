@@ -19,10 +19,11 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::annotations::list;
 use super::container::{Field, Reader, narrow};
-use super::{
+use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
-    MthreadsConfig, VendorRequest,
+    VendorRequest,
 };
+use super::vendors::MthreadsConfig;
 use crate::Violation;
 use crate::names::mthreads::{
     CORES_PER_CARD, MEMORY_SLICES, MEMORY_UNIT_MIB, NOUSE_UUID, USE_UUID, WHOLE_CARD_UNITS,

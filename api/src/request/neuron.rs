@@ -16,10 +16,11 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::annotations::list;
 use super::container::{Field, Reader, narrow};
-use super::{
-    AwsNeuronConfig, ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER,
-    MemoryRequest, VendorRequest,
+use super::types::{
+    ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
+    VendorRequest,
 };
+use super::vendors::AwsNeuronConfig;
 use crate::Violation;
 use crate::names::neuron::{MAX_CORES_PER_DEVICE, NOUSE_UUID, USE_UUID};
 use crate::v1alpha1::DeviceFamily;

@@ -22,10 +22,11 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::annotations::list;
 use super::container::{Field, Reader, narrow};
-use super::{
-    AmdConfig, CambriconConfig, ContainerKind, ContainerRequest, DeviceFilters, HygonConfig,
-    MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
+use super::types::{
+    ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
+    MemoryRequest, VendorRequest,
 };
+use super::vendors::{AmdConfig, CambriconConfig, HygonConfig};
 use crate::Violation;
 use crate::names::{amd, cambricon, hygon};
 use crate::v1alpha1::DeviceFamily;

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::v1alpha1::{OperatingMode, SchedulingPolicy};
+use crate::{Error, Result, Violations};
 
 fn pod(containers: Value, annotations: Value) -> Pod {
     serde_json::from_value(json!({

@@ -6,9 +6,10 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::v1alpha1::DeviceFamily;
 
 fn config() -> RequestConfig {
-    crate::testing::vendor_config()
+    super::fixtures::vendor_config()
 }
 
 fn pod(limits: Value, annotations: Value) -> Pod {

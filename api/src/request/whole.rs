@@ -3,7 +3,7 @@
 //! GCUs (`enflame.com/gcu`).
 
 use super::container::{Field, Reader, narrow};
-use super::{ContainerRequest, MAX_GPUS_PER_CONTAINER, MemoryRequest, VendorRequest};
+use super::types::{ContainerRequest, MAX_GPUS_PER_CONTAINER, MemoryRequest, VendorRequest};
 use crate::Violation;
 use crate::v1alpha1::DeviceFamily;
 
@@ -12,7 +12,7 @@ use crate::v1alpha1::DeviceFamily;
 /// field it read was invalid.
 pub(super) fn parse(
     mut reader: Reader<'_>,
-    kind: super::ContainerKind,
+    kind: super::types::ContainerKind,
     count: &str,
     (family, device_type): (DeviceFamily, &str),
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {

@@ -5,10 +5,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    CorePolicy, DeviceFamily, DeviceHealth, FilterDevices, FrontDoor, MigInstance, MigLayout,
-    MigStrategy, OperatingMode, QosPolicy,
+use super::common::{
+    CorePolicy, DeviceFamily, DeviceHealth, FrontDoor, MigStrategy, OperatingMode, QosPolicy,
 };
+use super::gpu_node_config::FilterDevices;
+use super::mig::{MigInstance, MigLayout};
 
 /// A node's GPU inventory. Cluster-scoped, named after the Node, owned by it.
 ///

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{CorePolicy, FrontDoor, MigStrategy, OperatingMode};
+use super::common::{CorePolicy, FrontDoor, MigStrategy, OperatingMode};
 
 /// Overrides the cluster's GPU defaults on the nodes it selects. Cluster-scoped.
 ///

@@ -5,7 +5,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{DeviceFamily, MigSlice, SchedulingPolicy, ServedMigInstance, Sharing};
+use super::common::{DeviceFamily, SchedulingPolicy, Sharing};
+use super::mig::{MigSlice, ServedMigInstance};
 
 /// Which GPU slices a pod got. Namespaced, named after the pod, owned by it.
 ///
