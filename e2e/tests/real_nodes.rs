@@ -326,6 +326,7 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
     );
     pod["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "overrides"}}]);
     stack.create(pod).await;
+    stack.wait_running("from-configmap").await;
     let out = stack.wait_output("from-configmap", "--- end").await;
     assert!(
         out.contains("env=80g"),
