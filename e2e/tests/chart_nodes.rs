@@ -164,8 +164,10 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
 
     // 2. An upgrade with a new split count: running pods and their
     // allocations stay, the GpuNodes get the new count. It also lets pods
-    // set the enforcement variables, which shows why they are refused by
-    // default: the container's value wins over the agent's.
+    // set the enforcement variables: admitted, the container's value still
+    // does not win over the agent's, because the interposer reads its limits
+    // from the agent's read-only limits file and refuses CUDA when the
+    // environment disagrees.
     assert!(split_count(&client).await.iter().all(|&s| s == 10));
     let uid = pods.get("sliced").await.unwrap().metadata.uid;
     cluster
@@ -185,16 +187,18 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
             .ok()
     })
     .await;
-    let out = wait_for("the lifting pod's meminfo", async || {
+    let out = wait_for("the lifting pod's refusal", async || {
         let out = logs(&cluster, "lifting");
-        out.contains("total=").then_some(out)
+        out.contains("refusing CUDA").then_some(out)
     })
     .await;
-    assert_eq!(
-        number(&section(&format!("---\n{out}"), "---"), "total"),
-        8 << 30,
-        "the pod's own CUDA_DEVICE_MEMORY_LIMIT_0 replaced the agent's 512 MiB: {out}"
+    assert!(
+        out.contains(
+            "CUDA_DEVICE_MEMORY_LIMIT_0=\"8g\" in the environment, but the node agent's limits file /var/run/tessera/limits/limits.env says \"512m\""
+        ),
+        "the pod's own CUDA_DEVICE_MEMORY_LIMIT_0 does not replace the agent's 512 MiB: {out}"
     );
+    assert!(!out.contains("total="), "{out}");
     wait_for("the GpuNodes to have split count 4", async || {
         let counts = split_count(&client).await;
         (!counts.is_empty() && counts.iter().all(|&s| s == 4)).then_some(())

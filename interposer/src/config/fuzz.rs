@@ -82,19 +82,24 @@ fn read<T>(
     }
 }
 
-#[test]
-fn fuzz_interposer_env() {
+/// A runner of `PROPTEST_CASES` cases (2,000 unless set), without
+/// persisted failures.
+fn runner() -> TestRunner {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
-    let config = RunnerConfig {
+    TestRunner::new(RunnerConfig {
         cases,
         failure_persistence: None,
         ..RunnerConfig::default()
-    };
+    })
+}
+
+#[test]
+fn fuzz_interposer_env() {
     let started = Instant::now();
-    let mut runner = TestRunner::new(config);
+    let mut runner = runner();
     let outcome = runner.run(&vars(), |vars| {
         let result = Config::from_vars(|name| vars.get(name).cloned());
         let input: usize = vars.iter().map(|(k, v)| k.len() + v.len()).sum();
@@ -217,7 +222,8 @@ fn fuzz_interposer_env() {
         panic!("fuzz_interposer_env: {error}");
     }
     eprintln!(
-        "fuzz_interposer_env: {cases} cases in {:.2?}",
+        "fuzz_interposer_env: {} cases in {:.2?}",
+        runner.config().cases,
         started.elapsed()
     );
 }
@@ -241,16 +247,7 @@ fn limits_text() -> impl Strategy<Value = String> {
 
 #[test]
 fn fuzz_limits_file() {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    let config = RunnerConfig {
-        cases,
-        failure_persistence: None,
-        ..RunnerConfig::default()
-    };
-    let mut runner = TestRunner::new(config);
+    let mut runner = runner();
     let outcome = runner.run(&(limits_text(), vars()), |(text, env_vars)| {
         let env_list: Vec<(OsString, OsString)> = env_vars
             .iter()
