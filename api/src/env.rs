@@ -75,6 +75,9 @@ pub const LIMITS_DIR: &str = "/var/run/tessera/limits";
 /// these variables from the file when it exists; the environment may repeat
 /// them (HAMi's images read it) but must agree, or CUDA is refused.
 pub const LIMITS_FILE: &str = "/var/run/tessera/limits/limits.env";
+/// [`LIMITS_FILE`]'s name in [`LIMITS_DIR`] (on the host, in the
+/// container's limits directory).
+pub const LIMITS_FILE_NAME: &str = "limits.env";
 /// Longest limits file read (a container's limits take a few hundred bytes).
 pub const MAX_LIMITS_FILE: usize = 16 * 1024;
 
@@ -353,6 +356,11 @@ mod tests {
         assert!(parse_switch(CUDA_DISABLE_CONTROL, "TRUE").unwrap());
         assert!(!parse_switch(CUDA_DISABLE_CONTROL, "0").unwrap());
         assert!(parse_switch(CUDA_DISABLE_CONTROL, "yes").is_err());
+    }
+
+    #[test]
+    fn the_limits_file_is_its_name_in_its_directory() {
+        assert_eq!(LIMITS_FILE, format!("{LIMITS_DIR}/{LIMITS_FILE_NAME}"));
     }
 
     #[test]

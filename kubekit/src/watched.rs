@@ -218,13 +218,7 @@ impl<K: Watchable> Watched<K> {
                     // now on, and the list covers what it dropped (an event
                     // both in the list and sent is seen twice, never lost).
                     behind.store(false, Ordering::SeqCst);
-                    relist.push_back(Event::Init);
-                    relist.extend(
-                        store
-                            .state()
-                            .into_iter()
-                            .map(|o| Event::InitApply((*o).clone())),
-                    );
+                    relist.extend(list_of(&store));
                     relist.push_back(Event::InitDone);
                     Poll::Ready(relist.pop_front())
                 }
@@ -325,10 +319,19 @@ impl<K: Watchable> Hub<K> {
 }
 
 /// `Init` and an `InitApply` of each object in `store`.
+fn list_of<K: Watchable>(store: &Store<K>) -> impl Iterator<Item = Event<K>> {
+    std::iter::once(Event::Init).chain(
+        store
+            .state()
+            .into_iter()
+            .map(|object| Event::InitApply((*object).clone())),
+    )
+}
+
+/// Sends [`list_of`] `store` to `to`.
 fn list_from<K: Watchable>(store: &Store<K>, to: &Subscriber<K>) {
-    to.send(Event::Init);
-    for object in store.state() {
-        to.send(Event::InitApply((*object).clone()));
+    for event in list_of(store) {
+        to.send(event);
     }
 }
 

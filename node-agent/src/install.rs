@@ -36,11 +36,9 @@ pub fn prepare_container_dirs(
         "creating the region directory {}",
         region_dir.display()
     )))?;
-    let file = paths.limits_dir(region_dir).join(
-        Path::new(tessera_api::env::LIMITS_FILE)
-            .file_name()
-            .unwrap_or_default(),
-    );
+    let file = paths
+        .limits_dir(region_dir)
+        .join(tessera_api::env::LIMITS_FILE_NAME);
     let text = tessera_api::env::format_limits_file(
         envs.iter()
             .map(|(name, value)| (name.as_str(), value.as_str())),

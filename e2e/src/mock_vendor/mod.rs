@@ -78,9 +78,10 @@ pub use protocol::{
 use crate::Error;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
-/// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}` and
-/// `kunlun: {}`, `metax: {}` (HAMi's names), an `iluvatars:` entry for the MR-V100, and
-/// HAMi's `vnpus:` entry for the Ascend 910B4 with its two templates.
+/// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}`,
+/// `kunlun: {}` and `metax: {}` (HAMi's names), an `iluvatars:` entry for
+/// the MR-V100, and HAMi's `vnpus:` entry for the Ascend 910B4 with its two
+/// templates.
 pub fn chart_values() -> serde_json::Value {
     json!({"config": {
         "hygon": {},

@@ -42,7 +42,9 @@ pub struct HostPaths {
 
 impl HostPaths {
     /// The limits directory of the container whose region directory is
-    /// `region_dir`.
+    /// `region_dir`: the same name under [`HostPaths::limits`]. (A region
+    /// directory is always `<owner>_<container>` under the regions root, so
+    /// it has a name; `_` only keeps this total.)
     pub fn limits_dir(&self, region_dir: &std::path::Path) -> PathBuf {
         match region_dir.file_name() {
             Some(name) => self.limits.join(name),
