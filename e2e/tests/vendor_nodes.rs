@@ -27,8 +27,8 @@ use tessera_e2e::{
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
     mock_vendor::{
-        Vendor, amd_mi300x, ascend_910b4, chart_values, hygon_dcus, iluvatar_mr_v100,
-        kunlunxin_xpus, metax_c500,
+        Vendor, amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, hygon_dcus,
+        iluvatar_mr_v100, kunlunxin_xpus, metax_c500,
     },
     node::FakeGpu,
     testkit::{gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for},
@@ -365,4 +365,132 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
         (g.status?.gpu_count == 2).then_some(())
     })
     .await;
+}
+
+/// Annotations of pod `name`.
+async fn pod_annotations(
+    pods: &Api<Pod>,
+    name: &str,
+) -> std::collections::BTreeMap<String, String> {
+    pods.get(name)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protocols() {
+    if skip_real_nodes("real-node vendor test") {
+        return;
+    }
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let nodes = [
+        NodeGpus {
+            name: "gpu-1".into(),
+            gpus: FakeGpu::many("gpu1", 1, "NVIDIA L4", 23034, 1),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: "mlu-1".into(),
+            vendor: Some((Vendor::Cambricon, cambricon_mlu370(2))),
+            ..Default::default()
+        },
+    ];
+    let cluster =
+        LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
+            .await
+            .unwrap();
+    let client = cluster.plane.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let create = |pod: Pod| {
+        let pods = pods.clone();
+        async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
+    };
+
+    // Cambricon: 2 MLUs of 16 GiB from the Node's capacity (200 vcore, 128
+    // vmemory of 256 MiB).
+    wait_for("mlu-1's GpuNode", LIMIT, async || {
+        let g = Api::<GpuNode>::all(client.clone())
+            .get_opt("mlu-1")
+            .await
+            .ok()??;
+        let status = g.status?;
+        (status.gpu_count == 2
+            && status.devices[0].family.as_str() == "cambricon"
+            && status.devices[0].memory_mib == 16384)
+            .then_some(())
+    })
+    .await;
+    // Each pod's smlu is made by the plugin's two Allocate calls; the
+    // second marks the pod assigned and drops Cambricon's Node lock.
+    let mut slots = Vec::new();
+    for (name, vmemory, vcore) in [("mlu-a", 16, 30), ("mlu-b", 40, 80)] {
+        create(vendor_pod(
+            name,
+            json!({"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": vmemory,
+                "cambricon.com/mlu.smlu.vcore": vcore}),
+        ))
+        .await;
+        let out = logs_when_done(&cluster, name).await;
+        let dsmlu = out
+            .lines()
+            .find_map(|l| l.strip_prefix("TESSERA_MOCK_DSMLU="))
+            .unwrap_or_else(|| panic!("{name}: {out}"));
+        assert_eq!(
+            dsmlu.split_once(':').unwrap().1,
+            format!("{}:{vcore}", vmemory * 256),
+            "{name}: {out}"
+        );
+        let slot = dsmlu.split(':').next().unwrap().to_owned();
+        assert!(
+            out.contains(&format!(
+                "VIRTUAL_DEVICES=/dev/cambricon_dev{slot},/dev/cambricon_ipcm{slot},"
+            )),
+            "{out}"
+        );
+        slots.push(slot);
+        let a = pod_annotations(&pods, name).await;
+        assert_eq!(a["CAMBRICON_DSMLU_ASSIGHED"], "true", "{a:?}");
+        assert!(a.contains_key("CAMBRICON_DSMLU_PROFILE_INSTANCE"), "{a:?}");
+        wait_for(&format!("{name} Allocated"), LIMIT, async || {
+            let a = allocation(&client, name).await;
+            (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(())
+        })
+        .await;
+        wait_for("Cambricon's Node lock released", LIMIT, async || {
+            let node = Api::<Node>::all(client.clone()).get("mlu-1").await.ok()?;
+            (!node
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("cambricon.com/dsmlu.lock"))
+            .then_some(())
+        })
+        .await;
+    }
+    assert_ne!(slots[0], slots[1], "80 cores do not fit beside 30");
+    // 80 cores fit on neither MLU now; once mlu-a goes they do, and the
+    // plugin's count of the MLU's instances agrees.
+    create(vendor_pod(
+        "mlu-c",
+        json!({"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": 8,
+            "cambricon.com/mlu.smlu.vcore": 80}),
+    ))
+    .await;
+    let reason = wait_for("mlu-c to wait", LIMIT, async || {
+        scheduling_failure(&client, "default", "mlu-c").await
+    })
+    .await;
+    assert!(reason.contains("MLU"), "{reason}");
+    pods.delete("mlu-a", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let out = logs_when_done(&cluster, "mlu-c").await;
+    assert!(
+        out.contains(&format!("TESSERA_MOCK_DSMLU={}:2048:80", slots[0])),
+        "{out}"
+    );
 }

@@ -54,6 +54,7 @@
 //! (`<uuid>:<vRam>:<compute>` from MetaX's list).
 
 mod amd;
+pub mod cambricon;
 mod protocol;
 mod service;
 
@@ -79,7 +80,7 @@ use crate::Error;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
 /// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}`,
-/// `kunlun: {}` and `metax: {}` (HAMi's names), an `iluvatars:` entry for
+/// `kunlun: {}`, `metax: {}` and `cambricon: {}` (HAMi's names), an `iluvatars:` entry for
 /// the MR-V100, and HAMi's `vnpus:` entry for the Ascend 910B4 with its two
 /// templates.
 pub fn chart_values() -> serde_json::Value {
@@ -88,6 +89,7 @@ pub fn chart_values() -> serde_json::Value {
         "amd": {},
         "kunlun": {},
         "metax": {},
+        "cambricon": {},
         "iluvatars": [{
             "chipName": "MR-V100", "commonWord": "MR-V100",
             "resourceCountName": "iluvatar.ai/MR-V100-vgpu",
@@ -153,6 +155,11 @@ pub fn iluvatar_mr_v100(n: u32) -> Vec<MockDevice> {
 /// `n` MetaX C500 GPUs of 64 GiB, 4 sGPUs each.
 pub fn metax_c500(n: u32) -> Vec<MockDevice> {
     devices(n, "MX-C500", 65_536, 100, None)
+}
+
+/// `n` Cambricon MLU370 cards of 16 GiB.
+pub fn cambricon_mlu370(n: u32) -> Vec<MockDevice> {
+    devices(n, "MLU370", 16384, 100, None)
 }
 
 /// `n` Kunlunxin P800 XPUs of 96 GiB, 4 vXPUs each.
@@ -243,6 +250,8 @@ pub enum Vendor {
     Kunlunxin,
     /// MetaX sGPUs, as MetaX's sGPU device plugin.
     Metax,
+    /// Cambricon MLUs in dynamic-smlu mode, as Cambricon's device plugin.
+    Cambricon,
 }
 
 impl Vendor {
@@ -255,8 +264,21 @@ impl Vendor {
             Vendor::Iluvatar { .. } => "iluvatar",
             Vendor::Kunlunxin => "kunlunxin",
             Vendor::Metax => "metax",
+            Vendor::Cambricon => "cambricon",
         }
     }
+}
+
+/// One resource the mock registers with the kubelet, on its own socket (a
+/// plugin reporting through the Node's allocatable registers several).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registration {
+    /// The resource name.
+    pub resource: String,
+    /// The socket's file name in the kubelet's device-plugin directory.
+    pub socket: String,
+    /// The device IDs it advertises.
+    pub devices: Vec<String>,
 }
 
 /// One device the mock registers.
@@ -300,6 +322,25 @@ impl MockPlugin {
             Vendor::Iluvatar { chip } => format!("iluvatar.ai/{chip}-vgpu"),
             Vendor::Kunlunxin => "kunlunxin.com/vxpu".into(),
             Vendor::Metax => "metax-tech.com/sgpu".into(),
+            Vendor::Cambricon => cambricon::VCORE.into(),
+        }
+    }
+
+    /// What the mock registers with the kubelet: HAMi's plugins one count
+    /// resource with `count` replicas of each device; Cambricon's three
+    /// (`cambricon::registrations`).
+    pub fn registrations(&self) -> Vec<Registration> {
+        match &self.vendor {
+            Vendor::Cambricon => cambricon::registrations(&self.devices),
+            _ => vec![Registration {
+                resource: self.resource(),
+                socket: self.socket_name(),
+                devices: self
+                    .devices
+                    .iter()
+                    .flat_map(|d| (0..d.count).map(move |k| format!("{}-{k}", d.id)))
+                    .collect(),
+            }],
         }
     }
 
@@ -312,6 +353,7 @@ impl MockPlugin {
             Vendor::Iluvatar { chip } => chip,
             Vendor::Kunlunxin => "XPU",
             Vendor::Metax => "Metax-SGPU",
+            Vendor::Cambricon => "MLU",
         }
     }
 
@@ -324,6 +366,7 @@ impl MockPlugin {
             Vendor::Iluvatar { chip } => format!("hami.io/{chip}-devices-to-allocate"),
             Vendor::Kunlunxin => "hami.io/xpu-devices-to-allocate".into(),
             Vendor::Metax => "hami.io/metax-sgpu-devices-to-allocate".into(),
+            Vendor::Cambricon => "hami.io/cambricon-mlu-devices-to-allocate".into(),
         }
     }
 
@@ -335,6 +378,7 @@ impl MockPlugin {
             Vendor::Iluvatar { chip } => format!("mock-{}.sock", chip.to_lowercase()),
             Vendor::Kunlunxin => "mock-kunlunxin.sock".into(),
             Vendor::Metax => "mock-metax.sock".into(),
+            Vendor::Cambricon => "mock-cambricon.sock".into(),
         }
     }
 
@@ -404,6 +448,8 @@ impl MockPlugin {
                     serde_json::Value::from(devices).to_string(),
                 );
             }
+            // Reports only through the Node's allocatable.
+            Vendor::Cambricon => {}
         }
         out
     }
@@ -494,6 +540,9 @@ impl MockPlugin {
                     env.insert("ASCEND_VNPU_SPECS".into(), template.into());
                 }
             }
+            Vendor::Cambricon => {
+                return Err("Cambricon's plugin reads no devices-to-allocate list".into());
+            }
             Vendor::Amd { .. } => {
                 let ids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
                 env.insert("ROCR_VISIBLE_DEVICES".into(), ids.join(","));
@@ -536,6 +585,9 @@ impl MockPlugin {
 
     async fn register(&self, client: &Client) -> Result<(), Error> {
         let annotations = self.register_annotations(Timestamp::now());
+        if annotations.is_empty() {
+            return Ok(());
+        }
         Api::<Node>::all(client.clone())
             .patch(
                 &self.node,

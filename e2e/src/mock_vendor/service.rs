@@ -1,7 +1,10 @@
 //! The mock plugin's kubelet side: the `v1beta1` DevicePlugin service on its
 //! socket, registered with the kubelet again whenever `kubelet.sock` is new.
 
-use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, pin::Pin, time::Duration};
+use std::{
+    collections::HashMap, os::unix::fs::MetadataExt, path::Path, pin::Pin, sync::Arc,
+    time::Duration,
+};
 
 use futures::Stream;
 use k8s_openapi::api::core::v1::Pod;
@@ -23,7 +26,9 @@ use tessera_deviceplugin::{
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use super::{AllocateState, MockPlugin, Vendor, amd::CU_ALLOCATED, protocol};
+use super::{
+    AllocateState, MockPlugin, Registration, Vendor, amd::CU_ALLOCATED, cambricon, protocol,
+};
 use crate::Error;
 
 const CHECK: Duration = Duration::from_secs(1);
@@ -32,41 +37,56 @@ const CHECK: Duration = Duration::from_secs(1);
 struct Service {
     plugin: MockPlugin,
     client: Client,
+    /// The resource this socket serves.
+    registration: Registration,
+    /// What one Allocate keeps for the next (Cambricon's smlu answer),
+    /// shared by the plugin's sockets.
+    pending: Arc<tokio::sync::Mutex<cambricon::Pending>>,
 }
 
 type Devices = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
 
-/// Serves and registers until the process stops; starts over when the
-/// kubelet restarts or removes the socket.
+/// Serves and registers every resource until the process stops; starts
+/// over when the kubelet restarts or removes a socket.
 pub(super) async fn serve(plugin: MockPlugin, client: Client) -> Result<(), Error> {
     let kubelet = plugin.plugin_dir.join(KUBELET_SOCKET);
-    let socket = plugin.plugin_dir.join(plugin.socket_name());
+    let pending = Arc::default();
     loop {
-        let _ = std::fs::remove_file(&socket);
-        let listener =
-            tokio::net::UnixListener::bind(&socket).map_err(Error::io("listening on", &socket))?;
-        let service = Service {
-            plugin: plugin.clone(),
-            client: client.clone(),
-        };
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming(UnixListenerStream::new(listener)),
-        );
+        let mut servers = Vec::new();
+        let mut sockets = Vec::new();
+        for registration in plugin.registrations() {
+            let socket = plugin.plugin_dir.join(&registration.socket);
+            let _ = std::fs::remove_file(&socket);
+            let listener = tokio::net::UnixListener::bind(&socket)
+                .map_err(Error::io("listening on", &socket))?;
+            let service = Service {
+                plugin: plugin.clone(),
+                client: client.clone(),
+                registration,
+                pending: Arc::clone(&pending),
+            };
+            servers.push(tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(DevicePluginServer::new(service))
+                    .serve_with_incoming(UnixListenerStream::new(listener)),
+            ));
+            sockets.push(socket);
+        }
         let registered = loop {
             let seen = identity(&kubelet);
-            if seen.is_some() && register(&plugin, &kubelet).await.is_ok() {
+            if seen.is_some() && register_all(&plugin, &kubelet).await.is_ok() {
                 break seen;
             }
             tokio::time::sleep(CHECK).await;
         };
         tracing::info!(resource = %plugin.resource(), "registered with the kubelet");
-        while identity(&kubelet) == registered && identity(&socket).is_some() {
+        while identity(&kubelet) == registered && sockets.iter().all(|s| identity(s).is_some()) {
             tokio::time::sleep(CHECK).await;
         }
         tracing::info!("kubelet restarted or socket removed; registering again");
-        server.abort();
+        for server in servers {
+            server.abort();
+        }
     }
 }
 
@@ -74,21 +94,51 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-async fn register(plugin: &MockPlugin, kubelet: &Path) -> Result<(), String> {
-    let channel = connect_unix(kubelet).await.map_err(|e| e.to_string())?;
-    RegistrationClient::new(channel)
-        .register(RegisterRequest {
-            version: VERSION.to_owned(),
-            endpoint: plugin.socket_name(),
-            resource_name: plugin.resource(),
-            options: Some(DevicePluginOptions::default()),
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+async fn register_all(plugin: &MockPlugin, kubelet: &Path) -> Result<(), String> {
+    for registration in plugin.registrations() {
+        let channel = connect_unix(kubelet).await.map_err(|e| e.to_string())?;
+        RegistrationClient::new(channel)
+            .register(RegisterRequest {
+                version: VERSION.to_owned(),
+                endpoint: registration.socket,
+                resource_name: registration.resource,
+                options: Some(DevicePluginOptions::default()),
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+    }
     Ok(())
 }
 
 impl Service {
+    /// Cambricon's dynamic-smlu Allocate: one instance for the container,
+    /// whichever of its resources the kubelet asks for.
+    async fn allocate_smlu(
+        &self,
+        request: &AllocateRequest,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let mut pending = self.pending.lock().await;
+        let envs = cambricon::allocate(
+            &self.client,
+            &self.plugin.node,
+            &self.plugin.devices,
+            &mut pending,
+        )
+        .await
+        .map_err(|error| {
+            tracing::warn!(resource = %self.registration.resource, error, "allocate failed");
+            Status::internal(error)
+        })?;
+        tracing::info!(resource = %self.registration.resource, "allocated an smlu");
+        let container = ContainerAllocateResponse {
+            envs: envs.into_iter().collect(),
+            ..ContainerAllocateResponse::default()
+        };
+        Ok(Response::new(AllocateResponse {
+            container_responses: vec![container; request.container_requests.len().max(1)],
+        }))
+    }
+
     /// HAMi's plugin Allocate: one response per container request, each
     /// from the pod's next container entry.
     async fn allocate_for(
@@ -169,17 +219,14 @@ impl DevicePlugin for Service {
         &self,
         _: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        // `count` replicas of each device, as HAMi's plugins advertise them.
         let devices = self
-            .plugin
+            .registration
             .devices
             .iter()
-            .flat_map(|d| {
-                (0..d.count).map(move |k| Device {
-                    id: format!("{}-{k}", d.id),
-                    health: HEALTHY.to_owned(),
-                    ..Device::default()
-                })
+            .map(|id| Device {
+                id: id.clone(),
+                health: HEALTHY.to_owned(),
+                ..Device::default()
             })
             .collect();
         let first = futures::stream::once(async move { Ok(ListAndWatchResponse { devices }) });
@@ -200,6 +247,9 @@ impl DevicePlugin for Service {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
+        if self.plugin.vendor == Vendor::Cambricon {
+            return self.allocate_smlu(request.get_ref()).await;
+        }
         let pod = self
             .plugin
             .pending_pod(&self.client)
