@@ -27,7 +27,7 @@ use tessera_e2e::{
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
     mock_vendor::{
-        Vendor, amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, hygon_dcus,
+        Vendor, amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, enflame_s60, hygon_dcus,
         iluvatar_mr_v100, kunlunxin_xpus, metax_c500,
     },
     node::FakeGpu,
@@ -398,6 +398,11 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
             vendor: Some((Vendor::Cambricon, cambricon_mlu370(2))),
             ..Default::default()
         },
+        NodeGpus {
+            name: "gcu-1".into(),
+            vendor: Some((Vendor::EnflameDrs, enflame_s60(2))),
+            ..Default::default()
+        },
     ];
     let cluster =
         LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
@@ -492,5 +497,56 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
     assert!(
         out.contains(&format!("TESSERA_MOCK_DSMLU={}:2048:80", slots[0])),
         "{out}"
+    );
+
+    // Enflame DRS: 2 GCUs of 6 slices from `enflame.com/gcu-drs-capacity`.
+    // gcushare serves a container whose `drs-gcu` limit matches, makes
+    // the profile's instance on the GCU Tessera chose, and marks it.
+    wait_for("gcu-1's GpuNode", LIMIT, async || {
+        let g = Api::<GpuNode>::all(client.clone())
+            .get_opt("gcu-1")
+            .await
+            .ok()??;
+        let status = g.status?;
+        (status.gpu_count == 2 && status.devices[0].family.as_str() == "enflame").then_some(())
+    })
+    .await;
+    let mut minors = Vec::new();
+    for (name, slices, profile) in [("drs-a", 3, "3g.24gb"), ("drs-b", 6, "6g.48gb")] {
+        create(vendor_pod(name, json!({"enflame.com/drs-gcu": slices}))).await;
+        let out = logs_when_done(&cluster, name).await;
+        let minor = out
+            .lines()
+            .find_map(|l| l.strip_prefix("ENFLAME_VISIBLE_DEVICES="))
+            .unwrap_or_else(|| panic!("{name}: {out}"))
+            .to_owned();
+        assert!(
+            out.contains(&format!("TOPS_VISIBLE_DEVICES=DRS-gcu{minor}-{profile}-")),
+            "{name}: {out}"
+        );
+        let a = pod_annotations(&pods, name).await;
+        assert_eq!(a["enflame.com/gcu-assigned"], "true", "{a:?}");
+        let records: Value = serde_json::from_str(&a["assigned-containers"]).unwrap();
+        assert_eq!(records["cuda"]["allocated"], true, "{records}");
+        assert_eq!(records["cuda"]["profileName"], profile, "{records}");
+        wait_for(&format!("{name} Allocated"), LIMIT, async || {
+            let a = allocation(&client, name).await;
+            (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(())
+        })
+        .await;
+        minors.push(minor);
+    }
+    assert_ne!(
+        minors[0], minors[1],
+        "a whole GCU's profile needs an empty GCU"
+    );
+    create(vendor_pod("drs-c", json!({"enflame.com/drs-gcu": 6}))).await;
+    let reason = wait_for("drs-c to wait", LIMIT, async || {
+        scheduling_failure(&client, "default", "drs-c").await
+    })
+    .await;
+    assert!(
+        reason.contains("Enflame") || reason.contains("DRS"),
+        "{reason}"
     );
 }

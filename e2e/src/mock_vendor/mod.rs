@@ -55,6 +55,7 @@
 
 mod amd;
 pub mod cambricon;
+pub mod enflame;
 mod protocol;
 mod service;
 
@@ -80,7 +81,7 @@ use crate::Error;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
 /// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}`,
-/// `kunlun: {}`, `metax: {}` and `cambricon: {}` (HAMi's names), an `iluvatars:` entry for
+/// `kunlun: {}`, `metax: {}`, `cambricon: {}` and `enflame: {}` (HAMi's names), an `iluvatars:` entry for
 /// the MR-V100, and HAMi's `vnpus:` entry for the Ascend 910B4 with its two
 /// templates.
 pub fn chart_values() -> serde_json::Value {
@@ -90,6 +91,7 @@ pub fn chart_values() -> serde_json::Value {
         "kunlun": {},
         "metax": {},
         "cambricon": {},
+        "enflame": {},
         "iluvatars": [{
             "chipName": "MR-V100", "commonWord": "MR-V100",
             "resourceCountName": "iluvatar.ai/MR-V100-vgpu",
@@ -160,6 +162,11 @@ pub fn metax_c500(n: u32) -> Vec<MockDevice> {
 /// `n` Cambricon MLU370 cards of 16 GiB.
 pub fn cambricon_mlu370(n: u32) -> Vec<MockDevice> {
     devices(n, "MLU370", 16384, 100, None)
+}
+
+/// `n` Enflame S60 GCUs of 48 GiB, 6 DRS slices each.
+pub fn enflame_s60(n: u32) -> Vec<MockDevice> {
+    devices(n, "GCU", 49152, 100, None)
 }
 
 /// `n` Kunlunxin P800 XPUs of 96 GiB, 4 vXPUs each.
@@ -252,6 +259,8 @@ pub enum Vendor {
     Metax,
     /// Cambricon MLUs in dynamic-smlu mode, as Cambricon's device plugin.
     Cambricon,
+    /// Enflame GCUs cut into DRS partitions, as Enflame's gcushare plugin.
+    EnflameDrs,
 }
 
 impl Vendor {
@@ -265,6 +274,7 @@ impl Vendor {
             Vendor::Kunlunxin => "kunlunxin",
             Vendor::Metax => "metax",
             Vendor::Cambricon => "cambricon",
+            Vendor::EnflameDrs => "enflame",
         }
     }
 }
@@ -323,6 +333,7 @@ impl MockPlugin {
             Vendor::Kunlunxin => "kunlunxin.com/vxpu".into(),
             Vendor::Metax => "metax-tech.com/sgpu".into(),
             Vendor::Cambricon => cambricon::VCORE.into(),
+            Vendor::EnflameDrs => enflame::DRS_GCU.into(),
         }
     }
 
@@ -332,6 +343,7 @@ impl MockPlugin {
     pub fn registrations(&self) -> Vec<Registration> {
         match &self.vendor {
             Vendor::Cambricon => cambricon::registrations(&self.devices),
+            Vendor::EnflameDrs => vec![enflame::registration(&self.devices)],
             _ => vec![Registration {
                 resource: self.resource(),
                 socket: self.socket_name(),
@@ -354,6 +366,7 @@ impl MockPlugin {
             Vendor::Kunlunxin => "XPU",
             Vendor::Metax => "Metax-SGPU",
             Vendor::Cambricon => "MLU",
+            Vendor::EnflameDrs => "Enflame",
         }
     }
 
@@ -367,6 +380,7 @@ impl MockPlugin {
             Vendor::Kunlunxin => "hami.io/xpu-devices-to-allocate".into(),
             Vendor::Metax => "hami.io/metax-sgpu-devices-to-allocate".into(),
             Vendor::Cambricon => "hami.io/cambricon-mlu-devices-to-allocate".into(),
+            Vendor::EnflameDrs => "hami.io/enflame-vgpu-devices-to-allocate".into(),
         }
     }
 
@@ -379,6 +393,7 @@ impl MockPlugin {
             Vendor::Kunlunxin => "mock-kunlunxin.sock".into(),
             Vendor::Metax => "mock-metax.sock".into(),
             Vendor::Cambricon => "mock-cambricon.sock".into(),
+            Vendor::EnflameDrs => "mock-enflame.sock".into(),
         }
     }
 
@@ -450,6 +465,10 @@ impl MockPlugin {
             }
             // Reports only through the Node's allocatable.
             Vendor::Cambricon => {}
+            Vendor::EnflameDrs => {
+                let (key, value) = enflame::capacity_annotation(&self.devices);
+                out.insert(key, value);
+            }
         }
         out
     }
@@ -540,8 +559,11 @@ impl MockPlugin {
                     env.insert("ASCEND_VNPU_SPECS".into(), template.into());
                 }
             }
-            Vendor::Cambricon => {
-                return Err("Cambricon's plugin reads no devices-to-allocate list".into());
+            Vendor::Cambricon | Vendor::EnflameDrs => {
+                return Err(format!(
+                    "{}'s plugin reads no devices-to-allocate list",
+                    self.vendor.family()
+                ));
             }
             Vendor::Amd { .. } => {
                 let ids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();

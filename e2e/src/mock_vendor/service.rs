@@ -27,7 +27,8 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use super::{
-    AllocateState, MockPlugin, Registration, Vendor, amd::CU_ALLOCATED, cambricon, protocol,
+    AllocateState, MockPlugin, Registration, Vendor, amd::CU_ALLOCATED, cambricon, enflame,
+    protocol,
 };
 use crate::Error;
 
@@ -39,9 +40,18 @@ struct Service {
     client: Client,
     /// The resource this socket serves.
     registration: Registration,
-    /// What one Allocate keeps for the next (Cambricon's smlu answer),
-    /// shared by the plugin's sockets.
-    pending: Arc<tokio::sync::Mutex<cambricon::Pending>>,
+    /// What one Allocate keeps for the next, shared by the plugin's
+    /// sockets.
+    kept: Arc<tokio::sync::Mutex<Kept>>,
+}
+
+/// What the plugin keeps between Allocate calls.
+#[derive(Debug, Default)]
+struct Kept {
+    /// Cambricon's smlu answer for the pod's second call.
+    smlu: cambricon::Pending,
+    /// Enflame's DRS instances made.
+    drs: enflame::Instances,
 }
 
 type Devices = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
@@ -50,7 +60,7 @@ type Devices = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> +
 /// over when the kubelet restarts or removes a socket.
 pub(super) async fn serve(plugin: MockPlugin, client: Client) -> Result<(), Error> {
     let kubelet = plugin.plugin_dir.join(KUBELET_SOCKET);
-    let pending = Arc::default();
+    let kept = Arc::default();
     loop {
         let mut servers = Vec::new();
         let mut sockets = Vec::new();
@@ -63,7 +73,7 @@ pub(super) async fn serve(plugin: MockPlugin, client: Client) -> Result<(), Erro
                 plugin: plugin.clone(),
                 client: client.clone(),
                 registration,
-                pending: Arc::clone(&pending),
+                kept: Arc::clone(&kept),
             };
             servers.push(tokio::spawn(
                 tonic::transport::Server::builder()
@@ -111,25 +121,42 @@ async fn register_all(plugin: &MockPlugin, kubelet: &Path) -> Result<(), String>
 }
 
 impl Service {
-    /// Cambricon's dynamic-smlu Allocate: one instance for the container,
-    /// whichever of its resources the kubelet asks for.
-    async fn allocate_smlu(
+    /// Allocate by the vendor's own protocol: Cambricon's dynamic smlu (one
+    /// instance for the container, whichever of its resources the kubelet
+    /// asks for) or Enflame's DRS (one container per call).
+    async fn allocate_partition(
         &self,
         request: &AllocateRequest,
     ) -> Result<Response<AllocateResponse>, Status> {
-        let mut pending = self.pending.lock().await;
-        let envs = cambricon::allocate(
-            &self.client,
-            &self.plugin.node,
-            &self.plugin.devices,
-            &mut pending,
-        )
-        .await
+        let mut kept = self.kept.lock().await;
+        let envs = match &self.plugin.vendor {
+            Vendor::EnflameDrs => match request.container_requests.as_slice() {
+                [one] => {
+                    enflame::allocate(
+                        &self.client,
+                        &self.plugin.node,
+                        one.devices_ids.len(),
+                        &mut kept.drs,
+                    )
+                    .await
+                }
+                _ => Err("internal error! the Allocate() method can only allocate resources for one container at a time currently".into()),
+            },
+            _ => {
+                cambricon::allocate(
+                    &self.client,
+                    &self.plugin.node,
+                    &self.plugin.devices,
+                    &mut kept.smlu,
+                )
+                .await
+            }
+        }
         .map_err(|error| {
             tracing::warn!(resource = %self.registration.resource, error, "allocate failed");
             Status::internal(error)
         })?;
-        tracing::info!(resource = %self.registration.resource, "allocated an smlu");
+        tracing::info!(resource = %self.registration.resource, "allocated a partition");
         let container = ContainerAllocateResponse {
             envs: envs.into_iter().collect(),
             ..ContainerAllocateResponse::default()
@@ -247,8 +274,8 @@ impl DevicePlugin for Service {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
-        if self.plugin.vendor == Vendor::Cambricon {
-            return self.allocate_smlu(request.get_ref()).await;
+        if matches!(self.plugin.vendor, Vendor::Cambricon | Vendor::EnflameDrs) {
+            return self.allocate_partition(request.get_ref()).await;
         }
         let pod = self
             .plugin
