@@ -127,7 +127,7 @@ pub fn assume(pods: &[Pod], n: usize) -> Result<(&Pod, String), String> {
     for (pod, _) in candidates {
         let records = records(pod)?;
         let container = drs_limits(pod).into_iter().find(|(name, limit)| {
-            !records.get(name).is_some_and(|r| r.allocated == Some(true))
+            records.get(name).is_none_or(|r| r.allocated != Some(true))
                 && usize::try_from(*limit) == Ok(n)
         });
         if let Some((name, _)) = container {
