@@ -130,14 +130,14 @@ impl LocalCluster {
         let archives = images::build_all(&plane.dir().join("images"), artifacts)?;
         let mut running = Vec::new();
         for wanted in nodes {
-            let label = match &wanted.vendor {
-                None => ("gpu".to_owned(), "on".to_owned()),
-                Some((vendor, _)) => ("accelerator".to_owned(), vendor.family().to_owned()),
+            let labels = match &wanted.vendor {
+                None => BTreeMap::from([("gpu".to_owned(), "on".to_owned())]),
+                Some((vendor, _)) => vendor.node_labels(),
             };
             let spec = NodeSpec {
                 name: wanted.name.clone(),
                 gpus: wanted.gpus.clone(),
-                labels: BTreeMap::from([label]),
+                labels,
                 agent: AgentMode::Chart,
             };
             let mut node = RealNode::start(&plane, &spec, artifacts, &archives).await?;

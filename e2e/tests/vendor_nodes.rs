@@ -13,22 +13,22 @@
 //!
 //! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
+use std::time::Duration;
 use tessera_api::v1alpha1::{AllocationPhase, GpuNode, VgpuAllocation};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
     mock_vendor::{
-        Vendor, amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, enflame_s60, hygon_dcus,
-        iluvatar_mr_v100, kunlunxin_xpus, metax_c500,
+        Vendor, amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, enflame_gcus,
+        enflame_s60, hygon_dcus, iluvatar_mr_v100, kunlunxin_whole_xpus, kunlunxin_xpus,
+        metax_c500, metax_gpus, mthreads_s4000, neuron_devices,
     },
     node::FakeGpu,
     testkit::{gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for},
@@ -403,6 +403,36 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
             vendor: Some((Vendor::EnflameDrs, enflame_s60(2))),
             ..Default::default()
         },
+        NodeGpus {
+            name: "gcu-2".into(),
+            vendor: Some((Vendor::EnflameGcu, enflame_gcus(1))),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: "mxg-1".into(),
+            vendor: Some((Vendor::MetaxGpu, metax_gpus(1))),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: "xpu-2".into(),
+            vendor: Some((Vendor::KunlunxinXpu, kunlunxin_whole_xpus(4))),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: "mt-1".into(),
+            vendor: Some((Vendor::Mthreads, mthreads_s4000(1))),
+            ..Default::default()
+        },
+        NodeGpus {
+            name: "inf-1".into(),
+            vendor: Some((
+                Vendor::Neuron {
+                    instance_type: "inf2.xlarge".into(),
+                },
+                neuron_devices(2),
+            )),
+            ..Default::default()
+        },
     ];
     let cluster =
         LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
@@ -549,4 +579,90 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
         reason.contains("Enflame") || reason.contains("DRS"),
         "{reason}"
     );
+
+    // The plugins whose source is closed, as HAMi's annotations tell them
+    // what to serve: whole GCUs, whole MetaX GPUs and whole Kunlunxin XPUs
+    // (HAMi's list or `BAIDU_COM_DEVICE_IDX`, then `bind-phase: success`),
+    // Moore Threads (`mthreads.com/gpu-index`) and AWS Neuron
+    // (`AWS_NEURON_IDS`, then `NEURON_ALLOCATED: "true"`).
+    for (node, family, count) in [
+        ("gcu-2", "enflame", 1),
+        ("mxg-1", "metax", 1),
+        ("xpu-2", "kunlunxin", 4),
+        ("mt-1", "mthreads", 1),
+        ("inf-1", "awsneuron", 2),
+    ] {
+        wait_for(&format!("{node}'s GpuNode"), LIMIT, async || {
+            let g = Api::<GpuNode>::all(client.clone())
+                .get_opt(node)
+                .await
+                .ok()??;
+            let status = g.status?;
+            (status.gpu_count == count && status.devices[0].family.as_str() == family).then_some(())
+        })
+        .await;
+    }
+    for (name, limits, wanted) in [
+        (
+            "gcu",
+            json!({"enflame.com/gcu": 1}),
+            "ENFLAME_VISIBLE_DEVICES=0",
+        ),
+        (
+            "mxg",
+            json!({"metax-tech.com/gpu": 1}),
+            "TESSERA_MOCK_METAX_GPUS=0",
+        ),
+        (
+            "mt",
+            json!({"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 8, "mthreads.com/sgpu-core": 4}),
+            "MTHREADS_VISIBLE_DEVICES=0",
+        ),
+        (
+            "core",
+            json!({"aws.amazon.com/neuroncore": 1}),
+            "NEURON_RT_VISIBLE_CORES=",
+        ),
+    ] {
+        create(vendor_pod(name, limits)).await;
+        let out = logs_when_done(&cluster, name).await;
+        assert!(out.contains(wanted), "{name}: {out}");
+    }
+    // Two XPUs of one wing; a whole Neuron device beside the core.
+    create(vendor_pod("xpus", json!({"kunlunxin.com/xpu": 2}))).await;
+    let out = logs_when_done(&cluster, "xpus").await;
+    assert!(
+        out.contains("XPU_VISIBLE_DEVICES=0,1") || out.contains("XPU_VISIBLE_DEVICES=2,3"),
+        "{out}"
+    );
+    let core = pod_annotations(&pods, "core").await;
+    assert_eq!(core["NEURON_ALLOCATED"], "true", "{core:?}");
+    let core_device = core["AWS_NEURON_IDS"].parse::<u32>().unwrap() / 2;
+    create(vendor_pod("device", json!({"aws.amazon.com/neuron": 1}))).await;
+    let out = logs_when_done(&cluster, "device").await;
+    assert!(
+        out.contains(&format!("AWS_NEURON_VISIBLE_DEVICES={}", 1 - core_device)),
+        "the device whose core is free: {out}"
+    );
+    for name in ["gcu", "mxg", "xpus"] {
+        assert_eq!(
+            pod_annotations(&pods, name).await["hami.io/bind-phase"],
+            "success"
+        );
+    }
+    for (name, family) in [
+        ("gcu", "enflame"),
+        ("mxg", "metax"),
+        ("xpus", "kunlunxin"),
+        ("mt", "mthreads"),
+        ("core", "awsneuron"),
+        ("device", "awsneuron"),
+    ] {
+        let served = wait_for(&format!("{name} Allocated"), LIMIT, async || {
+            let a = allocation(&client, name).await;
+            (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
+        })
+        .await;
+        assert_eq!(served.spec.totals.families, family);
+    }
 }

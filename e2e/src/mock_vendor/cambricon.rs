@@ -226,16 +226,6 @@ pub struct Pending {
     instances: u32,
 }
 
-/// The node's pending pods (the plugin's field selector).
-async fn pending_pods(client: &Client, node: &str) -> Result<Vec<Pod>, String> {
-    let selector = format!("spec.nodeName={node},status.phase=Pending");
-    Api::<Pod>::all(client.clone())
-        .list(&ListParams::default().fields(&selector))
-        .await
-        .map(|l| l.items)
-        .map_err(|e| format!("failed to get pending pods assigned to node {node}: {e}"))
-}
-
 /// One Allocate call: the container's variables.
 pub async fn allocate(
     client: &Client,
@@ -243,7 +233,7 @@ pub async fn allocate(
     devices: &[MockDevice],
     pending: &mut Pending,
 ) -> Result<BTreeMap<String, String>, String> {
-    let pods = match pending_pods(client, node).await {
+    let pods = match super::pending_on(client, node).await {
         Ok(pods) => pods,
         Err(e) => {
             pending.made = None;

@@ -181,12 +181,7 @@ pub async fn allocate(
     n: usize,
     instances: &mut Instances,
 ) -> Result<BTreeMap<String, String>, String> {
-    let selector = format!("spec.nodeName={node},status.phase=Pending");
-    let pods = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default().fields(&selector))
-        .await
-        .map_err(|e| format!("list pending pods: {e}"))?
-        .items;
+    let pods = super::pending_on(client, node).await?;
     let (pod, container) = assume(&pods, n)?;
     let mut records = records(pod)?;
     let annotations = pod.annotations();

@@ -56,6 +56,7 @@
 mod amd;
 pub mod cambricon;
 pub mod enflame;
+pub mod indexed;
 mod protocol;
 mod service;
 
@@ -81,7 +82,8 @@ use crate::Error;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
 /// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}`,
-/// `kunlun: {}`, `metax: {}`, `cambricon: {}` and `enflame: {}` (HAMi's names), an `iluvatars:` entry for
+/// `kunlun: {}`, `metax: {}`, `cambricon: {}`, `enflame: {}`, `mthreads: {}`
+/// and `awsneuron: {}` (HAMi's names), an `iluvatars:` entry for
 /// the MR-V100, and HAMi's `vnpus:` entry for the Ascend 910B4 with its two
 /// templates.
 pub fn chart_values() -> serde_json::Value {
@@ -92,6 +94,8 @@ pub fn chart_values() -> serde_json::Value {
         "metax": {},
         "cambricon": {},
         "enflame": {},
+        "mthreads": {},
+        "awsneuron": {},
         "iluvatars": [{
             "chipName": "MR-V100", "commonWord": "MR-V100",
             "resourceCountName": "iluvatar.ai/MR-V100-vgpu",
@@ -169,6 +173,40 @@ pub fn enflame_s60(n: u32) -> Vec<MockDevice> {
     devices(n, "GCU", 49152, 100, None)
 }
 
+/// `devices`, each for one container at a time (a whole card).
+fn whole(mut devices: Vec<MockDevice>) -> Vec<MockDevice> {
+    for d in &mut devices {
+        d.count = 1;
+    }
+    devices
+}
+
+/// `n` whole Enflame GCUs.
+pub fn enflame_gcus(n: u32) -> Vec<MockDevice> {
+    whole(devices(n, "GCU", 49152, 100, None))
+}
+
+/// `n` whole MetaX GPUs of 64 GiB.
+pub fn metax_gpus(n: u32) -> Vec<MockDevice> {
+    whole(devices(n, "MX-GPU", 65_536, 100, None))
+}
+
+/// `n` whole Kunlunxin XPUs of 96 GiB.
+pub fn kunlunxin_whole_xpus(n: u32) -> Vec<MockDevice> {
+    whole(devices(n, "XPU", 98_304, 100, None))
+}
+
+/// `n` Moore Threads MTT S4000 GPUs of 48 GiB (96 units of 512 MiB), 16
+/// core groups and 4 vGPUs each.
+pub fn mthreads_s4000(n: u32) -> Vec<MockDevice> {
+    devices(n, "MTT-S4000", 49_152, 16, None)
+}
+
+/// `n` AWS Neuron devices of 2 NeuronCores each.
+pub fn neuron_devices(n: u32) -> Vec<MockDevice> {
+    whole(devices(n, "NEURON", 0, 2, None))
+}
+
 /// `n` Kunlunxin P800 XPUs of 96 GiB, 4 vXPUs each.
 pub fn kunlunxin_xpus(n: u32) -> Vec<MockDevice> {
     devices(n, "XPU", 98_304, 100, None)
@@ -231,6 +269,17 @@ fn metax_sgpus(
     Ok(each.join(","))
 }
 
+/// The node's pending pods (`spec.nodeName`, `status.phase=Pending`), as
+/// the plugins that find their pod themselves list them.
+pub(crate) async fn pending_on(client: &Client, node: &str) -> Result<Vec<Pod>, String> {
+    let selector = format!("spec.nodeName={node},status.phase=Pending");
+    Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&selector))
+        .await
+        .map(|l| l.items)
+        .map_err(|e| format!("failed to get pending pods assigned to node {node}: {e}"))
+}
+
 /// Which vendor the mock plays.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -261,6 +310,19 @@ pub enum Vendor {
     Cambricon,
     /// Enflame GCUs cut into DRS partitions, as Enflame's gcushare plugin.
     EnflameDrs,
+    /// Whole Enflame GCUs, as HAMi expects Enflame's `gcu-k8s-device-plugin`.
+    EnflameGcu,
+    /// Whole MetaX GPUs, as HAMi expects MetaX's `gpu-device` plugin.
+    MetaxGpu,
+    /// Whole Kunlunxin XPUs, as HAMi expects Kunlunxin's plugin.
+    KunlunxinXpu,
+    /// Moore Threads GPUs, as HAMi expects Moore Threads' plugin.
+    Mthreads,
+    /// AWS Neuron devices, as HAMi expects AWS's `neuron-device-plugin`.
+    Neuron {
+        /// The node's `node.kubernetes.io/instance-type` (`inf2.48xlarge`).
+        instance_type: String,
+    },
 }
 
 impl Vendor {
@@ -274,8 +336,25 @@ impl Vendor {
             Vendor::Kunlunxin => "kunlunxin",
             Vendor::Metax => "metax",
             Vendor::Cambricon => "cambricon",
-            Vendor::EnflameDrs => "enflame",
+            Vendor::EnflameDrs | Vendor::EnflameGcu => "enflame",
+            Vendor::MetaxGpu => "metax",
+            Vendor::KunlunxinXpu => "kunlunxin",
+            Vendor::Mthreads => "mthreads",
+            Vendor::Neuron { .. } => "awsneuron",
         }
+    }
+
+    /// The labels of the vendor's Node: `accelerator: <family>`, and for
+    /// AWS Neuron the instance type the cloud provider sets.
+    pub fn node_labels(&self) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::from([("accelerator".to_owned(), self.family().to_owned())]);
+        if let Vendor::Neuron { instance_type } = self {
+            labels.insert(
+                tessera_api::names::neuron::INSTANCE_TYPE_LABEL.to_owned(),
+                instance_type.clone(),
+            );
+        }
+        labels
     }
 }
 
@@ -334,6 +413,11 @@ impl MockPlugin {
             Vendor::Metax => "metax-tech.com/sgpu".into(),
             Vendor::Cambricon => cambricon::VCORE.into(),
             Vendor::EnflameDrs => enflame::DRS_GCU.into(),
+            Vendor::EnflameGcu => "enflame.com/gcu".into(),
+            Vendor::MetaxGpu => "metax-tech.com/gpu".into(),
+            Vendor::KunlunxinXpu => indexed::XPU.into(),
+            Vendor::Mthreads => indexed::MT_VGPU.into(),
+            Vendor::Neuron { .. } => indexed::NEURON.into(),
         }
     }
 
@@ -344,6 +428,9 @@ impl MockPlugin {
         match &self.vendor {
             Vendor::Cambricon => cambricon::registrations(&self.devices),
             Vendor::EnflameDrs => vec![enflame::registration(&self.devices)],
+            Vendor::Mthreads => indexed::mthreads(&self.devices),
+            Vendor::Neuron { .. } => indexed::neuron(&self.devices),
+            Vendor::KunlunxinXpu => indexed::kunlunxin(&self.devices),
             _ => vec![Registration {
                 resource: self.resource(),
                 socket: self.socket_name(),
@@ -367,6 +454,11 @@ impl MockPlugin {
             Vendor::Metax => "Metax-SGPU",
             Vendor::Cambricon => "MLU",
             Vendor::EnflameDrs => "Enflame",
+            Vendor::EnflameGcu => "GCU",
+            Vendor::MetaxGpu => "Metax-GPU",
+            Vendor::KunlunxinXpu => "kunlun",
+            Vendor::Mthreads => "Mthreads",
+            Vendor::Neuron { .. } => "AWSNeuron",
         }
     }
 
@@ -381,6 +473,11 @@ impl MockPlugin {
             Vendor::Metax => "hami.io/metax-sgpu-devices-to-allocate".into(),
             Vendor::Cambricon => "hami.io/cambricon-mlu-devices-to-allocate".into(),
             Vendor::EnflameDrs => "hami.io/enflame-vgpu-devices-to-allocate".into(),
+            Vendor::EnflameGcu => "hami.io/enflame-gcu-devices-to-allocate".into(),
+            Vendor::MetaxGpu => "hami.io/metax-gpu-devices-to-allocate".into(),
+            Vendor::KunlunxinXpu => "hami.io/kunlun-allocated".into(),
+            Vendor::Mthreads => "hami.io/mthreads-vgpu-devices-to-allocate".into(),
+            Vendor::Neuron { .. } => "hami.io/aws-neuron-devices-allocated".into(),
         }
     }
 
@@ -394,6 +491,11 @@ impl MockPlugin {
             Vendor::Metax => "mock-metax.sock".into(),
             Vendor::Cambricon => "mock-cambricon.sock".into(),
             Vendor::EnflameDrs => "mock-enflame.sock".into(),
+            Vendor::EnflameGcu => "mock-enflame-gcu.sock".into(),
+            Vendor::MetaxGpu => "mock-metax-gpu.sock".into(),
+            Vendor::KunlunxinXpu => "mock-kunlunxin-xpu.sock".into(),
+            Vendor::Mthreads => "mock-mthreads.sock".into(),
+            Vendor::Neuron { .. } => "mock-neuron.sock".into(),
         }
     }
 
@@ -463,8 +565,13 @@ impl MockPlugin {
                     serde_json::Value::from(devices).to_string(),
                 );
             }
-            // Reports only through the Node's allocatable.
-            Vendor::Cambricon => {}
+            // Report only through the Node's allocatable.
+            Vendor::Cambricon
+            | Vendor::EnflameGcu
+            | Vendor::MetaxGpu
+            | Vendor::KunlunxinXpu
+            | Vendor::Mthreads
+            | Vendor::Neuron { .. } => {}
             Vendor::EnflameDrs => {
                 let (key, value) = enflame::capacity_annotation(&self.devices);
                 out.insert(key, value);
@@ -512,11 +619,19 @@ impl MockPlugin {
         annotations: &BTreeMap<String, String>,
         state: &mut AllocateState,
     ) -> Result<BTreeMap<String, String>, String> {
+        // A plugin read through the Node's capacity knows its devices by
+        // HAMi's names, `<node>-<infix>-<index>`.
+        let by_capacity = matches!(self.vendor, Vendor::EnflameGcu | Vendor::MetaxGpu);
         let index = |uuid: &str| {
-            self.devices
-                .iter()
-                .position(|d| d.id == uuid)
-                .ok_or_else(|| format!("unknown uuid: {uuid}"))
+            let position = if by_capacity {
+                uuid.strip_prefix(&format!("{}-", self.node))
+                    .and_then(|rest| rest.rsplit_once('-'))
+                    .and_then(|(_, i)| i.parse::<usize>().ok())
+                    .filter(|i| *i < self.devices.len())
+            } else {
+                self.devices.iter().position(|d| d.id == uuid)
+            };
+            position.ok_or_else(|| format!("unknown uuid: {uuid}"))
         };
         let indexes = devices
             .iter()
@@ -559,7 +674,17 @@ impl MockPlugin {
                     env.insert("ASCEND_VNPU_SPECS".into(), template.into());
                 }
             }
-            Vendor::Cambricon | Vendor::EnflameDrs => {
+            Vendor::EnflameGcu => {
+                env.insert("ENFLAME_VISIBLE_DEVICES".into(), indexes);
+            }
+            Vendor::MetaxGpu => {
+                env.insert("TESSERA_MOCK_METAX_GPUS".into(), indexes);
+            }
+            Vendor::Cambricon
+            | Vendor::EnflameDrs
+            | Vendor::KunlunxinXpu
+            | Vendor::Mthreads
+            | Vendor::Neuron { .. } => {
                 return Err(format!(
                     "{}'s plugin reads no devices-to-allocate list",
                     self.vendor.family()

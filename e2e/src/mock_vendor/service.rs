@@ -28,7 +28,7 @@ use tonic::{Request, Response, Status};
 
 use super::{
     AllocateState, MockPlugin, Registration, Vendor, amd::CU_ALLOCATED, cambricon, enflame,
-    protocol,
+    indexed, pending_on, protocol,
 };
 use crate::Error;
 
@@ -166,6 +166,65 @@ impl Service {
         }))
     }
 
+    /// Allocate of a plugin that reads the devices' indexes from one pod
+    /// annotation (`indexed`): Moore Threads and AWS Neuron mark nothing
+    /// but `NEURON_ALLOCATED`; Kunlunxin sets `bind-phase: success`.
+    async fn allocate_indexed(
+        &self,
+        request: &AllocateRequest,
+    ) -> Result<AllocateResponse, String> {
+        let resource = self.registration.resource.as_str();
+        let pods = pending_on(&self.client, &self.plugin.node).await?;
+        let pod = match &self.plugin.vendor {
+            Vendor::Mthreads => indexed::mthreads_pod(&pods, &self.plugin.node)?.clone(),
+            Vendor::Neuron { .. } => indexed::neuron_pod(&pods, &self.plugin.node)?.clone(),
+            _ => self.plugin.pending_pod(&self.client).await?,
+        };
+        let mut response = AllocateResponse::default();
+        for wanted in &request.container_requests {
+            let picked = wanted.devices_ids.len();
+            let envs = match &self.plugin.vendor {
+                Vendor::Mthreads => indexed::mthreads_env(&pod, resource, picked),
+                Vendor::Neuron { .. } => indexed::neuron_env(&pod, resource, picked),
+                _ => indexed::kunlunxin_env(&pod, picked),
+            };
+            let envs = match envs {
+                Ok(envs) => envs,
+                Err(error) => {
+                    if self.plugin.vendor == Vendor::KunlunxinXpu {
+                        self.plugin.finish(&self.client, &pod, "failed").await;
+                    }
+                    return Err(error);
+                }
+            };
+            response
+                .container_responses
+                .push(ContainerAllocateResponse {
+                    envs: envs.into_iter().collect(),
+                    ..ContainerAllocateResponse::default()
+                });
+        }
+        let pods: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        match &self.plugin.vendor {
+            Vendor::Neuron { .. } => {
+                let served = json!({"metadata": {"annotations": {
+                    tessera_api::names::neuron::ALLOCATED_FLAG: "true"}}});
+                pods.patch(
+                    &pod.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(served),
+                )
+                .await
+                .map_err(|e| format!("mark the pod allocated: {e}"))?;
+            }
+            Vendor::KunlunxinXpu => self.plugin.finish(&self.client, &pod, "success").await,
+            _ => {}
+        }
+        tracing::info!(pod = %pod.name_any(), resource, "allocated");
+        Ok(response)
+    }
+
     /// HAMi's plugin Allocate: one response per container request, each
     /// from the pod's next container entry.
     async fn allocate_for(
@@ -274,8 +333,21 @@ impl DevicePlugin for Service {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
-        if matches!(self.plugin.vendor, Vendor::Cambricon | Vendor::EnflameDrs) {
-            return self.allocate_partition(request.get_ref()).await;
+        match &self.plugin.vendor {
+            Vendor::Cambricon | Vendor::EnflameDrs => {
+                return self.allocate_partition(request.get_ref()).await;
+            }
+            Vendor::Mthreads | Vendor::Neuron { .. } | Vendor::KunlunxinXpu => {
+                return self
+                    .allocate_indexed(request.get_ref())
+                    .await
+                    .map(Response::new)
+                    .map_err(|error| {
+                        tracing::warn!(resource = %self.registration.resource, error, "allocate failed");
+                        Status::internal(error)
+                    });
+            }
+            _ => {}
         }
         let pod = self
             .plugin
