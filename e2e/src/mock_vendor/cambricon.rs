@@ -320,7 +320,7 @@ mod tests {
     }
 
     fn mlus() -> Vec<MockDevice> {
-        super::super::devices(2, "MLU", 16384, 100, None)
+        super::super::fleet::devices(2, "MLU", 16384, 100, None)
     }
 
     #[test]

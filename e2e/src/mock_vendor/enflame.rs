@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn the_node_lists_6_slices_per_gcu_and_the_profiles() {
-        let gcus = super::super::devices(2, "GCU", 49152, 100, None);
+        let gcus = super::super::fleet::devices(2, "GCU", 49152, 100, None);
         assert_eq!(registration(&gcus).devices.len(), 12);
         assert_eq!(registration(&gcus).devices[7], "1-1");
         let (key, value) = capacity_annotation(&gcus);

@@ -270,13 +270,13 @@ mod tests {
 
     #[test]
     fn registrations_count_what_the_node_view_reads() {
-        let cards = super::super::devices(2, "MTT-S4000", 49152, 16, None);
+        let cards = super::super::fleet::devices(2, "MTT-S4000", 49152, 16, None);
         let r = mthreads(&cards);
         assert_eq!(
             r.iter().map(|r| r.devices.len()).collect::<Vec<_>>(),
             [8, 32, 192]
         );
-        let inf = super::super::devices(2, "NEURON", 0, 2, None);
+        let inf = super::super::fleet::devices(2, "NEURON", 0, 2, None);
         assert_eq!(neuron(&inf)[1].devices.len(), 4);
         assert_eq!(
             kunlunxin(&cards)[0].devices,

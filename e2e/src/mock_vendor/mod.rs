@@ -41,6 +41,18 @@
 //!   (`hami.io/amd-cu-allocated`, refused when two pods' overlap), the
 //!   Node lock must name the pod, and the pod's CUs are written back.
 //!
+//! - **Cambricon** (dynamic-smlu, Cambricon's public plugin):
+//!   [`cambricon`]. **Enflame DRS** (gcushare, public): [`enflame`].
+//! - **Whole Enflame GCUs and whole MetaX GPUs** (closed plugins): the
+//!   count resource only, the pod by HAMi's `GetPendingPod` (they take no
+//!   lock), devices from `hami.io/{enflame-gcu,metax-gpu}-devices-to-allocate`
+//!   by the index in HAMi's `<node>-<infix>-<index>` names.
+//! - **Moore Threads, AWS Neuron, whole Kunlunxin XPUs** (closed plugins):
+//!   [`indexed`].
+//!
+//! Plugins that report only through the Node's capacity register several
+//! resources, each on its own socket ([`MockPlugin::registrations`]).
+//!
 //! What the real plugins hand the container and the mock cannot (device
 //! nodes, driver mounts, the vNPU itself) becomes variables: Ascend's own
 //! `ASCEND_VISIBLE_DEVICES` and `ASCEND_VNPU_SPECS`; for Hygon, whose
@@ -51,11 +63,14 @@
 //! whose plugin is closed, `TESSERA_MOCK_IX_VDEV` (`<uuid>:<MiB>:<cores>`);
 //! for Kunlunxin, Kunlun's own `XPU_VISIBLE_DEVICES` and
 //! `TESSERA_MOCK_XPU_VDEV` (`<uuid>:<MiB>`); for MetaX `TESSERA_MOCK_SGPU`
-//! (`<uuid>:<vRam>:<compute>` from MetaX's list).
+//! (`<uuid>:<vRam>:<compute>` from MetaX's list); for whole MetaX GPUs,
+//! whose plugin's variable is not public, `TESSERA_MOCK_METAX_GPUS`.
 
 mod amd;
 pub mod cambricon;
 pub mod enflame;
+mod fleet;
+mod hami;
 pub mod indexed;
 mod protocol;
 mod service;
@@ -64,7 +79,7 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use k8s_openapi::{
     api::core::v1::{Node, Pod},
-    jiff::{Timestamp, tz::TimeZone},
+    jiff::Timestamp,
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -74,200 +89,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 pub use amd::AllocateState;
+pub use fleet::{
+    amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, enflame_gcus, enflame_s60,
+    hygon_dcus, iluvatar_mr_v100, kunlunxin_whole_xpus, kunlunxin_xpus, metax_c500, metax_gpus,
+    mthreads_s4000, neuron_devices,
+};
 pub use protocol::{
     Handed, all_served, cu_list, decode, encode, first_free_cus, parse_cu_list, pop_next,
 };
 
 use crate::Error;
-
-/// Chart values that turn on the families the mocks play, as a HAMi user
-/// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}`,
-/// `kunlun: {}`, `metax: {}`, `cambricon: {}`, `enflame: {}`, `mthreads: {}`
-/// and `awsneuron: {}` (HAMi's names), an `iluvatars:` entry for
-/// the MR-V100, and HAMi's `vnpus:` entry for the Ascend 910B4 with its two
-/// templates.
-pub fn chart_values() -> serde_json::Value {
-    json!({"config": {
-        "hygon": {},
-        "amd": {},
-        "kunlun": {},
-        "metax": {},
-        "cambricon": {},
-        "enflame": {},
-        "mthreads": {},
-        "awsneuron": {},
-        "iluvatars": [{
-            "chipName": "MR-V100", "commonWord": "MR-V100",
-            "resourceCountName": "iluvatar.ai/MR-V100-vgpu",
-            "resourceMemoryName": "iluvatar.ai/MR-V100.vMem",
-            "resourceCoreName": "iluvatar.ai/MR-V100.vCore",
-        }],
-        "vnpus": {"hamiVnpuCore": false, "configs": [{
-            "chipName": "910B4", "commonWord": "Ascend910B4",
-            "resourceName": "huawei.com/Ascend910B4",
-            "resourceMemoryName": "huawei.com/Ascend910B4-memory",
-            "resourceCoreName": "huawei.com/Ascend910B4-core",
-            "memoryAllocatable": 32768, "memoryCapacity": 32768, "aiCore": 20, "aiCPU": 7,
-            "templates": [
-                {"name": "vir05_1c_8g", "memory": 8192, "aiCore": 5, "aiCPU": 1},
-                {"name": "vir10_3c_16g", "memory": 16384, "aiCore": 10, "aiCPU": 3},
-            ],
-        }]},
-    }})
-}
-
-/// `n` devices `<prefix>-<i>` of `memory_mib` and `cores`, 4 shares each,
-/// on `network_id`.
-fn devices(
-    n: u32,
-    prefix: &str,
-    memory_mib: u64,
-    cores: u32,
-    network_id: Option<u32>,
-) -> Vec<MockDevice> {
-    (0..n)
-        .map(|i| MockDevice {
-            id: format!("{prefix}-{i}"),
-            memory_mib,
-            cores,
-            count: 4,
-            network_id,
-        })
-        .collect()
-}
-
-/// `n` Ascend 910B4 NPUs of 32 GiB (20 AI cores) on one network, 4 shares
-/// each.
-pub fn ascend_910b4(n: u32) -> Vec<MockDevice> {
-    devices(n, "NPU", 32768, 20, Some(0))
-}
-
-/// `n` AMD Instinct MI300X VF GPUs of 192 GiB and 304 compute units, 4
-/// shares each.
-pub fn amd_mi300x(n: u32) -> Vec<MockDevice> {
-    devices(n, "AMD-MI300X", 196_608, 304, None)
-}
-
-/// `n` Hygon DCUs of 16 GiB, 4 shares each.
-pub fn hygon_dcus(n: u32) -> Vec<MockDevice> {
-    devices(n, "DCU", 16384, 100, None)
-}
-
-/// `n` Iluvatar MR-V100 GPUs of 32 GiB, 4 shares each.
-pub fn iluvatar_mr_v100(n: u32) -> Vec<MockDevice> {
-    devices(n, "MR-V100", 32768, 100, None)
-}
-
-/// `n` MetaX C500 GPUs of 64 GiB, 4 sGPUs each.
-pub fn metax_c500(n: u32) -> Vec<MockDevice> {
-    devices(n, "MX-C500", 65_536, 100, None)
-}
-
-/// `n` Cambricon MLU370 cards of 16 GiB.
-pub fn cambricon_mlu370(n: u32) -> Vec<MockDevice> {
-    devices(n, "MLU370", 16384, 100, None)
-}
-
-/// `n` Enflame S60 GCUs of 48 GiB, 6 DRS slices each.
-pub fn enflame_s60(n: u32) -> Vec<MockDevice> {
-    devices(n, "GCU", 49152, 100, None)
-}
-
-/// `devices`, each for one container at a time (a whole card).
-fn whole(mut devices: Vec<MockDevice>) -> Vec<MockDevice> {
-    for d in &mut devices {
-        d.count = 1;
-    }
-    devices
-}
-
-/// `n` whole Enflame GCUs.
-pub fn enflame_gcus(n: u32) -> Vec<MockDevice> {
-    whole(devices(n, "GCU", 49152, 100, None))
-}
-
-/// `n` whole MetaX GPUs of 64 GiB.
-pub fn metax_gpus(n: u32) -> Vec<MockDevice> {
-    whole(devices(n, "MX-GPU", 65_536, 100, None))
-}
-
-/// `n` whole Kunlunxin XPUs of 96 GiB.
-pub fn kunlunxin_whole_xpus(n: u32) -> Vec<MockDevice> {
-    whole(devices(n, "XPU", 98_304, 100, None))
-}
-
-/// `n` Moore Threads MTT S4000 GPUs of 48 GiB (96 units of 512 MiB), 16
-/// core groups and 4 vGPUs each.
-pub fn mthreads_s4000(n: u32) -> Vec<MockDevice> {
-    devices(n, "MTT-S4000", 49_152, 16, None)
-}
-
-/// `n` AWS Neuron devices of 2 NeuronCores each.
-pub fn neuron_devices(n: u32) -> Vec<MockDevice> {
-    whole(devices(n, "NEURON", 0, 2, None))
-}
-
-/// `n` Kunlunxin P800 XPUs of 96 GiB, 4 vXPUs each.
-pub fn kunlunxin_xpus(n: u32) -> Vec<MockDevice> {
-    devices(n, "XPU", 98_304, 100, None)
-}
-
-/// `Reported_<time>`, a plugin's answer to the scheduler's handshake.
-fn reported(time: &k8s_openapi::jiff::Zoned) -> String {
-    format!("Reported_{}", time.strftime("%Y-%m-%d %H:%M:%S"))
-}
-
-/// `<uuid>:<MiB>[:<cores>]` per device, comma-separated.
-fn vdev(devices: &[Handed], cores: bool) -> String {
-    let each: Vec<String> = devices
-        .iter()
-        .map(|d| {
-            if cores {
-                format!("{}:{}:{}", d.uuid, d.memory_mib, d.cores)
-            } else {
-                format!("{}:{}", d.uuid, d.memory_mib)
-            }
-        })
-        .collect();
-    each.join(",")
-}
-
-/// The container's sGPUs as MetaX's plugin reads them: the list in
-/// `metax-tech.com/gpu-devices-allocated` whose UUIDs are `devices`', as
-/// `<uuid>:<vRam>:<compute>`.
-fn metax_sgpus(
-    devices: &[Handed],
-    annotations: &BTreeMap<String, String>,
-) -> Result<String, String> {
-    const KEY: &str = "metax-tech.com/gpu-devices-allocated";
-    let lists: Vec<Vec<serde_json::Value>> = annotations
-        .get(KEY)
-        .map(|v| serde_json::from_str(v))
-        .transpose()
-        .map_err(|e| format!("annotation {KEY} invalid: {e}"))?
-        .ok_or_else(|| format!("annotation {KEY} not set"))?;
-    let wanted: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
-    let list = lists
-        .iter()
-        .find(|list| {
-            list.iter()
-                .map(|d| d["uuid"].as_str().unwrap_or_default())
-                .eq(wanted.iter().copied())
-        })
-        .ok_or_else(|| format!("annotation {KEY} lists no container with sGPUs {wanted:?}"))?;
-    let each: Vec<String> = list
-        .iter()
-        .map(|d| {
-            format!(
-                "{}:{}:{}",
-                d["uuid"].as_str().unwrap_or_default(),
-                d["vRam"].as_u64().unwrap_or(0),
-                d["compute"].as_u64().unwrap_or(0)
-            )
-        })
-        .collect();
-    Ok(each.join(","))
-}
 
 /// The node's pending pods (`spec.nodeName`, `status.phase=Pending`), as
 /// the plugins that find their pod themselves list them.
@@ -497,218 +328,6 @@ impl MockPlugin {
             Vendor::Mthreads => "mock-mthreads.sock".into(),
             Vendor::Neuron { .. } => "mock-neuron.sock".into(),
         }
-    }
-
-    /// The Node annotations one register pass writes at `now`.
-    pub fn register_annotations(&self, now: Timestamp) -> BTreeMap<String, String> {
-        let time = now.to_zoned(TimeZone::UTC);
-        let mut out = BTreeMap::new();
-        match &self.vendor {
-            Vendor::Hygon => {
-                out.insert("hami.io/node-dcu-register".into(), self.csv("DCU-Z100"));
-                out.insert("hami.io/node-handshake-dcu".into(), reported(&time));
-            }
-            Vendor::Iluvatar { chip } => {
-                out.insert(format!("hami.io/node-{chip}-register"), self.csv(chip));
-                out.insert(format!("hami.io/node-handshake-{chip}"), reported(&time));
-            }
-            Vendor::Ascend { chip } => {
-                let devices: Vec<_> = self
-                    .devices
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| {
-                        let mut device = json!({"index": i, "id": d.id, "count": d.count,
-                            "devmem": d.memory_mib, "devcore": d.cores, "type": chip, "health": true});
-                        if let Some(network) = d.network_id {
-                            device["custominfo"] = json!({"NetworkID": network});
-                        }
-                        device
-                    })
-                    .collect();
-                out.insert(
-                    format!("hami.io/node-register-{chip}"),
-                    serde_json::Value::from(devices).to_string(),
-                );
-                out.insert(
-                    format!("hami.io/node-handshake-{chip}"),
-                    format!("Reported_{}", time.strftime("%Y.%m.%d %H:%M:%S")),
-                );
-                out.insert("hami-vnpu-core".into(), "false".into());
-            }
-            Vendor::Amd { product } => {
-                out.insert(
-                    "hami.io/node-amd-register".into(),
-                    self.device_info(product, "amd"),
-                );
-            }
-            Vendor::Kunlunxin => {
-                out.insert(
-                    "hami.io/node-register-xpu".into(),
-                    self.device_info("XPU", "XPU"),
-                );
-                out.insert("hami.io/node-handshake-xpu".into(), reported(&time));
-            }
-            Vendor::Metax => {
-                // MetaX's `MetaxSDeviceInfo`, one per GPU.
-                let devices: Vec<_> = self
-                    .devices
-                    .iter()
-                    .map(|d| {
-                        json!({"uuid": d.id, "totalDevCount": d.count, "totalCompute": d.cores,
-                            "totalVRam": d.memory_mib, "numa": 0, "healthy": true,
-                            "linkZone": 0, "qosPolicy": "best-effort"})
-                    })
-                    .collect();
-                out.insert(
-                    "metax-tech.com/node-gpu-devices".into(),
-                    serde_json::Value::from(devices).to_string(),
-                );
-            }
-            // Report only through the Node's allocatable.
-            Vendor::Cambricon
-            | Vendor::EnflameGcu
-            | Vendor::MetaxGpu
-            | Vendor::KunlunxinXpu
-            | Vendor::Mthreads
-            | Vendor::Neuron { .. } => {}
-            Vendor::EnflameDrs => {
-                let (key, value) = enflame::capacity_annotation(&self.devices);
-                out.insert(key, value);
-            }
-        }
-        out
-    }
-
-    /// HAMi's CSV register form, one `id,count,devmem,devcore,type,numa,health,index,mode:`
-    /// per device.
-    fn csv(&self, device_type: &str) -> String {
-        self.devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                format!(
-                    "{},{},{},{},{device_type},0,true,{i},hami-core:",
-                    d.id, d.count, d.memory_mib, d.cores
-                )
-            })
-            .collect()
-    }
-
-    /// HAMi's `DeviceInfo` JSON, as `marshalNodeDevices` writes it.
-    fn device_info(&self, device_type: &str, vendor: &str) -> String {
-        let devices: Vec<_> = self
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                json!({"id": d.id, "index": i, "count": d.count, "devmem": d.memory_mib,
-                    "devcore": d.cores, "type": device_type, "numa": 0, "mode": "",
-                    "health": true, "devicevendor": vendor})
-            })
-            .collect();
-        serde_json::Value::from(devices).to_string()
-    }
-
-    /// The variables a container gets for `devices` of pod `annotations`;
-    /// `state` carries what one Allocate call decides across containers
-    /// (AMD's compute units).
-    pub fn env(
-        &self,
-        devices: &[Handed],
-        annotations: &BTreeMap<String, String>,
-        state: &mut AllocateState,
-    ) -> Result<BTreeMap<String, String>, String> {
-        // A plugin read through the Node's capacity knows its devices by
-        // HAMi's names, `<node>-<infix>-<index>`.
-        let by_capacity = matches!(self.vendor, Vendor::EnflameGcu | Vendor::MetaxGpu);
-        let index = |uuid: &str| {
-            let position = if by_capacity {
-                uuid.strip_prefix(&format!("{}-", self.node))
-                    .and_then(|rest| rest.rsplit_once('-'))
-                    .and_then(|(_, i)| i.parse::<usize>().ok())
-                    .filter(|i| *i < self.devices.len())
-            } else {
-                self.devices.iter().position(|d| d.id == uuid)
-            };
-            position.ok_or_else(|| format!("unknown uuid: {uuid}"))
-        };
-        let indexes = devices
-            .iter()
-            .map(|d| index(&d.uuid).map(|i| i.to_string()))
-            .collect::<Result<Vec<_>, _>>()?
-            .join(",");
-        let mut env = BTreeMap::new();
-        match &self.vendor {
-            Vendor::Hygon => {
-                env.insert("HIP_VISIBLE_DEVICES".into(), indexes);
-                env.insert("TESSERA_MOCK_DCU_VDEV".into(), vdev(devices, true));
-            }
-            Vendor::Iluvatar { .. } => {
-                env.insert("TESSERA_MOCK_IX_VDEV".into(), vdev(devices, true));
-            }
-            Vendor::Kunlunxin => {
-                env.insert("XPU_VISIBLE_DEVICES".into(), indexes);
-                env.insert("TESSERA_MOCK_XPU_VDEV".into(), vdev(devices, false));
-            }
-            Vendor::Metax => {
-                env.insert(
-                    "TESSERA_MOCK_SGPU".into(),
-                    metax_sgpus(devices, annotations)?,
-                );
-            }
-            Vendor::Ascend { chip } => {
-                env.insert("ASCEND_VISIBLE_DEVICES".into(), indexes);
-                let key = format!("huawei.com/{chip}");
-                let info: Vec<serde_json::Value> = annotations
-                    .get(&key)
-                    .map(|v| serde_json::from_str(v))
-                    .transpose()
-                    .map_err(|e| format!("annotation {key} invalid: {e}"))?
-                    .ok_or_else(|| format!("annotation {key} not set"))?;
-                let template = info
-                    .iter()
-                    .filter(|i| devices.iter().any(|d| i["UUID"] == d.uuid.as_str()))
-                    .find_map(|i| i["temp"].as_str().filter(|t| !t.is_empty()));
-                if let Some(template) = template {
-                    env.insert("ASCEND_VNPU_SPECS".into(), template.into());
-                }
-            }
-            Vendor::EnflameGcu => {
-                env.insert("ENFLAME_VISIBLE_DEVICES".into(), indexes);
-            }
-            Vendor::MetaxGpu => {
-                env.insert("TESSERA_MOCK_METAX_GPUS".into(), indexes);
-            }
-            Vendor::Cambricon
-            | Vendor::EnflameDrs
-            | Vendor::KunlunxinXpu
-            | Vendor::Mthreads
-            | Vendor::Neuron { .. } => {
-                return Err(format!(
-                    "{}'s plugin reads no devices-to-allocate list",
-                    self.vendor.family()
-                ));
-            }
-            Vendor::Amd { .. } => {
-                let ids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
-                env.insert("ROCR_VISIBLE_DEVICES".into(), ids.join(","));
-                let mut masks = Vec::new();
-                for (i, d) in devices.iter().enumerate() {
-                    let total = self.devices[index(&d.uuid)?].cores;
-                    let cus = state.take_cus(&d.uuid, total, d.cores)?;
-                    masks.push(format!("{i}:{}", cu_list(&cus)));
-                }
-                env.insert("HSA_CU_MASK".into(), masks.join(";"));
-                if let Some(first) = devices.first() {
-                    env.insert(
-                        "HIP_DEVICE_MEMORY_LIMIT".into(),
-                        format!("{}m", first.memory_mib),
-                    );
-                }
-            }
-        }
-        Ok(env)
     }
 
     /// Registers on the Node and serves the kubelet until the process stops.
