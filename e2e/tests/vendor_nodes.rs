@@ -58,6 +58,30 @@ async fn logs_when_done(cluster: &LocalCluster, name: &str) -> String {
     .await
 }
 
+/// Waits for `name`'s allocation to be Allocated (served by its plugin).
+async fn allocated(client: &Client, name: &str) -> VgpuAllocation {
+    wait_for(&format!("{name} Allocated"), LIMIT, async || {
+        let a = allocation(client, name).await;
+        (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
+    })
+    .await
+}
+
+/// Waits for `node`'s GpuNode to list `count` devices of `family`; returns
+/// the first device's memory.
+async fn vendor_gpu_node(client: &Client, node: &str, family: &str, count: u32) -> u64 {
+    wait_for(&format!("{node}'s GpuNode"), LIMIT, async || {
+        let g = Api::<GpuNode>::all(client.clone())
+            .get_opt(node)
+            .await
+            .ok()??;
+        let status = g.status?;
+        let first = status.devices.first()?;
+        (status.gpu_count == count && first.family.as_str() == family).then_some(first.memory_mib)
+    })
+    .await
+}
+
 async fn allocation(client: &Client, name: &str) -> VgpuAllocation {
     Api::<VgpuAllocation>::namespaced(client.clone(), "default")
         .get(name)
@@ -140,15 +164,7 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
         ("xpu-1", "kunlunxin", 1),
         ("mx-1", "metax", 1),
     ] {
-        wait_for(&format!("{node}'s GpuNode"), LIMIT, async || {
-            let g = Api::<GpuNode>::all(client.clone())
-                .get_opt(node)
-                .await
-                .ok()??;
-            let status = g.status?;
-            (status.gpu_count == count && status.devices[0].family.as_str() == family).then_some(())
-        })
-        .await;
+        vendor_gpu_node(&client, node, family, count).await;
     }
 
     let create = |pod: Pod| {
@@ -216,11 +232,7 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
             out.contains(&format!("HSA_CU_MASK={mask}")),
             "{name}: {out}"
         );
-        let served = wait_for(&format!("{name} Allocated"), LIMIT, async || {
-            let a = allocation(&client, name).await;
-            (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
-        })
-        .await;
+        let served = allocated(&client, name).await;
         assert_eq!(served.spec.containers[0].devices[0].cores, 76);
     }
 
@@ -262,15 +274,7 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
         ("xpu", "kunlunxin"),
         ("sgpu", "metax"),
     ] {
-        let served = wait_for(
-            &format!("{name}'s allocation Allocated"),
-            LIMIT,
-            async || {
-                let a = allocation(&client, name).await;
-                (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
-            },
-        )
-        .await;
+        let served = allocated(&client, name).await;
         assert_eq!(served.spec.totals.families, family);
     }
     let table = cluster
@@ -447,18 +451,8 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
 
     // Cambricon: 2 MLUs of 16 GiB from the Node's capacity (200 vcore, 128
     // vmemory of 256 MiB).
-    wait_for("mlu-1's GpuNode", LIMIT, async || {
-        let g = Api::<GpuNode>::all(client.clone())
-            .get_opt("mlu-1")
-            .await
-            .ok()??;
-        let status = g.status?;
-        (status.gpu_count == 2
-            && status.devices[0].family.as_str() == "cambricon"
-            && status.devices[0].memory_mib == 16384)
-            .then_some(())
-    })
-    .await;
+    let memory = vendor_gpu_node(&client, "mlu-1", "cambricon", 2).await;
+    assert_eq!(memory, 16384);
     // Each pod's smlu is made by the plugin's two Allocate calls; the
     // second marks the pod assigned and drops Cambricon's Node lock.
     let mut slots = Vec::new();
@@ -490,11 +484,7 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
         let a = pod_annotations(&pods, name).await;
         assert_eq!(a["CAMBRICON_DSMLU_ASSIGHED"], "true", "{a:?}");
         assert!(a.contains_key("CAMBRICON_DSMLU_PROFILE_INSTANCE"), "{a:?}");
-        wait_for(&format!("{name} Allocated"), LIMIT, async || {
-            let a = allocation(&client, name).await;
-            (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(())
-        })
-        .await;
+        allocated(&client, name).await;
         wait_for("Cambricon's Node lock released", LIMIT, async || {
             let node = Api::<Node>::all(client.clone()).get("mlu-1").await.ok()?;
             (!node
@@ -532,15 +522,7 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
     // Enflame DRS: 2 GCUs of 6 slices from `enflame.com/gcu-drs-capacity`.
     // gcushare serves a container whose `drs-gcu` limit matches, makes
     // the profile's instance on the GCU Tessera chose, and marks it.
-    wait_for("gcu-1's GpuNode", LIMIT, async || {
-        let g = Api::<GpuNode>::all(client.clone())
-            .get_opt("gcu-1")
-            .await
-            .ok()??;
-        let status = g.status?;
-        (status.gpu_count == 2 && status.devices[0].family.as_str() == "enflame").then_some(())
-    })
-    .await;
+    vendor_gpu_node(&client, "gcu-1", "enflame", 2).await;
     let mut minors = Vec::new();
     for (name, slices, profile) in [("drs-a", 3, "3g.24gb"), ("drs-b", 6, "6g.48gb")] {
         create(vendor_pod(name, json!({"enflame.com/drs-gcu": slices}))).await;
@@ -559,11 +541,7 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
         let records: Value = serde_json::from_str(&a["assigned-containers"]).unwrap();
         assert_eq!(records["cuda"]["allocated"], true, "{records}");
         assert_eq!(records["cuda"]["profileName"], profile, "{records}");
-        wait_for(&format!("{name} Allocated"), LIMIT, async || {
-            let a = allocation(&client, name).await;
-            (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(())
-        })
-        .await;
+        allocated(&client, name).await;
         minors.push(minor);
     }
     assert_ne!(
@@ -592,15 +570,7 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
         ("mt-1", "mthreads", 1),
         ("inf-1", "awsneuron", 2),
     ] {
-        wait_for(&format!("{node}'s GpuNode"), LIMIT, async || {
-            let g = Api::<GpuNode>::all(client.clone())
-                .get_opt(node)
-                .await
-                .ok()??;
-            let status = g.status?;
-            (status.gpu_count == count && status.devices[0].family.as_str() == family).then_some(())
-        })
-        .await;
+        vendor_gpu_node(&client, node, family, count).await;
     }
     for (name, limits, wanted) in [
         (
@@ -658,11 +628,7 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
         ("core", "awsneuron"),
         ("device", "awsneuron"),
     ] {
-        let served = wait_for(&format!("{name} Allocated"), LIMIT, async || {
-            let a = allocation(&client, name).await;
-            (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
-        })
-        .await;
+        let served = allocated(&client, name).await;
         assert_eq!(served.spec.totals.families, family);
     }
 }

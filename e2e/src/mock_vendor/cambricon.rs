@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{Patch, PatchParams},
 };
 use serde_json::json;
 use tessera_api::names::cambricon::{
@@ -262,12 +262,7 @@ pub async fn allocate(
         return Ok(envs);
     }
     let wanted = profile(pod).map_err(|e| format!("get profile from annotation {e}"))?;
-    let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    let all = Api::<Pod>::all(client.clone())
-        .list(&on_node)
-        .await
-        .map_err(|e| format!("list pods: {e}"))?
-        .items;
+    let all = super::pods_on(client, node, None).await?;
     check_room(devices, &all, pod, wanted)?;
     pending.instances += 1;
     let envs = env(wanted, pending.instances);

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{Patch, PatchParams},
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -189,12 +189,7 @@ pub async fn allocate(
     let record = records.entry(container.clone()).or_default();
     record.allocated = Some(true);
     if let (Some(name), Some(_)) = (&record.profile_name, &record.profile_id) {
-        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        let all = Api::<Pod>::all(client.clone())
-            .list(&on_node)
-            .await
-            .map_err(|e| format!("list pods: {e}"))?
-            .items;
+        let all = super::pods_on(client, node, None).await?;
         check_room(&all, &index, name)?;
         instances.0 += 1;
         record.instance_id = Some(instances.0.to_string());

@@ -100,15 +100,27 @@ pub use protocol::{
 
 use crate::Error;
 
-/// The node's pending pods (`spec.nodeName`, `status.phase=Pending`), as
-/// the plugins that find their pod themselves list them.
-pub(crate) async fn pending_on(client: &Client, node: &str) -> Result<Vec<Pod>, String> {
-    let selector = format!("spec.nodeName={node},status.phase=Pending");
+/// The node's pods (`spec.nodeName`), only those in `phase` when given.
+pub(crate) async fn pods_on(
+    client: &Client,
+    node: &str,
+    phase: Option<&str>,
+) -> Result<Vec<Pod>, String> {
+    let mut selector = format!("spec.nodeName={node}");
+    if let Some(phase) = phase {
+        selector.push_str(&format!(",status.phase={phase}"));
+    }
     Api::<Pod>::all(client.clone())
         .list(&ListParams::default().fields(&selector))
         .await
         .map(|l| l.items)
-        .map_err(|e| format!("failed to get pending pods assigned to node {node}: {e}"))
+        .map_err(|e| format!("failed to list the pods assigned to node {node}: {e}"))
+}
+
+/// The node's pending pods, as the plugins that find their pod themselves
+/// list them.
+pub(crate) async fn pending_on(client: &Client, node: &str) -> Result<Vec<Pod>, String> {
+    pods_on(client, node, Some("Pending")).await
 }
 
 /// Which vendor the mock plays.
@@ -397,12 +409,7 @@ impl MockPlugin {
 
     /// The pods bound to the node.
     async fn node_pods(&self, client: &Client) -> Result<Vec<Pod>, String> {
-        let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
-        Api::<Pod>::all(client.clone())
-            .list(&on_node)
-            .await
-            .map(|list| list.items)
-            .map_err(|e| format!("list Pods: {e}"))
+        pods_on(client, &self.node, None).await
     }
 
     /// Fails unless the Node's `hami.io/mutex.lock` names `pod` (the AMD
