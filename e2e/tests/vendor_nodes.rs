@@ -26,7 +26,7 @@ use tessera_e2e::{
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
     mock_vendor::{
-        Vendor, amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, enflame_gcus,
+        MockDevice, Vendor, amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, enflame_gcus,
         enflame_s60, hygon_dcus, iluvatar_mr_v100, kunlunxin_whole_xpus, kunlunxin_xpus,
         metax_c500, metax_gpus, mthreads_s4000, neuron_devices,
     },
@@ -82,6 +82,24 @@ async fn vendor_gpu_node(client: &Client, node: &str, family: &str, count: u32) 
     .await
 }
 
+/// The NVIDIA node beside the vendors' (one fake L4).
+fn nvidia_node() -> NodeGpus {
+    NodeGpus {
+        name: "gpu-1".into(),
+        gpus: FakeGpu::many("gpu1", 1, "NVIDIA L4", 23034, 1),
+        ..Default::default()
+    }
+}
+
+/// A node of `vendor`'s `devices`, served by the mock plugin.
+fn vendor_node(name: &str, vendor: Vendor, devices: Vec<MockDevice>) -> NodeGpus {
+    NodeGpus {
+        name: name.into(),
+        vendor: Some((vendor, devices)),
+        ..Default::default()
+    }
+}
+
 async fn allocation(client: &Client, name: &str) -> VgpuAllocation {
     Api::<VgpuAllocation>::namespaced(client.clone(), "default")
         .get(name)
@@ -97,56 +115,31 @@ async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let nodes = [
-        NodeGpus {
-            name: "gpu-1".into(),
-            gpus: FakeGpu::many("gpu1", 1, "NVIDIA L4", 23034, 1),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "npu-1".into(),
-            vendor: Some((
-                Vendor::Ascend {
-                    chip: "Ascend910B4".into(),
-                },
-                ascend_910b4(2),
-            )),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "dcu-1".into(),
-            vendor: Some((Vendor::Hygon, hygon_dcus(2))),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "amd-1".into(),
-            vendor: Some((
-                Vendor::Amd {
-                    product: "AMD Instinct MI300X VF".into(),
-                },
-                amd_mi300x(1),
-            )),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "ix-1".into(),
-            vendor: Some((
-                Vendor::Iluvatar {
-                    chip: "MR-V100".into(),
-                },
-                iluvatar_mr_v100(1),
-            )),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "xpu-1".into(),
-            vendor: Some((Vendor::Kunlunxin, kunlunxin_xpus(1))),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "mx-1".into(),
-            vendor: Some((Vendor::Metax, metax_c500(1))),
-            ..Default::default()
-        },
+        nvidia_node(),
+        vendor_node(
+            "npu-1",
+            Vendor::Ascend {
+                chip: "Ascend910B4".into(),
+            },
+            ascend_910b4(2),
+        ),
+        vendor_node("dcu-1", Vendor::Hygon, hygon_dcus(2)),
+        vendor_node(
+            "amd-1",
+            Vendor::Amd {
+                product: "AMD Instinct MI300X VF".into(),
+            },
+            amd_mi300x(1),
+        ),
+        vendor_node(
+            "ix-1",
+            Vendor::Iluvatar {
+                chip: "MR-V100".into(),
+            },
+            iluvatar_mr_v100(1),
+        ),
+        vendor_node("xpu-1", Vendor::Kunlunxin, kunlunxin_xpus(1)),
+        vendor_node("mx-1", Vendor::Metax, metax_c500(1)),
     ];
     let cluster =
         LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
@@ -392,51 +385,20 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let nodes = [
-        NodeGpus {
-            name: "gpu-1".into(),
-            gpus: FakeGpu::many("gpu1", 1, "NVIDIA L4", 23034, 1),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "mlu-1".into(),
-            vendor: Some((Vendor::Cambricon, cambricon_mlu370(2))),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "gcu-1".into(),
-            vendor: Some((Vendor::EnflameDrs, enflame_s60(2))),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "gcu-2".into(),
-            vendor: Some((Vendor::EnflameGcu, enflame_gcus(1))),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "mxg-1".into(),
-            vendor: Some((Vendor::MetaxGpu, metax_gpus(1))),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "xpu-2".into(),
-            vendor: Some((Vendor::KunlunxinXpu, kunlunxin_whole_xpus(4))),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "mt-1".into(),
-            vendor: Some((Vendor::Mthreads, mthreads_s4000(1))),
-            ..Default::default()
-        },
-        NodeGpus {
-            name: "inf-1".into(),
-            vendor: Some((
-                Vendor::Neuron {
-                    instance_type: "inf2.xlarge".into(),
-                },
-                neuron_devices(2),
-            )),
-            ..Default::default()
-        },
+        nvidia_node(),
+        vendor_node("mlu-1", Vendor::Cambricon, cambricon_mlu370(2)),
+        vendor_node("gcu-1", Vendor::EnflameDrs, enflame_s60(2)),
+        vendor_node("gcu-2", Vendor::EnflameGcu, enflame_gcus(1)),
+        vendor_node("mxg-1", Vendor::MetaxGpu, metax_gpus(1)),
+        vendor_node("xpu-2", Vendor::KunlunxinXpu, kunlunxin_whole_xpus(4)),
+        vendor_node("mt-1", Vendor::Mthreads, mthreads_s4000(1)),
+        vendor_node(
+            "inf-1",
+            Vendor::Neuron {
+                instance_type: "inf2.xlarge".into(),
+            },
+            neuron_devices(2),
+        ),
     ];
     let cluster =
         LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
