@@ -6,13 +6,8 @@ use clap::Parser;
 use tokio::net::TcpListener;
 
 use crate::{
-    Error,
-    cache::Cache,
-    config::Config,
-    extender::Extender,
-    metrics::Metrics,
-    projection::Projection,
-    webhook::{Webhook, certificate::CertificateFiles},
+    Error, cache::Cache, config::Config, extender::Extender, metrics::Metrics,
+    projection::Projection, webhook::Webhook,
 };
 
 /// Tessera's control plane: kube-scheduler extender (filter, prioritize, bind),
@@ -138,7 +133,7 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
     tracing::info!(%addr, "webhook listening");
     let webhook = serve_webhook(
         webhook,
-        CertificateFiles::new(tls_cert_file, tls_key_file),
+        crate::webhook::certificate::CertificateFiles::new(tls_cert_file, tls_key_file),
         Webhook::new(config.clone(), projection.clone(), metrics.clone()),
     );
     let extender = TcpListener::bind(extender_addr)
@@ -203,28 +198,7 @@ pub fn start_loops(
     (projection, election)
 }
 
-/// Serves the webhook over HTTPS on `listener` until the task is dropped,
-/// reloading the certificate when its files change.
-pub async fn serve_webhook(
-    listener: std::net::TcpListener,
-    mut files: CertificateFiles,
-    webhook: Webhook,
-) -> Result<(), Error> {
-    // kube and axum-server both use rustls with ring; make ring the process default.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tls = files.load().await?;
-    listener
-        .set_nonblocking(true)
-        .map_err(Error::serve("the webhook's listener"))?;
-    let server = axum_server::from_tcp_rustls(listener, tls.clone())
-        .map_err(Error::serve("the webhook's listener"))?
-        .serve(webhook.router().into_make_service());
-    tokio::select! {
-        result = server => result.map_err(Error::serve("serving the webhook"))?,
-        () = files.keep_current(tls) => {}
-    }
-    Ok(())
-}
+pub use crate::webhook::serve as serve_webhook;
 
 /// Serves the extender on `listener` until the task is dropped (with
 /// `/metrics`, `/healthz` and `/readyz` beside its verbs).

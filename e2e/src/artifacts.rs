@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{Error, tools};
+use crate::{error::Error, tools};
 
 /// Tessera's build outputs.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use nix::{
     unistd::Pid,
 };
 
-use crate::Error;
+use crate::error::Error;
 
 /// SIGKILLs every process of the pod `pod_uid` whose command name
 /// (`/proc/<pid>/comm`, its first 15 bytes) starts with `comm`'s first 15; returns their

@@ -17,11 +17,14 @@ use serde_json::{Value, json};
 use tessera_api::v1alpha1::GpuNodeConfig;
 
 use crate::{
-    ControlPlane, Error, Lifetime, Options,
     artifacts::Artifacts,
+    control_plane::ControlPlane,
+    control_plane::Options,
+    error::Error,
     helm, images,
     kube_proxy::KubeProxy,
     node::{self, AgentMode, FakeGpu, NodeSpec, RealNode},
+    process::Lifetime,
 };
 
 /// The namespace and release Tessera is installed as.

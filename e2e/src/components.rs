@@ -4,7 +4,7 @@ use std::{fs, path::Path};
 
 use serde_json::{Value, json};
 
-use crate::{ControlPlane, Error, control_plane::free_port, tools};
+use crate::{control_plane::ControlPlane, error::Error, net::free_port, tools};
 
 impl ControlPlane {
     /// Starts kube-scheduler with the caller's `KubeSchedulerConfiguration`

@@ -8,7 +8,7 @@ use std::{
     process::{Command, Output},
 };
 
-use crate::{Error, tools};
+use crate::{error::Error, tools};
 
 /// The chart in this repository.
 pub fn chart_dir() -> PathBuf {

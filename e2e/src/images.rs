@@ -22,7 +22,7 @@ pub use components::{
 pub use demo::{CUDA_IMAGE, PAUSE_IMAGE};
 
 use crate::oci::Archive;
-use crate::{Error, artifacts::Artifacts, tools};
+use crate::{artifacts::Artifacts, error::Error, tools};
 
 /// Archives ready for `ctr images import`.
 #[derive(Debug, Clone)]

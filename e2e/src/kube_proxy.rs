@@ -14,7 +14,7 @@ use std::{
     process::Command,
 };
 
-use crate::{ControlPlane, Error, control_plane::free_port, process::Process, tools};
+use crate::{control_plane::ControlPlane, error::Error, net::free_port, process::Process, tools};
 
 /// The lock naming the kube-proxy process that owns the host's chains.
 const LOCK: &str = "/run/tessera-kube-proxy.pid";

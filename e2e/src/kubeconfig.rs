@@ -5,7 +5,7 @@ use std::{fs, path::Path};
 use base64::{Engine, engine::general_purpose::STANDARD};
 use serde_json::json;
 
-use crate::{Error, pki::Pki};
+use crate::{error::Error, pki::Pki};
 
 /// Writes a kubeconfig with the CA embedded and the admin token, so the file
 /// works wherever it is copied.

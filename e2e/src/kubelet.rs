@@ -41,7 +41,7 @@ use tessera_deviceplugin::{
 use tokio::{sync::watch, task::JoinHandle};
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::Error;
+use crate::error::Error;
 
 /// One container the plugin served.
 #[derive(Clone, Debug, PartialEq, Eq)]

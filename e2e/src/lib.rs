@@ -34,6 +34,7 @@ mod kubeconfig;
 pub mod kubelet;
 mod kwok;
 pub mod mock_vendor;
+mod net;
 pub mod node;
 pub mod oci;
 pub mod pki;
@@ -43,9 +44,10 @@ pub mod testkit;
 pub mod tools;
 pub mod watchdog;
 
-pub use control_plane::{ControlPlane, Options, free_port, host_ip, remove_stale_dirs};
+pub use control_plane::{ControlPlane, Options, remove_stale_dirs};
 pub use error::Error;
 pub use kwok::ANNOTATION as KWOK_ANNOTATION;
+pub use net::{free_port, host_ip};
 pub use process::Lifetime;
 
 use std::path::Path;

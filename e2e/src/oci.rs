@@ -27,7 +27,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::Error;
+use crate::error::Error;
 
 /// The index annotation `ctr images import` names an image by.
 pub const CONTAINERD_IMAGE_NAME: &str = "io.containerd.image.name";

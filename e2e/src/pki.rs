@@ -11,7 +11,7 @@ use rcgen::{
     KeyUsagePurpose, SanType,
 };
 
-use crate::Error;
+use crate::error::Error;
 
 /// The static token the harness authenticates with (group `system:masters`).
 pub const ADMIN_TOKEN_USER: &str = "tessera-admin";

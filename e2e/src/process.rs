@@ -22,7 +22,7 @@ use nix::{
     unistd::Pid,
 };
 
-use crate::Error;
+use crate::error::Error;
 
 /// How long a process has to exit after SIGTERM before it gets SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);

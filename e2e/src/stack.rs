@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::artifacts::Artifacts;
 use crate::process::Process;
-use crate::{ControlPlane, Error, free_port};
+use crate::{control_plane::ControlPlane, error::Error, net::free_port};
 
 /// The scheduler profile GPU pods are sent to (the webhook sets it).
 pub const SCHEDULER_NAME: &str = "tessera-scheduler";

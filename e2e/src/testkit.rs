@@ -39,10 +39,14 @@ pub async fn one_gpu_node(
         gpus,
         ..Default::default()
     }];
-    let cluster =
-        crate::cluster::LocalCluster::start(None, crate::Lifetime::Tied, &nodes, &artifacts)
-            .await
-            .unwrap();
+    let cluster = crate::cluster::LocalCluster::start(
+        None,
+        crate::process::Lifetime::Tied,
+        &nodes,
+        &artifacts,
+    )
+    .await
+    .unwrap();
     (cluster, uuid)
 }
 

@@ -6,7 +6,7 @@ use std::{
     sync::OnceLock,
 };
 
-use crate::Error;
+use crate::error::Error;
 
 /// Names of the binaries the harness runs.
 pub const BINARIES: [&str; 9] = [

@@ -6,7 +6,7 @@
 //! runs after the limit (default 10 minutes, `TESSERA_TEST_TIMEOUT_SECS`
 //! overrides), the watchdog names the test and exits the test process with
 //! status 124. Every component dies with it (they are
-//! [`crate::Lifetime::Tied`]).
+//! [`crate::process::Lifetime::Tied`]).
 
 use std::{
     io::Write,

@@ -14,7 +14,7 @@ use kube::{Api, ResourceExt, api::ListParams};
 use tessera_api::v1alpha1::{FrontDoor, GpuNode, VgpuAllocation};
 use tokio::sync::watch;
 
-use crate::{dra::allocated_from, inventory::Offer, view::NodeView};
+use crate::{claims::allocated_from, offer::Offer, view::NodeView};
 
 /// The door the node serves through and the one its configs ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]

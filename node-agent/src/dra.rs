@@ -19,14 +19,10 @@ pub mod server;
 pub mod service;
 pub mod slice;
 
+pub use crate::claims::allocated_from;
 pub use discovery::dra_served;
 pub use mirror::{mirror, mirror_name};
-pub use prepare::{ClaimGpu, allocated_from, cdi_spec, claim_gpus, prepared_devices};
-pub use slice::resource_slice;
+pub use prepare::{ClaimGpu, cdi_spec, claim_gpus, prepared_devices};
+pub use slice::{device_name, resource_slice};
 
 pub use tessera_api::names::dra::{CDI_KIND, DRIVER};
-
-/// The device name of GPU `index` in the node's pool (a DNS label).
-pub fn device_name(index: u32) -> String {
-    format!("gpu-{index}")
-}

@@ -44,7 +44,7 @@ pub enum Error {
     },
     /// The kubelet's Allocate (or GetPreferredAllocation) cannot be served.
     #[error(transparent)]
-    Allocate(#[from] crate::plugin::AllocateError),
+    Allocate(#[from] AllocateError),
     /// A local file or socket operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -106,4 +106,52 @@ impl Error {
             source: Box::new(source),
         }
     }
+}
+
+/// Why Allocate cannot be served. Each message is what the kubelet shows
+/// on the pod (UnexpectedAdmissionError), so it says what to check.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AllocateError {
+    /// No NodeLock: no GPU pod is between binding and Allocate here.
+    #[error(
+        "node {node} has no NodeLock: no GPU pod is waiting for devices here. Either the pod was not scheduled by Tessera's scheduler (schedulerName tessera-scheduler, which locks the node before binding), or its lock was released before the kubelet asked (it expired, or the pod was deleted); delete the pod so it is scheduled again"
+    )]
+    NoLock {
+        /// The node.
+        node: String,
+    },
+    /// The lock names a pod whose allocation is missing or belongs to another pod.
+    #[error("NodeLock {node} names pod {pod} but its VgpuAllocation {detail}")]
+    NoAllocation {
+        /// The node.
+        node: String,
+        /// `namespace/name` of the lock holder.
+        pod: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Every container of the pod has been served already.
+    #[error(
+        "pod {pod}: every GPU container was already served ({served}); the kubelet asked again"
+    )]
+    AlreadyServed {
+        /// `namespace/name`.
+        pod: String,
+        /// The containers served.
+        served: String,
+    },
+    /// The kubelet asks for a different number of devices than the allocation holds.
+    #[error(
+        "pod {pod} container {container}: the kubelet asks for {requested} device(s) but the allocation holds {allocated}"
+    )]
+    CountMismatch {
+        /// `namespace/name`.
+        pod: String,
+        /// The container.
+        container: String,
+        /// Device IDs in the request.
+        requested: usize,
+        /// Devices in the allocation.
+        allocated: usize,
+    },
 }

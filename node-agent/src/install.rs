@@ -28,7 +28,7 @@ const LIMITS_MODE: u32 = 0o644;
 /// read-only, so the container cannot loosen its own limits). The file is
 /// replaced atomically; an existing region directory is kept.
 pub fn prepare_container_dirs(
-    paths: &crate::plugin::HostPaths,
+    paths: &crate::contract::HostPaths,
     region_dir: &Path,
     envs: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), Error> {
@@ -134,7 +134,7 @@ mod tests {
     #[test]
     fn a_container_gets_its_region_directory_and_a_limits_file_of_its_limits_only() {
         let dir = tempfile::tempdir().unwrap();
-        let paths = crate::plugin::HostPaths {
+        let paths = crate::contract::HostPaths {
             library: dir.path().join("lib.so"),
             preload: dir.path().join("preload"),
             regions: dir.path().join("containers"),

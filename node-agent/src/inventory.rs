@@ -3,21 +3,14 @@
 //! GpuNodeConfig change, without a restart.
 
 use tessera_api::{
-    node_config::{Resolved, resolve},
-    v1alpha1::{FrontDoor, GpuDevice, NodeSettings},
+    node_config::resolve,
+    v1alpha1::{FrontDoor, NodeSettings},
 };
 use tokio::sync::watch;
 
 use crate::{backend::PhysicalGpu, settings::offered, view::NodeView};
 
-/// The node's offer: settings, where they came from, and the devices.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Offer {
-    /// The resolved settings and applied configs.
-    pub resolved: Resolved,
-    /// The devices under those settings.
-    pub devices: Vec<GpuDevice>,
-}
+pub use crate::offer::Offer;
 
 /// Keeps an [`Offer`] current; the first value is computed before returning.
 /// Where the cluster does not serve DRA (`dra` false), a config's
@@ -41,7 +34,7 @@ pub async fn track(
         if unserved_dra {
             resolved.settings.front_door = FrontDoor::DevicePlugin;
         }
-        let holders = crate::mig::holders(&view.allocations());
+        let holders = crate::holders::holders(&view.allocations());
         let devices = offered(physical, &resolved.settings, &holders);
         (Offer { resolved, devices }, unserved_dra)
     };

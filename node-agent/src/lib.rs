@@ -1,6 +1,10 @@
 //! Tessera's node agent.
 //!
 //! - [`backend`]: the node's GPUs from NVML or from a file of fake GPUs.
+//! - [`offer`]: what the node offers (its devices under its settings).
+//! - [`holders`]: who holds what, read from the node's allocations.
+//! - [`contract`]: what a container gets for the interposer, through either door.
+//! - [`readiness`]: whether the kubelet can use the device plugin now.
 //! - [`settings`]: the node's settings (GpuNodeConfig) applied to them.
 //! - [`door`]: the node's front door (device plugin or DRA) and when it may switch.
 //! - [`dra`]: the DRA front door: ResourceSlice, kubelet DRA plugin, claim mirrors.
@@ -17,19 +21,26 @@
 #![forbid(unsafe_code)]
 pub mod app;
 pub mod backend;
+mod claims;
+pub mod contract;
 pub mod door;
 pub mod dra;
 mod error;
+pub mod holders;
 pub mod install;
 pub mod inventory;
 pub mod lease;
 pub mod mig;
 pub mod monitor;
 pub mod mps;
+pub mod offer;
+mod owner;
 mod periodic;
 pub mod plugin;
 pub mod publish;
+pub mod readiness;
 pub mod settings;
+mod socket;
 pub mod supervise;
 pub mod view;
 

@@ -16,52 +16,23 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube::ResourceExt;
 use tessera_api::{
     mig,
-    v1alpha1::{MigLayout, MigPlacement, MigSlice, MigStrategy, OperatingMode, VgpuAllocation},
+    v1alpha1::{MigLayout, MigSlice, MigStrategy, OperatingMode, VgpuAllocation},
 };
 
-use crate::{Error, backend::Backend, inventory::Offer};
-
-/// The allocation (`namespace/name`) each MIG instance of a live allocation
-/// belongs to, by parent GPU and placement.
-pub type MigHolders = HashMap<(String, MigPlacement), String>;
+use crate::{
+    Error,
+    backend::Backend,
+    holders::{MigHolders, wanted},
+    offer::Offer,
+};
 
 /// How long a new instance is safe from the clean-up pass.
 pub const GRACE: Duration = Duration::from_secs(30);
 
 /// How often the clean-up pass runs.
 pub const PASS: Duration = Duration::from_secs(2);
-
-/// What live allocations want: per (GPU, placement), the holder and the profile.
-pub fn wanted(allocations: &[VgpuAllocation]) -> HashMap<(String, MigPlacement), (String, String)> {
-    let mut wanted = HashMap::new();
-    for allocation in crate::monitor::live_allocations(allocations) {
-        let holder = format!(
-            "{}/{}",
-            allocation.namespace().unwrap_or_default(),
-            allocation.name_any()
-        );
-        for device in allocation.spec.containers.iter().flat_map(|c| &c.devices) {
-            if let Some(slice) = &device.mig {
-                wanted.insert(
-                    (device.uuid.clone(), slice.placement),
-                    (holder.clone(), slice.profile.clone()),
-                );
-            }
-        }
-    }
-    wanted
-}
-
-/// The holders of live allocations' MIG instances, for the GpuNode.
-pub fn holders(allocations: &[VgpuAllocation]) -> MigHolders {
-    wanted(allocations)
-        .into_iter()
-        .map(|(key, (holder, _))| (key, holder))
-        .collect()
-}
 
 /// Creates and destroys the node's dynamic MIG instances.
 pub struct MigManager {
@@ -242,7 +213,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::{backend::FakeBackend, settings::offered};
+    use tessera_api::v1alpha1::MigPlacement;
+
+    use crate::{backend::FakeBackend, holders::holders, settings::offered};
 
     const GPU: &str = "GPU-a100-0";
 

@@ -27,29 +27,16 @@ use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use tessera_api::v1alpha1::VgpuAllocation;
 
-use crate::backend::Backend;
+use crate::{backend::Backend, holders::live_allocations};
 
 pub mod arbiter;
 pub mod hami;
 pub mod regions;
 mod scrape;
+mod usage;
 
 pub use scrape::{Scrape, render};
-
-/// What a container's region says about one of its devices.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Reading {
-    /// Bytes the container's processes hold on the device.
-    pub used: u64,
-    /// When a live process of the container last launched a kernel on the
-    /// device (`CLOCK_MONOTONIC` ns); `None` if none did, or launches are
-    /// not recorded (the interposer records them for containers with a
-    /// compute limit or high priority).
-    pub launched_at: Option<u64>,
-}
-
-/// Readings per container and CUDA ordinal, read from region files.
-pub type Usage = BTreeMap<(String, usize), Reading>;
+pub use usage::{Reading, Usage};
 
 /// Reads the region of every container directory under `regions`
 /// (`<pod-uid>_<container>/region`): keyed by that directory name and ordinal.
@@ -96,7 +83,7 @@ pub struct Sources {
     /// The node-scoped watches.
     pub view: crate::view::NodeView,
     /// The node's offer.
-    pub offers: tokio::sync::watch::Receiver<crate::inventory::Offer>,
+    pub offers: tokio::sync::watch::Receiver<crate::offer::Offer>,
     /// The directory of the containers' region directories.
     pub regions: std::path::PathBuf,
     /// The GPU backend, asked for memory in use and utilisation.
@@ -104,7 +91,7 @@ pub struct Sources {
     /// Whether HAMi's legacy names are exported too (`--legacy-metrics`).
     pub legacy: bool,
     /// The device plugin's registration with the kubelet (`/readyz`).
-    pub plugin: tokio::sync::watch::Receiver<crate::plugin::PluginState>,
+    pub plugin: tokio::sync::watch::Receiver<crate::readiness::PluginState>,
 }
 
 /// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (the
@@ -119,12 +106,12 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
         let state = *plugin.borrow();
         async move {
             match state {
-                crate::plugin::PluginState::Registered => (StatusCode::OK, "ok"),
-                crate::plugin::PluginState::NotRegistered => (
+                crate::readiness::PluginState::Registered => (StatusCode::OK, "ok"),
+                crate::readiness::PluginState::NotRegistered => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the device plugin is not registered with the kubelet",
                 ),
-                crate::plugin::PluginState::Stopping => (
+                crate::readiness::PluginState::Stopping => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the node agent is stopping",
                 ),
@@ -172,11 +159,6 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
     if let Err(error) = axum::serve(listener, router).await {
         tracing::error!(%error, "metrics server stopped");
     }
-}
-
-/// The allocations that still hold their slices (not Released or Failed).
-pub fn live_allocations(allocations: &[VgpuAllocation]) -> impl Iterator<Item = &VgpuAllocation> {
-    allocations.iter().filter(|a| a.is_live())
 }
 
 /// For each live container with a region, per CUDA ordinal: whether its GPU

@@ -20,6 +20,7 @@
 //! commands on a socket in the pipe directory.
 
 mod control;
+mod daemon;
 mod fake;
 
 use std::{
@@ -35,46 +36,13 @@ use tessera_api::{
 };
 
 pub use control::NvidiaControl;
+pub use daemon::{CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, MpsControl, MpsDaemon, SHM_DIR};
 pub use fake::FakeControl;
 
-use crate::{
-    Error,
-    inventory::Offer,
-    plugin::{Grant, MountSpec},
-};
-
-/// The pipe directory in an MPS container (MPS's default).
-pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
-/// The log directory in an MPS container (MPS's default).
-pub const CONTAINER_LOG_DIR: &str = "/var/log/nvidia-mps";
-/// Where MPS server and clients share memory.
-pub const SHM_DIR: &str = "/dev/shm";
+use crate::{Error, contract::MountSpec, offer::Offer};
 
 /// How often the daemons are checked (and started where missing).
 pub const PASS: Duration = Duration::from_secs(2);
-
-/// One GPU's daemon: the GPU and its directories on the host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MpsDaemon {
-    /// The GPU (`CUDA_VISIBLE_DEVICES` of the daemon).
-    pub uuid: String,
-    /// `CUDA_MPS_PIPE_DIRECTORY` on the host.
-    pub pipe_dir: PathBuf,
-    /// `CUDA_MPS_LOG_DIRECTORY` on the host.
-    pub log_dir: PathBuf,
-    /// The `/dev/shm` the daemons and their clients share, on the host.
-    pub shm_dir: PathBuf,
-}
-
-/// Starts and commands MPS control daemons.
-pub trait MpsControl: Send + Sync {
-    /// Starts the daemon in the background (`nvidia-cuda-mps-control -d`);
-    /// its directories exist.
-    fn start(&self, daemon: &MpsDaemon) -> Result<(), Error>;
-    /// Sends one control command (`get_server_list`, `quit`, ...) and
-    /// returns the daemon's answer.
-    fn command(&self, daemon: &MpsDaemon, command: &str) -> Result<String, Error>;
-}
 
 /// Keeps one daemon running per GPU in MPS mode.
 pub struct MpsManager {
@@ -215,49 +183,43 @@ pub async fn keep_daemons(manager: Arc<MpsManager>, offers: tokio::sync::watch::
     .await;
 }
 
-impl Grant {
-    /// The grant for a container on an MPS GPU: the GPU, the daemon's
-    /// directories read-only, the shared `/dev/shm`, and the client's share of the GPU
-    /// (`memory_mib` pinned, `cores` percent of the SMs; 0 or 100: all);
-    /// no interposer, no region directory.
-    pub fn with_mps(mut self, daemon: &MpsDaemon, memory_mib: u64, cores: u32) -> Self {
-        let visible = env::NVIDIA_VISIBLE_DEVICES;
-        let keep: Vec<(String, String)> = self
-            .envs
-            .iter()
-            .filter(|(k, _)| k.as_str() == visible)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        self.envs = keep.into_iter().collect();
-        let mut set = |name: &str, value: String| self.envs.insert(name.to_owned(), value);
-        set(env::CUDA_MPS_PIPE_DIRECTORY, CONTAINER_PIPE_DIR.to_owned());
-        set(env::CUDA_MPS_LOG_DIRECTORY, CONTAINER_LOG_DIR.to_owned());
-        set(
-            env::CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
-            format!("0={memory_mib}M"),
-        );
-        if (1..100).contains(&cores) {
-            set(env::CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, cores.to_string());
-        }
-        self.mounts = vec![
-            MountSpec {
-                container_path: CONTAINER_PIPE_DIR.to_owned(),
-                host_path: daemon.pipe_dir.clone(),
-                read_only: true,
-            },
-            MountSpec {
-                container_path: CONTAINER_LOG_DIR.to_owned(),
-                host_path: daemon.log_dir.clone(),
-                read_only: true,
-            },
-            MountSpec {
-                container_path: SHM_DIR.to_owned(),
-                host_path: daemon.shm_dir.clone(),
-                read_only: false,
-            },
-        ];
-        self
+/// A client's part of an MPS GPU: the daemon's directories read-only, the
+/// shared `/dev/shm`, and its share of the GPU (`memory_mib` pinned,
+/// `cores` percent of the SMs; 0 or 100: all) as MPS client settings.
+pub fn client_share(
+    daemon: &MpsDaemon,
+    memory_mib: u64,
+    cores: u32,
+) -> (BTreeMap<String, String>, Vec<MountSpec>) {
+    let mut envs = BTreeMap::new();
+    let mut set = |name: &str, value: String| envs.insert(name.to_owned(), value);
+    set(env::CUDA_MPS_PIPE_DIRECTORY, CONTAINER_PIPE_DIR.to_owned());
+    set(env::CUDA_MPS_LOG_DIRECTORY, CONTAINER_LOG_DIR.to_owned());
+    set(
+        env::CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
+        format!("0={memory_mib}M"),
+    );
+    if (1..100).contains(&cores) {
+        set(env::CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, cores.to_string());
     }
+    let mounts = vec![
+        MountSpec {
+            container_path: CONTAINER_PIPE_DIR.to_owned(),
+            host_path: daemon.pipe_dir.clone(),
+            read_only: true,
+        },
+        MountSpec {
+            container_path: CONTAINER_LOG_DIR.to_owned(),
+            host_path: daemon.log_dir.clone(),
+            read_only: true,
+        },
+        MountSpec {
+            container_path: SHM_DIR.to_owned(),
+            host_path: daemon.shm_dir.clone(),
+            read_only: false,
+        },
+    ];
+    (envs, mounts)
 }
 
 #[cfg(test)]

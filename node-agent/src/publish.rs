@@ -10,7 +10,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Api, Client, Resource,
+    Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
@@ -18,7 +18,7 @@ use tessera_api::names::node_annotations::GPU_READY;
 use tessera_api::v1alpha1::{DeviceHealth, GpuNode, GpuNodeSpec, GpuNodeStatus};
 use tokio::sync::watch;
 
-use crate::{Error, door::Door, inventory::Offer, plugin::PluginState};
+use crate::{Error, door::Door, offer::Offer, owner::owner_of, readiness::PluginState};
 
 /// The GpuNode status for an offer, with the device plugin in `plugin`,
 /// served through `door`.
@@ -327,15 +327,6 @@ pub(crate) async fn owner(client: &Client, node: &str) -> Result<Option<OwnerRef
         .await
         .map_err(Error::kube("reading the Node"))?;
     Ok(found.as_ref().and_then(owner_of))
-}
-
-/// The owner reference a Node's dependents (its GpuNode, its ResourceSlice)
-/// carry: not as controller, so the Node's own controllers ignore them.
-pub(crate) fn owner_of(node: &Node) -> Option<OwnerReference> {
-    node.controller_owner_ref(&()).map(|mut o| {
-        o.controller = Some(false);
-        o
-    })
 }
 
 #[cfg(test)]

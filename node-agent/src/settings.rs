@@ -10,7 +10,7 @@ use tessera_api::v1alpha1::{
 
 use crate::{
     backend::{PhysicalGpu, PhysicalMig},
-    mig::MigHolders,
+    holders::MigHolders,
 };
 
 /// The GPUs the node offers under `settings`: filtered devices left out,

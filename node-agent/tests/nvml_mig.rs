@@ -16,7 +16,8 @@ use tessera_api::{
 };
 use tessera_node_agent::{
     backend::{Backend, NvmlBackend},
-    mig::{MigHolders, MigManager},
+    holders::MigHolders,
+    mig::MigManager,
     settings::offered,
 };
 

@@ -1,6 +1,9 @@
 //! `NodeLock`: who the node agent serves next on a node.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    jiff::{SignedDuration, Timestamp},
+};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -63,6 +66,37 @@ pub struct NodeLockSpec {
     pub ttl_seconds: u32,
     /// `acquiredAt + ttlSeconds`: after this anyone may take the lock over.
     pub expires_at: Time,
+}
+
+impl NodeLock {
+    /// The lock of `node` naming `holder` (whose allocation is
+    /// `allocation`), acquired at `now` in whole seconds (as the API server
+    /// stores times) and valid for `ttl_seconds`.
+    pub fn held(
+        node: &str,
+        holder: &PodReference,
+        allocation: &str,
+        ttl_seconds: u32,
+        now: Timestamp,
+    ) -> NodeLock {
+        let now = Timestamp::from_second(now.as_second()).unwrap_or(now);
+        let expires = now
+            .checked_add(SignedDuration::from_secs(i64::from(ttl_seconds)))
+            .unwrap_or(now);
+        NodeLock {
+            metadata: ObjectMeta {
+                name: Some(node.to_owned()),
+                ..Default::default()
+            },
+            spec: NodeLockSpec {
+                holder: holder.clone(),
+                allocation: allocation.to_owned(),
+                acquired_at: Time(now),
+                ttl_seconds,
+                expires_at: Time(expires),
+            },
+        }
+    }
 }
 
 /// Identifies one incarnation of a pod.

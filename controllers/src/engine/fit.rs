@@ -7,9 +7,9 @@ use tessera_api::{
 };
 
 use super::{
-    ContainerPlacement, DeviceUsage, EXCLUSIVE_CORES, GpuDevice, MigCut, NodeGpus, Placement,
-    Rejection, Slice,
-    reason::{Cause, Census},
+    node::{DeviceUsage, GpuDevice, NodeGpus, Profile},
+    placement::{ContainerPlacement, EXCLUSIVE_CORES, MAX_CORE_INDEXES, MigCut, Placement, Slice},
+    reason::{Cause, Census, Rejection},
     score::device_load,
     wings,
 };
@@ -539,7 +539,7 @@ fn free_cores(device: &GpuDevice, used: &DeviceUsage, wanted: u32) -> Option<u8>
     let held = used.core_mask();
     let mut mask = 0u8;
     let mut found = 0;
-    for bit in 0..device.cores.min(super::MAX_CORE_INDEXES as u32) {
+    for bit in 0..device.cores.min(MAX_CORE_INDEXES as u32) {
         if found == wanted {
             break;
         }
@@ -555,7 +555,7 @@ fn free_cores(device: &GpuDevice, used: &DeviceUsage, wanted: u32) -> Option<u8>
 /// first), with its position (HAMi's `selectProfileByRequest`): the one of
 /// exactly the slices asked for; or the smallest with the memory (GB, read
 /// as MiB when above twice the largest profile's GB) and cores asked for.
-fn drs_profile(profiles: &[super::Profile], ask: DrsAsk) -> Option<(usize, &super::Profile)> {
+fn drs_profile(profiles: &[Profile], ask: DrsAsk) -> Option<(usize, &Profile)> {
     let mut all = profiles.iter().enumerate();
     match ask {
         DrsAsk::Slices(size) => all.find(|(_, p)| p.size == size),

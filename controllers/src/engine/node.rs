@@ -7,7 +7,7 @@ use tessera_api::{
     v1alpha1::{AppClass, DeviceFamily, MigLayout, OperatingMode, PlacementScore, QosPolicy},
 };
 
-use super::{EXCLUSIVE_CORES, MAX_CORE_INDEXES, Slice};
+use super::placement::{EXCLUSIVE_CORES, MAX_CORE_INDEXES, Slice};
 
 /// One GPU as the scheduler sees it: capacity after scaling.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,10 @@ use tessera_api::{
     v1alpha1::{AppClass, DeviceFamily},
 };
 
-use super::{DeviceUsage, EXCLUSIVE_CORES, GpuDevice};
+use super::{
+    node::{DeviceUsage, GpuDevice},
+    placement::EXCLUSIVE_CORES,
+};
 
 /// Why one device cannot take a slice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

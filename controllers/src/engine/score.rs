@@ -2,7 +2,7 @@
 
 use tessera_api::v1alpha1::SchedulingPolicy;
 
-use super::{DeviceUsage, GpuDevice, NodeGpus};
+use super::node::{DeviceUsage, GpuDevice, NodeGpus};
 
 /// kube-scheduler's extender scores range over 0..=10 (`MaxExtenderPriority`).
 pub const MAX_SCORE: i64 = 10;
@@ -63,7 +63,7 @@ fn node_fullness(node: &NodeGpus) -> f64 {
 /// and would bind one at a time (measured at 1,000 nodes: up to 48 pods of a
 /// burst on one node, lock wait p50 5 s).
 ///
-/// With a vendor `topology` score (0.0 to 1.0, [`super::topology_score`])
+/// With a vendor `topology` score (0.0 to 1.0, [`super::topology::topology_score`])
 /// the topology ranks first, as HAMi's device scores outweigh its node
 /// score: three tiers (worst, middle, best) of three policy steps, 1 to 9.
 pub fn prioritized_score(

@@ -11,7 +11,11 @@ use tessera_api::{
     v1alpha1::{DeviceFamily, SchedulingPolicy, Sharing},
 };
 
-use super::{EXCLUSIVE_CORES, NodeGpus, Placement, fit};
+use super::{
+    fit::fit,
+    node::NodeGpus,
+    placement::{EXCLUSIVE_CORES, Placement},
+};
 
 /// The pod's topology score on `node` (the sum over the scored families,
 /// as HAMi adds its device scores), or `None` when no container asks for

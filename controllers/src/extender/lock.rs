@@ -16,16 +16,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::{
-    api::core::v1::Pod,
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
-    jiff::{SignedDuration, Timestamp},
-};
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, PostParams, Preconditions},
 };
-use tessera_api::v1alpha1::{NodeLock, NodeLockSpec, PodReference};
+use tessera_api::v1alpha1::{NodeLock, PodReference};
 
 use crate::{Error, projection::LockTable};
 
@@ -53,24 +49,7 @@ pub fn lock_object(
     allocation: &str,
     ttl_seconds: u32,
 ) -> NodeLock {
-    let now =
-        Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
-    let expires = now
-        .checked_add(SignedDuration::from_secs(i64::from(ttl_seconds)))
-        .unwrap_or(now);
-    NodeLock {
-        metadata: ObjectMeta {
-            name: Some(node.to_owned()),
-            ..Default::default()
-        },
-        spec: NodeLockSpec {
-            holder: holder.clone(),
-            allocation: allocation.to_owned(),
-            acquired_at: Time(now),
-            ttl_seconds,
-            expires_at: Time(expires),
-        },
-    }
+    NodeLock::held(node, holder, allocation, ttl_seconds, Timestamp::now())
 }
 
 /// Takes NodeLocks for Bind: one Bind per node at a time inside this

@@ -13,7 +13,10 @@ use kube::{
 use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation, VgpuAllocationStatus};
 use tessera_kubekit::Watched;
 
-use super::{Caches, release_reason, retry_cached, served_unrecorded};
+use super::{
+    caches::{Caches, retry_cached},
+    decide::{release_reason, served_unrecorded},
+};
 use crate::Error;
 
 /// How soon a release that met a newer version of its allocation (the

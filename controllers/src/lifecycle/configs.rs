@@ -19,7 +19,7 @@ use tessera_api::{
 };
 use tessera_kubekit::Watched;
 
-use super::RETRY;
+use super::caches::RETRY;
 use crate::Error;
 
 /// Runs the controller on `configs`, woken by every change of `nodes`.

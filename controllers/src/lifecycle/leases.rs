@@ -14,7 +14,10 @@ use kube::{
 use tessera_api::v1alpha1::{GpuNode, GpuNodeStatus};
 use tessera_kubekit::Watched;
 
-use super::{LeaseVerdict, RETRY, lease_lapsed_conditions, lease_verdict};
+use super::{
+    caches::RETRY,
+    decide::{LeaseVerdict, lease_lapsed_conditions, lease_verdict},
+};
 use crate::Error;
 
 /// Runs the controller on `leases` (of the agents' namespace).

@@ -13,7 +13,10 @@ use kube::{
 use tessera_api::v1alpha1::NodeLock;
 use tessera_kubekit::Watched;
 
-use super::{Caches, LockAction, lock_action, retry_cached};
+use super::{
+    caches::{Caches, retry_cached},
+    decide::{LockAction, lock_action},
+};
 use crate::Error;
 
 /// Runs the controller on `locks`, woken by their holders' `pods` and by
@@ -39,34 +42,6 @@ pub(super) async fn run(caches: Arc<Caches>, locks: &Watched<NodeLock>, pods: &W
         .run(reconcile_lock, retry_cached, caches)
         .for_each(|_| async {})
         .await;
-}
-
-/// NodeLock incarnations (UIDs) this replica released lately. The store
-/// shows a deleted lock until the watch reports the deletion, and each event
-/// of its holder or allocation meanwhile would delete it again: a 404 for
-/// every other GPU pod of a burst.
-#[derive(Debug, Default)]
-pub(super) struct Released(std::sync::Mutex<std::collections::VecDeque<String>>);
-
-impl Released {
-    /// How many UIDs are remembered.
-    const KEPT: usize = 1024;
-
-    fn contains(&self, uid: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|u| u == uid)
-    }
-
-    fn add(&self, uid: String) {
-        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        kept.push_back(uid);
-        if kept.len() > Self::KEPT {
-            kept.pop_front();
-        }
-    }
 }
 
 async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Action, Error> {

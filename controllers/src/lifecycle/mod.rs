@@ -12,38 +12,30 @@
 //!   kubelets; the agent's next write replaces it.
 
 mod allocations;
+mod caches;
 mod configs;
 mod decide;
 mod leases;
 mod locks;
 mod prune;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{Node, Pod},
 };
-use kube::{
-    Api, Client,
-    runtime::{
-        controller::Action,
-        reflector::{ObjectRef, Store},
-        watcher,
-    },
-};
-use tessera_api::v1alpha1::{GpuNodeConfig, VgpuAllocation};
-use tessera_kubekit::{Watch, Watched};
+use kube::{Api, runtime::watcher};
+use tessera_api::v1alpha1::GpuNodeConfig;
+use tessera_kubekit::Watch;
 
 pub use decide::{
     AGENT_LEASE_EXPIRED, DEFAULT_LEASE_SECONDS, LeaseVerdict, LockAction, admitted,
     lease_lapsed_conditions, lease_verdict, lock_action, release_reason, served_unrecorded,
 };
 
-use crate::{Error, cache::Cache};
-
-/// How long a failed reconcile waits before trying again.
-const RETRY: Duration = Duration::from_secs(5);
+use crate::cache::Cache;
+use caches::Caches;
 
 /// Runs the controllers on `cache` until the process stops, with the
 /// agents' Leases in `kube-node-lease` and the vendor sources of `request`.
@@ -93,7 +85,7 @@ pub async fn run_with(
         client: client.clone(),
         pods: pods.store(),
         allocations: cache.allocations().clone(),
-        released_locks: locks::Released::default(),
+        released_locks: caches::Released::default(),
     });
     tokio::join!(
         watch_pods,
@@ -119,44 +111,4 @@ pub async fn run_with(
             }
         },
     );
-}
-
-/// The cached objects a reconciler decides from: no API read per reconcile.
-struct Caches {
-    client: Client,
-    pods: Store<Pod>,
-    allocations: Watched<VgpuAllocation>,
-    /// Locks released lately (see [`locks::Released`]).
-    released_locks: locks::Released,
-}
-
-impl Caches {
-    /// Waits until the pods, allocations and locks have been listed once.
-    /// Reconciling earlier finds pods missing from the cache and asks the
-    /// API server for each (at 1,000 nodes a start read 8,000 pods one by
-    /// one while the first list was still coming).
-    async fn wait_listed(&self, cache: &Cache) {
-        let _ = self.pods.wait_until_ready().await;
-        let _ = self.allocations.store().wait_until_ready().await;
-        let _ = cache.locks().store().wait_until_ready().await;
-    }
-
-    /// The pod `namespace/name` from the cache; when the cache has no such
-    /// pod (or another incarnation), the API server confirms before anyone
-    /// acts on "the pod is gone".
-    async fn pod(&self, namespace: &str, name: &str, uid: &str) -> Result<Option<Pod>, Error> {
-        let cached = self.pods.get(&ObjectRef::new(name).within(namespace));
-        if let Some(pod) = cached.filter(|p| p.metadata.uid.as_deref() == Some(uid)) {
-            return Ok(Some((*pod).clone()));
-        }
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .get_opt(name)
-            .await
-            .map_err(Error::kube("reading the pod"))
-    }
-}
-
-fn retry_cached<K>(_: Arc<K>, error: &Error, _: Arc<Caches>) -> Action {
-    tracing::warn!(%error, "reconcile failed; retrying");
-    Action::requeue(RETRY)
 }

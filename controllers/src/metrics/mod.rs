@@ -8,6 +8,35 @@
 //! `min`, not `sum`. docs/configuration.md lists every metric.
 
 mod endpoints;
+
+/// How the admission webhook answered a review (the `outcome` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WebhookOutcome {
+    /// Admitted unchanged (not a GPU pod).
+    Allowed,
+    /// A GPU pod admitted with a patch (defaults, scheduler).
+    Mutated,
+    /// Refused: the pod's GPU request breaks a rule.
+    Denied,
+    /// The review could not be answered (unreadable, or no patch could be made).
+    Error,
+}
+
+impl WebhookOutcome {
+    /// Every outcome, so the counter of each starts at zero.
+    pub const ALL: [Self; 4] = [Self::Allowed, Self::Mutated, Self::Denied, Self::Error];
+
+    /// The `outcome` label of `tessera_webhook_requests_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Mutated => "mutated",
+            Self::Denied => "denied",
+            Self::Error => "error",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -55,7 +84,7 @@ pub struct NodeLabels {
 /// Labels of an admission review's result.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    /// `allowed`, `mutated`, `denied` or `error` (see [`crate::webhook::Outcome`]).
+    /// `allowed`, `mutated`, `denied` or `error` (see [`WebhookOutcome`]).
     pub outcome: &'static str,
 }
 
@@ -196,7 +225,7 @@ impl Metrics {
         for reason in crate::Error::METRIC_LABELS {
             bind_rollbacks.get_or_create_owned(&ReasonLabels { reason });
         }
-        for outcome in crate::webhook::Outcome::ALL {
+        for outcome in WebhookOutcome::ALL {
             webhook_requests.get_or_create_owned(&OutcomeLabels {
                 outcome: outcome.label(),
             });

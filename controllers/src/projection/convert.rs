@@ -8,7 +8,7 @@ use tessera_api::{
     v1alpha1::{DeviceHealth, FrontDoor, GpuNode, VgpuAllocation},
 };
 
-use super::ledger::{AllocationKey, LiveAllocation, UuidSlice};
+use super::ledger::{AllocationKey, DRA_DOOR, LiveAllocation, UuidSlice};
 use crate::engine::{GpuDevice, Profile};
 
 /// The schedulable devices of a GpuNode.
@@ -89,9 +89,6 @@ fn profiles(listed: &[tessera_api::v1alpha1::DeviceProfile]) -> Vec<Profile> {
     profiles.dedup_by(|a, b| a.name == b.name);
     profiles
 }
-
-/// How [`not_ready`]'s reason starts for a node behind the DRA door.
-pub const DRA_DOOR: &str = "FrontDoorDra";
 
 /// Why the node takes no pod now: its `Ready` condition is False (the agent
 /// says the kubelet would reject GPU pods at admission) or Unknown (the

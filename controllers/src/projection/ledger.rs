@@ -13,6 +13,9 @@ use tessera_api::v1alpha1::{MigPlacement, PlacementScore};
 
 use crate::engine::{GpuDevice, MigCut, NodeGpus, Slice};
 
+/// How [`super::not_ready`]'s reason starts for a node behind the DRA door.
+pub const DRA_DOOR: &str = "FrontDoorDra";
+
 /// Identifies an allocation (named after its pod).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AllocationKey {
@@ -226,7 +229,7 @@ impl Ledger {
             .map(|name| {
                 let ready = self
                     .not_ready(name)
-                    .is_none_or(|reason| reason.starts_with(super::DRA_DOOR));
+                    .is_none_or(|reason| reason.starts_with(DRA_DOOR));
                 (name.as_str(), ready)
             })
             .collect();
@@ -439,10 +442,7 @@ mod tests {
         ledger.set_not_ready("n2", None);
         assert_eq!(ledger.readiness(), [("n1", true), ("n2", true)]);
         // Behind the DRA door: no HAMi-style pod, but the agent is ready.
-        ledger.set_not_ready(
-            "n1",
-            Some(format!("{}: serves DRA", super::super::DRA_DOOR)),
-        );
+        ledger.set_not_ready("n1", Some(format!("{}: serves DRA", super::DRA_DOOR)));
         assert_eq!(ledger.readiness(), [("n1", true), ("n2", true)]);
         ledger.remove_node("n1");
         assert_eq!(ledger.readiness(), [("n2", true)]);

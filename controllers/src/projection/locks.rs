@@ -70,10 +70,10 @@ impl LockTable {
     }
 
     /// When each lock was taken and when it lapses, for metrics.
-    pub fn times(&self) -> Vec<super::LockTimes> {
+    pub fn times(&self) -> Vec<super::ages::LockTimes> {
         self.locks()
             .values()
-            .map(|l| super::LockTimes {
+            .map(|l| super::ages::LockTimes {
                 acquired_at: l.spec.acquired_at.0,
                 expires_at: l.spec.expires_at.0,
             })
@@ -99,7 +99,7 @@ mod tests {
     use super::*;
 
     fn lock(node: &str, uid: &str) -> NodeLock {
-        let mut lock = crate::extender::lock_object(
+        let mut lock = NodeLock::held(
             node,
             &PodReference {
                 namespace: "ns".into(),
@@ -108,6 +108,7 @@ mod tests {
             },
             "p",
             60,
+            k8s_openapi::jiff::Timestamp::now(),
         );
         lock.metadata = ObjectMeta {
             name: Some(node.into()),

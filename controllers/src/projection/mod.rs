@@ -35,8 +35,9 @@ pub use crate::cache::Watches;
 
 pub use agents::{AgentPods, agent_pod_down};
 pub use ages::{LockAges, LockTimes, lock_ages, oldest_age_seconds, seconds_since};
-pub use convert::{DRA_DOOR, devices, key, live, not_ready, ready_since};
+pub use convert::{devices, key, live, not_ready, ready_since};
 pub use leases::{AGENT_LEASE_PREFIX, AgentLease, AgentLeases, agent_node};
+pub use ledger::DRA_DOOR;
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 pub use locks::LockTable;
 pub use nudge::{GPU_FREED, Waiters, nudge_nodes};

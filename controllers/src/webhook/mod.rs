@@ -23,35 +23,9 @@ use kube::core::{
 
 pub use mutate::{DEFAULT_SCHEDULER, Verdict, mutate};
 
-use crate::{config::Config, metrics::Metrics, projection::Projection};
-
-/// How the webhook answered a review.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Admitted unchanged (not a GPU pod).
-    Allowed,
-    /// A GPU pod admitted with a patch (defaults, scheduler).
-    Mutated,
-    /// Refused: the pod's GPU request breaks a rule.
-    Denied,
-    /// The review could not be answered (unreadable, or no patch could be made).
-    Error,
-}
-
-impl Outcome {
-    /// Every outcome, so the counter of each starts at zero.
-    pub const ALL: [Self; 4] = [Self::Allowed, Self::Mutated, Self::Denied, Self::Error];
-
-    /// The `outcome` label of `tessera_webhook_requests_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::Mutated => "mutated",
-            Self::Denied => "denied",
-            Self::Error => "error",
-        }
-    }
-}
+pub use crate::metrics::WebhookOutcome as Outcome;
+use crate::{Error, config::Config, metrics::Metrics, projection::Projection};
+use certificate::CertificateFiles;
 
 /// What the webhook handler needs.
 #[derive(Clone)]
@@ -169,6 +143,29 @@ fn unreadable_reason(body: &[u8], error: &serde_json::Error) -> String {
         };
     }
     error.to_string()
+}
+
+/// Serves the webhook over HTTPS on `listener` until the task is dropped,
+/// reloading the certificate when its files change.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    mut files: CertificateFiles,
+    webhook: Webhook,
+) -> Result<(), Error> {
+    // kube and axum-server both use rustls with ring; make ring the process default.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tls = files.load().await?;
+    listener
+        .set_nonblocking(true)
+        .map_err(Error::serve("the webhook's listener"))?;
+    let server = axum_server::from_tcp_rustls(listener, tls.clone())
+        .map_err(Error::serve("the webhook's listener"))?
+        .serve(webhook.router().into_make_service());
+    tokio::select! {
+        result = server => result.map_err(Error::serve("serving the webhook"))?,
+        () = files.keep_current(tls) => {}
+    }
+    Ok(())
 }
 
 #[cfg(test)]

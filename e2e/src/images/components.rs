@@ -18,7 +18,7 @@ use std::process::Command;
 use oci_spec::image::{ANNOTATION_SOURCE, ANNOTATION_TITLE, ANNOTATION_VERSION};
 
 use super::rootfs::{self, Account};
-use crate::Error;
+use crate::error::Error;
 use crate::oci::{Archive, Image};
 
 /// The registry Tessera's images are named for unless told otherwise.

@@ -14,7 +14,7 @@ use std::process::Command;
 
 use super::rootfs::{self, Account};
 use crate::oci::{Archive, Image};
-use crate::{Error, artifacts::Artifacts, tools};
+use crate::{artifacts::Artifacts, error::Error, tools};
 
 /// The sandbox image every node's containerd is configured with.
 pub const PAUSE_IMAGE: &str = "tessera.local/pause:v1";

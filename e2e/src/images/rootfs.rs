@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::Error;
+use crate::error::Error;
 use crate::oci::{Image, Owner};
 
 /// The top-level directories a merged `/usr` replaces with links into `/usr`.

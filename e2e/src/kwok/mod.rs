@@ -4,7 +4,7 @@
 //! `stages.yaml` (no heartbeats, no Leases worth renewing: a few thousand
 //! simulated nodes must not swamp a 2-core control plane).
 
-use crate::{ControlPlane, Error, tools};
+use crate::{control_plane::ControlPlane, error::Error, tools};
 
 /// The annotation that hands a Node to kwok (value `fake`).
 pub const ANNOTATION: &str = "kwok.x-k8s.io/node";

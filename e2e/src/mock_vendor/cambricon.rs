@@ -34,7 +34,7 @@ use tessera_api::names::cambricon::{
     DSMLU_ASSIGNED_BY_PLUGIN, DSMLU_LOCK, DSMLU_PROFILE, MEMORY_UNIT_MIB,
 };
 
-use super::{MockDevice, Registration};
+use super::types::{MockDevice, Registration};
 
 /// The cores resource.
 pub const VCORE: &str = "cambricon.com/mlu.smlu.vcore";
@@ -233,7 +233,7 @@ pub async fn allocate(
     devices: &[MockDevice],
     pending: &mut Pending,
 ) -> Result<BTreeMap<String, String>, String> {
-    let pods = match super::pending_on(client, node).await {
+    let pods = match super::pods::pending_on(client, node).await {
         Ok(pods) => pods,
         Err(e) => {
             pending.made = None;
@@ -262,7 +262,7 @@ pub async fn allocate(
         return Ok(envs);
     }
     let wanted = profile(pod).map_err(|e| format!("get profile from annotation {e}"))?;
-    let all = super::pods_on(client, node, None).await?;
+    let all = super::pods::pods_on(client, node, None).await?;
     check_room(devices, &all, pod, wanted)?;
     pending.instances += 1;
     let envs = env(wanted, pending.instances);

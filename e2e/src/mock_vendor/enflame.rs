@@ -35,7 +35,7 @@ use tessera_api::names::enflame::{
     ASSIGNED, ASSIGNED_CONTAINERS, ASSIGNED_INDEX, ASSIGNED_MINOR, ASSIGNED_TIME, DRS_CAPACITY,
 };
 
-use super::{MockDevice, Registration};
+use super::types::{MockDevice, Registration};
 
 /// The resource: one device per DRS slice.
 pub const DRS_GCU: &str = "enflame.com/drs-gcu";
@@ -181,7 +181,7 @@ pub async fn allocate(
     n: usize,
     instances: &mut Instances,
 ) -> Result<BTreeMap<String, String>, String> {
-    let pods = super::pending_on(client, node).await?;
+    let pods = super::pods::pending_on(client, node).await?;
     let (pod, container) = assume(&pods, n)?;
     let mut records = records(pod)?;
     let annotations = pod.annotations();
@@ -189,7 +189,7 @@ pub async fn allocate(
     let record = records.entry(container.clone()).or_default();
     record.allocated = Some(true);
     if let (Some(name), Some(_)) = (&record.profile_name, &record.profile_id) {
-        let all = super::pods_on(client, node, None).await?;
+        let all = super::pods::pods_on(client, node, None).await?;
         check_room(&all, &index, name)?;
         instances.0 += 1;
         record.instance_id = Some(instances.0.to_string());

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::MockDevice;
+use super::types::MockDevice;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
 /// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}`,

@@ -7,7 +7,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::{Timestamp, tz::TimeZone};
 use serde_json::json;
 
-use super::{AllocateState, Handed, MockPlugin, Vendor, cu_list, enflame};
+use super::{
+    amd::AllocateState,
+    enflame,
+    plugin::MockPlugin,
+    protocol::{Handed, cu_list},
+    types::Vendor,
+};
 
 /// `Reported_<time>`, a plugin's answer to the scheduler's handshake.
 fn reported(time: &k8s_openapi::jiff::Zoned) -> String {

@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use tessera_api::names::{kunlun, mthreads, neuron};
 
-use super::{MockDevice, Registration};
+use super::types::{MockDevice, Registration};
 
 /// Moore Threads' resources: whole cards, core groups, memory.
 pub const MT_VGPU: &str = "mthreads.com/vgpu";

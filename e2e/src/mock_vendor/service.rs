@@ -7,7 +7,10 @@ use std::{
 };
 
 use futures::Stream;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    jiff::Timestamp,
+};
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -27,10 +30,14 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use super::{
-    AllocateState, MockPlugin, Registration, Vendor, amd::CU_ALLOCATED, cambricon, enflame,
-    indexed, pending_on, protocol,
+    amd::{AllocateState, CU_ALLOCATED},
+    cambricon, enflame, indexed,
+    plugin::MockPlugin,
+    pods::pending_on,
+    protocol,
+    types::{Registration, Vendor},
 };
-use crate::Error;
+use crate::error::Error;
 
 const CHECK: Duration = Duration::from_secs(1);
 
@@ -384,5 +391,41 @@ impl DevicePlugin for Service {
         _: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
         Ok(Response::new(PreStartContainerResponse::default()))
+    }
+}
+
+impl MockPlugin {
+    /// Registers on the Node and serves the kubelet until the process stops.
+    pub async fn run(self, client: Client) -> Result<(), Error> {
+        let register = {
+            let (plugin, client) = (self.clone(), client.clone());
+            async move {
+                loop {
+                    if let Err(error) = plugin.register(&client).await {
+                        tracing::warn!(%error, "register pass failed; retrying");
+                    }
+                    tokio::time::sleep(plugin.interval).await;
+                }
+            }
+        };
+        tokio::select! {
+            () = register => Ok(()),
+            result = serve(self, client) => result,
+        }
+    }
+
+    async fn register(&self, client: &Client) -> Result<(), Error> {
+        let annotations = self.register_annotations(Timestamp::now());
+        if annotations.is_empty() {
+            return Ok(());
+        }
+        Api::<Node>::all(client.clone())
+            .patch(
+                &self.node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await?;
+        Ok(())
     }
 }

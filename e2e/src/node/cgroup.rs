@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::Error;
+use crate::error::Error;
 
 const ROOT: &str = "/sys/fs/cgroup";
 

@@ -29,11 +29,11 @@ use kube::{Api, Client, api::ListParams};
 use serde::{Deserialize, Serialize};
 
 use crate::artifacts::Artifacts;
-use crate::control_plane::{free_port, host_ip};
+use crate::error::Error;
 use crate::images::Archives;
+use crate::net::{free_port, host_ip};
 use crate::process::{self, Lifetime, Process};
 use crate::tools;
-use crate::{ControlPlane, Error};
 use cgroup::Subtree;
 use config::KubeletPorts;
 use namespace::MountNamespace;
@@ -171,11 +171,23 @@ const PRIVATE_PATHS: [(&str, &str); 4] = [
     ("container-logs", "/var/log/containers"),
 ];
 
+/// What a node needs of the control plane it joins (`ControlPlane`).
+pub trait ControlPlaneView {
+    /// The control plane's directory (nodes live under `nodes/`).
+    fn dir(&self) -> &Path;
+    /// The kubeconfig the node's components use.
+    fn kubeconfig(&self) -> &Path;
+    /// Whether the node's processes die with the test process.
+    fn lifetime(&self) -> Lifetime;
+    /// A client of the API server.
+    fn client(&self) -> impl std::future::Future<Output = Result<Client, Error>> + Send;
+}
+
 impl RealNode {
     /// Starts a node in `<plane dir>/nodes/<name>` and waits until the Node
     /// is Ready with its GPUs allocatable.
     pub async fn start(
-        plane: &ControlPlane,
+        plane: &impl ControlPlaneView,
         spec: &NodeSpec,
         artifacts: &Artifacts,
         images: &Archives,
@@ -213,7 +225,7 @@ impl RealNode {
             dir: dir.clone(),
             kubeconfig: plane.kubeconfig().to_owned(),
             artifacts: artifacts.clone(),
-            lifetime: plane.lifetime,
+            lifetime: plane.lifetime(),
             labels: spec.labels.clone(),
             node_ip: host_ip()?,
             ports: KubeletPorts {

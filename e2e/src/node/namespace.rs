@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::Error;
+use crate::error::Error;
 use crate::process::{Lifetime, Process};
 
 /// The process holding a node's mount namespace open.

@@ -23,8 +23,8 @@ use serde::Deserialize;
 use tessera_api::v1alpha1::{MigInstance, MigPlacement, MigProfile};
 
 use super::{
-    Backend, PhysicalGpu,
     fake_mig::{FakeMig, MigKnobs},
+    gpu::{Backend, PhysicalGpu},
 };
 use crate::Error;
 

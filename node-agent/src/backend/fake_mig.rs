@@ -32,7 +32,7 @@ use tessera_api::{
     v1alpha1::{MigInstance, MigPlacement, MigProfile},
 };
 
-use super::{PhysicalGpu, PhysicalMig};
+use super::gpu::{PhysicalGpu, PhysicalMig};
 use crate::Error;
 
 /// The fake file's `mig` section.

@@ -21,7 +21,7 @@ use nvml_wrapper::{Device, Nvml, error::NvmlError};
 use tessera_api::v1alpha1::{DeviceHealth, MigInstance, MigLayout, MigPlacement, MigProfile};
 use tessera_nvml_mig as nvml_mig;
 
-use super::{Backend, HostUsage, PhysicalGpu, PhysicalMig};
+use super::gpu::{Backend, HostUsage, PhysicalGpu, PhysicalMig};
 use crate::Error;
 
 /// XIDs that do not mean the GPU is broken (application errors), as the

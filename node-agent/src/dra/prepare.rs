@@ -16,15 +16,18 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::{Value, json};
 use tessera_api::{env, quantity, v1alpha1::GpuDevice, v1alpha1::NodeSettings};
 use tessera_draplugin::dra::v1::Device;
 
-use super::{CDI_KIND, DRIVER, device_name};
+use tessera_api::names::dra::{CDI_KIND, DRIVER};
+
+use super::slice::device_name;
 use crate::{
     Error,
-    plugin::{HostPaths, interposer_mounts, slice_env},
+    claims::allocation_results,
+    contract::{HostPaths, interposer_mounts, slice_env},
 };
 
 /// One GPU of a claim and the share of it the claim holds.
@@ -54,22 +57,6 @@ pub fn claim_error(claim: &ResourceClaim, message: impl std::fmt::Display) -> Er
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     Error::Dra(format!("ResourceClaim {namespace}/{name}: {message}"))
-}
-
-/// The claim's allocated devices, of every driver and pool, if allocated.
-fn allocation_results(claim: &ResourceClaim) -> Option<&[DeviceRequestAllocationResult]> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_deref())
-}
-
-/// Whether a claim holds a device of `node`'s pool of this driver.
-pub fn allocated_from(claim: &ResourceClaim, node: &str) -> bool {
-    allocation_results(claim)
-        .is_some_and(|r| r.iter().any(|r| r.driver == DRIVER && r.pool == node))
 }
 
 /// The GPUs of `node` the claim was allocated, with the capacity it

@@ -19,7 +19,7 @@ use tessera_kubekit::Watch;
 use tokio::sync::watch;
 
 use super::{DRIVER, resource_slice};
-use crate::{door::Door, inventory::Offer, publish::owner_of, view::NodeView};
+use crate::{door::Door, offer::Offer, owner::owner_of, view::NodeView};
 
 /// What to do to make the cluster's slice the wanted one.
 #[derive(Clone, Debug, PartialEq)]

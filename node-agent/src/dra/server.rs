@@ -26,7 +26,7 @@ use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::{Request, Response, Status};
 
 use super::{DRIVER, service::DraService};
-use crate::{Error, plugin::identity};
+use crate::{Error, socket::identity};
 
 /// Where the plugin's sockets go, as the kubelet sees them.
 #[derive(Clone, Debug)]

@@ -30,7 +30,7 @@ use super::{
     claim_gpus, mirror, mirror_name,
     prepare::{by_request, cdi_spec, claim_error, prepared_devices, region_name, request_env},
 };
-use crate::{Error, inventory::Offer, plugin::HostPaths, view::NodeView};
+use crate::{Error, contract::HostPaths, offer::Offer, view::NodeView};
 
 /// The DRA plugin service of one node.
 #[derive(Clone)]
@@ -233,7 +233,7 @@ impl DraService {
                     Ok(None) => true,
                     Ok(Some(found)) => {
                         found.metadata.uid.as_deref() != Some(claim.uid.as_str())
-                            || !super::allocated_from(&found, self.view.node())
+                            || !crate::claims::allocated_from(&found, self.view.node())
                     }
                     Err(error) => {
                         tracing::debug!(%error, "reading a mirrored claim; trying again later");

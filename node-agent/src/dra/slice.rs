@@ -28,7 +28,7 @@ use k8s_openapi::{
 };
 use tessera_api::v1alpha1::{DeviceHealth, GpuDevice, OperatingMode};
 
-use super::{DRIVER, device_name};
+use tessera_api::names::dra::DRIVER;
 
 /// The node's ResourceSlice for `devices` (the offer), in pool `node`
 /// (one pool per node, one slice per pool) at `generation`. Unhealthy GPUs
@@ -155,6 +155,11 @@ fn semver(text: &str) -> Option<String> {
     }
     let at = |i: usize| numbers.get(i).copied().unwrap_or(0);
     Some(format!("{}.{}.{}", at(0), at(1), at(2)))
+}
+
+/// The device name of GPU `index` in the node's pool (a DNS label).
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
 }
 
 #[cfg(test)]

@@ -26,7 +26,10 @@ use tessera_vgpu_region::{
 };
 
 use super::regions;
-use crate::plugin::{CONTAINER_REGION_DIR, REGION_FILE};
+use crate::{
+    contract::{CONTAINER_REGION_DIR, REGION_FILE},
+    holders::live_allocations,
+};
 
 /// How often holds are decided (a hold lasts [`priority::HOLD_NS`]).
 pub const ARBITRATE_EVERY: Duration = Duration::from_millis(200);
@@ -46,7 +49,7 @@ pub struct Container {
 /// Every live GPU container, by region directory name
 /// (`<pod-uid>_<container>`).
 pub fn container_gpus(allocations: &[VgpuAllocation]) -> BTreeMap<String, Container> {
-    super::live_allocations(allocations)
+    live_allocations(allocations)
         .flat_map(|a| {
             a.spec.containers.iter().map(|c| {
                 (
@@ -215,7 +218,7 @@ pub fn fill_host_pids(
 
 /// Whether a live allocation gave a container high priority.
 fn any_high_priority(allocations: &[VgpuAllocation]) -> bool {
-    super::live_allocations(allocations)
+    live_allocations(allocations)
         .flat_map(|a| &a.spec.containers)
         .any(|c| c.priority == Some(0))
 }

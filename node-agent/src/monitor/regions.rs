@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tessera_vgpu_region::{Error, RegionFile, Snapshot};
 
-use crate::plugin::REGION_FILE;
+use crate::contract::REGION_FILE;
 
 /// How often one container's refused region is warned about.
 pub const WARN_EVERY: Duration = Duration::from_secs(600);

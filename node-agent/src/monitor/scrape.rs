@@ -10,11 +10,10 @@ use prometheus_client::{
 use tessera_api::v1alpha1::{DeviceHealth, GpuDevice, VgpuAllocation};
 
 use super::{
-    Usage,
     hami::{ContainerKey, ContainerSeries, Hami, HostKey, HostSeries},
-    live_allocations,
+    usage::Usage,
 };
-use crate::backend::HostUsage;
+use crate::{backend::HostUsage, holders::live_allocations};
 
 /// Labels of a per-GPU Tessera series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

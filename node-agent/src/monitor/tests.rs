@@ -4,7 +4,7 @@ use tessera_api::{
 };
 
 use super::*;
-use crate::plugin::REGION_FILE;
+use crate::contract::REGION_FILE;
 
 pub(super) fn device(uuid: &str, index: u32, health: DeviceHealth) -> GpuDevice {
     GpuDevice {

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{MpsControl, MpsDaemon};
+use super::daemon::{MpsControl, MpsDaemon, SHM_DIR};
 use crate::Error;
 
 /// How long one control command may take.
@@ -29,7 +29,7 @@ impl NvidiaControl {
     pub fn new(program: impl Into<PathBuf>) -> Self {
         Self {
             program: program.into(),
-            shm: PathBuf::from(super::SHM_DIR),
+            shm: PathBuf::from(SHM_DIR),
         }
     }
 
@@ -69,7 +69,7 @@ impl MpsControl for NvidiaControl {
                     "the agent's {} is not {}, which MPS containers get as theirs: the daemon and its clients would not share memory (the chart mounts it; without the chart, mount it at the agent's {})",
                     self.shm.display(),
                     daemon.shm_dir.display(),
-                    super::SHM_DIR
+                    SHM_DIR
                 ),
             ));
         }

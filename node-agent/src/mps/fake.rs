@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use super::{MpsControl, MpsDaemon};
+use super::daemon::{MpsControl, MpsDaemon};
 use crate::Error;
 
 /// The daemon's socket in its pipe directory.

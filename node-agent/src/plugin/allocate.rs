@@ -9,60 +9,14 @@
 
 use std::{collections::BTreeMap, path::PathBuf};
 
-use tessera_api::{
-    env,
-    v1alpha1::{CorePolicy, MigSlice, NodeLock, NodeSettings, VgpuAllocation},
+use tessera_api::v1alpha1::{MigSlice, NodeLock, NodeSettings, VgpuAllocation};
+
+use super::{device_list::DeviceList, ids::uuid_of};
+pub use crate::error::AllocateError;
+use crate::{
+    contract::{HostPaths, MountSpec, interposer_mounts, slice_env},
+    mps::{self, MpsDaemon},
 };
-
-use super::{DeviceList, ids::uuid_of};
-
-/// Where the interposer lives in a container.
-pub const CONTAINER_LIBRARY: &str = "/usr/local/vgpu/libtessera_vgpu.so";
-/// The preload list the agent mounts into containers.
-pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
-/// Where a container's shared accounting region directory is mounted.
-pub const CONTAINER_REGION_DIR: &str = "/var/run/tessera/vgpu";
-/// The region file inside [`CONTAINER_REGION_DIR`].
-pub const REGION_FILE: &str = "region";
-
-/// Host paths the agent hands to containers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostPaths {
-    /// The interposer library on the host.
-    pub library: PathBuf,
-    /// The preload list on the host (one line: [`CONTAINER_LIBRARY`]).
-    pub preload: PathBuf,
-    /// The directory under which each container gets its region directory.
-    pub regions: PathBuf,
-    /// The directory under which each container gets its limits directory
-    /// (named as its region directory), mounted read-only at
-    /// [`env::LIMITS_DIR`].
-    pub limits: PathBuf,
-}
-
-impl HostPaths {
-    /// The limits directory of the container whose region directory is
-    /// `region_dir`: the same name under [`HostPaths::limits`]. (A region
-    /// directory is always `<owner>_<container>` under the regions root, so
-    /// it has a name; `_` only keeps this total.)
-    pub fn limits_dir(&self, region_dir: &std::path::Path) -> PathBuf {
-        match region_dir.file_name() {
-            Some(name) => self.limits.join(name),
-            None => self.limits.join("_"),
-        }
-    }
-}
-
-/// A bind mount for the container.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountSpec {
-    /// Path in the container.
-    pub container_path: String,
-    /// Path on the host.
-    pub host_path: PathBuf,
-    /// Mounted read-only.
-    pub read_only: bool,
-}
 
 /// The answer for one container, and what to record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,52 +73,18 @@ impl Grant {
     }
 }
 
-/// Why Allocate cannot be served. Each message is what the kubelet shows
-/// on the pod (UnexpectedAdmissionError), so it says what to check.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AllocateError {
-    /// No NodeLock: no GPU pod is between binding and Allocate here.
-    #[error(
-        "node {node} has no NodeLock: no GPU pod is waiting for devices here. Either the pod was not scheduled by Tessera's scheduler (schedulerName tessera-scheduler, which locks the node before binding), or its lock was released before the kubelet asked (it expired, or the pod was deleted); delete the pod so it is scheduled again"
-    )]
-    NoLock {
-        /// The node.
-        node: String,
-    },
-    /// The lock names a pod whose allocation is missing or belongs to another pod.
-    #[error("NodeLock {node} names pod {pod} but its VgpuAllocation {detail}")]
-    NoAllocation {
-        /// The node.
-        node: String,
-        /// `namespace/name` of the lock holder.
-        pod: String,
-        /// What is wrong.
-        detail: String,
-    },
-    /// Every container of the pod has been served already.
-    #[error(
-        "pod {pod}: every GPU container was already served ({served}); the kubelet asked again"
-    )]
-    AlreadyServed {
-        /// `namespace/name`.
-        pod: String,
-        /// The containers served.
-        served: String,
-    },
-    /// The kubelet asks for a different number of devices than the allocation holds.
-    #[error(
-        "pod {pod} container {container}: the kubelet asks for {requested} device(s) but the allocation holds {allocated}"
-    )]
-    CountMismatch {
-        /// `namespace/name`.
-        pod: String,
-        /// The container.
-        container: String,
-        /// Device IDs in the request.
-        requested: usize,
-        /// Devices in the allocation.
-        allocated: usize,
-    },
+impl Grant {
+    /// The grant for a container on an MPS GPU: the GPU, and the client's
+    /// part of its daemon ([`mps::client_share`]); no interposer, no region
+    /// directory.
+    pub fn with_mps(mut self, daemon: &MpsDaemon, memory_mib: u64, cores: u32) -> Self {
+        let (envs, mounts) = mps::client_share(daemon, memory_mib, cores);
+        self.envs
+            .retain(|k, _| k.as_str() == tessera_api::env::NVIDIA_VISIBLE_DEVICES);
+        self.envs.extend(envs);
+        self.mounts = mounts;
+        self
+    }
 }
 
 /// Decides the answer for one container of the lock holder; `list` says
@@ -269,79 +189,6 @@ pub fn grant(
             .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
             .collect(),
     })
-}
-
-/// The interposer's environment for a container holding slices of
-/// `memories` MiB (in its CUDA device order) and `cores` percent of the SMs
-/// (0: no limit), under the node's `settings`: the limits, the region, the
-/// policy, the priority and the log level (the devices themselves come from
-/// the [`DeviceList`]).
-pub fn slice_env(
-    memories: &[u64],
-    cores: u32,
-    priority: Option<u32>,
-    settings: &NodeSettings,
-) -> BTreeMap<String, String> {
-    let mut envs = BTreeMap::new();
-    for (i, memory_mib) in memories.iter().enumerate() {
-        envs.insert(
-            env::memory_limit_var(i),
-            env::format_memory_limit(*memory_mib),
-        );
-    }
-    envs.insert(env::CUDA_DEVICE_SM_LIMIT.to_owned(), cores.to_string());
-    if let Some(priority) = priority {
-        envs.insert(env::CUDA_TASK_PRIORITY.to_owned(), priority.to_string());
-    }
-    envs.insert(
-        env::CUDA_DEVICE_MEMORY_SHARED_CACHE.to_owned(),
-        format!("{CONTAINER_REGION_DIR}/{REGION_FILE}"),
-    );
-    let policy = match settings.gpu_core_policy {
-        CorePolicy::Default => "default",
-        CorePolicy::Force => "force",
-        CorePolicy::Disable => "disable",
-    };
-    envs.insert(
-        env::GPU_CORE_UTILIZATION_POLICY.to_owned(),
-        policy.to_owned(),
-    );
-    envs.insert(
-        env::LIBCUDA_LOG_LEVEL.to_owned(),
-        settings.lib_cuda_log_level.to_string(),
-    );
-    if settings.device_memory_scaling > 1.0 {
-        envs.insert(env::CUDA_OVERSUBSCRIBE.to_owned(), "true".to_owned());
-    }
-    envs
-}
-
-/// The interposer's mounts: the library, the preload list and the
-/// container's limits directory read-only, and its region directory
-/// `region_dir` read-write.
-pub fn interposer_mounts(paths: &HostPaths, region_dir: &std::path::Path) -> Vec<MountSpec> {
-    vec![
-        MountSpec {
-            container_path: CONTAINER_LIBRARY.to_owned(),
-            host_path: paths.library.clone(),
-            read_only: true,
-        },
-        MountSpec {
-            container_path: CONTAINER_PRELOAD.to_owned(),
-            host_path: paths.preload.clone(),
-            read_only: true,
-        },
-        MountSpec {
-            container_path: CONTAINER_REGION_DIR.to_owned(),
-            host_path: region_dir.to_owned(),
-            read_only: false,
-        },
-        MountSpec {
-            container_path: env::LIMITS_DIR.to_owned(),
-            host_path: paths.limits_dir(region_dir),
-            read_only: true,
-        },
-    ]
 }
 
 /// The device IDs to prefer for the lock holder's next container: replicas

@@ -8,17 +8,18 @@ mod server;
 mod service;
 pub mod static_mig;
 
-pub use allocate::{
-    AllocateError, CONTAINER_LIBRARY, CONTAINER_PRELOAD, CONTAINER_REGION_DIR, Grant, HostPaths,
-    MountSpec, REGION_FILE, grant, interposer_mounts, preferred, slice_env,
+pub use crate::contract::{
+    CONTAINER_LIBRARY, CONTAINER_PRELOAD, CONTAINER_REGION_DIR, HostPaths, MountSpec, REGION_FILE,
+    interposer_mounts, slice_env,
 };
+pub use crate::readiness::PluginState;
+pub use allocate::{AllocateError, Grant, grant, preferred};
 pub use device_list::{
     CDI_ANNOTATION_PLUGIN, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_CDI_KIND, DeviceList,
     DeviceListStrategy, Listed, parse_cdi_annotation_prefix, parse_cdi_kind,
 };
 pub use ids::{device_list, replica_id, uuid_of};
-pub(crate) use server::identity;
-pub use server::{DeviceStream, Endpoint, Plugin, PluginState, device_stream, run};
+pub use server::{DeviceStream, Endpoint, Plugin, device_stream, run};
 pub use service::{Service, options};
 
 #[cfg(test)]

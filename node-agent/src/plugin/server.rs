@@ -3,7 +3,6 @@
 //! socket removed) and whenever the server itself stops.
 
 use std::{
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -19,7 +18,7 @@ use tessera_deviceplugin::{
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::{Error, inventory::Offer};
+use crate::{Error, offer::Offer, readiness::PluginState};
 
 /// The stream ListAndWatch answers with.
 pub type DeviceStream = std::pin::Pin<
@@ -74,24 +73,7 @@ impl Endpoint {
     }
 }
 
-/// Identifies one incarnation of a file (a re-created socket differs).
-pub(crate) fn identity(path: &Path) -> Option<(u64, u64, i64)> {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.ctime_nsec()))
-}
-
-/// Whether the kubelet can use the plugin now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PluginState {
-    /// Not registered with the running kubelet (starting, or the kubelet
-    /// restarted): the kubelet rejects GPU pods it admits now.
-    NotRegistered,
-    /// Registered and serving.
-    Registered,
-    /// The agent is shutting down.
-    Stopping,
-}
+use crate::socket::identity;
 
 /// Serves `service` and keeps it registered with the kubelet until the
 /// process stops, reporting registration through `state`.

@@ -18,8 +18,14 @@ use tokio::sync::{Mutex, watch};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::{DeviceList, Grant, HostPaths, device_list, grant, preferred};
-use crate::{Error, inventory::Offer, mig::MigManager, mps::MpsManager, view::NodeView};
+use super::{
+    allocate::{Grant, grant, preferred},
+    device_list::DeviceList,
+    ids::device_list,
+    server::{DeviceStream, Plugin, device_stream},
+};
+use crate::contract::HostPaths;
+use crate::{Error, mig::MigManager, mps::MpsManager, offer::Offer, view::NodeView};
 
 /// What the service needs.
 #[derive(Clone)]
@@ -50,7 +56,7 @@ pub fn options() -> DevicePluginOptions {
     }
 }
 
-impl super::Plugin for Service {
+impl Plugin for Service {
     fn options(&self) -> DevicePluginOptions {
         options()
     }
@@ -107,7 +113,7 @@ impl Service {
         )?;
         // `grant` succeeds only with both; this keeps the types honest.
         let (Some(lock), Some(allocation)) = (lock, allocation) else {
-            return Err(super::AllocateError::NoLock { node: node.into() }.into());
+            return Err(crate::error::AllocateError::NoLock { node: node.into() }.into());
         };
         if !grant.mismatched.is_empty() {
             tracing::warn!(pod = %grant.allocation, chosen = ?grant.mismatched, "the kubelet chose other GPUs than preferred; the allocation's GPUs are used");
@@ -156,7 +162,7 @@ impl Service {
             .iter()
             .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
             .collect();
-        let holders = crate::mig::holders(&self.view.allocations());
+        let holders = crate::holders::holders(&self.view.allocations());
         let holder = format!("{}/{}", grant.namespace, grant.allocation);
         let slices = grant.mig.clone();
         let manager = self.mig.clone();
@@ -364,7 +370,7 @@ fn status(error: &Error) -> Status {
 
 #[tonic::async_trait]
 impl DevicePlugin for Service {
-    type ListAndWatchStream = super::DeviceStream;
+    type ListAndWatchStream = DeviceStream;
 
     async fn get_device_plugin_options(
         &self,
@@ -377,7 +383,7 @@ impl DevicePlugin for Service {
         &self,
         _: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let stream = super::device_stream(self.offers.clone(), |offer| device_list(&offer.devices));
+        let stream = device_stream(self.offers.clone(), |offer| device_list(&offer.devices));
         Ok(Response::new(stream))
     }
 

@@ -28,8 +28,8 @@ use tessera_deviceplugin::{
 use tokio::{sync::watch, task::JoinHandle};
 use tonic::{Request, Response, Status};
 
-use super::{DeviceList, Endpoint, Plugin, PluginState};
-use crate::inventory::Offer;
+use super::{DeviceList, Endpoint, Plugin};
+use crate::{offer::Offer, readiness::PluginState};
 
 /// One static instance as the kubelet sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]

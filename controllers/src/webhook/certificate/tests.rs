@@ -125,7 +125,7 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_refused() {
     let watched =
         CertificateFiles::new(&files.0, &files.1).checked_every(Duration::from_millis(50));
     let counts = watched.counts();
-    let server = tokio::spawn(crate::app::serve_webhook(listener, watched, webhook));
+    let server = tokio::spawn(crate::webhook::serve(listener, watched, webhook));
     let cas = [first.ca_cert.clone(), second.ca_cert.clone()];
 
     wait_served(

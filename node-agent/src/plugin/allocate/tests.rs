@@ -1,8 +1,11 @@
 use pretty_assertions::assert_eq;
-use tessera_api::{testing, v1alpha1::DeviceSlice};
+use tessera_api::{
+    testing,
+    v1alpha1::{CorePolicy, DeviceSlice},
+};
 
 use super::*;
-use crate::plugin::ids::replica_id;
+use crate::{mps, plugin::ids::replica_id};
 
 const NODE: &str = "node-1";
 
@@ -363,4 +366,67 @@ fn each_device_list_strategy_shapes_the_answer() {
     assert_eq!(all.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
     assert_eq!(all.cdi_devices.len(), 2);
     assert_eq!(all.annotations.len(), 1);
+}
+
+#[test]
+fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
+    let daemon = crate::mps::MpsDaemon {
+        uuid: "GPU-a".into(),
+        pipe_dir: "/var/lib/tessera/mps/GPU-a/pipe".into(),
+        log_dir: "/var/lib/tessera/mps/GPU-a/log".into(),
+        shm_dir: "/var/lib/tessera/mps/shm".into(),
+    };
+    let list = DeviceList::default();
+    let mut grant = Grant {
+        namespace: "ml".into(),
+        allocation: "train".into(),
+        container: "main".into(),
+        devices: vec!["GPU-a".into()],
+        envs: list.list(&["GPU-a"], "uid").envs,
+        annotations: Default::default(),
+        cdi_devices: Vec::new(),
+        mounts: Vec::new(),
+        region_dir: "/var/lib/tessera/containers/uid_main".into(),
+        last: true,
+        mismatched: Vec::new(),
+        mig: Vec::new(),
+    };
+    grant
+        .envs
+        .insert("CUDA_DEVICE_SM_LIMIT".into(), "30".into());
+    let grant = grant.with_mps(&daemon, 8000, 30);
+    let envs: Vec<(&str, &str)> = grant
+        .envs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        envs,
+        [
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30"),
+            ("CUDA_MPS_LOG_DIRECTORY", mps::CONTAINER_LOG_DIR),
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=8000M"),
+            ("CUDA_MPS_PIPE_DIRECTORY", mps::CONTAINER_PIPE_DIR),
+            ("NVIDIA_VISIBLE_DEVICES", "GPU-a"),
+        ]
+    );
+    let mounts: Vec<(&str, bool)> = grant
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            (mps::CONTAINER_PIPE_DIR, true),
+            (mps::CONTAINER_LOG_DIR, true),
+            ("/dev/shm", false)
+        ]
+    );
+    assert_eq!(grant.mounts[0].host_path, daemon.pipe_dir);
+    // All of the GPU's SMs: no thread percentage.
+    let whole = grant.clone().with_mps(&daemon, 81559, 100);
+    assert!(!whole.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+    let none = grant.with_mps(&daemon, 81559, 0);
+    assert!(!none.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
 }

@@ -6,7 +6,7 @@ use tessera_deviceplugin::v1beta1::ContainerAllocateRequest;
 use super::*;
 use crate::{
     backend::{Backend, FakeBackend},
-    mig::MigHolders,
+    holders::MigHolders,
     settings::offered,
 };
 
