@@ -233,13 +233,16 @@ pub async fn allocate(
     devices: &[MockDevice],
     pending: &mut Pending,
 ) -> Result<BTreeMap<String, String>, String> {
-    let pods = match super::pods::pending_on(client, node).await {
-        Ok(pods) => pods,
+    // One list serves both the candidate (a pending pod) and the room
+    // check (every unfinished pod's instance).
+    let all = match super::pods::pods_on(client, node, None).await {
+        Ok(all) => all,
         Err(e) => {
             pending.made = None;
             return Err(e);
         }
     };
+    let pods = super::pods::pending(&all);
     let pod = match candidate(&pods) {
         Ok(pod) => pod,
         Err(e) => {
@@ -262,7 +265,6 @@ pub async fn allocate(
         return Ok(envs);
     }
     let wanted = profile(pod).map_err(|e| format!("get profile from annotation {e}"))?;
-    let all = super::pods::pods_on(client, node, None).await?;
     check_room(devices, &all, pod, wanted)?;
     pending.instances += 1;
     let envs = env(wanted, pending.instances);

@@ -181,7 +181,10 @@ pub async fn allocate(
     n: usize,
     instances: &mut Instances,
 ) -> Result<BTreeMap<String, String>, String> {
-    let pods = super::pods::pending_on(client, node).await?;
+    // One list serves both the pod to serve (a pending one) and the room
+    // check (every unfinished pod's instances).
+    let all = super::pods::pods_on(client, node, None).await?;
+    let pods = super::pods::pending(&all);
     let (pod, container) = assume(&pods, n)?;
     let mut records = records(pod)?;
     let annotations = pod.annotations();
@@ -189,7 +192,6 @@ pub async fn allocate(
     let record = records.entry(container.clone()).or_default();
     record.allocated = Some(true);
     if let (Some(name), Some(_)) = (&record.profile_name, &record.profile_id) {
-        let all = super::pods::pods_on(client, node, None).await?;
         check_room(&all, &index, name)?;
         instances.0 += 1;
         record.instance_id = Some(instances.0.to_string());

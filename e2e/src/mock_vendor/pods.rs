@@ -16,6 +16,15 @@ pub async fn pods_on(client: &Client, node: &str, phase: Option<&str>) -> Result
         .map_err(|e| format!("failed to list the pods assigned to node {node}: {e}"))
 }
 
+/// Those of `pods` still Pending (the kubelet allocates before it starts a
+/// pod's containers).
+pub fn pending(pods: &[Pod]) -> Vec<Pod> {
+    pods.iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending"))
+        .cloned()
+        .collect()
+}
+
 /// The node's pending pods, as the plugins that find their pod themselves
 /// list them.
 pub async fn pending_on(client: &Client, node: &str) -> Result<Vec<Pod>, String> {
