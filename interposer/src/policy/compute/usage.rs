@@ -65,6 +65,14 @@ const MIN_RATIO_PPM: u64 = 50_000;
 const MAX_RATIO_PPM: u64 = 2_000_000;
 /// A period with less measured time than this leaves the ratio as it was.
 const MIN_MEASURED_NS: u64 = 1_000_000;
+/// A period whose launches were gathered over a span this far (percent)
+/// from the span its samples cover leaves the ratio as it was: the two
+/// counts are of different times, and their quotient is not a ratio of GPU
+/// time to measured time (when the process first learns the driver's
+/// period its next query comes early: 130 ms of launches against 200 ms of
+/// samples read as a ratio of 1.5, and at an eighth per period the charges
+/// between samples stayed 20 % high for seconds).
+const MAX_SPAN_SKEW_PERCENT: u64 = 20;
 
 /// One device's sampling state in this process.
 #[derive(Default)]
@@ -87,6 +95,9 @@ struct Sampler {
     /// The ratio was learned from a period since the clock (re)started;
     /// until then the first period's ratio is taken whole.
     ratio_learned: bool,
+    /// `CLOCK_MONOTONIC` ns since which `charged_ns` and `measured_ns` were
+    /// gathered (the query that last moved the clock).
+    gathered_since: u64,
 }
 
 /// Per-process corrections from NVML.
@@ -168,7 +179,7 @@ impl Usage {
         // afresh: its first sample would otherwise span the idle time.
         let idle = now > next.saturating_add(IDLE_NS);
         let restart = self.restart[dev].swap(false, Ordering::Relaxed) || idle;
-        let (last_seen, charged, measured) = {
+        let (last_seen, charged, measured, gathered_since) = {
             let mut samplers = self.samplers();
             let s = &mut samplers[dev];
             if s.off {
@@ -186,6 +197,7 @@ impl Usage {
                 s.last_seen_us,
                 std::mem::take(&mut s.charged_ns),
                 std::mem::take(&mut s.measured_ns),
+                s.gathered_since,
             )
         };
         let answer = self.own_time(region, slot, dev, last_seen);
@@ -234,6 +246,7 @@ impl Usage {
             Ok(Some((_, newest))) if s.starting => {
                 s.last_seen_us = newest;
                 s.starting = false;
+                s.gathered_since = now;
             }
             Ok(None) if s.starting => {}
             // No sample newer than the last one yet (a real GPU samples
@@ -245,10 +258,15 @@ impl Usage {
             }
             Ok(Some((own_ns, newest))) => {
                 s.last_seen_us = newest;
+                s.gathered_since = now;
                 let correction = own_ns as i64 - charged as i64;
                 region.charge(dev, correction);
                 region.adjust_busy(dev, correction);
-                if measured >= MIN_MEASURED_NS {
+                let spans_agree = spans_agree(
+                    now.saturating_sub(gathered_since) / 1000,
+                    newest.saturating_sub(last_seen),
+                );
+                if measured >= MIN_MEASURED_NS && spans_agree {
                     // This period's ratio, within bounds, moves the old one
                     // (the first one after a restart is taken whole: the
                     // old one, 1, says nothing).
@@ -329,6 +347,13 @@ fn next_ratio(old: u64, seen: u64) -> u64 {
     }
 }
 
+/// Whether launches gathered over `gathered_us` can be weighed against
+/// samples covering `sampled_us`: within [`MAX_SPAN_SKEW_PERCENT`].
+fn spans_agree(gathered_us: u64, sampled_us: u64) -> bool {
+    gathered_us.abs_diff(sampled_us).saturating_mul(100)
+        <= sampled_us.saturating_mul(MAX_SPAN_SKEW_PERCENT)
+}
+
 /// `pid`'s busy time in `samples` since `last_seen_us`: each sample's
 /// `smUtil` % of the time since the previous one (the first: since
 /// `last_seen_us`), in ns; and the newest sample's time.
@@ -391,6 +416,19 @@ mod tests {
         }
         assert!(ratio > 3 * PPM / 10, "{ratio}");
         assert_eq!(next_ratio(PPM, PPM), PPM);
+    }
+
+    #[test]
+    fn a_ratio_is_learned_only_from_spans_that_agree() {
+        assert!(spans_agree(200_000, 200_000));
+        assert!(spans_agree(215_000, 200_000));
+        assert!(spans_agree(185_000, 200_000));
+        // The query after the period is learned comes early.
+        assert!(!spans_agree(133_000, 200_000));
+        assert!(!spans_agree(400_000, 200_000));
+        assert!(!spans_agree(1, 0));
+        assert!(spans_agree(0, 0));
+        assert!(spans_agree(u64::MAX, u64::MAX));
     }
 
     #[test]
