@@ -305,6 +305,12 @@ pub mod iluvatar {
     pub const CONTAINER_NAME_ENV: &str = "SOL_CONTINER_NAME";
 }
 
+/// The field manager the node agent writes its GpuNode's status as: on a
+/// node where another vendor's plugin also serves devices, the controller
+/// tells the agent's GpuNode by it and adds the vendor's devices beside the
+/// agent's, under its own field manager.
+pub const NODE_AGENT_FIELD_MANAGER: &str = "tessera-node-agent";
+
 /// Annotations Tessera writes on Nodes.
 pub mod node_annotations {
     /// The node agent's readiness for GPU pods (`True` or `False: <reason>`),

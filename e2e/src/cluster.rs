@@ -46,13 +46,22 @@ pub struct NodeGpus {
     /// MIG instances the operator made, by GPU UUID: profile names (the
     /// fake file's `mig.geometry`, for static MIG).
     pub mig_geometry: BTreeMap<String, Vec<String>>,
-    /// Another vendor's devices instead of NVIDIA GPUs: the node runs a
-    /// mock of that vendor's device plugin (`tessera-mock-vendor-plugin`)
-    /// and no Tessera agent (it is not labelled `gpu: "on"`).
+    /// Another vendor's devices: the node runs a mock of that vendor's
+    /// device plugin (`tessera-mock-vendor-plugin`), and Tessera's agent
+    /// only if it also has fake NVIDIA GPUs (a mixed node; otherwise it is
+    /// not labelled `gpu: "on"`).
     pub vendor: Option<(
         crate::mock_vendor::Vendor,
         Vec<crate::mock_vendor::MockDevice>,
     )>,
+}
+
+impl NodeGpus {
+    /// Whether Tessera's agent serves the node: it has no other vendor's
+    /// devices, or it has fake NVIDIA GPUs beside them.
+    pub fn serves_nvidia(&self) -> bool {
+        self.vendor.is_none() || !self.gpus.is_empty()
+    }
 }
 
 /// What runs: the real nodes, kube-proxy and the control plane (dropped in
@@ -133,10 +142,13 @@ impl LocalCluster {
         let archives = images::build_all(&plane.dir().join("images"), artifacts)?;
         let mut running = Vec::new();
         for wanted in nodes {
-            let labels = match &wanted.vendor {
-                None => BTreeMap::from([("gpu".to_owned(), "on".to_owned())]),
+            let mut labels = match &wanted.vendor {
+                None => BTreeMap::new(),
                 Some((vendor, _)) => vendor.node_labels(),
             };
+            if wanted.serves_nvidia() {
+                labels.insert("gpu".to_owned(), "on".to_owned());
+            }
             let spec = NodeSpec {
                 name: wanted.name.clone(),
                 gpus: wanted.gpus.clone(),
@@ -278,7 +290,7 @@ impl LocalCluster {
 pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
     let fake: serde_json::Map<String, Value> = nodes
         .iter()
-        .filter(|n| n.vendor.is_none())
+        .filter(|n| n.serves_nvidia())
         .map(|n| (n.name.clone(), json!(node::fake_devices(&n.gpus))))
         .collect();
     let mig: serde_json::Map<String, Value> = nodes

@@ -9,7 +9,9 @@
 //! Pods of each family run with the vendor's variables, are recorded in one
 //! ledger (`kubectl get vgpuallocations` shows them side by side), wait with
 //! the vendor's reason when nothing fits, and release; a malformed register
-//! annotation is reported and the plugin's next pass repairs it.
+//! annotation is reported and the plugin's next pass repairs it. The
+//! second test's first node is mixed: an NVIDIA GPU under Tessera's agent
+//! and Ascend NPUs under the mock plugin, on one kubelet.
 //!
 //! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
 
@@ -89,6 +91,90 @@ fn nvidia_node() -> NodeGpus {
         gpus: FakeGpu::many("gpu1", 1, "NVIDIA L4", 23034, 1),
         ..Default::default()
     }
+}
+
+/// A mixed node: an NVIDIA L4 under Tessera's agent and two Ascend 910B4
+/// NPUs under the mock of HAMi's Ascend plugin, on one kubelet.
+fn mixed_node() -> NodeGpus {
+    NodeGpus {
+        name: "mix-1".into(),
+        gpus: FakeGpu::many("mix1", 1, "NVIDIA L4", 23034, 1),
+        vendor: Some((
+            Vendor::Ascend {
+                chip: "Ascend910B4".into(),
+            },
+            ascend_910b4(2),
+        )),
+        ..Default::default()
+    }
+}
+
+/// On [`mixed_node`], one GpuNode lists the agent's GPU and the plugin's
+/// NPUs (each written by its own field manager); a pod of each family runs
+/// with its own variables from its own plugin, and a pod asking for both
+/// waits, saying why.
+async fn mixed_node_serves_both_families(cluster: &LocalCluster, client: &Client) {
+    let gpu_nodes = Api::<GpuNode>::all(client.clone());
+    let listed = async || {
+        let status = gpu_nodes.get_opt("mix-1").await.ok()??.status?;
+        let families: Vec<&str> = status.devices.iter().map(|d| d.family.as_str()).collect();
+        let vendor_ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "VendorPluginsReady" && c.status == "True");
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        (families.iter().filter(|&&f| f == "nvidia").count() == 1
+            && families.iter().filter(|&&f| f == "ascend").count() == 2
+            && status.gpu_count == 1
+            && vendor_ready
+            && ready)
+            .then_some(())
+    };
+    wait_for("mix-1's GpuNode with both families", LIMIT, listed).await;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let nv: Pod = serde_json::from_value(gpu_pod(
+        "mix-nv",
+        4096,
+        Some(30),
+        "env | sort; echo END; sleep 3600",
+    ))
+    .unwrap();
+    let npu = vendor_pod(
+        "mix-npu",
+        json!({"huawei.com/Ascend910B4": 1, "huawei.com/Ascend910B4-memory": 3000}),
+    );
+    let both = vendor_pod(
+        "mix-both",
+        json!({"nvidia.com/gpu": 1, "huawei.com/Ascend910B4": 1}),
+    );
+    for pod in [nv, npu, both] {
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let out = logs_when_done(cluster, "mix-nv").await;
+    assert!(out.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m"), "{out}");
+    assert!(!out.contains("ASCEND_VISIBLE_DEVICES"), "{out}");
+    let out = logs_when_done(cluster, "mix-npu").await;
+    assert!(out.contains("ASCEND_VNPU_SPECS=vir05_1c_8g"), "{out}");
+    assert!(!out.contains("CUDA_DEVICE_MEMORY_LIMIT"), "{out}");
+    for (name, family) in [("mix-nv", "nvidia"), ("mix-npu", "ascend")] {
+        let served = allocated(client, name).await;
+        assert_eq!(served.spec.node_name, "mix-1");
+        assert_eq!(served.spec.totals.families, family);
+    }
+    let reason = wait_for("mix-both to wait", LIMIT, async || {
+        scheduling_failure(client, "default", "mix-both").await
+    })
+    .await;
+    assert!(
+        reason.contains("asks for NVIDIA GPUs and ascend devices"),
+        "{reason}"
+    );
+    // Both plugins' pods served, the GpuNode still lists both families.
+    wait_for("mix-1's GpuNode still with both families", LIMIT, listed).await;
 }
 
 /// A node of `vendor`'s `devices`, served by the mock plugin.
@@ -385,7 +471,7 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let nodes = [
-        nvidia_node(),
+        mixed_node(),
         vendor_node("mlu-1", Vendor::Cambricon, cambricon_mlu370(2)),
         vendor_node("gcu-1", Vendor::EnflameDrs, enflame_s60(2)),
         vendor_node("gcu-2", Vendor::EnflameGcu, enflame_gcus(1)),
@@ -410,6 +496,8 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
         let pods = pods.clone();
         async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
     };
+
+    mixed_node_serves_both_families(&cluster, &client).await;
 
     // Cambricon: 2 MLUs of 16 GiB from the Node's capacity (200 vcore, 128
     // vmemory of 256 MiB).

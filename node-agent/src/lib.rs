@@ -48,7 +48,7 @@ pub use error::Error;
 
 /// The node agent's field manager: every status it writes is applied
 /// (server-side) under this name.
-pub const FIELD_MANAGER: &str = "tessera-node-agent";
+pub const FIELD_MANAGER: &str = tessera_api::names::NODE_AGENT_FIELD_MANAGER;
 
 /// Now, in whole seconds, as the API server stores timestamps (so a
 /// timestamp read back compares equal to the one written).

@@ -191,7 +191,8 @@ pub async fn gpu_node(
             }
             _ = recheck.tick() => {
                 let current = api.get_opt(&node).await.ok().flatten();
-                if current.and_then(|n| n.status) != written {
+                let current = current.and_then(|n| n.status);
+                if current.map(|c| agents_part(c, written.as_ref())) != written {
                     tracing::info!(node, "the GpuNode is gone or changed; writing it again");
                     written = None;
                     owned = false;
@@ -199,6 +200,18 @@ pub async fn gpu_node(
             }
         }
     }
+}
+
+/// The part of a GpuNode status the agent writes (`written`): on a node
+/// where another vendor's plugin also serves devices, the controller adds
+/// those devices to the list, and their conditions, under its own field
+/// manager (docs/vendors.md, mixed nodes); they are not a change to undo.
+fn agents_part(mut current: GpuNodeStatus, written: Option<&GpuNodeStatus>) -> GpuNodeStatus {
+    current.devices.retain(|d| d.family.is_nvidia());
+    current
+        .conditions
+        .retain(|c| written.is_some_and(|w| w.conditions.iter().any(|o| o.type_ == c.type_)));
+    current
 }
 
 /// Writes `offer` as node `node`'s GpuNode once, as the agent does with a
@@ -390,6 +403,31 @@ mod tests {
             let c = ready_condition(&all, state);
             assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
         }
+    }
+
+    #[test]
+    fn another_vendor_s_devices_and_conditions_are_not_the_agent_s_drift() {
+        let written = GpuNodeStatus {
+            conditions: vec![ready_condition(
+                &devices(&[DeviceHealth::Healthy]),
+                PluginState::Registered,
+            )],
+            ..GpuNodeStatus::of_devices(devices(&[DeviceHealth::Healthy]))
+        };
+        let mut current = written.clone();
+        current.devices.push(GpuDevice {
+            uuid: "npu-0".into(),
+            family: tessera_api::v1alpha1::DeviceFamily::Ascend,
+            ..GpuDevice::default()
+        });
+        current.conditions.push(Condition {
+            type_: "VendorPluginsReady".into(),
+            ..written.conditions[0].clone()
+        });
+        assert_eq!(agents_part(current.clone(), Some(&written)), written);
+        // A change to the agent's own part is still one.
+        current.devices[0].health = DeviceHealth::Unhealthy;
+        assert_ne!(agents_part(current, Some(&written)), written);
     }
 
     #[test]

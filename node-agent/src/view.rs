@@ -10,7 +10,7 @@ use kube::{
     Api, Client,
     runtime::{reflector, watcher},
 };
-use tessera_api::v1alpha1::{GpuNodeConfig, NodeLock, VgpuAllocation};
+use tessera_api::v1alpha1::{DeviceFamily, GpuNodeConfig, NodeLock, VgpuAllocation};
 use tessera_kubekit::Watch;
 use tokio::sync::watch;
 
@@ -85,11 +85,17 @@ impl NodeView {
         self.configs.state().iter().map(|c| (**c).clone()).collect()
     }
 
-    /// The VgpuAllocations on this node, as last seen.
+    /// The VgpuAllocations of this node's NVIDIA GPUs, as last seen. On a
+    /// node where another vendor's plugin also serves devices, the
+    /// allocations of those are the plugin's business (docs/vendors.md,
+    /// mixed nodes): they hold nothing of the agent's GPUs, and counting
+    /// them would keep a front-door switch or a drain waiting for pods it
+    /// does not serve.
     pub fn allocations(&self) -> Vec<VgpuAllocation> {
         self.allocations
             .state()
             .iter()
+            .filter(|a| a.has_family(DeviceFamily::Nvidia))
             .map(|a| (**a).clone())
             .collect()
     }

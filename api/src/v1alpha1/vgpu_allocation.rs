@@ -238,6 +238,17 @@ impl VgpuAllocation {
             .map_or(self.spec.pod_uid.as_str(), |c| c.uid.as_str())
     }
 
+    /// Whether any of its slices is on a device of `family`. On a node
+    /// whose NVIDIA GPUs Tessera's node agent serves and whose other
+    /// devices another vendor's plugin serves, each sees only its own.
+    pub fn has_family(&self, family: DeviceFamily) -> bool {
+        self.spec
+            .containers
+            .iter()
+            .flat_map(|c| &c.devices)
+            .any(|slice| slice.family == family)
+    }
+
     /// Whether the allocation still holds its slices: every phase but
     /// `Released` and `Failed` (no status yet counts as holding).
     pub fn is_live(&self) -> bool {

@@ -25,6 +25,9 @@ pub fn fit(
     request: &PodRequest,
     policy: SchedulingPolicy,
 ) -> Result<Placement, Rejection> {
+    if let Some(rejection) = Rejection::nvidia_with_another_family(request) {
+        return Err(rejection);
+    }
     let mut usage = node.usage.clone();
     let mut containers = Vec::with_capacity(request.containers.len());
     // Moore Threads: the devices the pod's first container of the family got.

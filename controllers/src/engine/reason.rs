@@ -10,7 +10,7 @@ use std::fmt::{self, Write};
 use tessera_api::{
     mig,
     names::{amd, annotations, ascend, cambricon, enflame, hygon, kunlun, metax, mthreads, neuron},
-    request::{ContainerRequest, DrsAsk, MemoryRequest},
+    request::{ContainerRequest, DrsAsk, MemoryRequest, PodRequest},
     v1alpha1::{AppClass, DeviceFamily},
 };
 
@@ -266,6 +266,40 @@ impl Rejection {
     /// The explanation.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// A pod asking for NVIDIA GPUs and another family's devices: Tessera's
+    /// node agent serves a pod's NVIDIA GPUs and the other vendor's plugin
+    /// the rest, and the two cannot hand one pod its devices together (each
+    /// would finish the Bind on its own), so no node takes such a pod.
+    pub(super) fn nvidia_with_another_family(request: &PodRequest) -> Option<Self> {
+        let nvidia = request
+            .containers
+            .iter()
+            .find(|c| c.family == DeviceFamily::Nvidia)?;
+        let other = request
+            .containers
+            .iter()
+            .find(|c| c.family != DeviceFamily::Nvidia)?;
+        let asks = if nvidia.name == other.name {
+            format!(
+                "container {:?} asks for NVIDIA GPUs and {} devices",
+                nvidia.name,
+                other.family.as_str()
+            )
+        } else {
+            format!(
+                "container {:?} asks for NVIDIA GPUs and container {:?} for {} devices",
+                nvidia.name,
+                other.name,
+                other.family.as_str()
+            )
+        };
+        Some(Self {
+            message: format!(
+                "{asks}: a pod gets NVIDIA GPUs from Tessera's node agent or another family's devices from its vendor's plugin, not both (docs/vendors.md, mixed nodes)"
+            ),
+        })
     }
 
     pub(super) fn pairs(

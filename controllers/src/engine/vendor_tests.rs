@@ -1611,6 +1611,42 @@ fn a_pod_of_two_families_gets_each_from_its_own_devices() {
 }
 
 #[test]
+fn a_mixed_node_serves_each_family_s_pods_but_not_a_pod_of_nvidia_and_another() {
+    // A node with an NVIDIA GPU under Tessera's agent and an Ascend NPU
+    // under its vendor's plugin.
+    let mut node = node(DeviceFamily::Nvidia, "NVIDIA A100", &[FREE]);
+    node.devices.push(GpuDevice {
+        uuid: "npu-0".into(),
+        family: DeviceFamily::Ascend,
+        model: "Ascend910A".into(),
+        memory_mib: 32768,
+        ..node.devices[0].clone()
+    });
+    node.usage.push(DeviceUsage::default());
+    expect(
+        "NVIDIA alone",
+        place(&node, json!({"nvidia.com/gpu": "1"}), json!({})),
+        Ok(&["dev-0"]),
+    );
+    expect(
+        "Ascend alone",
+        place(&node, json!({"huawei.com/Ascend910A": "1"}), json!({})),
+        Ok(&["npu-0"]),
+    );
+    // Both fit by room; the rule refuses them, naming the containers.
+    let both = place(
+        &node,
+        json!({"nvidia.com/gpu": "1", "huawei.com/Ascend910A": "1"}),
+        json!({}),
+    );
+    expect(
+        "both",
+        both,
+        Err("asks for NVIDIA GPUs and ascend devices: a pod gets NVIDIA GPUs"),
+    );
+}
+
+#[test]
 fn nvidia_now_keeps_a_no_cores_request_off_a_gpu_whose_cores_are_all_handed_out() {
     let mut node = node(DeviceFamily::Nvidia, "NVIDIA A100", &[FREE]);
     node.usage[0] = DeviceUsage {

@@ -3,10 +3,13 @@
 //! asked for on the Node; a Warning event on the Node for each malformed
 //! register annotation (once per value). Runs in the lifecycle leader.
 //!
-//! A node whose GpuNode the node agent writes (NVIDIA) is left alone: one
-//! writer per GpuNode; a node with both NVIDIA GPUs under Tessera's agent
-//! and another vendor's devices gets a Warning event instead (not
-//! supported yet, docs/vendors.md).
+//! On a node whose GpuNode Tessera's node agent writes (NVIDIA GPUs), the
+//! vendor's devices are added to the agent's: the device list merges by
+//! uuid under server-side apply, so this controller applies only its
+//! devices and a [`VENDOR_READY`] condition under its own field manager,
+//! and the agent keeps the rest (summaries, `Ready`, front door). The
+//! node's readiness is then the agent's, for every family
+//! (docs/vendors.md, mixed nodes).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -26,7 +29,7 @@ use kube::{
     runtime::{Controller, controller::Action},
 };
 use serde_json::json;
-use tessera_api::v1alpha1::{GpuNode, GpuNodeSpec};
+use tessera_api::v1alpha1::{GpuNode, GpuNodeSpec, GpuNodeStatus};
 use tessera_kubekit::Watched;
 
 use super::{SOURCE_LABEL, Sources, VENDOR_PLUGIN, view};
@@ -39,6 +42,9 @@ const RETRY: Duration = Duration::from_secs(5);
 /// The field manager of vendor GpuNode statuses.
 const STATUS: tessera_kubekit::StatusWriter =
     tessera_kubekit::StatusWriter::new("tessera-vendor-view");
+/// The condition of a mixed node's vendor devices: what `Ready` says on a
+/// node only vendors' plugins serve.
+pub const VENDOR_READY: &str = "VendorPluginsReady";
 
 struct Context {
     client: Client,
@@ -96,13 +102,24 @@ async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Err
         .map_err(Error::kube("reading the GpuNode"))?;
     let ours =
         |g: &GpuNode| g.labels().get(SOURCE_LABEL).map(String::as_str) == Some(VENDOR_PLUGIN);
-    let Some(seen) = view::view(
+    let seen = view::view(
         annotations,
         allocatable,
         &context.sources.sources,
         context.sources.soft_split_default,
         now,
-    ) else {
+    );
+    if let Some(gpu_node) = current.as_ref().filter(|g| agent_writes(g)) {
+        // An NVIDIA node; a mixed one when a vendor's plugin registered too.
+        let Some(seen) = &seen else {
+            mixed(&api, gpu_node, None, now).await?;
+            return Ok(Action::await_change());
+        };
+        tend(&context, &node, annotations, seen).await?;
+        mixed(&api, gpu_node, Some(seen), now).await?;
+        return Ok(Action::requeue(RECHECK));
+    }
+    let Some(seen) = seen else {
         if let Some(gpu_node) = current.filter(ours) {
             api.delete(&name, &Default::default())
                 .await
@@ -112,42 +129,12 @@ async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Err
         }
         return Ok(Action::await_change());
     };
-    // A node the NVIDIA agent serves is not taken over: say so once, and
-    // ask its plugins for nothing.
+    // Someone else's GpuNode whose status the agent has not written yet
+    // (it creates the object first): looked at again shortly.
     if current.as_ref().is_some_and(|g| !ours(g)) {
-        if context.first_report(&name, "MixedNodeNotSupported", "") {
-            warn(&context.client, &node, "MixedNodeNotSupported", "the node's GpuNode is written by Tessera's node agent (NVIDIA), so the other vendors' devices registered on this Node are not scheduled; a node with NVIDIA GPUs under Tessera and another vendor's devices is not supported yet").await;
-        }
-        return Ok(Action::requeue(RECHECK * 4));
+        return Ok(Action::requeue(RECHECK));
     }
-    for (annotation, error) in &seen.malformed {
-        let value = annotations.get(annotation).cloned().unwrap_or_default();
-        if context.first_report(&name, annotation, &value) {
-            tracing::warn!(node = %name, annotation, error, "malformed register annotation ignored");
-            warn(
-                &context.client,
-                &node,
-                "MalformedRegisterAnnotation",
-                &format!("annotation {annotation} {error}; its devices are ignored"),
-            )
-            .await;
-        }
-    }
-    if !seen.handshakes.is_empty() {
-        let asked: serde_json::Map<String, serde_json::Value> = seen
-            .handshakes
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        Api::<Node>::all(context.client.clone())
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": asked}})),
-            )
-            .await
-            .map_err(Error::kube("asking vendor plugins for a handshake"))?;
-    }
+    tend(&context, &node, annotations, &seen).await?;
     let previous = match &current {
         Some(g) => g.status.clone(),
         None => {
@@ -177,6 +164,123 @@ async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Err
         tracing::info!(node = %name, devices = status.gpu_count, "vendor GpuNode status written");
     }
     Ok(Action::requeue(RECHECK))
+}
+
+/// Whether the node agent writes `gpu_node`'s status (its field manager
+/// owns status fields): the node's NVIDIA GPUs are Tessera's.
+fn agent_writes(gpu_node: &GpuNode) -> bool {
+    gpu_node.managed_fields().iter().any(|entry| {
+        entry.manager.as_deref() == Some(tessera_api::names::NODE_AGENT_FIELD_MANAGER)
+            && entry.subresource.as_deref() == Some("status")
+    })
+}
+
+/// The part of a mixed node's status this controller writes: the vendors'
+/// devices (every family but NVIDIA) and the [`VENDOR_READY`] condition.
+fn vendor_part(status: Option<&GpuNodeStatus>) -> GpuNodeStatus {
+    let Some(status) = status else {
+        return GpuNodeStatus::default();
+    };
+    GpuNodeStatus {
+        devices: status
+            .devices
+            .iter()
+            .filter(|d| !d.family.is_nvidia())
+            .cloned()
+            .collect(),
+        conditions: status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ == VENDOR_READY)
+            .cloned()
+            .collect(),
+        ..GpuNodeStatus::default()
+    }
+}
+
+/// What this controller writes on a mixed node: the devices `seen` (none
+/// when the vendors' annotations are gone) and their condition.
+fn mixed_status(
+    seen: Option<&view::VendorView>,
+    previous: &GpuNodeStatus,
+    now: Timestamp,
+) -> GpuNodeStatus {
+    let Some(seen) = seen else {
+        return GpuNodeStatus::default();
+    };
+    GpuNodeStatus {
+        devices: seen.devices.clone(),
+        conditions: vec![view::condition(
+            seen,
+            VENDOR_READY,
+            previous.conditions.first(),
+            now,
+        )],
+        ..GpuNodeStatus::default()
+    }
+}
+
+/// Adds the vendors' devices to the agent's GpuNode (or takes them away),
+/// writing only [`vendor_part`]: server-side apply merges the device list
+/// by uuid, and the fields this controller leaves out stay the agent's.
+async fn mixed(
+    api: &Api<GpuNode>,
+    gpu_node: &GpuNode,
+    seen: Option<&view::VendorView>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let name = gpu_node.name_any();
+    let previous = vendor_part(gpu_node.status.as_ref());
+    let wanted = mixed_status(seen, &previous, now);
+    if wanted != previous {
+        STATUS
+            .apply_part_at(api, &name, None, &wanted)
+            .await
+            .map_err(Error::kube("adding vendor devices to the agent's GpuNode"))?;
+        tracing::info!(node = %name, devices = wanted.devices.len(), "vendor devices written beside the agent's");
+    }
+    Ok(())
+}
+
+/// What a vendor node asks of its plugins and reports, whoever writes its
+/// GpuNode: a Warning event per malformed register annotation (once per
+/// value), and the handshakes the view asks for.
+async fn tend(
+    context: &Context,
+    node: &Node,
+    annotations: &BTreeMap<String, String>,
+    seen: &view::VendorView,
+) -> Result<(), Error> {
+    let name = node.name_any();
+    for (annotation, error) in &seen.malformed {
+        let value = annotations.get(annotation).cloned().unwrap_or_default();
+        if context.first_report(&name, annotation, &value) {
+            tracing::warn!(node = %name, annotation, error, "malformed register annotation ignored");
+            warn(
+                &context.client,
+                node,
+                "MalformedRegisterAnnotation",
+                &format!("annotation {annotation} {error}; its devices are ignored"),
+            )
+            .await;
+        }
+    }
+    if !seen.handshakes.is_empty() {
+        let asked: serde_json::Map<String, serde_json::Value> = seen
+            .handshakes
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
+        Api::<Node>::all(context.client.clone())
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": asked}})),
+            )
+            .await
+            .map_err(Error::kube("asking vendor plugins for a handshake"))?;
+    }
+    Ok(())
 }
 
 impl Context {
@@ -222,5 +326,90 @@ async fn warn(client: &Client, node: &Node, reason: &str, message: &str) {
         .await
     {
         tracing::warn!(node = %node.name_any(), reason, %error, "could not record an event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_api::v1alpha1::{DeviceFamily, GpuDevice};
+
+    use super::*;
+
+    fn device(uuid: &str, family: DeviceFamily) -> GpuDevice {
+        GpuDevice {
+            uuid: uuid.into(),
+            family,
+            ..GpuDevice::default()
+        }
+    }
+
+    #[test]
+    fn the_agent_s_gpunode_is_told_by_its_status_field_manager() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let entry = |manager: &str, subresource: Option<&str>| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            subresource: subresource.map(Into::into),
+            ..ManagedFieldsEntry::default()
+        };
+        let mut gpu_node = GpuNode::new("n", GpuNodeSpec {});
+        assert!(!agent_writes(&gpu_node));
+        // Created by the agent, status not written yet: not yet the agent's.
+        gpu_node.metadata.managed_fields = Some(vec![entry(
+            tessera_api::names::NODE_AGENT_FIELD_MANAGER,
+            None,
+        )]);
+        assert!(!agent_writes(&gpu_node));
+        gpu_node.metadata.managed_fields = Some(vec![
+            entry("tessera-vendor-view", Some("status")),
+            entry(tessera_api::names::NODE_AGENT_FIELD_MANAGER, Some("status")),
+        ]);
+        assert!(agent_writes(&gpu_node));
+        gpu_node.metadata.managed_fields = Some(vec![entry("tessera-vendor-view", Some("status"))]);
+        assert!(!agent_writes(&gpu_node));
+    }
+
+    #[test]
+    fn on_a_mixed_node_only_the_vendor_s_devices_and_condition_are_written() {
+        let now: Timestamp = "2026-11-28T10:00:00Z".parse().unwrap();
+        let seen = view::VendorView {
+            devices: vec![device("npu-0", DeviceFamily::Ascend)],
+            ..view::VendorView::default()
+        };
+        // The agent's GpuNode: its GPU, its summaries and its Ready.
+        let mut agents = GpuNodeStatus::of_devices(vec![device("GPU-0", DeviceFamily::Nvidia)]);
+        agents.conditions = vec![view::condition(&seen, "Ready", None, now)];
+        assert_eq!(vendor_part(Some(&agents)), GpuNodeStatus::default());
+
+        let wanted = mixed_status(Some(&seen), &vendor_part(Some(&agents)), now);
+        assert_eq!(wanted.devices, seen.devices);
+        assert_eq!(wanted.conditions.len(), 1);
+        assert_eq!(
+            (
+                wanted.conditions[0].type_.as_str(),
+                wanted.conditions[0].status.as_str()
+            ),
+            (VENDOR_READY, "True")
+        );
+        // Nothing of the agent's is claimed: summaries stay unset, so the
+        // partial apply sends only the devices and the condition.
+        assert_eq!((wanted.gpu_count, wanted.models.as_str()), (0, ""));
+
+        // Once merged, the vendor's part reads back as written, and the
+        // condition keeps its transition time while its state holds.
+        let mut merged = agents.clone();
+        merged.devices.extend(wanted.devices.clone());
+        merged.conditions.extend(wanted.conditions.clone());
+        assert_eq!(vendor_part(Some(&merged)), wanted);
+        let later = now + std::time::Duration::from_secs(60);
+        assert_eq!(
+            mixed_status(Some(&seen), &vendor_part(Some(&merged)), later),
+            wanted
+        );
+        // The plugins' annotations gone: an empty part, which takes the
+        // devices and the condition away.
+        assert_eq!(
+            mixed_status(None, &vendor_part(Some(&merged)), later),
+            GpuNodeStatus::default()
+        );
     }
 }

@@ -477,6 +477,20 @@ pub fn status(
 ) -> GpuNodeStatus {
     let mut status = GpuNodeStatus::of_devices(view.devices.clone());
     status.placement_scores = view.placement_scores.clone();
+    let previous = previous.and_then(|p| p.conditions.iter().find(|c| c.type_ == "Ready"));
+    status.conditions = vec![condition(view, "Ready", previous, now)];
+    status
+}
+
+/// The condition of type `type_` saying whether the vendor's plugins
+/// registered devices and answer, and what was ignored; its transition time
+/// is `previous`'s while the state is the same.
+pub fn condition(
+    view: &VendorView,
+    type_: &str,
+    previous: Option<&Condition>,
+    now: Timestamp,
+) -> Condition {
     let mut problems: Vec<String> = view
         .malformed
         .iter()
@@ -509,18 +523,16 @@ pub fn status(
         problems.join("; ")
     };
     let since = previous
-        .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Ready"))
         .filter(|c| c.status == state)
         .map_or(Time(now), |c| c.last_transition_time.clone());
-    status.conditions = vec![Condition {
-        type_: "Ready".into(),
+    Condition {
+        type_: type_.into(),
         status: state.into(),
         reason: reason.into(),
         message,
         last_transition_time: since,
         observed_generation: None,
-    }];
-    status
+    }
 }
 
 /// Adds a source's devices, skipping ids another source already gave.
