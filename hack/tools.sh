@@ -5,6 +5,10 @@
 #   hack/tools.sh          build what is missing, print the bin directory
 #   hack/tools.sh --path   print the bin directory only (no build)
 #
+# The oldest Kubernetes the docs claim (docs/install.md) is built beside them,
+# into <bin>/oldest, from e2e/tools/k8s-oldest: the install smoke test
+# (e2e/tests/oldest_kubernetes.rs) runs on it.
+#
 # A build goes into a temporary directory and is moved into place whole, with a
 # stamp written last, so a half-finished build never counts as cached.
 set -euo pipefail
@@ -14,25 +18,68 @@ ETCD_VERSION=v3.6.14
 HELM_VERSION=v3.21.4
 KWOK_VERSION=v0.8.0
 CONTAINERD_VERSION=v2.4.2
+OLDEST_K8S_VERSION=v1.30.14
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${TESSERA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
 # The key changes whenever the pinned modules change, so an edit to
-# e2e/tools/*/go.{mod,sum} (a new version, a new binary) rebuilds.
-key=$(cat "$root"/e2e/tools/*/go.mod "$root"/e2e/tools/*/go.sum | sha256sum | cut -c1-12)
+# e2e/tools/*/go.{mod,sum} (a new version, a new binary) rebuilds. The oldest
+# Kubernetes has a key of its own, so adding or moving it rebuilds only it.
+pinned=()
+for kind in mod sum; do
+  for tool in containerd etcd helm k8s kwok; do pinned+=("$root/e2e/tools/$tool/go.$kind"); done
+done
+key=$(cat "${pinned[@]}" | sha256sum | cut -c1-12)
 bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-kwok-$KWOK_VERSION-containerd-$CONTAINERD_VERSION-$key/bin"
+oldest_stamp="$OLDEST_K8S_VERSION-$(cat "$root"/e2e/tools/k8s-oldest/go.mod "$root"/e2e/tools/k8s-oldest/go.sum | sha256sum | cut -c1-12)"
 
 if [[ "${1:-}" == "--path" ]]; then echo "$bin"; exit 0; fi
-if [[ -f "$bin/.complete" ]]; then echo "$bin"; exit 0; fi
+if [[ -f "$bin/.complete" && "$(cat "$bin/oldest/.complete" 2>/dev/null)" == "$oldest_stamp" ]]; then
+  echo "$bin"
+  exit 0
+fi
 
 command -v go >/dev/null || { echo "hack/tools.sh: no Go toolchain on PATH; install Go >= 1.26" >&2; exit 1; }
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
 mkdir -p "$cache/tools"
+
+# Link-time version stamps for Kubernetes binaries of version $1.
+k8s_ldflags() {
+  local version=$1 minor kv flags="-s -w"
+  minor=$(echo "$version" | cut -d. -f2)
+  for kv in gitVersion=$version gitMajor=1 gitMinor=$minor gitTreeState=clean \
+    gitCommit=0000000000000000000000000000000000000000 buildDate=2026-07-15T00:00:00Z; do
+    flags="$flags -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
+  done
+  echo "$flags"
+}
+
+# The oldest Kubernetes: the server and node binaries (kubectl and helm are
+# the current ones), into $bin/oldest, stamped last.
+build_oldest() {
+  local otmp start=$SECONDS
+  otmp=$(mktemp -d "$bin/.oldest.XXXXXX")
+  echo "hack/tools.sh: building Kubernetes $OLDEST_K8S_VERSION, the oldest claimed (cold: about 8 minutes on 2 cores)" >&2
+  (cd "$root/e2e/tools/k8s-oldest" && go build -p "$(nproc)" -tags selinux,notest,grpcnotrace \
+    -ldflags "$(k8s_ldflags "$OLDEST_K8S_VERSION")" -o "$otmp/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy) || { rm -rf "$otmp"; return 1; }
+  "$otmp/kube-apiserver" --version >&2
+  chmod 755 "$otmp"
+  rm -rf "$bin/oldest"
+  mv "$otmp" "$bin/oldest"
+  echo "$oldest_stamp" >"$bin/oldest/.complete"
+  echo "hack/tools.sh: built Kubernetes $OLDEST_K8S_VERSION in $((SECONDS - start)) s" >&2
+}
+
+if [[ -f "$bin/.complete" ]]; then
+  build_oldest
+  echo "$bin"
+  exit 0
+fi
+
+ldf=$(k8s_ldflags "$K8S_VERSION")
 minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-ldf="-s -w"
-for kv in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$minor gitTreeState=clean \
-  gitCommit=0000000000000000000000000000000000000000 buildDate=2026-07-15T00:00:00Z; do
-  ldf="$ldf -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
-done
 
 tmp=$(mktemp -d "$cache/tools/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -81,4 +128,5 @@ mv "$tmp" "$bin"
 trap - EXIT
 date -u +%FT%TZ >"$bin/.complete"
 echo "hack/tools.sh: built in $((SECONDS - start)) s" >&2
+build_oldest
 echo "$bin"

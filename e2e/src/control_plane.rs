@@ -212,7 +212,7 @@ impl ControlPlane {
         apiserver_args.extend(options.apiserver_args.iter().cloned());
         plane.spawn(
             "kube-apiserver",
-            &bin.join("kube-apiserver"),
+            &tools::binary("kube-apiserver")?,
             &apiserver_args,
         )?;
         plane.wait_ready("kube-apiserver /readyz", None).await?;

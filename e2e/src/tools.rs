@@ -31,9 +31,83 @@ pub fn bin_dir() -> Result<PathBuf, Error> {
     DIR.get_or_init(locate).clone().map_err(Error::Tools)
 }
 
+/// The Kubernetes server and node binaries [`use_oldest_kubernetes`]
+/// swaps (kubectl and helm stay the current ones).
+const SERVER_AND_NODE: [&str; 5] = [
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kubelet",
+    "kube-proxy",
+];
+
+/// Where [`SERVER_AND_NODE`] come from when not from [`bin_dir`].
+static KUBERNETES_DIR: OnceLock<PathBuf> = OnceLock::new();
+
 /// The path of one binary.
 pub fn binary(name: &str) -> Result<PathBuf, Error> {
+    if SERVER_AND_NODE.contains(&name)
+        && let Some(dir) = KUBERNETES_DIR.get()
+    {
+        return Ok(dir.join(name));
+    }
     Ok(bin_dir()?.join(name))
+}
+
+/// Makes this process's clusters run the oldest Kubernetes the docs claim
+/// (`hack/tools.sh` builds it into `<bin>/oldest`): its API server,
+/// scheduler, controller manager, kubelet and kube-proxy. Call it before
+/// anything starts; returns the version, e.g. `v1.30.14`.
+pub fn use_oldest_kubernetes() -> Result<String, Error> {
+    let dir = bin_dir()?.join("oldest");
+    let stamp = dir.join(".complete");
+    let stamp = std::fs::read_to_string(&stamp).map_err(|e| {
+        Error::Tools(format!(
+            "{} is missing ({e}); run hack/tools.sh",
+            stamp.display()
+        ))
+    })?;
+    if let Some(missing) = SERVER_AND_NODE.iter().find(|b| !dir.join(b).is_file()) {
+        return Err(Error::Tools(format!(
+            "{} has no {missing}; run hack/tools.sh",
+            dir.display()
+        )));
+    }
+    let version = stamp
+        .trim()
+        .split('-')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    if KUBERNETES_DIR.get_or_init(|| dir.clone()) != &dir {
+        return Err(Error::Tools(
+            "this process already runs another Kubernetes".into(),
+        ));
+    }
+    Ok(version)
+}
+
+/// The minor version of the kubelet this process runs (36 for v1.36.3),
+/// from its `--version`.
+pub fn kubelet_minor() -> Result<u32, Error> {
+    let kubelet = binary("kubelet")?;
+    let output = Command::new(&kubelet)
+        .arg("--version")
+        .output()
+        .map_err(Error::io("run", &kubelet))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    minor_of(&text).ok_or_else(|| {
+        Error::Tools(format!(
+            "{} --version said {text:?}, not Kubernetes v1.<minor>.<patch>",
+            kubelet.display()
+        ))
+    })
+}
+
+/// The minor version in `Kubernetes v1.36.3`.
+fn minor_of(version: &str) -> Option<u32> {
+    let version = version.trim().rsplit(' ').next()?.strip_prefix("v1.")?;
+    version.split('.').next()?.parse().ok()
 }
 
 /// The repository root (the workspace containing this crate).
@@ -69,5 +143,18 @@ fn locate() -> Result<PathBuf, String> {
             dir.display()
         )),
         None => Ok(dir),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::minor_of;
+
+    #[test]
+    fn the_minor_version_is_read_from_the_kubelet_s_words() {
+        assert_eq!(minor_of("Kubernetes v1.36.3\n"), Some(36));
+        assert_eq!(minor_of("Kubernetes v1.30.14"), Some(30));
+        assert_eq!(minor_of("Kubernetes v2.0.0"), None);
+        assert_eq!(minor_of(""), None);
     }
 }

@@ -5,6 +5,9 @@
 //!   [`Watched`]).
 //! - [`status`]: typed status writes by server-side apply, one field
 //!   manager per component ([`StatusWriter`]).
+//! - [`selectors`]: whether the API server serves field selectors on a
+//!   custom resource (Kubernetes 1.31 and later), for callers that filter
+//!   themselves where it does not.
 //!
 //! It is a crate of its own because both binaries need it and neither may
 //! depend on the other; `tessera-api` would have done (it already depends on
@@ -13,6 +16,7 @@
 //! nothing of the workspace and adds no edge to its graph but its two users.
 #![forbid(unsafe_code)]
 
+pub mod selectors;
 pub mod status;
 pub mod watched;
 

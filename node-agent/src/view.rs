@@ -1,7 +1,8 @@
 //! The agent's view of its own node in the cluster, from node-scoped
 //! watches only: its Node (labels), the GpuNodeConfigs, the VgpuAllocations
-//! of this node (field selector `spec.nodeName`), and nothing that grows
-//! with the cluster's pods. Allocate reads the node's NodeLock and the
+//! of this node (field selector `spec.nodeName`; all of them on an API
+//! server before 1.31, which serves no field selector on custom resources),
+//! and nothing that grows with the cluster's pods. Allocate reads the node's NodeLock and the
 //! holder's VgpuAllocation straight from the API server (a cache could still
 //! show the lock of the pod served a moment ago).
 
@@ -28,8 +29,12 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// Starts the watches of `node` and of every GpuNodeConfig.
-    pub fn spawn(client: Client, node: &str) -> Self {
+    /// Starts the watches of `node` and of every GpuNodeConfig. The node's
+    /// allocations are watched by field selector where the API server
+    /// serves one on VgpuAllocations (`by_field`, Kubernetes 1.31 and
+    /// later); otherwise all of them are, and [`NodeView::allocations`]
+    /// keeps the node's.
+    pub fn spawn(client: Client, node: &str, by_field: bool) -> Self {
         // One signal for all: the offer depends on the node, the configs and
         // (for MIG instance holders) the allocations.
         let changed = watch::channel(0u64).0;
@@ -43,7 +48,11 @@ impl NodeView {
         )
         .signal(&changed)
         .spawn();
-        let on_node_only = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let on_node_only = if by_field {
+            watcher::Config::default().fields(&format!("spec.nodeName={node}"))
+        } else {
+            watcher::Config::default()
+        };
         // The offer names the allocation holding each MIG instance.
         let allocations = Watch::new(Api::<VgpuAllocation>::all(client.clone()), on_node_only)
             .signal(&changed)
@@ -95,7 +104,7 @@ impl NodeView {
         self.allocations
             .state()
             .iter()
-            .filter(|a| a.has_family(DeviceFamily::Nvidia))
+            .filter(|a| a.spec.node_name == self.node && a.has_family(DeviceFamily::Nvidia))
             .map(|a| (**a).clone())
             .collect()
     }

@@ -36,7 +36,7 @@ async fn run_plugin(
 ) {
     let backend = Arc::new(FakeBackend::new(gpus, dir.join("mig-state.json")));
     let physical = backend::watch(backend.clone(), Duration::from_millis(100)).unwrap();
-    let view = NodeView::spawn(client, node);
+    let view = NodeView::spawn(client, node, true);
     let offers = inventory::track(view.clone(), Default::default(), physical, true).await;
     let paths = HostPaths {
         library: "/opt/lib.so".into(),

@@ -1583,9 +1583,8 @@ fn ascend_910c_takes_whole_modules() {
     );
 }
 
-#[test]
-fn a_pod_of_two_families_gets_each_from_its_own_devices() {
-    let mut node = node(DeviceFamily::Hygon, "DCU", &[FREE]);
+/// `node` with a free Ascend 910A NPU (`npu-0`) beside its devices.
+fn with_an_ascend_npu(mut node: NodeGpus) -> NodeGpus {
     node.devices.push(GpuDevice {
         uuid: "npu-0".into(),
         family: DeviceFamily::Ascend,
@@ -1594,6 +1593,12 @@ fn a_pod_of_two_families_gets_each_from_its_own_devices() {
         ..node.devices[0].clone()
     });
     node.usage.push(DeviceUsage::default());
+    node
+}
+
+#[test]
+fn a_pod_of_two_families_gets_each_from_its_own_devices() {
+    let node = with_an_ascend_npu(node(DeviceFamily::Hygon, "DCU", &[FREE]));
     expect(
         "both",
         place(
@@ -1614,15 +1619,7 @@ fn a_pod_of_two_families_gets_each_from_its_own_devices() {
 fn a_mixed_node_serves_each_family_s_pods_but_not_a_pod_of_nvidia_and_another() {
     // A node with an NVIDIA GPU under Tessera's agent and an Ascend NPU
     // under its vendor's plugin.
-    let mut node = node(DeviceFamily::Nvidia, "NVIDIA A100", &[FREE]);
-    node.devices.push(GpuDevice {
-        uuid: "npu-0".into(),
-        family: DeviceFamily::Ascend,
-        model: "Ascend910A".into(),
-        memory_mib: 32768,
-        ..node.devices[0].clone()
-    });
-    node.usage.push(DeviceUsage::default());
+    let node = with_an_ascend_npu(node(DeviceFamily::Nvidia, "NVIDIA A100", &[FREE]));
     expect(
         "NVIDIA alone",
         place(&node, json!({"nvidia.com/gpu": "1"}), json!({})),

@@ -4,6 +4,7 @@
 //! API writes per GPU pod: NodeLock create, VgpuAllocation create, the
 //! binding, the allocation's status (`Bound`): four.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
@@ -49,6 +50,14 @@ pub struct Binder {
     seen: std::sync::Arc<super::seen::SeenPods>,
     config: std::sync::Arc<Config>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Whether the API server serves `spec.nodeName` as a field selector on
+    /// VgpuAllocations (Kubernetes 1.31 and later); cleared at its first
+    /// refusal, after which the recheck lists them all and keeps the node's.
+    by_field: std::sync::Arc<AtomicBool>,
+    /// Whether the API server's cache serves a list "not older than" a
+    /// version it has not seen an event of that kind at (Kubernetes 1.31
+    /// and later): learned from its version at the first Bind.
+    cache_serves_versions: std::sync::Arc<tokio::sync::OnceCell<bool>>,
 }
 
 impl Binder {
@@ -67,7 +76,73 @@ impl Binder {
             seen: std::sync::Arc::default(),
             config,
             metrics,
+            by_field: std::sync::Arc::new(AtomicBool::new(true)),
+            cache_serves_versions: std::sync::Arc::default(),
         }
+    }
+
+    /// The VgpuAllocations on `node`, not older than `version` when given:
+    /// by field selector, or, where the API server serves none on custom
+    /// resources (before 1.31), from a list of all of them.
+    async fn allocations_on(
+        &self,
+        node: &str,
+        version: Option<&str>,
+    ) -> Result<kube::core::ObjectList<VgpuAllocation>, kube::Error> {
+        if self.by_field.load(Ordering::Relaxed) {
+            let selector = format!("spec.nodeName={node}");
+            match self.list_allocations(Some(&selector), version).await {
+                Err(error) if tessera_kubekit::selectors::unsupported_field_selector(&error) => {
+                    tracing::warn!(%error, "no field selectors on VgpuAllocations (Kubernetes before 1.31): Bind lists them all");
+                    self.by_field.store(false, Ordering::Relaxed);
+                }
+                listed => return listed,
+            }
+        }
+        let mut listed = self.list_allocations(None, version).await?;
+        listed.items.retain(|a| a.spec.node_name == node);
+        Ok(listed)
+    }
+
+    /// VgpuAllocations matching `selector`, not older than `version`: from
+    /// the API server's cache where it can say so. Before 1.31 a custom
+    /// resource's watch cache learns of newer versions only from its own
+    /// events, so a version taken from a NodeLock may be one it never
+    /// reaches: it answers 504 after 3 s, which the client retries for a
+    /// minute, past Bind's deadline. There the list is a consistent read
+    /// from etcd, as new as the version or newer.
+    async fn list_allocations(
+        &self,
+        selector: Option<&str>,
+        version: Option<&str>,
+    ) -> Result<kube::core::ObjectList<VgpuAllocation>, kube::Error> {
+        let all: Api<VgpuAllocation> = Api::all(self.client.clone());
+        let mut params = ListParams::default();
+        if let Some(selector) = selector {
+            params = params.fields(selector);
+        }
+        let cache_serves = *self
+            .cache_serves_versions
+            .get_or_init(|| async {
+                let version = self.client.apiserver_version().await;
+                let serves = version.as_ref().map_or(true, |v| {
+                    serves_versions_from_cache(&v.major, &v.minor)
+                });
+                if !serves {
+                    tracing::info!(
+                        version = version.map(|v| v.git_version).unwrap_or_default(),
+                        "Bind reads a node's allocations from etcd: this API server's cache cannot serve them as of a newer version (before Kubernetes 1.31)"
+                    );
+                }
+                serves
+            })
+            .await;
+        if let Some(version) = version
+            && cache_serves
+        {
+            params = params.at(version).matching(VersionMatch::NotOlderThan);
+        }
+        all.list(&params).await
     }
 
     /// The pods Filter answered for lately, which Bind takes instead of
@@ -321,13 +396,11 @@ impl Binder {
         placement: &Placement,
         lock_version: Option<&str>,
     ) -> Result<(), Error> {
-        let all: Api<VgpuAllocation> = Api::all(self.client.clone());
         let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
-        let mut params = ListParams::default().fields(&format!("spec.nodeName={}", args.node));
-        if let Some(version) = lock_version {
-            params = params.at(version).matching(VersionMatch::NotOlderThan);
-        }
-        let (on_node, gpu_node) = tokio::join!(all.list(&params), gpu_nodes.get_opt(&args.node),);
+        let (on_node, gpu_node) = tokio::join!(
+            self.allocations_on(&args.node, lock_version),
+            gpu_nodes.get_opt(&args.node),
+        );
         let on_node = on_node.map_err(Error::kube("listing the node's allocations"))?;
         // Read after taking the lock: a stopping agent marks its node before
         // it looks for a lock, so either it waits for this pod or we see it.
@@ -589,5 +662,32 @@ fn allocation_spec(
         ),
         claim: None,
         trace_context: trace,
+    }
+}
+
+/// Whether an API server of this version (`major`, `minor` as it reports
+/// them, e.g. `1`, `30+`) serves lists "not older than" a version from its
+/// cache: 1.31 and later, whose cache asks etcd for progress.
+fn serves_versions_from_cache(major: &str, minor: &str) -> bool {
+    let minor: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    match (major.parse::<u32>(), minor.parse::<u32>()) {
+        (Ok(1), Ok(minor)) => minor >= 31,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serves_versions_from_cache;
+
+    #[test]
+    fn only_1_31_and_later_serve_lists_as_of_a_version_from_cache() {
+        assert!(!serves_versions_from_cache("1", "30"));
+        assert!(!serves_versions_from_cache("1", "30+"));
+        assert!(serves_versions_from_cache("1", "31"));
+        assert!(serves_versions_from_cache("1", "36"));
+        // What it cannot read is taken as current.
+        assert!(serves_versions_from_cache("1", ""));
+        assert!(serves_versions_from_cache("2", "0"));
     }
 }

@@ -153,11 +153,11 @@ pub(crate) fn kubelet(
     cgroup_root: &str,
     ports: KubeletPorts,
     cgroup_v1: bool,
+    minor: u32,
 ) -> String {
-    let config = json!({
+    let mut config = json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "failCgroupV1": !cgroup_v1,
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": cgroup_root,
         "failSwapOn": false,
@@ -181,12 +181,19 @@ pub(crate) fn kubelet(
         "syncFrequency": "10s",
         "fileCheckFrequency": "5s",
         "maxPods": 250,
-        // A container that dies (the node agent killed by a chaos test) is
-        // started again within a second instead of after up to 5 minutes of
-        // CrashLoopBackOff (KEP-5593, beta in 1.35).
-        "featureGates": {"KubeletCrashLoopBackOffMax": true},
-        "crashLoopBackOff": {"maxContainerRestartPeriod": "1s"},
     });
+    // Fields and gates of newer kubelets: an older one refuses a gate it
+    // does not know (the install smoke test runs the oldest claimed).
+    if minor >= 31 {
+        config["failCgroupV1"] = json!(!cgroup_v1);
+    }
+    if minor >= 35 {
+        // A container that dies (the node agent killed by a chaos test) is
+        // started again within a second instead of after up to 5 minutes
+        // of CrashLoopBackOff (KEP-5593, beta in 1.35).
+        config["featureGates"] = json!({"KubeletCrashLoopBackOffMax": true});
+        config["crashLoopBackOff"] = json!({"maxContainerRestartPeriod": "1s"});
+    }
     serde_yaml_ng::to_string(&config).unwrap_or_default()
 }
 
@@ -206,15 +213,26 @@ mod tests {
     #[test]
     fn kubelet_keeps_cgroup_v1_only_where_it_runs() {
         let ports = KubeletPorts { api: 1, healthz: 2 };
-        let v1: serde_json::Value =
-            serde_yaml_ng::from_str(&kubelet(Path::new("/n"), "10.0.0.1", "/t", ports, true))
-                .unwrap();
+        let config = |cgroup_v1, minor| -> serde_json::Value {
+            let text = kubelet(Path::new("/n"), "10.0.0.1", "/t", ports, cgroup_v1, minor);
+            serde_yaml_ng::from_str(&text).unwrap()
+        };
+        let v1 = config(true, 36);
         assert_eq!(v1["failCgroupV1"], false);
         assert_eq!(v1["cgroupRoot"], "/t");
         assert_eq!(v1["containerRuntimeEndpoint"], "unix:///n/containerd.sock");
-        let v2: serde_json::Value =
-            serde_yaml_ng::from_str(&kubelet(Path::new("/n"), "10.0.0.1", "/t", ports, false))
-                .unwrap();
-        assert_eq!(v2["failCgroupV1"], true);
+        assert_eq!(v1["featureGates"]["KubeletCrashLoopBackOffMax"], true);
+        assert_eq!(config(false, 36)["failCgroupV1"], true);
+    }
+
+    #[test]
+    fn an_older_kubelet_is_given_only_what_it_knows() {
+        let ports = KubeletPorts { api: 1, healthz: 2 };
+        let text = kubelet(Path::new("/n"), "10.0.0.1", "/t", ports, true, 30);
+        let old: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        assert!(old.get("failCgroupV1").is_none(), "{text}");
+        assert!(old.get("featureGates").is_none(), "{text}");
+        assert!(old.get("crashLoopBackOff").is_none(), "{text}");
+        assert_eq!(old["maxPods"], 250);
     }
 }

@@ -363,6 +363,7 @@ impl RealNode {
             &self.cgroup.kubelet_root(),
             self.ports,
             cgroup_v1,
+            crate::tools::kubelet_minor()?,
         );
         fs::write(&config, text).map_err(Error::io("write", &config))?;
         let labels: Vec<String> = self
@@ -532,13 +533,7 @@ impl RealNode {
                         && q.0 != "0"
                 }) || self.vendor_plugin.as_ref().is_some_and(|(_, resource)| {
                     allocatable.get(resource).is_some_and(|q| q.0 != "0")
-                }) || (want_gpus
-                    && slices
-                        .list(&ours)
-                        .await?
-                        .items
-                        .iter()
-                        .any(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty())));
+                }) || (want_gpus && published_slices(&slices, &ours).await?);
                 if ready && (gpus || !want_gpus) {
                     return Ok(());
                 }
@@ -691,6 +686,19 @@ fn cgroup_name(plane_dir: &Path, node: &str) -> String {
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     format!("tessera-{base}-{:08x}-{node}", hash >> 32)
+}
+
+/// Whether the node's DRA driver published devices; `false` where the
+/// cluster serves no `resource.k8s.io/v1` (the API server answers 404).
+async fn published_slices(slices: &Api<ResourceSlice>, ours: &ListParams) -> Result<bool, Error> {
+    match slices.list(ours).await {
+        Ok(list) => Ok(list
+            .items
+            .iter()
+            .any(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty()))),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error.into()),
+    }
 }
 
 #[cfg(test)]

@@ -64,7 +64,12 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         )),
     };
     let physical = backend::watch(backend.clone(), Duration::from_millis(args.gpu_poll_millis))?;
-    let view = NodeView::spawn(client.clone(), &args.node_name);
+    let by_field = tessera_kubekit::selectors::serves_field_selector(
+        &kube::Api::<tessera_api::v1alpha1::VgpuAllocation>::all(client.clone()),
+        &format!("spec.nodeName={}", args.node_name),
+    )
+    .await;
+    let view = NodeView::spawn(client.clone(), &args.node_name, by_field);
     // Nothing of DRA runs where the cluster does not serve it (Kubernetes
     // before 1.34, or resource.k8s.io/v1 turned off); the offer then never
     // asks for the DRA door.
