@@ -207,7 +207,7 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         std::os::unix::fs::symlink(tools::binary(tool)?, &link)?;
     }
     let mut metrics = Vec::new();
-    for node in nodes.iter().filter(|n| n.vendor.is_none()) {
+    for node in nodes.iter().filter(|n| n.serves_nvidia()) {
         metrics.push((node.name.clone(), cluster.agent_metrics(&node.name).await?));
     }
     let mut helm_list = helm::command(Some(plane.kubeconfig()))?;
