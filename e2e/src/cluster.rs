@@ -225,14 +225,18 @@ impl LocalCluster {
             .items)
     }
 
-    /// The address of the node agent's `/metrics` on `node` (its pod's IP).
-    pub async fn agent_metrics(&self, node: &str) -> Result<String, Error> {
-        let pod = self
-            .pods("node-agent")
+    /// The chart's node-agent pod on `node`.
+    pub async fn agent_pod(&self, node: &str) -> Result<Pod, Error> {
+        self.pods("node-agent")
             .await?
             .into_iter()
             .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .ok_or_else(|| Error::Config(format!("no node-agent pod on {node}")))?;
+            .ok_or_else(|| Error::Config(format!("no node-agent pod on {node}")))
+    }
+
+    /// The address of the node agent's `/metrics` on `node` (its pod's IP).
+    pub async fn agent_metrics(&self, node: &str) -> Result<String, Error> {
+        let pod = self.agent_pod(node).await?;
         let ip = pod
             .status
             .and_then(|s| s.pod_ip)

@@ -109,6 +109,14 @@ pub async fn scheduling_failure(client: &Client, namespace: &str, name: &str) ->
         .and_then(|e| e.message)
 }
 
+/// Whether the pod's `Ready` condition is true.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// The pod's phase, `""` before it has one.
 pub fn phase(pod: &Pod) -> &str {
     pod.status

@@ -20,7 +20,7 @@ use kube::{
     api::{ListParams, PostParams},
 };
 use tessera_api::v1alpha1::GpuNode;
-use tessera_e2e::testkit::{gpu_pod, phase, skip_real_nodes};
+use tessera_e2e::testkit::{gpu_pod, phase, pod_ready, skip_real_nodes};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -33,20 +33,7 @@ const NODE: &str = "liveness-node";
 const WAIT: Duration = Duration::from_secs(120);
 
 async fn agent_pod(cluster: &LocalCluster) -> Pod {
-    cluster
-        .pods("node-agent")
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE))
-        .expect("the agent pod")
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    cluster.agent_pod(NODE).await.expect("the agent pod")
 }
 
 async fn gpu_node_ready(client: &kube::Client) -> bool {

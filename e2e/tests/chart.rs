@@ -174,6 +174,34 @@ fn default_values_render_a_working_install() {
     assert!(!agent_args.iter().any(|a| a.starts_with("--fake-gpus-file")));
     assert!(!agent_args.contains(&"--legacy-metrics".to_owned()));
 
+    // The MPS host: beside every agent, holding the daemons in its own
+    // pod, with no API credentials.
+    let mps = find(&objects, "DaemonSet", "tessera-mps");
+    let mps_pod = &mps["spec"]["template"]["spec"];
+    assert_eq!(mps_pod["nodeSelector"], pod["nodeSelector"]);
+    assert_eq!(mps_pod["automountServiceAccountToken"], false);
+    let host = container(mps, "mps-host");
+    assert_eq!(
+        args(host)[..3],
+        [
+            "mps-daemons",
+            "--backend=nvml",
+            "--state-dir=/var/lib/tessera"
+        ]
+    );
+    let mounts: Vec<&str> = host["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    assert_eq!(mounts, ["/var/lib/tessera", "/dev/shm"]);
+    let off = template(&["--set", "agent.mpsHost.enabled=false"]);
+    assert!(
+        !off.iter()
+            .any(|o| o["metadata"]["name"] == "tessera-mps" && o["kind"] == "DaemonSet")
+    );
+
     // Off by default: the GpuNodeConfig and the Prometheus operator's kinds.
     let rendered = kinds(&objects);
     for absent in ["GpuNodeConfig", "ServiceMonitor", "PrometheusRule"] {

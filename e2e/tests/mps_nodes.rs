@@ -1,7 +1,7 @@
 //! MPS on a real node (containerd + kubelet, the chart's agent) whose two
 //! fake H100s are in `operatingMode: mps`:
 //!
-//! 1. the agent runs each GPU's MPS control daemon (the fake one, which
+//! 1. the MPS host runs each GPU's MPS control daemon (the fake one, which
 //!    answers NVIDIA's control commands on `<pipe dir>/control`) before any
 //!    pod arrives;
 //! 2. two pods with `nvidia.com/vgpu-mode: mps` share a GPU: each gets its
@@ -9,7 +9,10 @@
 //!    `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
 //!    `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, the `/dev/shm` every MPS client
 //!    and daemon shares, and no interposer;
-//! 3. a pod asking for two GPUs in MPS mode stays Pending with the reason
+//! 3. the agent's pod is replaced under the running MPS pods: the daemon,
+//!    which the MPS host (the chart's `tessera-mps` DaemonSet) runs in a pod
+//!    of its own, keeps its state and serves a pod placed afterwards;
+//! 4. a pod asking for two GPUs in MPS mode stays Pending with the reason
 //!    (one daemon per GPU, so one GPU per MPS container).
 //!
 //! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
@@ -27,7 +30,7 @@ use tessera_e2e::testkit::{self, gpu_pod, phase, skip_real_nodes};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
-    cluster::{LocalCluster, NodeGpus},
+    cluster::{LocalCluster, NAMESPACE, NodeGpus},
     node::FakeGpu,
 };
 
@@ -44,6 +47,21 @@ touch "/dev/shm/from-$HOSTNAME" && echo SHM=yes
 sed 's/^/LOG=/' "$CUDA_MPS_LOG_DIRECTORY/control.log"
 cat /etc/ld.so.preload 2>/dev/null | sed 's/^/PRELOAD=/'
 echo END; sleep 3600"#;
+
+/// One control command to the fake daemon through its socket on the host.
+fn control(socket: &std::path::Path, line: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("{}: {e}", socket.display()));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream.write_all(format!("{line}\n").as_bytes()).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
 
 fn mps_pod(name: &str, gpus: u32, memory: u64, cores: u32) -> Pod {
     let mut pod = gpu_pod(name, memory, Some(cores), SCRIPT);
@@ -145,7 +163,52 @@ async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
         "{listed}"
     );
 
-    // 3. Two GPUs in MPS mode: Pending, with the reason.
+    // 3. The agent's pod is replaced (a restart or an upgrade): the daemon,
+    // which the MPS host runs in its own pod, keeps serving its clients.
+    let gpu = visible[0].clone();
+    let root = cluster.nodes[0].dir().join("agent/mps").join(&gpu);
+    let ask = |line: &str| control(&root.join("pipe/control"), line);
+    // State only this daemon process holds: a restarted one would say 100.
+    ask("set_default_active_thread_percentage 40");
+    let old_agent = cluster.agent_pod(NODE).await.unwrap();
+    let agents: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    agents
+        .delete(
+            &old_agent.metadata.name.clone().unwrap(),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    testkit::wait_for("a new agent pod to be Ready", WAIT, async || {
+        let pod = cluster.agent_pod(NODE).await.ok()?;
+        (pod.metadata.uid != old_agent.metadata.uid && testkit::pod_ready(&pod)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        ask("get_default_active_thread_percentage"),
+        "40.0\n",
+        "the daemon the clients use outlived the agent"
+    );
+    let log = std::fs::read_to_string(root.join("log/control.log")).unwrap();
+    assert_eq!(log.matches("Control daemon started").count(), 1, "{log}");
+    assert!(!log.contains("Control daemon exited"), "{log}");
+    // A pod placed after the restart joins the same daemon.
+    pods.create(&PostParams::default(), &mps_pod("mps-c", 1, 4000, 10))
+        .await
+        .unwrap();
+    let out = testkit::wait_for("mps-c to print its settings", WAIT, async || {
+        let out = cluster.plane.logs("default", "mps-c").ok()?;
+        out.contains("END").then_some(out)
+    })
+    .await;
+    assert!(
+        out.contains(&format!("NVIDIA_VISIBLE_DEVICES={gpu}")),
+        "{out}"
+    );
+    assert!(out.contains("SOCKET=yes"), "{out}");
+    assert_eq!(out.matches("Control daemon started").count(), 1, "{out}");
+
+    // 4. Two GPUs in MPS mode: Pending, with the reason.
     pods.create(&PostParams::default(), &mps_pod("mps-two", 2, 1000, 10))
         .await
         .unwrap();
@@ -155,7 +218,7 @@ async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
     .await;
     assert!(reason.contains("MPS"), "{reason}");
     assert_eq!(phase(&pods.get("mps-two").await.unwrap()), "Pending");
-    for name in ["mps-a", "mps-b", "mps-two"] {
+    for name in ["mps-a", "mps-b", "mps-c", "mps-two"] {
         pods.delete(name, &DeleteParams::default()).await.unwrap();
     }
 }

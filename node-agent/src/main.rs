@@ -3,11 +3,20 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use tessera_node_agent::app::{Args, client, run};
+use tessera_node_agent::app::{Args, MpsArgs, client, run, run_mps_host};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let command_line: Vec<_> = std::env::args_os().collect();
+    if let Some(args) = MpsArgs::from_command_line(&command_line) {
+        let provider = tessera_telemetry::init("tessera-mps-host", &args.log)?;
+        let result = run_mps_host(args).await;
+        if let Some(provider) = provider {
+            let _ = provider.shutdown();
+        }
+        return Ok(result?);
+    }
+    let args = Args::parse_from(command_line);
     // Bad flags and settings are reported before anything connects.
     let defaults = args.load_defaults()?;
     let provider = tessera_telemetry::init("tessera-node-agent", &args.log)?;

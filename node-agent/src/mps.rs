@@ -1,27 +1,39 @@
 //! MPS on the node: one MPS control daemon per GPU the node offers in
 //! `operatingMode: mps`, and what Allocate gives an MPS container.
 //!
+//! The daemons run in a process of their own, the MPS host
+//! (`tessera-node-agent mps-daemons`, the chart's `<release>-mps`
+//! DaemonSet), as NVIDIA runs its MPS control daemon beside its device
+//! plugin: an agent that restarts or is upgraded leaves every running MPS
+//! client served. The agent hands the host the GPUs it offers in MPS mode
+//! ([`handoff`]: one file in its state directory) and, in Allocate, gives a
+//! container its GPU's daemon once that daemon answers ([`MpsManager::answering`]);
+//! the host starts the daemons, restarts one that died and quits those of
+//! GPUs that left MPS mode ([`host`]).
+//!
 //! Each GPU's daemon has its own pipe and log directories under the agent's
 //! state directory (`mps/<uuid>/pipe`, `mps/<uuid>/log`); a container on the
 //! GPU gets both, mounted read-only (a client connects to the daemon's
 //! sockets, which a read-only mount allows), so no tenant can plant a file
 //! where the daemon, which runs as root, writes. MPS server and clients also
 //! share memory through `/dev/shm`: every daemon and every MPS container see
-//! one shared directory there (`mps/shm`; the chart mounts it at the agent's
-//! `/dev/shm`, and Allocate at the container's), as NVIDIA's device plugin
-//! arranges it. The container's share is the client's own settings:
+//! one shared directory there (`mps/shm`; the chart mounts it at the MPS
+//! host's `/dev/shm`, and Allocate at the container's), as NVIDIA's device
+//! plugin arranges it. The container's share is the client's own settings:
 //! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from `gpucores` and
 //! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` from the memory slice, which the MPS
 //! server enforces; the interposer stays out (see docs/modes.md).
 //!
-//! [`MpsControl`] is how the agent drives a daemon: NVIDIA's
+//! [`MpsControl`] is how a daemon is driven: NVIDIA's
 //! `nvidia-cuda-mps-control` ([`NvidiaControl`]) or, with the fake backend,
-//! [`FakeControl`], a daemon in the agent that answers the same control
+//! [`FakeControl`], a daemon in the MPS host that answers the same control
 //! commands on a socket in the pipe directory.
 
 mod control;
 mod daemon;
 mod fake;
+pub mod handoff;
+pub mod host;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -32,7 +44,7 @@ use std::{
 
 use tessera_api::{
     env,
-    v1alpha1::{DeviceHealth, OperatingMode},
+    v1alpha1::{DeviceHealth, GpuDevice, OperatingMode},
 };
 
 pub use control::NvidiaControl;
@@ -41,10 +53,15 @@ pub use fake::FakeControl;
 
 use crate::{Error, contract::MountSpec, offer::Offer};
 
-/// How often the daemons are checked (and started where missing).
+/// How often the host checks the daemons (and starts those missing).
 pub const PASS: Duration = Duration::from_secs(2);
+/// How long Allocate waits for a GPU's daemon to answer: a GPU just put
+/// in MPS mode gets its daemon on the host's next pass.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(6);
 
-/// Keeps one daemon running per GPU in MPS mode.
+/// One daemon per GPU in MPS mode: started and kept by the MPS host
+/// ([`MpsManager::ensure`], [`MpsManager::reconcile`]), looked up by the
+/// agent ([`MpsManager::answering`]).
 pub struct MpsManager {
     control: Arc<dyn MpsControl>,
     root: PathBuf,
@@ -97,23 +114,36 @@ impl MpsManager {
         Ok(daemon)
     }
 
-    /// One pass: a daemon for every healthy GPU the node offers in MPS
-    /// mode; `quit` for the daemons of GPUs no longer offered so. Returns
-    /// the GPUs whose daemon failed, with why.
-    pub fn reconcile(&self, offer: &Offer) -> BTreeMap<String, String> {
-        let wanted: BTreeSet<String> = offer
-            .devices
-            .iter()
-            .filter(|d| d.mode == OperatingMode::Mps && d.health == DeviceHealth::Healthy)
-            .map(|d| d.uuid.clone())
-            .collect();
+    /// The GPU's daemon once it answers, waiting up to `wait` for the MPS
+    /// host to start it; the agent never starts one itself.
+    pub fn answering(&self, uuid: &str, wait: Duration) -> Result<MpsDaemon, Error> {
+        let daemon = self.daemon(uuid)?;
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match self.control.command(&daemon, "get_server_list") {
+                Ok(_) => return Ok(daemon),
+                Err(error) if std::time::Instant::now() >= deadline => {
+                    return Err(Error::Mps(format!(
+                        "the MPS control daemon of GPU {uuid} does not answer after {} s (the MPS host, `tessera-node-agent mps-daemons`, runs it; is its pod running on this node?): {error}",
+                        wait.as_secs()
+                    )));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    /// One pass: a daemon for every GPU in `wanted`; `quit` for the
+    /// daemons of GPUs no longer wanted. Returns the GPUs whose daemon
+    /// failed, with why.
+    pub fn reconcile(&self, wanted: &BTreeSet<String>) -> BTreeMap<String, String> {
         let mut failed = BTreeMap::new();
-        for uuid in &wanted {
+        for uuid in wanted {
             if let Err(error) = self.ensure(uuid) {
                 failed.insert(uuid.clone(), error.to_string());
             }
         }
-        let gone: Vec<String> = self.lock().difference(&wanted).cloned().collect();
+        let gone: Vec<String> = self.lock().difference(wanted).cloned().collect();
         for uuid in gone {
             let stopped = self
                 .daemon(&uuid)
@@ -171,16 +201,35 @@ fn wait_until_answers(control: &dyn MpsControl, daemon: &MpsDaemon) -> Result<()
     )))
 }
 
-/// Checks the daemons every [`PASS`], so a GPU put in MPS mode has its
-/// daemon before the first pod arrives and a daemon that died is restarted.
-pub async fn keep_daemons(manager: Arc<MpsManager>, offers: tokio::sync::watch::Receiver<Offer>) {
-    crate::periodic::every("MPS keeper", PASS, move || {
-        let offer = offers.borrow().clone();
-        for (gpu, error) in manager.reconcile(&offer) {
-            tracing::warn!(%gpu, %error, "MPS control daemon");
+/// The GPUs that get a daemon: the healthy ones offered in MPS mode.
+pub fn wanted(devices: &[GpuDevice]) -> BTreeSet<String> {
+    devices
+        .iter()
+        .filter(|d| d.mode == OperatingMode::Mps && d.health == DeviceHealth::Healthy)
+        .map(|d| d.uuid.clone())
+        .collect()
+}
+
+/// The agent's side of the hand-off: writes the GPUs it offers in MPS mode
+/// for the MPS host ([`handoff`]) whenever its offer changes.
+pub async fn hand_off(root: PathBuf, mut offers: tokio::sync::watch::Receiver<Offer>) {
+    loop {
+        let gpus = wanted(&offers.borrow_and_update().devices);
+        let dir = root.clone();
+        match tokio::task::spawn_blocking(move || handoff::write(&dir, &gpus)).await {
+            Ok(Ok(true)) => {
+                tracing::info!(file = %handoff::path(&root).display(), "GPUs in MPS mode handed to the MPS host")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "handing the GPUs in MPS mode to the MPS host")
+            }
+            Err(error) => tracing::warn!(%error, "the MPS hand-off task stopped"),
         }
-    })
-    .await;
+        if offers.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }
 
 /// A client's part of an MPS GPU: the daemon's directories read-only, the

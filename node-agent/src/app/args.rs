@@ -26,7 +26,12 @@ pub enum BackendKind {
 /// Tessera's node agent: publishes the node's GPUs as a GpuNode, serves the
 /// kubelet's device-plugin calls, and hands each container its GPU slice.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "tessera-node-agent", version, about)]
+#[command(
+    name = "tessera-node-agent",
+    version,
+    about,
+    after_help = "`tessera-node-agent mps-daemons --help`: the MPS host, which runs the node's MPS control daemons apart from the agent."
+)]
 pub struct Args {
     /// Kubeconfig to use; without it, the in-cluster service account (or
     /// the usual KUBECONFIG lookup).
@@ -155,9 +160,9 @@ pub struct Args {
     /// seconds; keep it under the pod's termination grace period.
     #[arg(long, env = "TESSERA_DRAIN_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
     pub drain_seconds: u64,
-    /// NVIDIA's MPS control program, which the agent runs once per GPU in
-    /// `operatingMode: mps` (with `--backend fake`, a fake daemon in the
-    /// agent stands in for it).
+    /// NVIDIA's MPS control program, through which Allocate asks a GPU's
+    /// daemon whether it answers (the MPS host, `tessera-node-agent
+    /// mps-daemons`, runs the daemons; with `--backend fake`, fake ones).
     #[arg(
         long,
         env = "TESSERA_MPS_CONTROL",

@@ -4,18 +4,21 @@
 
 mod args;
 mod drain;
+mod mps_host;
+mod signal;
 
 use std::{sync::Arc, time::Duration};
 
 use tessera_api::v1alpha1::NodeSettings;
 
 pub use args::{Args, BackendKind, parse_defaults};
+pub use mps_host::{MpsArgs, SUBCOMMAND as MPS_SUBCOMMAND, run_mps_host};
 
 use crate::{
     Error,
     backend::{self, Backend, FakeBackend, NvmlBackend},
     install, inventory, lease,
-    mps::{FakeControl, MpsControl, MpsManager, NvidiaControl},
+    mps::MpsManager,
     plugin::{self, CONTAINER_LIBRARY, Endpoint, HostPaths, PluginState, Service},
     publish,
     supervise::{self, Loops},
@@ -187,14 +190,13 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         "MIG cleaner",
         crate::mig::clean_every_pass(mig.clone(), offers.clone(), view.clone()),
     );
-    let mps_control: Arc<dyn MpsControl> = match args.backend {
-        BackendKind::Nvml => Arc::new(NvidiaControl::new(&args.mps_control)),
-        BackendKind::Fake => Arc::new(FakeControl),
-    };
-    let mps = Arc::new(MpsManager::new(mps_control, args.state_dir.join("mps")));
+    let mps = Arc::new(MpsManager::new(
+        mps_host::control(args.backend, &args.mps_control),
+        args.state_dir.join("mps"),
+    ));
     loops.spawn(
-        "MPS keeper",
-        crate::mps::keep_daemons(mps.clone(), offers.clone()),
+        "MPS hand-off",
+        crate::mps::hand_off(args.state_dir.join("mps"), offers.clone()),
     );
     loops.spawn(
         "static MIG plugins",
@@ -210,7 +212,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     let mut plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));
     tracing::info!(loops = loops.len() + 2, "the agent runs");
     let ended = tokio::select! {
-        () = stop_signal() => None,
+        () = signal::stop() => None,
         ended = loops.ended() => Some(ended),
         joined = &mut plugin => Some(supervise::ended("device plugin server", joined)),
         joined = &mut lease => Some(supervise::ended("Lease keeper", joined)),
@@ -235,19 +237,4 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     let _ = lease.await;
     lease::delete(&client, &lease_site).await;
     Ok(())
-}
-
-/// SIGTERM (the kubelet stopping the DaemonSet pod) or SIGINT.
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

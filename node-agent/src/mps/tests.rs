@@ -1,4 +1,5 @@
 use std::{
+    collections::BTreeSet,
     os::unix::fs::{FileTypeExt, PermissionsExt},
     sync::Arc,
 };
@@ -17,16 +18,9 @@ fn device(uuid: &str, mode: OperatingMode) -> GpuDevice {
     }
 }
 
-fn offer(devices: Vec<GpuDevice>) -> Offer {
-    Offer {
-        resolved: tessera_api::node_config::resolve(
-            "n1",
-            &Default::default(),
-            &Default::default(),
-            &[],
-        ),
-        devices,
-    }
+/// The GPUs of `devices` that get a daemon.
+fn offer(devices: Vec<GpuDevice>) -> BTreeSet<String> {
+    wanted(&devices)
 }
 
 #[test]

@@ -185,8 +185,8 @@ impl Service {
         })
     }
 
-    /// Hands the container its GPU's MPS daemon (started if it is not
-    /// running) and its share of the GPU as MPS client settings.
+    /// Hands the container its GPU's MPS daemon (once it answers: the MPS
+    /// host runs it) and its share of the GPU as MPS client settings.
     async fn with_mps(&self, grant: Grant, allocation: &VgpuAllocation) -> Result<Grant, Error> {
         let slices = allocation
             .spec
@@ -206,9 +206,10 @@ impl Service {
         };
         let (uuid, memory, cores) = (slice.uuid.clone(), slice.memory_mib, slice.cores);
         let manager = self.mps.clone();
-        let daemon = tokio::task::spawn_blocking(move || manager.ensure(&uuid))
-            .await
-            .map_err(|e| Error::Mps(format!("the MPS task stopped: {e}")))??;
+        let daemon =
+            tokio::task::spawn_blocking(move || manager.answering(&uuid, crate::mps::ANSWER_WAIT))
+                .await
+                .map_err(|e| Error::Mps(format!("the MPS task stopped: {e}")))??;
         Ok(grant.with_mps(&daemon, memory, cores))
     }
 
