@@ -158,6 +158,7 @@ fn default_values_render_a_working_install() {
         "--install-interposer-from=/opt/tessera/lib/libtessera_vgpu.so",
         // Beside the agent pods, so each pod owns its Lease.
         "--lease-namespace=tessera-system",
+        "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
     ] {
         assert!(agent_args.contains(&expected.to_owned()), "{agent_args:?}");
     }

@@ -15,7 +15,9 @@
 //! operator's two `3g.20gb` instances: the Node advertises
 //! `nvidia.com/mig-3g.20gb: 2` and no `nvidia.com/gpu`; HAMi's
 //! `examples/nvidia/mig_example.yaml` runs twice, each pod with its own
-//! instance; a third waits for one. A GpuNodeConfig then switches the node
+//! instance, recorded in the ledger from the kubelet's pod-resources API (a
+//! VgpuAllocation owned by the pod, the GpuNode naming it the instance's
+//! holder); a third waits for one. A GpuNodeConfig then switches the node
 //! to `migStrategy: single`: the instances become whole `nvidia.com/gpu`
 //! devices, booked in the ledger like any GPU.
 //!
@@ -31,7 +33,7 @@ use kube::{
 use serde_json::json;
 use tessera_api::{
     mig,
-    v1alpha1::{GpuNode, GpuNodeConfig, MigInstance, VgpuAllocation},
+    v1alpha1::{AllocationPhase, GpuNode, GpuNodeConfig, MigInstance, VgpuAllocation},
 };
 use tessera_e2e::testkit::{self, phase, skip_real_nodes};
 use tessera_e2e::{
@@ -71,6 +73,44 @@ fn dynamic_mig_example(name: &str, gpus: u32, memory: u64) -> Pod {
         },
     }))
     .unwrap()
+}
+
+/// Waits until pod `name`'s static MIG `instance` is in the ledger: its
+/// VgpuAllocation, owned by the pod, Allocated with the instance served to
+/// the container, and the GpuNode naming it as the instance's holder.
+async fn static_record(client: &Client, name: &str, instance: &str) {
+    let allocation = wait_for(&format!("{name}'s record in the ledger"), async || {
+        let record = Api::<VgpuAllocation>::namespaced(client.clone(), "default")
+            .get_opt(name)
+            .await
+            .ok()??;
+        (record.status.as_ref()?.phase == Some(AllocationPhase::Allocated)).then_some(record)
+    })
+    .await;
+    let owner = &allocation.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Pod", name));
+    let served = &allocation.status.as_ref().unwrap().mig_instances;
+    assert_eq!(served.len(), 1, "{served:?}");
+    assert_eq!(
+        (served[0].container.as_str(), served[0].uuid.as_str()),
+        ("ubuntu-container", instance)
+    );
+    let slice = &allocation.spec.containers[0].devices[0];
+    assert_eq!(slice.mig.as_ref().unwrap().profile, "3g.20gb");
+    assert_eq!(slice.memory_mib, 19968);
+    let holder = format!("default/{name}");
+    wait_for(
+        &format!("the GpuNode to name {holder} the holder"),
+        async || {
+            instances(client)
+                .await
+                .into_iter()
+                .flat_map(|(_, i)| i)
+                .any(|i| i.uuid == instance && i.held_by.as_deref() == Some(holder.as_str()))
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 fn logs(cluster: &LocalCluster, pod: &str) -> String {
@@ -324,6 +364,11 @@ async fn static_mixed_mig_serves_hamis_mig_example_one_instance_per_pod() {
         seen.push(visible);
     }
     assert_ne!(seen[0], seen[1], "each pod has its own instance");
+    // The ledger records each pod's instance (the kubelet's pod-resources
+    // API says which), and the GpuNode names the holder.
+    for (name, instance) in ["gpu-pod", "gpu-pod-2"].into_iter().zip(&seen) {
+        static_record(&client, name, instance).await;
+    }
 
     // Both instances are taken: the default scheduler keeps a third waiting.
     pods.create(&PostParams::default(), &mig_example("gpu-pod-3"))
@@ -344,6 +389,15 @@ async fn static_mixed_mig_serves_hamis_mig_example_one_instance_per_pod() {
     })
     .await;
     assert!(out.contains(&format!("VISIBLE={}", seen[0])), "{out}");
+    static_record(&client, "gpu-pod-3", &seen[0]).await;
+    wait_for("gpu-pod's record to be released or gone", async || {
+        let record = Api::<VgpuAllocation>::namespaced(client.clone(), "default")
+            .get_opt("gpu-pod")
+            .await
+            .ok()?;
+        record.is_none_or(|r| !r.is_live()).then_some(())
+    })
+    .await;
 
     // A GpuNodeConfig switches the node to migStrategy single: each
     // instance is now a whole nvidia.com/gpu, booked through Tessera.

@@ -15,7 +15,9 @@
 //! - [`monitor`]: Prometheus metrics per GPU and per container.
 //! - [`publish`]: the node's GpuNode.
 //! - [`lease`]: the agent's liveness Lease.
+//! - [`ledger`]: allocations the agent records itself (DRA claims, static MIG holders).
 //! - [`plugin`]: the kubelet device plugin (ListAndWatch, Allocate, ...).
+//! - [`static_holders`]: the pods holding static MIG instances, from the kubelet, in the ledger.
 //! - [`view`]: node-scoped watches and Allocate's reads.
 
 #![forbid(unsafe_code)]
@@ -30,6 +32,7 @@ pub mod holders;
 pub mod install;
 pub mod inventory;
 pub mod lease;
+pub mod ledger;
 pub mod mig;
 pub mod monitor;
 pub mod mps;
@@ -41,6 +44,7 @@ pub mod publish;
 pub mod readiness;
 pub mod settings;
 mod socket;
+pub mod static_holders;
 pub mod supervise;
 pub mod view;
 

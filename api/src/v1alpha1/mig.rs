@@ -71,9 +71,11 @@ pub struct MigInstance {
     pub memory_mib: u64,
     /// Where the instance sits on the GPU.
     pub placement: MigPlacement,
-    /// The allocation (`namespace/name`) the instance was created for;
-    /// absent for an instance no live allocation holds (free, or made by
-    /// someone else: the scheduler keeps clear of it until it is gone).
+    /// The live allocation (`namespace/name`) that holds the instance: the
+    /// one it was created for (dynamic MIG), or the record of the pod the
+    /// kubelet handed it to (static MIG); absent for an instance no live
+    /// allocation holds (free, or made by someone else: the scheduler keeps
+    /// clear of it until it is gone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
 }

@@ -146,11 +146,13 @@ struct NodeState {
 /// The node agent's host paths, private to each node when the chart's
 /// DaemonSet runs the agent (the chart's defaults): its state, the
 /// interposer, the kubelet's plugin directories under the node's kubelet
-/// root (the DRA plugin's sockets) and the CDI directory containerd reads.
-const AGENT_PATHS: [(&str, &str); 5] = [
+/// root (the DRA plugin's sockets), its pod-resources socket and the CDI
+/// directory containerd reads.
+const AGENT_PATHS: [(&str, &str); 6] = [
     ("agent", "/var/lib/tessera"),
     ("vgpu", "/usr/local/vgpu"),
     ("kubelet/plugins", "/var/lib/kubelet/plugins"),
+    ("kubelet/pod-resources", "/var/lib/kubelet/pod-resources"),
     (
         "kubelet/plugins_registry",
         "/var/lib/kubelet/plugins_registry",
@@ -430,6 +432,12 @@ impl RealNode {
                 self.dir.join("kubelet/plugins_registry").display()
             ),
             format!("--cdi-dir={}", self.dir.join("cdi").display()),
+            format!(
+                "--pod-resources-socket={}",
+                self.dir
+                    .join("kubelet/pod-resources/kubelet.sock")
+                    .display()
+            ),
             format!(
                 "--interposer-library={}",
                 self.artifacts.interposer.display()

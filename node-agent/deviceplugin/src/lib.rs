@@ -1,9 +1,12 @@
-//! The kubelet device-plugin API, `v1beta1`, as tonic clients and servers.
+//! The kubelet's device-plugin API, `v1beta1`, and its pod-resources API,
+//! `v1`, as tonic clients and servers.
 //!
-//! The proto is vendored unchanged from `k8s.io/kubelet` v0.36.3
-//! (`pkg/apis/deviceplugin/v1beta1/api.proto`, Apache-2.0, see
-//! `proto/LICENSE`); the gRPC paths are `/v1beta1.Registration/Register`,
-//! `/v1beta1.DevicePlugin/Allocate` and so on, exactly as the kubelet calls them.
+//! The protos are vendored unchanged from `k8s.io/kubelet` v0.36.3
+//! (`pkg/apis/deviceplugin/v1beta1/api.proto` and
+//! `pkg/apis/podresources/v1/api.proto`, Apache-2.0, see `proto/LICENSE`);
+//! the gRPC paths are `/v1beta1.Registration/Register`,
+//! `/v1beta1.DevicePlugin/Allocate`, `/v1.PodResourcesLister/List` and so
+//! on, exactly as the kubelet serves and calls them.
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +17,20 @@ use std::path::{Path, PathBuf};
 pub mod v1beta1 {
     tonic::include_proto!("v1beta1");
 }
+
+/// The kubelet's pod-resources API: which devices each pod's containers
+/// were allocated, by resource name (`List`), on the socket
+/// [`POD_RESOURCES_SOCKET`].
+#[allow(missing_docs, clippy::all, rust_2018_idioms)]
+pub mod podresources {
+    /// Version `v1` (GA since Kubernetes 1.28).
+    pub mod v1 {
+        tonic::include_proto!("v1");
+    }
+}
+
+/// The kubelet's pod-resources socket (`<root-dir>/pod-resources/kubelet.sock`).
+pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// The API version a plugin registers with.
 pub const VERSION: &str = "v1beta1";

@@ -72,6 +72,11 @@ pub struct Args {
     /// socket goes (the kubelet's `<root-dir>/plugins_registry`).
     #[arg(long, env = "TESSERA_PLUGINS_REGISTRY_DIR", default_value = tessera_draplugin::PLUGINS_REGISTRY)]
     pub plugins_registry_dir: PathBuf,
+    /// The kubelet's pod-resources socket, which says which pod holds which
+    /// static MIG instance (`<root-dir>/pod-resources/kubelet.sock`); read
+    /// only while the node serves static MIG instances.
+    #[arg(long, env = "TESSERA_POD_RESOURCES_SOCKET", default_value = tessera_deviceplugin::POD_RESOURCES_SOCKET)]
+    pub pod_resources_socket: PathBuf,
     /// The directory of CDI specs the container runtime reads (containerd's
     /// `cdi_spec_dirs`); prepared DRA claims get one spec file each here.
     #[arg(long, env = "TESSERA_CDI_DIR", default_value = "/var/run/cdi")]

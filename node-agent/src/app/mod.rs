@@ -206,6 +206,14 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
             args.device_list(),
         ),
     );
+    loops.spawn(
+        "static MIG holders",
+        crate::static_holders::keep(
+            view.clone(),
+            offers.clone(),
+            args.pod_resources_socket.clone(),
+        ),
+    );
     let service = Service::new(view, plugin_offers, paths, args.device_list(), mig, mps);
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.

@@ -13,10 +13,7 @@
 use std::path::PathBuf;
 
 use k8s_openapi::{api::resource::v1::ResourceClaim, apimachinery::pkg::apis::meta::v1::Time};
-use kube::{
-    Api,
-    api::{DeleteParams, PostParams, Preconditions},
-};
+use kube::Api;
 use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation, VgpuAllocationStatus};
 use tessera_draplugin::dra::v1::{
     Claim, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
@@ -114,69 +111,18 @@ impl DraService {
         })
     }
 
-    /// Creates the mirror (or finds it from an earlier prepare of the same
-    /// allocation) and marks it Allocated. A mirror left from an earlier
-    /// allocation of the claim (a standalone claim is deallocated when no
-    /// pod reserves it, and may be allocated again elsewhere or to other
-    /// GPUs) is replaced.
+    /// Records the mirror in the ledger, Allocated ([`crate::ledger::record`]).
+    /// A mirror left from an earlier allocation of the claim (a standalone
+    /// claim is deallocated when no pod reserves it, and may be allocated
+    /// again elsewhere or to other GPUs) is replaced.
     async fn record(&self, mirror: VgpuAllocation) -> Result<(), Error> {
-        let namespace = mirror.metadata.namespace.clone().unwrap_or_default();
-        let name = mirror.metadata.name.clone().unwrap_or_default();
-        let api = Api::<VgpuAllocation>::namespaced(self.view.client().clone(), &namespace);
-        let context = |what: &str| format!("{what} VgpuAllocation {namespace}/{name}");
-        let current = loop {
-            match api.create(&PostParams::default(), &mirror).await {
-                Ok(created) => break created,
-                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
-                Err(e) => return Err(Error::kube(context("creating"))(e)),
-            }
-            let Some(found) = api
-                .get_opt(&name)
-                .await
-                .map_err(Error::kube(context("reading")))?
-            else {
-                continue;
-            };
-            if found.spec == mirror.spec {
-                break found;
-            }
-            tracing::info!(
-                namespace,
-                mirror = name,
-                "replacing the mirror of an earlier allocation of the claim"
-            );
-            let params = DeleteParams::default().preconditions(Preconditions {
-                uid: found.metadata.uid.clone(),
-                resource_version: None,
-            });
-            match api.delete(&name, &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-                Err(e) => return Err(Error::kube(context("replacing"))(e)),
-            }
-        };
-        if current.status.as_ref().and_then(|s| s.phase) == Some(AllocationPhase::Allocated) {
-            return Ok(());
-        }
-        let status = VgpuAllocationStatus {
-            phase: Some(AllocationPhase::Allocated),
-            served_containers: current
-                .spec
-                .containers
-                .iter()
-                .map(|c| c.name.clone())
-                .collect(),
-            allocated_at: Some(Time(crate::whole_seconds_now())),
-            message: Some("the node agent prepared the claim".into()),
-            ..VgpuAllocationStatus::default()
-        };
-        crate::STATUS
-            .apply_at(&api, &name, None, &status)
-            .await
-            .map_err(Error::kube(format!(
-                "marking VgpuAllocation {namespace}/{name} Allocated"
-            )))?;
-        Ok(())
+        crate::ledger::record(
+            self.view.client(),
+            mirror,
+            "the node agent prepared the claim",
+            Vec::new(),
+        )
+        .await
     }
 
     /// Removes the claim's CDI spec and marks its mirror Released, saying `why`.

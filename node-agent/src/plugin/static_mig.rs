@@ -14,7 +14,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use tessera_api::{
     mig,
-    v1alpha1::{DeviceHealth, MigStrategy, OperatingMode},
+    v1alpha1::{DeviceHealth, GpuDevice, MigStrategy, OperatingMode},
 };
 use tessera_deviceplugin::{
     HEALTHY, UNHEALTHY,
@@ -42,16 +42,21 @@ pub struct StaticInstance {
     pub numa_node: Option<u32>,
 }
 
-/// The static instances the node offers, by resource name: every instance
-/// on a GPU in `operatingMode: mig` with `migStrategy: mixed`.
-pub fn static_instances(offer: &Offer) -> BTreeMap<String, Vec<StaticInstance>> {
+/// The GPUs whose MIG instances are served statically, one plugin per
+/// profile: all of them in `operatingMode: mig` with `migStrategy: mixed`,
+/// none otherwise.
+pub fn static_gpus(offer: &Offer) -> impl Iterator<Item = &GpuDevice> {
     let settings = &offer.resolved.settings;
+    let on = settings.operating_mode == OperatingMode::Mig
+        && settings.mig_strategy == MigStrategy::Mixed;
+    offer.devices.iter().filter(move |_| on)
+}
+
+/// The static instances the node offers, by resource name: every instance
+/// on a [`static_gpus`] GPU.
+pub fn static_instances(offer: &Offer) -> BTreeMap<String, Vec<StaticInstance>> {
     let mut by_resource: BTreeMap<String, Vec<StaticInstance>> = BTreeMap::new();
-    if settings.operating_mode != OperatingMode::Mig || settings.mig_strategy != MigStrategy::Mixed
-    {
-        return by_resource;
-    }
-    for gpu in &offer.devices {
+    for gpu in static_gpus(offer) {
         for instance in &gpu.mig_instances {
             by_resource
                 .entry(mig::resource_name(&instance.profile))
@@ -254,4 +259,4 @@ pub async fn serve_profiles(dir: PathBuf, mut offers: watch::Receiver<Offer>, li
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

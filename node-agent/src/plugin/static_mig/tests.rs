@@ -12,7 +12,7 @@ use crate::{
 
 /// A node with two A100-40GB GPUs in MIG mode, the operator's geometry on
 /// them, under `strategy`.
-fn node(dir: &std::path::Path, strategy: MigStrategy) -> Offer {
+pub(crate) fn node(dir: &std::path::Path, strategy: MigStrategy) -> Offer {
     let gpus = dir.join("gpus.yaml");
     std::fs::write(
         &gpus,
