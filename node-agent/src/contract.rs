@@ -1,14 +1,34 @@
-//! The container contract: what a container served through either door
-//! (the device plugin's Allocate or a DRA claim's CDI spec) gets from the
-//! agent for the interposer: the library and preload list, its region and
-//! limits directories, and the limit variables.
+//! The container contract: what a container gets from the agent, whichever
+//! door serves it. A sharing mode ([`crate::sharing`]) decides it as a
+//! [`Contract`]; each door serialises that unchanged: the device plugin
+//! into its Allocate answer (the devices through the node's device-list
+//! strategy), DRA into a CDI device's container edits. Nothing else adds to
+//! or takes from what a container gets.
+//!
+//! The pieces of hami-core's contract live here too: the interposer's
+//! library and preload list, the container's region and limits directories,
+//! and the limit variables.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
 use tessera_api::{
     env,
-    v1alpha1::{CorePolicy, NodeSettings},
+    v1alpha1::{CorePolicy, NodeSettings, ServedMigInstance},
 };
+
+/// What one container gets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Contract {
+    /// The devices it sees (GPU or MIG instance UUIDs), in its CUDA order;
+    /// the door passes them on (`NVIDIA_VISIBLE_DEVICES`, CDI names).
+    pub visible: Vec<String>,
+    /// Its environment, besides how the devices are passed.
+    pub envs: BTreeMap<String, String>,
+    /// Its bind mounts.
+    pub mounts: Vec<MountSpec>,
+    /// The MIG instances made for it (dynamic MIG), which the ledger records.
+    pub mig_instances: Vec<ServedMigInstance>,
+}
 
 /// Where the interposer lives in a container.
 pub const CONTAINER_LIBRARY: &str = "/usr/local/vgpu/libtessera_vgpu.so";

@@ -37,6 +37,24 @@ impl Door {
             waiting_for: Vec::new(),
         }
     }
+
+    /// Whether new claims may be allocated from the node's slice: it serves
+    /// DRA and is asked to go on (a node waiting to switch away takes none).
+    pub fn open_for_claims(&self) -> bool {
+        self.serving == FrontDoor::Dra && self.wanted == FrontDoor::Dra
+    }
+}
+
+/// The door a node's settings may ask for where the cluster serves DRA
+/// (`dra_served`) or not: `wanted`, except DRA where the cluster does not
+/// serve it, which is read as the device plugin (no claim could reach the
+/// node). Also says whether that happened, for a warning.
+pub fn servable(wanted: FrontDoor, dra_served: bool) -> (FrontDoor, bool) {
+    if wanted == FrontDoor::Dra && !dra_served {
+        (FrontDoor::DevicePlugin, true)
+    } else {
+        (wanted, false)
+    }
 }
 
 /// What holds the node's GPUs now.

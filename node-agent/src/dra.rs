@@ -23,6 +23,6 @@ pub use crate::claims::allocated_from;
 pub use discovery::dra_served;
 pub use mirror::{mirror, mirror_name};
 pub use prepare::{ClaimGpu, cdi_spec, claim_gpus, prepared_devices};
-pub use slice::{device_name, resource_slice};
+pub use slice::{device_name, published_devices, resource_slice};
 
 pub use tessera_api::names::dra::{CDI_KIND, DRIVER};

@@ -21,6 +21,9 @@ pub enum Error {
     /// Starting or commanding an MPS control daemon failed.
     #[error("MPS: {0}")]
     Mps(String),
+    /// A container could not be served in its sharing mode.
+    #[error("serving a container: {0}")]
+    Serving(String),
     /// The kubelet's pod-resources API could not be listed.
     #[error("the kubelet's pod-resources API at {0}")]
     PodResources(String),

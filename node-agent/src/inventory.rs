@@ -2,10 +2,7 @@
 //! settings, recomputed whenever the GPUs, the Node's labels or any
 //! GpuNodeConfig change, without a restart.
 
-use tessera_api::{
-    node_config::resolve,
-    v1alpha1::{FrontDoor, NodeSettings},
-};
+use tessera_api::{node_config::resolve, v1alpha1::NodeSettings};
 use tokio::sync::watch;
 
 use crate::{backend::PhysicalGpu, settings::offered, view::NodeView};
@@ -30,10 +27,8 @@ pub async fn track(
             .and_then(|n| n.metadata.labels)
             .unwrap_or_default();
         let mut resolved = resolve(view.node(), &labels, &defaults, &view.configs());
-        let unserved_dra = !dra && resolved.settings.front_door == FrontDoor::Dra;
-        if unserved_dra {
-            resolved.settings.front_door = FrontDoor::DevicePlugin;
-        }
+        let (door, unserved_dra) = crate::door::servable(resolved.settings.front_door, dra);
+        resolved.settings.front_door = door;
         let holders = crate::holders::holders(&view.allocations());
         let devices = offered(physical, &resolved.settings, &holders);
         (Offer { resolved, devices }, unserved_dra)

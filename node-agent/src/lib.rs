@@ -6,6 +6,7 @@
 //! - [`contract`]: what a container gets for the interposer, through either door.
 //! - [`readiness`]: whether the kubelet can use the device plugin now.
 //! - [`settings`]: the node's settings (GpuNodeConfig) applied to them.
+//! - [`sharing`]: the sharing modes: how each offers a GPU and serves a container.
 //! - [`door`]: the node's front door (device plugin or DRA) and when it may switch.
 //! - [`dra`]: the DRA front door: ResourceSlice, kubelet DRA plugin, claim mirrors.
 //! - [`inventory`]: what the node offers, kept current.
@@ -43,6 +44,7 @@ pub mod plugin;
 pub mod publish;
 pub mod readiness;
 pub mod settings;
+pub mod sharing;
 mod socket;
 pub mod static_holders;
 pub mod supervise;

@@ -18,14 +18,18 @@ use std::{
 
 use tessera_api::{
     mig,
-    v1alpha1::{MigLayout, MigSlice, MigStrategy, OperatingMode, VgpuAllocation},
+    v1alpha1::{MigLayout, MigSlice, ServedMigInstance, VgpuAllocation},
 };
+use tokio::sync::watch;
 
 use crate::{
     Error,
     backend::Backend,
+    contract::Contract,
     holders::{MigHolders, wanted},
     offer::Offer,
+    sharing::mode::{Container, Mode, Serving},
+    view::NodeView,
 };
 
 /// How long a new instance is safe from the clean-up pass.
@@ -139,10 +143,7 @@ impl MigManager {
     /// and that is older than [`GRACE`]. Returns how many were destroyed; a
     /// destroy that fails (the instance is in use) is retried next pass.
     pub fn clean(&self, offer: &Offer, allocations: &[VgpuAllocation]) -> usize {
-        let settings = &offer.resolved.settings;
-        if settings.operating_mode != OperatingMode::Mig
-            || settings.mig_strategy != MigStrategy::None
-        {
+        if !Mode::of(&offer.resolved.settings).makes_mig_instances() {
             return 0;
         }
         let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
@@ -192,11 +193,73 @@ impl MigManager {
     }
 }
 
+/// Serves dynamic-MIG containers: creates their instances.
+pub struct DynamicMig {
+    manager: Arc<MigManager>,
+    view: NodeView,
+    offers: watch::Receiver<Offer>,
+}
+
+impl DynamicMig {
+    /// Creates instances through `manager`, on the GPUs `offers` lays out,
+    /// clear of those the node's allocations (`view`) hold.
+    pub fn new(manager: Arc<MigManager>, view: NodeView, offers: watch::Receiver<Offer>) -> Self {
+        Self {
+            manager,
+            view,
+            offers,
+        }
+    }
+}
+
+impl Serving for DynamicMig {
+    fn serve(&self, container: &Container) -> Result<Contract, Error> {
+        let slices: Vec<_> = container
+            .slices
+            .iter()
+            .filter_map(|s| Some((s.uuid.clone(), s.mig.clone()?)))
+            .collect();
+        if slices.len() != container.slices.len() {
+            return Err(Error::Mig(format!(
+                "pod {} container {}: {} of its {} slices are MIG instances; a container's slices are all MIG or none",
+                container.holder,
+                container.name,
+                slices.len(),
+                container.slices.len()
+            )));
+        }
+        let layouts: HashMap<String, MigLayout> = self
+            .offers
+            .borrow()
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
+            .collect();
+        let holders = crate::holders::holders(&self.view.allocations());
+        let uuids = self
+            .manager
+            .ensure(&container.holder, &slices, &layouts, &holders)?;
+        Ok(Contract {
+            mig_instances: slices
+                .iter()
+                .zip(&uuids)
+                .map(|((gpu, _), uuid)| ServedMigInstance {
+                    container: container.name.clone(),
+                    gpu: gpu.clone(),
+                    uuid: uuid.clone(),
+                })
+                .collect(),
+            visible: uuids,
+            ..Contract::default()
+        })
+    }
+}
+
 /// Runs [`MigManager::clean`] every [`PASS`] while polled.
 pub async fn clean_every_pass(
     manager: Arc<MigManager>,
-    offers: tokio::sync::watch::Receiver<Offer>,
-    view: crate::view::NodeView,
+    offers: watch::Receiver<Offer>,
+    view: NodeView,
 ) {
     crate::periodic::every("MIG cleaner", PASS, move || {
         let offer = offers.borrow().clone();
@@ -209,7 +272,7 @@ pub async fn clean_every_pass(
 mod tests {
     use tessera_api::{
         testing::{allocation, container, slice},
-        v1alpha1::{AllocationPhase, NodeSettings, VgpuAllocationStatus},
+        v1alpha1::{AllocationPhase, NodeSettings, OperatingMode, VgpuAllocationStatus},
     };
 
     use super::*;

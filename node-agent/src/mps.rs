@@ -42,16 +42,18 @@ use std::{
     time::Duration,
 };
 
-use tessera_api::{
-    env,
-    v1alpha1::{DeviceHealth, GpuDevice, OperatingMode},
-};
+use tessera_api::{env, v1alpha1::DeviceHealth};
 
 pub use control::NvidiaControl;
 pub use daemon::{CONTAINER_LOG_DIR, CONTAINER_PIPE_DIR, MpsControl, MpsDaemon, SHM_DIR};
 pub use fake::FakeControl;
 
-use crate::{Error, contract::MountSpec, offer::Offer};
+use crate::{
+    Error,
+    contract::{Contract, MountSpec},
+    offer::Offer,
+    sharing::mode::{Container, Mode, Serving},
+};
 
 /// How often the host checks the daemons (and starts those missing).
 pub const PASS: Duration = Duration::from_secs(2);
@@ -201,11 +203,15 @@ fn wait_until_answers(control: &dyn MpsControl, daemon: &MpsDaemon) -> Result<()
     )))
 }
 
-/// The GPUs that get a daemon: the healthy ones offered in MPS mode.
-pub fn wanted(devices: &[GpuDevice]) -> BTreeSet<String> {
-    devices
+/// The GPUs that get a daemon: on an MPS node, the healthy ones it offers.
+pub fn wanted(offer: &Offer) -> BTreeSet<String> {
+    if !Mode::of(&offer.resolved.settings).needs_mps_daemons() {
+        return BTreeSet::new();
+    }
+    offer
+        .devices
         .iter()
-        .filter(|d| d.mode == OperatingMode::Mps && d.health == DeviceHealth::Healthy)
+        .filter(|d| d.health == DeviceHealth::Healthy)
         .map(|d| d.uuid.clone())
         .collect()
 }
@@ -214,7 +220,7 @@ pub fn wanted(devices: &[GpuDevice]) -> BTreeSet<String> {
 /// for the MPS host ([`handoff`]) whenever its offer changes.
 pub async fn hand_off(root: PathBuf, mut offers: tokio::sync::watch::Receiver<Offer>) {
     loop {
-        let gpus = wanted(&offers.borrow_and_update().devices);
+        let gpus = wanted(&offers.borrow_and_update());
         let dir = root.clone();
         match tokio::task::spawn_blocking(move || handoff::write(&dir, &gpus)).await {
             Ok(Ok(true)) => {
@@ -229,6 +235,29 @@ pub async fn hand_off(root: PathBuf, mut offers: tokio::sync::watch::Receiver<Of
         if offers.changed().await.is_err() {
             return std::future::pending().await;
         }
+    }
+}
+
+/// Serves MPS containers ([`crate::sharing`]): the GPU, once its daemon
+/// answers, with the client's share of it; no interposer.
+impl Serving for MpsManager {
+    fn serve(&self, container: &Container) -> Result<Contract, Error> {
+        let [slice] = container.slices.as_slice() else {
+            return Err(Error::Mps(format!(
+                "pod {} container {}: an MPS container has one GPU (one daemon each), this one has {}",
+                container.holder,
+                container.name,
+                container.slices.len()
+            )));
+        };
+        let daemon = self.answering(&slice.uuid, ANSWER_WAIT)?;
+        let (envs, mounts) = client_share(&daemon, slice.memory_mib, slice.cores);
+        Ok(Contract {
+            visible: vec![slice.uuid.clone()],
+            envs,
+            mounts,
+            mig_instances: Vec::new(),
+        })
     }
 }
 

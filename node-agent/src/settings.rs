@@ -4,24 +4,21 @@
 //! Precedence of the settings themselves (cluster defaults, then matching
 //! GpuNodeConfigs by priority and name) is `tessera_api::node_config::resolve`.
 
-use tessera_api::v1alpha1::{
-    DeviceCapacity, DeviceHealth, GpuDevice, MigInstance, MigStrategy, NodeSettings, OperatingMode,
-};
+use tessera_api::v1alpha1::{DeviceCapacity, GpuDevice, NodeSettings};
 
-use crate::{
-    backend::{PhysicalGpu, PhysicalMig},
-    holders::MigHolders,
-};
+use crate::{backend::PhysicalGpu, holders::MigHolders};
 
 /// The GPUs the node offers under `settings`: filtered devices left out,
 /// memory scaled by `deviceMemoryScaling`, cores by `deviceCoreScaling`,
-/// and MIG as `operatingMode` and `migStrategy` say (see [`mig_offer`]).
-/// `holders` names the allocation holding each dynamic MIG instance.
+/// and each offered as the node's sharing mode offers it (the whole GPU,
+/// its MIG layout, or its instances: [`crate::sharing::offering`]).
+/// `holders` names the allocation holding each MIG instance.
 pub fn offered(
     physical: &[PhysicalGpu],
     settings: &NodeSettings,
     holders: &MigHolders,
 ) -> Vec<GpuDevice> {
+    let offering = crate::sharing::offering(crate::sharing::Mode::of(settings));
     let filter = &settings.filter_devices;
     physical
         .iter()
@@ -53,136 +50,9 @@ pub fn offered(
                 minor: None,
                 qos_policy: None,
             };
-            mig_offer(whole, d.mig.as_ref(), settings, holders)
+            offering.offer(whole, d.mig.as_ref(), settings, holders)
         })
         .collect()
-}
-
-/// What one GPU offers once MIG is taken into account:
-/// - `hami-core` or `mps`: the whole GPU, unless MIG mode is on (no CUDA
-///   context can use the whole GPU then: it is offered unhealthy).
-/// - `mig` with `migStrategy: none` (dynamic MIG): the whole GPU with its
-///   layout and instances; the scheduler picks profiles and placements.
-/// - `mig` with `single`: every instance as a device of its own, whole.
-/// - `mig` with `mixed`: the GPU with its instances and no slice to give
-///   through `nvidia.com/gpu` (its instances are `nvidia.com/mig-<profile>`).
-///
-/// A GPU that cannot do what the mode asks is offered unhealthy, with the
-/// reason and the fix in its health message.
-fn mig_offer(
-    mut whole: GpuDevice,
-    mig: Option<&PhysicalMig>,
-    settings: &NodeSettings,
-    holders: &MigHolders,
-) -> Vec<GpuDevice> {
-    let unhealthy = |mut device: GpuDevice, message: String| {
-        if device.health == DeviceHealth::Healthy {
-            device.health = DeviceHealth::Unhealthy;
-            device.health_message = Some(message);
-        }
-        vec![device]
-    };
-    let index = whole.index;
-    if settings.operating_mode != OperatingMode::Mig {
-        if mig.is_some_and(|m| m.enabled) {
-            let mode = settings.operating_mode.as_str();
-            return unhealthy(
-                whole,
-                format!(
-                    "MIG mode is on but the node's operatingMode is {mode}: set operatingMode: mig in a GpuNodeConfig, or turn MIG off (nvidia-smi -i {index} -mig 0)"
-                ),
-            );
-        }
-        return vec![whole];
-    }
-    let Some(mig) = mig else {
-        let model = whole.model.clone();
-        return unhealthy(
-            whole,
-            format!(
-                "operatingMode mig: the node agent knows no MIG layout for this {model}: it is not MIG-capable (NVML reports no MIG mode for it)"
-            ),
-        );
-    };
-    if !mig.enabled {
-        return unhealthy(
-            whole,
-            format!(
-                "operatingMode mig: MIG mode is off on this GPU; turn it on with nvidia-smi -i {index} -mig 1 (the GPU must be idle)"
-            ),
-        );
-    }
-    whole.mig_instances = mig
-        .instances
-        .iter()
-        .map(|i| MigInstance {
-            held_by: holders.get(&(whole.uuid.clone(), i.placement)).cloned(),
-            ..i.clone()
-        })
-        .collect();
-    match settings.mig_strategy {
-        MigStrategy::None => {
-            let mut layout = mig.layout.clone();
-            let allowed = &settings.mig_profiles;
-            if !allowed.is_empty() {
-                layout.profiles.retain(|p| allowed.contains(&p.name));
-                if layout.profiles.is_empty() {
-                    let has: Vec<&str> = mig
-                        .layout
-                        .profiles
-                        .iter()
-                        .map(|p| p.name.as_str())
-                        .collect();
-                    return unhealthy(
-                        whole,
-                        format!(
-                            "migProfiles allows {} but this GPU's profiles are {}: dynamic MIG can create nothing here",
-                            allowed.join(", "),
-                            has.join(", ")
-                        ),
-                    );
-                }
-            }
-            whole.mig = Some(layout);
-            vec![whole]
-        }
-        MigStrategy::Mixed => {
-            whole.split_count = 0;
-            vec![whole]
-        }
-        MigStrategy::Single => {
-            let mut profiles: Vec<&str> =
-                mig.instances.iter().map(|i| i.profile.as_str()).collect();
-            profiles.sort_unstable();
-            profiles.dedup();
-            if profiles.len() > 1 {
-                let found = profiles.join(", ");
-                return unhealthy(
-                    whole,
-                    format!(
-                        "migStrategy single needs instances of one profile on the GPU, found {found}; use migStrategy: mixed"
-                    ),
-                );
-            }
-            mig.instances
-                .iter()
-                .map(|instance| GpuDevice {
-                    family: Default::default(),
-                    network_id: None,
-                    uuid: instance.uuid.clone(),
-                    model: format!("{} MIG {}", whole.model, instance.profile),
-                    memory_mib: instance.memory_mib,
-                    capacity: DeviceCapacity {
-                        memory_mib: instance.memory_mib,
-                        cores: 100,
-                    },
-                    split_count: 1,
-                    mig_instances: Vec::new(),
-                    ..whole.clone()
-                })
-                .collect()
-        }
-    }
 }
 
 /// `value × factor`, rounded down (a slice never promises more than exists × factor).
@@ -192,9 +62,12 @@ fn scale(value: u64, factor: f64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use tessera_api::v1alpha1::FilterDevices;
+    use tessera_api::v1alpha1::{
+        DeviceHealth, FilterDevices, MigInstance, MigStrategy, OperatingMode,
+    };
 
     use super::*;
+    use crate::backend::PhysicalMig;
 
     fn gpu(index: u32) -> PhysicalGpu {
         PhysicalGpu {

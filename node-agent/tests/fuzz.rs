@@ -27,10 +27,11 @@ use tessera_deviceplugin::v1beta1::{
 use tessera_node_agent::{
     backend::{Backend, FakeBackend},
     plugin::{
-        DeviceList, DeviceListStrategy, HostPaths, device_list, grant, preferred, replica_id,
+        self, DeviceList, DeviceListStrategy, HostPaths, device_list, grant, preferred, replica_id,
         uuid_of,
     },
     settings::offered,
+    sharing::hami_core,
 };
 
 /// Runs `test` on `default_cases` inputs (or `PROPTEST_CASES`), printing the count and time.
@@ -486,15 +487,7 @@ fn fuzz_allocate_request() {
                 .map(|v| serde_json::from_value(v).unwrap());
             for container in &request.container_requests {
                 let requested = &container.devices_ids;
-                let result = grant(
-                    NODE,
-                    lock.as_ref(),
-                    allocation.as_ref(),
-                    requested,
-                    &settings,
-                    &paths,
-                    &list,
-                );
+                let result = grant(NODE, lock.as_ref(), allocation.as_ref(), requested, &paths);
                 let input =
                     bytes.len() + world.allocation.as_ref().map_or(0, |a| a.to_string().len());
                 let output = format!("{result:?}").len();
@@ -516,7 +509,10 @@ fn fuzz_allocate_request() {
                 };
                 let (lock, allocation) = (lock.as_ref().unwrap(), allocation.as_ref().unwrap());
                 prop_assert_eq!(&allocation.spec.pod_uid, &lock.spec.holder.uid);
-                prop_assert_eq!(grant.devices.len(), requested.len());
+                prop_assert_eq!(grant.slices.len(), requested.len());
+                // What the device plugin answers for it, in hami-core.
+                let contract = hami_core::contract(&grant.to_serve(&settings), &paths);
+                let answer = plugin::answer(contract, &list, &grant.pod_uid);
                 let served = allocation
                     .status
                     .as_ref()
@@ -537,35 +533,32 @@ fn fuzz_allocate_request() {
                     "{:?}",
                     grant.region_dir
                 );
-                prop_assert!(
-                    grant
-                        .mounts
-                        .iter()
-                        .all(|m| m.host_path.starts_with(Path::new("/")))
-                );
+                prop_assert!(answer.mounts.iter().all(|m| m.host_path.starts_with('/')));
                 // An allocation a real scheduler wrote gives an environment the
                 // interposer accepts: the agent never writes a value its own
                 // interposer would refuse.
                 if world.in_contract {
                     for (i, device) in container.devices.iter().enumerate() {
                         let name = env::memory_limit_var(i);
-                        let value = &grant.envs[&name];
+                        let value = &answer.envs[&name];
                         prop_assert_eq!(
                             env::parse_memory_limit(&name, value).unwrap(),
                             device.memory_mib << 20
                         );
                     }
                     prop_assert!(
-                        env::parse_sm_limit(&grant.envs[env::CUDA_DEVICE_SM_LIMIT]).is_ok()
+                        env::parse_sm_limit(&answer.envs[env::CUDA_DEVICE_SM_LIMIT]).is_ok()
                     );
                     prop_assert!(
                         env::CoreUtilizationPolicy::parse(
-                            &grant.envs[env::GPU_CORE_UTILIZATION_POLICY]
+                            &answer.envs[env::GPU_CORE_UTILIZATION_POLICY]
                         )
                         .is_ok()
                     );
-                    prop_assert!(env::parse_log_level(&grant.envs[env::LIBCUDA_LOG_LEVEL]).is_ok());
-                    if let Some(p) = grant.envs.get(env::CUDA_TASK_PRIORITY) {
+                    prop_assert!(
+                        env::parse_log_level(&answer.envs[env::LIBCUDA_LOG_LEVEL]).is_ok()
+                    );
+                    if let Some(p) = answer.envs.get(env::CUDA_TASK_PRIORITY) {
                         prop_assert!(p == "0" || p == "1", "{p}");
                     }
                 }
@@ -695,17 +688,9 @@ fn fuzz_corpus_allocate_region_dir_stays_under_the_root() {
         }))
         .unwrap();
         let requested = vec![replica_id("GPU-a", 0)];
-        let error = grant(
-            NODE,
-            Some(&lock),
-            Some(&allocation),
-            &requested,
-            &NodeSettings::default(),
-            &paths,
-            &DeviceList::default(),
-        )
-        .unwrap_err()
-        .to_string();
+        let error = grant(NODE, Some(&lock), Some(&allocation), &requested, &paths)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("ml/train") && error.contains(uid), "{error}");
     }
 }

@@ -53,15 +53,22 @@ async fn run_plugin(
     tokio::spawn(plugin::run(
         endpoint,
         Service::new(
-            view,
-            offers,
-            paths,
+            view.clone(),
+            offers.clone(),
+            paths.clone(),
             Default::default(),
-            Arc::new(tessera_node_agent::mig::MigManager::new(backend)),
-            Arc::new(tessera_node_agent::mps::MpsManager::new(
-                Arc::new(tessera_node_agent::mps::FakeControl),
-                dir.join("mps"),
-            )),
+            plugin::Modes {
+                hami_core: Arc::new(tessera_node_agent::sharing::HamiCore::new(paths)),
+                dynamic_mig: Arc::new(tessera_node_agent::mig::DynamicMig::new(
+                    Arc::new(tessera_node_agent::mig::MigManager::new(backend)),
+                    view,
+                    offers,
+                )),
+                mps: Arc::new(tessera_node_agent::mps::MpsManager::new(
+                    Arc::new(tessera_node_agent::mps::FakeControl),
+                    dir.join("mps"),
+                )),
+            },
         ),
         state,
     ));

@@ -214,7 +214,16 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
             args.pod_resources_socket.clone(),
         ),
     );
-    let service = Service::new(view, plugin_offers, paths, args.device_list(), mig, mps);
+    let modes = plugin::Modes {
+        hami_core: Arc::new(crate::sharing::HamiCore::new(paths.clone())),
+        dynamic_mig: Arc::new(crate::mig::DynamicMig::new(
+            mig,
+            view.clone(),
+            plugin_offers.clone(),
+        )),
+        mps,
+    };
+    let service = Service::new(view, plugin_offers, paths, args.device_list(), modes);
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.
     let mut plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));

@@ -3,9 +3,10 @@
 //! The scheduler's DynamicResources plugin allocated the claim: each result
 //! names a device of this node's pool, the request it serves and the
 //! capacity the claim consumes of it (`memory`, `cores`). A container gets
-//! exactly what Allocate gives a device-plugin container: the GPUs in
-//! `NVIDIA_VISIBLE_DEVICES`, the interposer's limits and its mounts. Here
-//! they are the edits of one CDI device per request of the claim, named
+//! exactly what Allocate gives a device-plugin container, the same
+//! hami-core [`Contract`]: the GPUs in `NVIDIA_VISIBLE_DEVICES`, the
+//! interposer's limits and its mounts. Here they are the edits of one CDI
+//! device per request of the claim, named
 //! `<claim UID>-<request>` (kind [`CDI_KIND`]), which containerd applies to
 //! every container that references the request (or the whole claim).
 //!
@@ -14,11 +15,12 @@
 //! claim with two) gets both devices' edits, and the later one's
 //! `NVIDIA_VISIBLE_DEVICES` and limits win.
 
-use std::{collections::BTreeMap, path::Path};
-
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::{Value, json};
-use tessera_api::{env, quantity, v1alpha1::GpuDevice, v1alpha1::NodeSettings};
+use tessera_api::{
+    env, quantity,
+    v1alpha1::{DeviceSlice, GpuDevice, NodeSettings},
+};
 use tessera_draplugin::dra::v1::Device;
 
 use tessera_api::names::dra::{CDI_KIND, DRIVER};
@@ -27,7 +29,8 @@ use super::slice::device_name;
 use crate::{
     Error,
     claims::allocation_results,
-    contract::{HostPaths, interposer_mounts, slice_env},
+    contract::{Contract, HostPaths, MountSpec},
+    sharing::{Container, hami_core},
 };
 
 /// One GPU of a claim and the share of it the claim holds.
@@ -211,20 +214,70 @@ pub fn region_name(uid: &str, request: &str) -> String {
     format!("{uid}_{request}")
 }
 
-/// The CDI spec of claim `uid`: one device per request, whose edits give a
-/// container the request's GPUs and the interposer limiting it to its
-/// share, with its region directory under `paths.regions`.
-pub fn cdi_spec(uid: &str, gpus: &[ClaimGpu], settings: &NodeSettings, paths: &HostPaths) -> Value {
-    let devices: Vec<Value> = by_request(gpus)
+/// Each request of claim `uid` as the container hami-core serves: the
+/// request's GPUs (two shares of one GPU merged) with its region directory
+/// under `paths.regions`. The DRA door serves hami-core slices only.
+pub fn request_containers(
+    uid: &str,
+    gpus: &[ClaimGpu],
+    settings: &NodeSettings,
+    paths: &HostPaths,
+) -> Vec<(String, Container)> {
+    by_request(gpus)
         .into_iter()
         .map(|(request, gpus)| {
-            let envs = request_env(&gpus, settings);
-            let region = paths.regions.join(region_name(uid, request));
+            let slices = merged(&gpus)
+                .into_iter()
+                .map(|gpu| DeviceSlice {
+                    uuid: gpu.uuid,
+                    index: gpu.index,
+                    model: gpu.model,
+                    memory_mib: gpu.memory_mib,
+                    cores: gpu.cores,
+                    ..DeviceSlice::default()
+                })
+                .collect();
+            let container = Container {
+                holder: format!("claim {uid}"),
+                name: request.to_owned(),
+                slices,
+                priority: None,
+                region_dir: paths.regions.join(region_name(uid, request)),
+                settings: settings.clone(),
+            };
+            (request.to_owned(), container)
+        })
+        .collect()
+}
+
+/// The CDI spec of claim `uid`: one device per request, whose edits give a
+/// container the request's GPUs and the interposer limiting it to its
+/// share, exactly as hami-core's [`Contract`] says.
+pub fn cdi_spec(uid: &str, gpus: &[ClaimGpu], settings: &NodeSettings, paths: &HostPaths) -> Value {
+    let contracts: Vec<(String, Contract)> = request_containers(uid, gpus, settings, paths)
+        .into_iter()
+        .map(|(request, container)| (request, hami_core::contract(&container, paths)))
+        .collect();
+    cdi_spec_of(uid, &contracts)
+}
+
+/// The DRA door's serialisation of each request's [`Contract`]: a CDI
+/// device whose edits set the contract's environment and the devices in
+/// `NVIDIA_VISIBLE_DEVICES`, and bind its mounts.
+pub fn cdi_spec_of(uid: &str, contracts: &[(String, Contract)]) -> Value {
+    let devices: Vec<Value> = contracts
+        .iter()
+        .map(|(request, contract)| {
+            let mut envs = contract.envs.clone();
+            envs.insert(
+                env::NVIDIA_VISIBLE_DEVICES.to_owned(),
+                contract.visible.join(","),
+            );
             json!({
                 "name": cdi_device(uid, request),
                 "containerEdits": {
                     "env": envs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
-                    "mounts": cdi_mounts(paths, &region),
+                    "mounts": cdi_mounts(&contract.mounts),
                 },
             })
         })
@@ -236,21 +289,9 @@ pub fn cdi_spec(uid: &str, gpus: &[ClaimGpu], settings: &NodeSettings, paths: &H
     })
 }
 
-/// What the containers of one request of a claim get in their environment
-/// for its `gpus`: the interposer's limits and the visible devices.
-pub fn request_env(gpus: &[&ClaimGpu], settings: &NodeSettings) -> BTreeMap<String, String> {
-    let gpus = merged(gpus);
-    let memories: Vec<u64> = gpus.iter().map(|g| g.memory_mib).collect();
-    let cores = gpus.iter().map(|g| g.cores).max().unwrap_or(0);
-    let mut envs = slice_env(&memories, cores, None, settings);
-    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
-    envs.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
-    envs
-}
-
-fn cdi_mounts(paths: &HostPaths, region: &Path) -> Vec<Value> {
-    interposer_mounts(paths, region)
-        .into_iter()
+fn cdi_mounts(mounts: &[MountSpec]) -> Vec<Value> {
+    mounts
+        .iter()
         .map(|m| {
             let access = if m.read_only { "ro" } else { "rw" };
             json!({

@@ -14,11 +14,10 @@ use kube::{
     api::{DeleteParams, PostParams},
     runtime::watcher,
 };
-use tessera_api::v1alpha1::FrontDoor;
 use tessera_kubekit::Watch;
 use tokio::sync::watch;
 
-use super::{DRIVER, resource_slice};
+use super::{DRIVER, published_devices, resource_slice};
 use crate::{door::Door, offer::Offer, owner::owner_of, view::NodeView};
 
 /// What to do to make the cluster's slice the wanted one.
@@ -95,11 +94,8 @@ pub async fn keep(
     loop {
         // Withdrawn as soon as another door is asked for: no new claim is
         // allocated here while the node waits to switch.
-        let open = {
-            let door = doors.borrow_and_update();
-            door.serving == FrontDoor::Dra && door.wanted == FrontDoor::Dra
-        };
-        let devices = offers.borrow_and_update().devices.clone();
+        let open = doors.borrow_and_update().open_for_claims();
+        let devices = published_devices(&offers.borrow_and_update());
         let wanted = if open {
             let mut slice = resource_slice(&node, 1, &devices);
             // The Node from the agent's own watch of it.

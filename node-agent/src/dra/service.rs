@@ -25,9 +25,15 @@ use tonic::{Request, Response, Status};
 
 use super::{
     claim_gpus, mirror, mirror_name,
-    prepare::{by_request, cdi_spec, claim_error, prepared_devices, region_name, request_env},
+    prepare::{cdi_spec_of, claim_error, prepared_devices, request_containers},
 };
-use crate::{Error, contract::HostPaths, offer::Offer, view::NodeView};
+use crate::{
+    Error,
+    contract::HostPaths,
+    offer::Offer,
+    sharing::{HamiCore, Serving},
+    view::NodeView,
+};
 
 /// The DRA plugin service of one node.
 #[derive(Clone)]
@@ -87,13 +93,14 @@ impl DraService {
         let node = self.view.node();
         let offer = self.offers.borrow().clone();
         let gpus = claim_gpus(&object, node, &offer.devices)?;
-        let settings = &offer.resolved.settings;
-        for (request, request_gpus) in by_request(&gpus) {
-            let dir = self.paths.regions.join(region_name(&claim.uid, request));
-            let envs = request_env(&request_gpus, settings);
-            crate::install::prepare_container_dirs(&self.paths, &dir, &envs)?;
+        let hami_core = HamiCore::new(self.paths.clone());
+        let mut contracts = Vec::new();
+        for (request, container) in
+            request_containers(&claim.uid, &gpus, &offer.resolved.settings, &self.paths)
+        {
+            contracts.push((request, hami_core.serve(&container)?));
         }
-        let spec = cdi_spec(&claim.uid, &gpus, settings, &self.paths);
+        let spec = cdi_spec_of(&claim.uid, &contracts);
         // Atomically: containerd never reads half a spec.
         crate::install::replace(&file, spec.to_string().as_bytes(), CDI_MODE).map_err(
             |(action, source)| Error::io(format!("{action} {}", file.display()))(source),

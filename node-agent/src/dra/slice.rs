@@ -26,20 +26,30 @@ use k8s_openapi::{
     },
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
 };
-use tessera_api::v1alpha1::{DeviceHealth, GpuDevice, OperatingMode};
+use tessera_api::v1alpha1::{DeviceHealth, GpuDevice};
+
+use crate::{offer::Offer, sharing::Mode};
 
 use tessera_api::names::dra::DRIVER;
 
-/// The node's ResourceSlice for `devices` (the offer), in pool `node`
-/// (one pool per node, one slice per pool) at `generation`. Unhealthy GPUs
-/// and GPUs in MIG or MPS mode are left out: DRA serves slices of whole
-/// hami-core GPUs.
-pub fn resource_slice(node: &str, generation: i64, devices: &[GpuDevice]) -> ResourceSlice {
-    let devices = devices
+/// The GPUs of `offer` the DRA door publishes: the healthy ones, on a
+/// node whose sharing mode goes through DRA (hami-core); none otherwise.
+pub fn published_devices(offer: &Offer) -> Vec<GpuDevice> {
+    if !Mode::of(&offer.resolved.settings).through_dra() {
+        return Vec::new();
+    }
+    offer
+        .devices
         .iter()
-        .filter(|d| d.health == DeviceHealth::Healthy && d.mode == OperatingMode::HamiCore)
-        .map(device)
-        .collect();
+        .filter(|d| d.health == DeviceHealth::Healthy)
+        .cloned()
+        .collect()
+}
+
+/// The node's ResourceSlice for `devices` ([`published_devices`]), in pool
+/// `node` (one pool per node, one slice per pool) at `generation`.
+pub fn resource_slice(node: &str, generation: i64, devices: &[GpuDevice]) -> ResourceSlice {
+    let devices = devices.iter().map(device).collect();
     ResourceSlice {
         metadata: ObjectMeta {
             name: Some(format!("{node}-{DRIVER}")),
@@ -164,22 +174,41 @@ pub fn device_name(index: u32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use tessera_api::testing::gpu;
+    use tessera_api::{testing::gpu, v1alpha1::OperatingMode};
 
     use super::*;
+
+    fn offer(mode: OperatingMode, devices: Vec<GpuDevice>) -> Offer {
+        let settings = tessera_api::v1alpha1::NodeSettings {
+            operating_mode: mode,
+            ..Default::default()
+        };
+        Offer {
+            resolved: tessera_api::node_config::resolve(
+                "node-a",
+                &Default::default(),
+                &settings,
+                &[],
+            ),
+            devices,
+        }
+    }
 
     #[test]
     fn each_healthy_hami_core_gpu_is_one_shareable_device() {
         let mut sick = gpu(2, "NVIDIA H100 80GB HBM3", 81559);
         sick.health = DeviceHealth::Unhealthy;
-        let mut mps = gpu(3, "NVIDIA H100 80GB HBM3", 81559);
-        mps.mode = OperatingMode::Mps;
         let mut near = gpu(1, "NVIDIA H100 80GB HBM3", 81559);
         near.numa_node = Some(1);
         near.compute_capability = Some("9.0".into());
         near.driver_version = Some("535.104.05".into());
-        let offer = [gpu(0, "NVIDIA H100 80GB HBM3", 81559), near, sick, mps];
-        let slice = resource_slice("node-a", 7, &offer);
+        let devices = vec![gpu(0, "NVIDIA H100 80GB HBM3", 81559), near, sick];
+        // MPS and MIG nodes publish nothing: DRA serves hami-core slices.
+        for mode in [OperatingMode::Mps, OperatingMode::Mig] {
+            assert!(published_devices(&offer(mode, devices.clone())).is_empty());
+        }
+        let published = published_devices(&offer(OperatingMode::HamiCore, devices));
+        let slice = resource_slice("node-a", 7, &published);
         assert_eq!(slice.spec.driver, "gpu.tessera.dev");
         assert_eq!(slice.spec.node_name.as_deref(), Some("node-a"));
         assert_eq!(slice.spec.pool.generation, 7);

@@ -18,9 +18,21 @@ fn device(uuid: &str, mode: OperatingMode) -> GpuDevice {
     }
 }
 
-/// The GPUs of `devices` that get a daemon.
+/// The GPUs of `devices` that get a daemon on a node in `mode`.
+fn wanted_on(mode: OperatingMode, devices: Vec<GpuDevice>) -> BTreeSet<String> {
+    let settings = tessera_api::v1alpha1::NodeSettings {
+        operating_mode: mode,
+        ..Default::default()
+    };
+    wanted(&Offer {
+        resolved: tessera_api::node_config::resolve("n1", &Default::default(), &settings, &[]),
+        devices,
+    })
+}
+
+/// The GPUs of `devices` that get a daemon on an MPS node.
 fn offer(devices: Vec<GpuDevice>) -> BTreeSet<String> {
-    wanted(&devices)
+    wanted_on(OperatingMode::Mps, devices)
 }
 
 #[test]
@@ -86,11 +98,7 @@ fn daemons_follow_the_gpus_in_mps_mode() {
     let manager = MpsManager::new(Arc::new(FakeControl), dir.path());
     let mut unhealthy = device("GPU-c", OperatingMode::Mps);
     unhealthy.health = DeviceHealth::Unhealthy;
-    let offer_a = offer(vec![
-        device("GPU-a", OperatingMode::Mps),
-        device("GPU-b", OperatingMode::HamiCore),
-        unhealthy,
-    ]);
+    let offer_a = offer(vec![device("GPU-a", OperatingMode::Mps), unhealthy]);
     assert!(manager.reconcile(&offer_a).is_empty());
     let answers = |uuid: &str| {
         FakeControl
@@ -98,7 +106,14 @@ fn daemons_follow_the_gpus_in_mps_mode() {
             .is_ok()
     };
     assert!(answers("GPU-a"));
-    assert!(!answers("GPU-b"), "hami-core GPUs get no daemon");
+    assert!(
+        wanted_on(
+            OperatingMode::HamiCore,
+            vec![device("GPU-b", OperatingMode::HamiCore)]
+        )
+        .is_empty(),
+        "hami-core GPUs get no daemon"
+    );
     assert!(!answers("GPU-c"), "unhealthy GPUs get no daemon");
     // A daemon that died is started again on the next pass.
     FakeControl
@@ -108,7 +123,10 @@ fn daemons_follow_the_gpus_in_mps_mode() {
     assert!(manager.reconcile(&offer_a).is_empty());
     assert!(answers("GPU-a"));
     // GPU-a leaves MPS mode: its daemon quits.
-    let offer_b = offer(vec![device("GPU-a", OperatingMode::HamiCore)]);
+    let offer_b = wanted_on(
+        OperatingMode::HamiCore,
+        vec![device("GPU-a", OperatingMode::HamiCore)],
+    );
     assert!(manager.reconcile(&offer_b).is_empty());
     assert!(!answers("GPU-a"));
 }
@@ -203,4 +221,39 @@ esac
         error.contains("absent") && error.contains("GPU-h100-0"),
         "{error}"
     );
+}
+
+#[test]
+fn an_mps_container_is_served_its_gpu_s_running_daemon_and_one_gpu_only() {
+    use crate::sharing::{Container, Serving};
+    let dir = tempfile::tempdir().unwrap();
+    let host = MpsManager::new(Arc::new(FakeControl), dir.path());
+    let agent = MpsManager::new(Arc::new(FakeControl), dir.path());
+    let container = |uuids: &[&str]| Container {
+        holder: "ml/train".into(),
+        name: "main".into(),
+        slices: uuids
+            .iter()
+            .map(|u| tessera_api::testing::slice(u, 0, 8000, 30))
+            .collect(),
+        priority: None,
+        region_dir: dir.path().join("containers/uid_main"),
+        settings: Default::default(),
+    };
+    let two = agent.serve(&container(&["GPU-a", "GPU-b"])).unwrap_err();
+    assert!(
+        two.to_string()
+            .contains("pod ml/train container main: an MPS container has one GPU"),
+        "{two}"
+    );
+    host.ensure("GPU-a").unwrap();
+    let contract = agent.serve(&container(&["GPU-a"])).unwrap();
+    assert_eq!(contract.visible, ["GPU-a"]);
+    assert_eq!(contract.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=8000M");
+    assert_eq!(contract.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
+    assert!(
+        !contract.envs.keys().any(|k| k.starts_with("CUDA_DEVICE_")),
+        "no interposer limits"
+    );
+    assert_eq!(contract.mounts[0].host_path, dir.path().join("GPU-a/pipe"));
 }

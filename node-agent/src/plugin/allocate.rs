@@ -1,5 +1,6 @@
-//! What the agent answers to the kubelet's Allocate, decided from the
-//! node's NodeLock and the holder's VgpuAllocation alone. Pure: no I/O.
+//! Which container the kubelet's Allocate is for, decided from the node's
+//! NodeLock and the holder's VgpuAllocation alone, and the device plugin's
+//! serialisation of what the container gets ([`answer`]). Pure: no I/O.
 //!
 //! The kubelet's Allocate carries device IDs but no pod. The scheduler
 //! extender binds at most one GPU pod per node between its NodeLock and
@@ -7,96 +8,93 @@
 //! and limits of each container, and the kubelet asks for the containers in
 //! pod spec order (init containers first), which is the allocation's order.
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::path::PathBuf;
 
-use tessera_api::v1alpha1::{MigSlice, NodeLock, NodeSettings, VgpuAllocation};
+use tessera_api::v1alpha1::{DeviceSlice, NodeLock, NodeSettings, VgpuAllocation};
+use tessera_deviceplugin::v1beta1::{CdiDevice, ContainerAllocateResponse, Mount};
 
 use super::{device_list::DeviceList, ids::uuid_of};
 pub use crate::error::AllocateError;
 use crate::{
-    contract::{HostPaths, MountSpec, interposer_mounts, slice_env},
-    mps::{self, MpsDaemon},
+    contract::{Contract, HostPaths},
+    sharing::Container,
 };
 
-/// The answer for one container, and what to record.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The container to serve, and what to record once it is.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Grant {
     /// Namespace of the pod served.
     pub namespace: String,
     /// The allocation (= pod) name.
     pub allocation: String,
+    /// The pod's UID.
+    pub pod_uid: String,
     /// The container served.
     pub container: String,
-    /// The GPUs' UUIDs, in the container's CUDA order.
-    pub devices: Vec<String>,
-    /// Environment for the container.
-    pub envs: BTreeMap<String, String>,
-    /// Container annotations (the `cdi-annotations` strategy).
-    pub annotations: BTreeMap<String, String>,
-    /// Fully-qualified CDI device names (the `cdi-cri` strategy).
-    pub cdi_devices: Vec<String>,
-    /// Mounts for the container.
-    pub mounts: Vec<MountSpec>,
-    /// The container's region directory on the host (the agent creates it,
-    /// unless the container gets MIG instances and no interposer).
+    /// Its slices (the allocation's GPUs), in its CUDA order.
+    pub slices: Vec<DeviceSlice>,
+    /// Its priority (HAMi's `nvidia.com/priority`).
+    pub priority: Option<u32>,
+    /// The container's region directory on the host.
     pub region_dir: PathBuf,
     /// Whether this was the pod's last container waiting for devices.
     pub last: bool,
     /// GPU UUIDs the kubelet chose that differ from the allocation's (it
     /// ignored our preferred allocation); the allocation's devices are used.
     pub mismatched: Vec<String>,
-    /// The MIG instances to create first, per GPU in `devices` order, when
-    /// the container's slices are dynamic-MIG instances; the devices are
-    /// then the instances' UUIDs ([`Grant::with_mig_devices`]).
-    pub mig: Vec<(String, MigSlice)>,
 }
 
 impl Grant {
-    /// The grant once its MIG instances exist: the container sees the
-    /// instances (`uuids`, in `mig` order) instead of their GPUs, and gets
-    /// neither the interposer nor its limits (the hardware isolates it;
-    /// HAMi's MIG mode does the same).
-    pub fn with_mig_devices(
-        mut self,
-        uuids: Vec<String>,
-        list: &DeviceList,
-        pod_uid: &str,
-    ) -> Self {
-        let ids: Vec<&str> = uuids.iter().map(String::as_str).collect();
-        let listed = list.list(&ids, pod_uid);
-        self.envs = listed.envs;
-        self.annotations = listed.annotations;
-        self.cdi_devices = listed.cdi_devices;
-        self.mounts.clear();
-        self.devices = uuids;
-        self
+    /// The container as its sharing mode serves it, under `settings`.
+    pub fn to_serve(&self, settings: &NodeSettings) -> Container {
+        Container {
+            holder: format!("{}/{}", self.namespace, self.allocation),
+            name: self.container.clone(),
+            slices: self.slices.clone(),
+            priority: self.priority,
+            region_dir: self.region_dir.clone(),
+            settings: settings.clone(),
+        }
     }
 }
 
-impl Grant {
-    /// The grant for a container on an MPS GPU: the GPU, and the client's
-    /// part of its daemon ([`mps::client_share`]); no interposer, no region
-    /// directory.
-    pub fn with_mps(mut self, daemon: &MpsDaemon, memory_mib: u64, cores: u32) -> Self {
-        let (envs, mounts) = mps::client_share(daemon, memory_mib, cores);
-        self.envs
-            .retain(|k, _| k.as_str() == tessera_api::env::NVIDIA_VISIBLE_DEVICES);
-        self.envs.extend(envs);
-        self.mounts = mounts;
-        self
+/// The device plugin's serialisation of a container's [`Contract`]: its
+/// devices as `list` passes them (the variable, CDI names, an annotation
+/// keyed by `pod_uid`), its environment and its mounts.
+pub fn answer(contract: Contract, list: &DeviceList, pod_uid: &str) -> ContainerAllocateResponse {
+    let visible: Vec<&str> = contract.visible.iter().map(String::as_str).collect();
+    let listed = list.list(&visible, pod_uid);
+    let mut envs = contract.envs;
+    envs.extend(listed.envs);
+    ContainerAllocateResponse {
+        envs: envs.into_iter().collect(),
+        mounts: contract
+            .mounts
+            .into_iter()
+            .map(|m| Mount {
+                container_path: m.container_path,
+                host_path: m.host_path.display().to_string(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        annotations: listed.annotations.into_iter().collect(),
+        cdi_devices: listed
+            .cdi_devices
+            .into_iter()
+            .map(|name| CdiDevice { name })
+            .collect(),
+        ..Default::default()
     }
 }
 
-/// Decides the answer for one container of the lock holder; `list` says
-/// how the devices are passed to the container runtime.
+/// Decides which container of the lock holder the kubelet asks for, with
+/// its region directory under `paths`.
 pub fn grant(
     node: &str,
     lock: Option<&NodeLock>,
     allocation: Option<&VgpuAllocation>,
     requested: &[String],
-    settings: &NodeSettings,
     paths: &HostPaths,
-    list: &DeviceList,
 ) -> Result<Grant, AllocateError> {
     let lock = lock.ok_or_else(|| AllocateError::NoLock { node: node.into() })?;
     let holder = &lock.spec.holder;
@@ -157,14 +155,6 @@ pub fn grant(
     }
 
     let uuids: Vec<&str> = container.devices.iter().map(|d| d.uuid.as_str()).collect();
-    let listed = list.list(&uuids, &allocation.spec.pod_uid);
-    let mut envs = listed.envs;
-    let memories: Vec<u64> = container.devices.iter().map(|d| d.memory_mib).collect();
-    let cores = container.devices.iter().map(|d| d.cores).max().unwrap_or(0);
-    envs.extend(slice_env(&memories, cores, container.priority, settings));
-
-    let region_dir = paths.regions.join(region_name);
-    let mounts = interposer_mounts(paths, &region_dir);
     let mismatched = requested
         .iter()
         .map(|id| uuid_of(id))
@@ -174,20 +164,13 @@ pub fn grant(
     Ok(Grant {
         namespace: holder.namespace.clone(),
         allocation: lock.spec.allocation.clone(),
+        pod_uid: allocation.spec.pod_uid.clone(),
         container: container.name.clone(),
-        devices: uuids.iter().map(|&u| u.to_owned()).collect(),
-        envs,
-        annotations: listed.annotations,
-        cdi_devices: listed.cdi_devices,
-        mounts,
-        region_dir,
+        slices: container.devices.clone(),
+        priority: container.priority,
+        region_dir: paths.regions.join(region_name),
         last,
         mismatched,
-        mig: container
-            .devices
-            .iter()
-            .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
-            .collect(),
     })
 }
 

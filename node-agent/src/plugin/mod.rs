@@ -4,6 +4,7 @@
 mod allocate;
 mod device_list;
 mod ids;
+pub mod modes;
 mod server;
 mod service;
 pub mod static_mig;
@@ -13,12 +14,13 @@ pub use crate::contract::{
     interposer_mounts, slice_env,
 };
 pub use crate::readiness::PluginState;
-pub use allocate::{AllocateError, Grant, grant, preferred};
+pub use allocate::{AllocateError, Grant, answer, grant, preferred};
 pub use device_list::{
     CDI_ANNOTATION_PLUGIN, DEFAULT_CDI_ANNOTATION_PREFIX, DEFAULT_CDI_KIND, DeviceList,
     DeviceListStrategy, Listed, parse_cdi_annotation_prefix, parse_cdi_kind,
 };
 pub use ids::{device_list, replica_id, uuid_of};
+pub use modes::Modes;
 pub use server::{DeviceStream, Endpoint, Plugin, device_stream, run};
 pub use service::{Service, options};
 

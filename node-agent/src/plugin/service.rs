@@ -5,27 +5,27 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Preconditions};
 use tessera_api::v1alpha1::{
-    AllocationPhase, MigLayout, NodeLock, OperatingMode, ServedMigInstance, VgpuAllocation,
-    VgpuAllocationStatus,
+    AllocationPhase, NodeLock, ServedMigInstance, VgpuAllocation, VgpuAllocationStatus,
 };
 use tessera_deviceplugin::v1beta1::{
-    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
-    ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, Mount,
-    PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-    PreferredAllocationResponse, device_plugin_server::DevicePlugin,
+    AllocateRequest, AllocateResponse, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, PreStartContainerRequest,
+    PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
+    device_plugin_server::DevicePlugin,
 };
 use tokio::sync::{Mutex, watch};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use super::modes::Modes;
 use super::{
-    allocate::{Grant, grant, preferred},
+    allocate::{Grant, answer, grant, preferred},
     device_list::DeviceList,
     ids::device_list,
     server::{DeviceStream, Plugin, device_stream},
 };
 use crate::contract::HostPaths;
-use crate::{Error, mig::MigManager, mps::MpsManager, offer::Offer, view::NodeView};
+use crate::{Error, offer::Offer, sharing::Mode, view::NodeView};
 
 /// What the service needs.
 #[derive(Clone)]
@@ -34,10 +34,8 @@ pub struct Service {
     offers: watch::Receiver<Offer>,
     paths: HostPaths,
     list: DeviceList,
-    /// Creates the dynamic MIG instances Allocate hands out.
-    mig: Arc<MigManager>,
-    /// The MPS control daemons of the GPUs in MPS mode.
-    mps: Arc<MpsManager>,
+    /// How each sharing mode serves a container.
+    modes: Modes,
     /// Allocate calls are served one at a time.
     serving: Arc<Mutex<()>>,
     /// Containers this agent recorded as served, by pod UID: the allocation
@@ -70,24 +68,25 @@ impl Service {
         offers: watch::Receiver<Offer>,
         paths: HostPaths,
         list: DeviceList,
-        mig: Arc<MigManager>,
-        mps: Arc<MpsManager>,
+        modes: Modes,
     ) -> Self {
         Self {
             view,
             offers,
             paths,
             list,
-            mig,
-            mps,
+            modes,
             serving: Arc::default(),
             recorded: Arc::default(),
         }
     }
 
-    /// Decides one container's answer and prepares its region directory.
-    /// What to write back is returned as a [`Followup`].
-    async fn serve(&self, requested: &[String]) -> Result<(Grant, Followup), Error> {
+    /// Decides which container is asked for and serves it in its sharing
+    /// mode; returns the answer and what to write back ([`Followup`]).
+    async fn serve(
+        &self,
+        requested: &[String],
+    ) -> Result<(ContainerAllocateResponse, Followup), Error> {
         let node = self.view.node();
         let lock = self.view.lock().await?;
         let mut allocation = match &lock {
@@ -101,15 +100,12 @@ impl Service {
                 tessera_telemetry::join(&tracing::Span::current(), stored);
             }
         }
-        let settings = self.offers.borrow().resolved.settings.clone();
-        let mut grant = grant(
+        let grant = grant(
             node,
             lock.as_ref(),
             allocation.as_ref(),
             requested,
-            &settings,
             &self.paths,
-            &self.list,
         )?;
         // `grant` succeeds only with both; this keeps the types honest.
         let (Some(lock), Some(allocation)) = (lock, allocation) else {
@@ -118,99 +114,32 @@ impl Service {
         if !grant.mismatched.is_empty() {
             tracing::warn!(pod = %grant.allocation, chosen = ?grant.mismatched, "the kubelet chose other GPUs than preferred; the allocation's GPUs are used");
         }
-        // MIG and MPS containers get no interposer, so no region directory.
-        if !grant.mig.is_empty() {
-            grant = self.create_mig(grant, &allocation).await?;
-        } else if self.on_mps(&grant) {
-            grant = self.with_mps(grant, &allocation).await?;
-        } else {
-            crate::install::prepare_container_dirs(&self.paths, &grant.region_dir, &grant.envs)?;
-        }
+        let settings = self.offers.borrow().resolved.settings.clone();
+        let container = grant.to_serve(&settings);
+        let mode = Mode::of_container(&container.slices, &settings);
+        let serving = self.modes.serving(mode);
+        let contract = tokio::task::spawn_blocking(move || serving.serve(&container))
+            .await
+            .map_err(|e| Error::Serving(format!("the task serving it stopped: {e}")))??;
         tracing::info!(
             namespace = %grant.namespace,
             pod = %grant.allocation,
             container = %grant.container,
-            devices = %grant.devices.join(","),
+            ?mode,
+            devices = %contract.visible.join(","),
             last = grant.last,
             "served Allocate"
         );
         let followup = Followup {
             allocation,
             lock,
-            grant: grant.clone(),
+            mig_instances: contract.mig_instances.clone(),
+            grant,
         };
-        Ok((grant, followup))
-    }
-
-    /// Creates (or finds) the container's MIG instances and hands them out
-    /// instead of their GPUs.
-    async fn create_mig(&self, grant: Grant, allocation: &VgpuAllocation) -> Result<Grant, Error> {
-        if grant.mig.len() != grant.devices.len() {
-            return Err(Error::Mig(format!(
-                "pod {}/{} container {}: {} of its {} slices are MIG instances; a container's slices are all MIG or none",
-                grant.namespace,
-                grant.allocation,
-                grant.container,
-                grant.mig.len(),
-                grant.devices.len()
-            )));
-        }
-        let layouts: HashMap<String, MigLayout> = self
-            .offers
-            .borrow()
-            .devices
-            .iter()
-            .filter_map(|d| Some((d.uuid.clone(), d.mig.clone()?)))
-            .collect();
-        let holders = crate::holders::holders(&self.view.allocations());
-        let holder = format!("{}/{}", grant.namespace, grant.allocation);
-        let slices = grant.mig.clone();
-        let manager = self.mig.clone();
-        let uuids = tokio::task::spawn_blocking(move || {
-            manager.ensure(&holder, &slices, &layouts, &holders)
-        })
-        .await
-        .map_err(|e| Error::Mig(format!("the MIG task stopped: {e}")))??;
-        Ok(grant.with_mig_devices(uuids, &self.list, &allocation.spec.pod_uid))
-    }
-
-    /// Whether the container's GPUs are offered in MPS mode.
-    fn on_mps(&self, grant: &Grant) -> bool {
-        let offer = self.offers.borrow();
-        grant.devices.iter().any(|uuid| {
-            offer
-                .devices
-                .iter()
-                .any(|d| d.uuid == *uuid && d.mode == OperatingMode::Mps)
-        })
-    }
-
-    /// Hands the container its GPU's MPS daemon (once it answers: the MPS
-    /// host runs it) and its share of the GPU as MPS client settings.
-    async fn with_mps(&self, grant: Grant, allocation: &VgpuAllocation) -> Result<Grant, Error> {
-        let slices = allocation
-            .spec
-            .containers
-            .iter()
-            .find(|c| c.name == grant.container)
-            .map(|c| c.devices.as_slice())
-            .unwrap_or_default();
-        let [slice] = slices else {
-            return Err(Error::Mps(format!(
-                "pod {}/{} container {}: an MPS container has one GPU (one daemon each), this one has {}",
-                grant.namespace,
-                grant.allocation,
-                grant.container,
-                slices.len()
-            )));
-        };
-        let (uuid, memory, cores) = (slice.uuid.clone(), slice.memory_mib, slice.cores);
-        let manager = self.mps.clone();
-        let daemon =
-            tokio::task::spawn_blocking(move || manager.answering(&uuid, crate::mps::ANSWER_WAIT))
-                .await
-                .map_err(|e| Error::Mps(format!("the MPS task stopped: {e}")))??;
-        Ok(grant.with_mps(&daemon, memory, cores))
+        Ok((
+            answer(contract, &self.list, &followup.grant.pod_uid),
+            followup,
+        ))
     }
 
     /// Adds the containers this agent recorded to the allocation's served list.
@@ -259,7 +188,8 @@ impl Service {
                 }
             }
             let result = async {
-                self.record(&allocation, &followup.grant).await?;
+                self.record(&allocation, &followup.grant, &followup.mig_instances)
+                    .await?;
                 if followup.grant.last {
                     self.release(&followup.lock).await?;
                 }
@@ -291,7 +221,12 @@ impl Service {
 
     /// Adds the container to the allocation's served list (and marks it
     /// Allocated after the last one), guarded by the resourceVersion read.
-    async fn record(&self, allocation: &VgpuAllocation, grant: &Grant) -> Result<(), Error> {
+    async fn record(
+        &self,
+        allocation: &VgpuAllocation,
+        grant: &Grant,
+        made: &[ServedMigInstance],
+    ) -> Result<(), Error> {
         if allocation
             .status
             .as_ref()
@@ -310,17 +245,7 @@ impl Service {
             .as_ref()
             .map(|s| s.mig_instances.clone())
             .unwrap_or_default();
-        mig_instances.extend(
-            grant
-                .mig
-                .iter()
-                .zip(&grant.devices)
-                .map(|((gpu, _), uuid)| ServedMigInstance {
-                    container: grant.container.clone(),
-                    gpu: gpu.clone(),
-                    uuid: uuid.clone(),
-                }),
-        );
+        mig_instances.extend(made.iter().cloned());
         let mut status = VgpuAllocationStatus {
             served_containers: served,
             mig_instances,
@@ -465,7 +390,7 @@ impl DevicePlugin for Service {
         let mut container_responses = Vec::new();
         for (i, container) in requests.into_iter().enumerate() {
             let span = tracing::info_span!("allocate", node = self.view.node(), devices = ?container.devices_ids);
-            let (grant, followup) = self
+            let (answer, followup) = self
                 .serve(&container.devices_ids)
                 .instrument(span)
                 .await
@@ -484,10 +409,10 @@ impl DevicePlugin for Service {
                     let _turn = turn;
                     service.finish(&followup).await;
                 });
-                container_responses.push(response(grant));
+                container_responses.push(answer);
                 break;
             }
-            container_responses.push(response(grant));
+            container_responses.push(answer);
         }
         Ok(Response::new(AllocateResponse {
             container_responses,
@@ -507,66 +432,6 @@ struct Followup {
     allocation: VgpuAllocation,
     lock: NodeLock,
     grant: Grant,
-}
-
-fn response(grant: Grant) -> ContainerAllocateResponse {
-    ContainerAllocateResponse {
-        envs: grant.envs.into_iter().collect(),
-        mounts: grant
-            .mounts
-            .into_iter()
-            .map(|m| Mount {
-                container_path: m.container_path,
-                host_path: m.host_path.display().to_string(),
-                read_only: m.read_only,
-            })
-            .collect(),
-        annotations: grant.annotations.into_iter().collect(),
-        cdi_devices: grant
-            .cdi_devices
-            .into_iter()
-            .map(|name| CdiDevice { name })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-
-    use super::*;
-
-    #[test]
-    fn the_answer_carries_cdi_devices_and_annotations() {
-        let grant = Grant {
-            namespace: "ml".into(),
-            allocation: "train".into(),
-            container: "main".into(),
-            devices: vec!["GPU-a".into()],
-            envs: BTreeMap::from([("CUDA_DEVICE_SM_LIMIT".into(), "30".into())]),
-            annotations: BTreeMap::from([(
-                "cdi.k8s.io/tessera-node-agent_uid-1".into(),
-                "nvidia.com/gpu=GPU-a".into(),
-            )]),
-            cdi_devices: vec!["nvidia.com/gpu=GPU-a".into()],
-            mounts: Vec::new(),
-            region_dir: "/var/lib/tessera/containers/uid-1_main".into(),
-            last: true,
-            mismatched: Vec::new(),
-            mig: Vec::new(),
-        };
-        let answer = response(grant);
-        assert_eq!(answer.envs["CUDA_DEVICE_SM_LIMIT"], "30");
-        assert_eq!(
-            answer.annotations["cdi.k8s.io/tessera-node-agent_uid-1"],
-            "nvidia.com/gpu=GPU-a"
-        );
-        assert_eq!(
-            answer.cdi_devices,
-            [CdiDevice {
-                name: "nvidia.com/gpu=GPU-a".into()
-            }]
-        );
-    }
+    /// The MIG instances made for the container.
+    mig_instances: Vec<ServedMigInstance>,
 }

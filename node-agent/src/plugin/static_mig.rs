@@ -14,22 +14,21 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use tessera_api::{
     mig,
-    v1alpha1::{DeviceHealth, GpuDevice, MigStrategy, OperatingMode},
+    v1alpha1::{DeviceHealth, GpuDevice},
 };
 use tessera_deviceplugin::{
     HEALTHY, UNHEALTHY,
     v1beta1::{
-        AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse, Device,
-        DevicePluginOptions, Empty, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
-        PreferredAllocationRequest, PreferredAllocationResponse, TopologyInfo,
-        device_plugin_server::DevicePlugin,
+        AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, NumaNode,
+        PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+        PreferredAllocationResponse, TopologyInfo, device_plugin_server::DevicePlugin,
     },
 };
 use tokio::{sync::watch, task::JoinHandle};
 use tonic::{Request, Response, Status};
 
 use super::{DeviceList, Endpoint, Plugin};
-use crate::{offer::Offer, readiness::PluginState};
+use crate::{offer::Offer, readiness::PluginState, sharing::Mode};
 
 /// One static instance as the kubelet sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,12 +42,9 @@ pub struct StaticInstance {
 }
 
 /// The GPUs whose MIG instances are served statically, one plugin per
-/// profile: all of them in `operatingMode: mig` with `migStrategy: mixed`,
-/// none otherwise.
+/// profile: all of them on a static-MIG node, none otherwise.
 pub fn static_gpus(offer: &Offer) -> impl Iterator<Item = &GpuDevice> {
-    let settings = &offer.resolved.settings;
-    let on = settings.operating_mode == OperatingMode::Mig
-        && settings.mig_strategy == MigStrategy::Mixed;
+    let on = Mode::of(&offer.resolved.settings).serves_static_instances();
     offer.devices.iter().filter(move |_| on)
 }
 
@@ -176,20 +172,14 @@ impl DevicePlugin for StaticMigService {
                         .join(", ")
                 )));
             }
-            let uuids: Vec<&str> = ids.iter().map(String::as_str).collect();
-            let listed = self.list.list(&uuids, uuids.first().copied().unwrap_or(""));
-            tracing::info!(resource = %self.resource, devices = %uuids.join(","), "served Allocate (static MIG)");
-            container_responses.push(ContainerAllocateResponse {
-                envs: listed.envs.into_iter().collect(),
-                mounts: Vec::new(),
-                annotations: listed.annotations.into_iter().collect(),
-                cdi_devices: listed
-                    .cdi_devices
-                    .into_iter()
-                    .map(|name| CdiDevice { name })
-                    .collect(),
-                ..Default::default()
-            });
+            tracing::info!(resource = %self.resource, devices = %ids.join(","), "served Allocate (static MIG)");
+            // No pod is named here: the first instance keys the annotation.
+            let key = ids.first().cloned().unwrap_or_default();
+            container_responses.push(super::allocate::answer(
+                crate::sharing::static_mig::contract(ids),
+                &self.list,
+                &key,
+            ));
         }
         Ok(Response::new(AllocateResponse {
             container_responses,

@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+
 use pretty_assertions::assert_eq;
 use tessera_api::{
     testing,
@@ -5,7 +7,7 @@ use tessera_api::{
 };
 
 use super::*;
-use crate::{mps, plugin::ids::replica_id};
+use crate::{mps, plugin::ids::replica_id, sharing::hami_core};
 
 const NODE: &str = "node-1";
 
@@ -42,20 +44,43 @@ fn ids(uuids: &[&str]) -> Vec<String> {
     uuids.iter().map(|u| replica_id(u, 7)).collect()
 }
 
+/// The container the kubelet asks for with `request` (device IDs of these
+/// GPUs), of `allocation`, whose pod holds the lock.
+fn serve(allocation: &VgpuAllocation, request: &[&str]) -> Result<Grant, AllocateError> {
+    grant(
+        NODE,
+        Some(&lock("uid-1")),
+        Some(allocation),
+        &ids(request),
+        &paths(),
+    )
+}
+
+/// The device plugin's answer for a hami-core `grant` under `settings`.
+fn answered(
+    grant: &Grant,
+    settings: &NodeSettings,
+    list: &DeviceList,
+) -> ContainerAllocateResponse {
+    let contract = hami_core::contract(&grant.to_serve(settings), &paths());
+    answer(contract, list, &grant.pod_uid)
+}
+
+fn envs_of(answer: &ContainerAllocateResponse) -> BTreeMap<&str, &str> {
+    answer
+        .envs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
 #[test]
 fn one_container_gets_its_devices_limits_and_mounts() {
     let allocation = allocation(vec![("main", vec![slice("GPU-a", 3000, 30)])], &[]);
-    let grant = grant(
-        NODE,
-        Some(&lock("uid-1")),
-        Some(&allocation),
-        &ids(&["GPU-a"]),
-        &NodeSettings::default(),
-        &paths(),
-        &DeviceList::default(),
-    )
-    .unwrap();
-    let env = |k: &str| grant.envs.get(k).map(String::as_str);
+    let grant = serve(&allocation, &["GPU-a"]).unwrap();
+    let answer = answered(&grant, &NodeSettings::default(), &DeviceList::default());
+    let envs = envs_of(&answer);
+    let env = |k: &str| envs.get(k).copied();
     assert_eq!(env("NVIDIA_VISIBLE_DEVICES"), Some("GPU-a"));
     assert_eq!(env("CUDA_DEVICE_MEMORY_LIMIT_0"), Some("3000m"));
     assert_eq!(env("CUDA_DEVICE_SM_LIMIT"), Some("30"));
@@ -73,7 +98,7 @@ fn one_container_gets_its_devices_limits_and_mounts() {
         grant.region_dir,
         PathBuf::from("/var/lib/tessera/containers/uid-1_main")
     );
-    let mounts: Vec<(&str, bool)> = grant
+    let mounts: Vec<(&str, bool)> = answer
         .mounts
         .iter()
         .map(|m| (m.container_path.as_str(), m.read_only))
@@ -88,8 +113,8 @@ fn one_container_gets_its_devices_limits_and_mounts() {
         ]
     );
     assert_eq!(
-        grant.mounts[3].host_path,
-        PathBuf::from("/var/lib/tessera/limits/uid-1_main")
+        answer.mounts[3].host_path,
+        "/var/lib/tessera/limits/uid-1_main"
     );
 }
 
@@ -108,25 +133,17 @@ fn containers_are_served_in_order_and_gpu_less_ones_skipped() {
             served,
         )
     };
-    let serve = |served: &[&str], request: &[&str]| {
-        grant(
-            NODE,
-            Some(&lock("uid-1")),
-            Some(&allocation_with(served)),
-            &ids(request),
-            &NodeSettings::default(),
-            &paths(),
-            &DeviceList::default(),
-        )
-    };
-    let first = serve(&[], &["GPU-a"]).unwrap();
+    let after = |served: &[&str], request: &[&str]| serve(&allocation_with(served), request);
+    let first = after(&[], &["GPU-a"]).unwrap();
     assert_eq!((first.container.as_str(), first.last), ("init", false));
-    let second = serve(&["init"], &["GPU-a", "GPU-b"]).unwrap();
+    let second = after(&["init"], &["GPU-a", "GPU-b"]).unwrap();
     assert_eq!((second.container.as_str(), second.last), ("main", true));
-    assert_eq!(second.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
-    assert_eq!(second.envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "2000m");
-    assert_eq!(second.envs["CUDA_DEVICE_SM_LIMIT"], "0");
-    let again = serve(&["init", "main"], &["GPU-a"]).unwrap_err();
+    let answer = answered(&second, &NodeSettings::default(), &DeviceList::default());
+    let envs = envs_of(&answer);
+    assert_eq!(envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+    assert_eq!(envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "2000m");
+    assert_eq!(envs["CUDA_DEVICE_SM_LIMIT"], "0");
+    let again = after(&["init", "main"], &["GPU-a"]).unwrap_err();
     assert_eq!(
         again.to_string(),
         "pod ml/train: every GPU container was already served (init, main); the kubelet asked again"
@@ -142,35 +159,20 @@ fn settings_reach_the_environment() {
         device_memory_scaling: 2.0,
         ..NodeSettings::default()
     };
-    let grant = grant(
-        NODE,
-        Some(&lock("uid-1")),
-        Some(&allocation),
-        &ids(&["GPU-a"]),
-        &settings,
-        &paths(),
-        &DeviceList::default(),
-    )
-    .unwrap();
-    assert_eq!(grant.envs["GPU_CORE_UTILIZATION_POLICY"], "force");
-    assert_eq!(grant.envs["LIBCUDA_LOG_LEVEL"], "4");
-    assert_eq!(grant.envs["CUDA_OVERSUBSCRIBE"], "true");
+    let grant = serve(&allocation, &["GPU-a"]).unwrap();
+    let answer = answered(&grant, &settings, &DeviceList::default());
+    let envs = envs_of(&answer);
+    assert_eq!(envs["GPU_CORE_UTILIZATION_POLICY"], "force");
+    assert_eq!(envs["LIBCUDA_LOG_LEVEL"], "4");
+    assert_eq!(envs["CUDA_OVERSUBSCRIBE"], "true");
 }
 
 #[test]
 fn the_allocation_decides_even_when_the_kubelet_picked_other_gpus() {
     let allocation = allocation(vec![("main", vec![slice("GPU-a", 100, 10)])], &[]);
-    let grant = grant(
-        NODE,
-        Some(&lock("uid-1")),
-        Some(&allocation),
-        &ids(&["GPU-z"]),
-        &NodeSettings::default(),
-        &paths(),
-        &DeviceList::default(),
-    )
-    .unwrap();
-    assert_eq!(grant.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
+    let grant = serve(&allocation, &["GPU-z"]).unwrap();
+    let answer = answered(&grant, &NodeSettings::default(), &DeviceList::default());
+    assert_eq!(envs_of(&answer)["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
     assert_eq!(grant.mismatched, ["GPU-z"]);
 }
 
@@ -218,17 +220,9 @@ fn refusals_say_what_is_wrong() {
         ),
     ];
     for (lock, allocation, request, needle) in cases {
-        let error = grant(
-            NODE,
-            lock.as_ref(),
-            allocation.as_ref(),
-            &request,
-            &NodeSettings::default(),
-            &paths(),
-            &DeviceList::default(),
-        )
-        .unwrap_err()
-        .to_string();
+        let error = grant(NODE, lock.as_ref(), allocation.as_ref(), &request, &paths())
+            .unwrap_err()
+            .to_string();
         assert!(error.contains(needle), "{needle:?} not in {error:?}");
     }
 }
@@ -266,25 +260,14 @@ fn preferred_steers_to_the_allocated_gpus() {
 #[test]
 fn the_containers_priority_reaches_the_interposer() {
     let mut allocation = allocation(vec![("main", vec![slice("GPU-a", 3000, 30)])], &[]);
-    let serve = |allocation: &VgpuAllocation| {
-        grant(
-            NODE,
-            Some(&lock("uid-1")),
-            Some(allocation),
-            &ids(&["GPU-a"]),
-            &NodeSettings::default(),
-            &paths(),
-            &DeviceList::default(),
-        )
-        .unwrap()
+    let priority = |allocation: &VgpuAllocation| {
+        let grant = serve(allocation, &["GPU-a"]).unwrap();
+        let answer = answered(&grant, &NodeSettings::default(), &DeviceList::default());
+        answer.envs.get("CUDA_TASK_PRIORITY").cloned()
     };
-    assert_eq!(
-        serve(&allocation).envs.get("CUDA_TASK_PRIORITY"),
-        None,
-        "low unless asked"
-    );
+    assert_eq!(priority(&allocation), None, "low unless asked");
     allocation.spec.containers[0].priority = Some(0);
-    assert_eq!(serve(&allocation).envs["CUDA_TASK_PRIORITY"], "0");
+    assert_eq!(priority(&allocation).as_deref(), Some("0"));
 }
 
 #[test]
@@ -297,35 +280,24 @@ fn each_device_list_strategy_shapes_the_answer() {
         )],
         &[],
     );
-    let serve = |strategies: &[crate::plugin::DeviceListStrategy], kind: &str, prefix: &str| {
+    let answer = |strategies: &[crate::plugin::DeviceListStrategy], kind: &str, prefix: &str| {
         let list = DeviceList {
             strategies: strategies.to_vec(),
             cdi_kind: kind.to_owned(),
             cdi_annotation_prefix: prefix.to_owned(),
         };
-        grant(
-            NODE,
-            Some(&lock("uid-1")),
-            Some(&allocation),
-            &ids(&["GPU-a", "GPU-b"]),
-            &NodeSettings::default(),
-            &paths(),
-            &list,
-        )
-        .unwrap()
+        let grant = serve(&allocation, &["GPU-a", "GPU-b"]).unwrap();
+        answered(&grant, &NodeSettings::default(), &list)
     };
 
-    let envvar = serve(&[Envvar], "nvidia.com/gpu", "cdi.k8s.io/");
+    let envvar = answer(&[Envvar], "nvidia.com/gpu", "cdi.k8s.io/");
     assert_eq!(envvar.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
     assert!(envvar.cdi_devices.is_empty());
     assert!(envvar.annotations.is_empty());
-    assert_eq!(envvar.devices, ["GPU-a", "GPU-b"]);
 
-    let cri = serve(&[CdiCri], "nvidia.com/gpu", "cdi.k8s.io/");
-    assert_eq!(
-        cri.cdi_devices,
-        ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"]
-    );
+    let cri = answer(&[CdiCri], "nvidia.com/gpu", "cdi.k8s.io/");
+    let names: Vec<&str> = cri.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"]);
     assert_eq!(
         cri.envs.get("NVIDIA_VISIBLE_DEVICES"),
         None,
@@ -342,13 +314,17 @@ fn each_device_list_strategy_shapes_the_answer() {
         "the interposer is mounted all the same"
     );
 
-    let annotated = serve(
+    let annotated = answer(
         &[CdiAnnotations],
         "k8s.device-plugin.nvidia.com/gpu",
         "nvidia.cdi.k8s.io/",
     );
     assert_eq!(
-        annotated.annotations,
+        annotated
+            .annotations
+            .clone()
+            .into_iter()
+            .collect::<BTreeMap<_, _>>(),
         BTreeMap::from([(
             "nvidia.cdi.k8s.io/tessera-node-agent_uid-1".to_owned(),
             "k8s.device-plugin.nvidia.com/gpu=GPU-a,k8s.device-plugin.nvidia.com/gpu=GPU-b"
@@ -358,7 +334,7 @@ fn each_device_list_strategy_shapes_the_answer() {
     assert!(annotated.cdi_devices.is_empty());
     assert_eq!(annotated.envs.get("NVIDIA_VISIBLE_DEVICES"), None);
 
-    let all = serve(
+    let all = answer(
         &[Envvar, CdiCri, CdiAnnotations],
         "nvidia.com/gpu",
         "cdi.k8s.io/",
@@ -376,32 +352,19 @@ fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
         log_dir: "/var/lib/tessera/mps/GPU-a/log".into(),
         shm_dir: "/var/lib/tessera/mps/shm".into(),
     };
-    let list = DeviceList::default();
-    let mut grant = Grant {
-        namespace: "ml".into(),
-        allocation: "train".into(),
-        container: "main".into(),
-        devices: vec!["GPU-a".into()],
-        envs: list.list(&["GPU-a"], "uid").envs,
-        annotations: Default::default(),
-        cdi_devices: Vec::new(),
-        mounts: Vec::new(),
-        region_dir: "/var/lib/tessera/containers/uid_main".into(),
-        last: true,
-        mismatched: Vec::new(),
-        mig: Vec::new(),
+    let share = |memory: u64, cores: u32| {
+        let (envs, mounts) = mps::client_share(&daemon, memory, cores);
+        let contract = Contract {
+            visible: vec!["GPU-a".into()],
+            envs,
+            mounts,
+            mig_instances: Vec::new(),
+        };
+        answer(contract, &DeviceList::default(), "uid")
     };
-    grant
-        .envs
-        .insert("CUDA_DEVICE_SM_LIMIT".into(), "30".into());
-    let grant = grant.with_mps(&daemon, 8000, 30);
-    let envs: Vec<(&str, &str)> = grant
-        .envs
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let answer = share(8000, 30);
     assert_eq!(
-        envs,
+        envs_of(&answer).into_iter().collect::<Vec<_>>(),
         [
             ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30"),
             ("CUDA_MPS_LOG_DIRECTORY", mps::CONTAINER_LOG_DIR),
@@ -410,7 +373,7 @@ fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
             ("NVIDIA_VISIBLE_DEVICES", "GPU-a"),
         ]
     );
-    let mounts: Vec<(&str, bool)> = grant
+    let mounts: Vec<(&str, bool)> = answer
         .mounts
         .iter()
         .map(|m| (m.container_path.as_str(), m.read_only))
@@ -423,10 +386,78 @@ fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
             ("/dev/shm", false)
         ]
     );
-    assert_eq!(grant.mounts[0].host_path, daemon.pipe_dir);
+    assert_eq!(
+        answer.mounts[0].host_path,
+        daemon.pipe_dir.display().to_string()
+    );
     // All of the GPU's SMs: no thread percentage.
-    let whole = grant.clone().with_mps(&daemon, 81559, 100);
-    assert!(!whole.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
-    let none = grant.with_mps(&daemon, 81559, 0);
-    assert!(!none.envs.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+    assert!(
+        !share(81559, 100)
+            .envs
+            .contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    );
+    assert!(
+        !share(81559, 0)
+            .envs
+            .contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    );
+}
+
+#[test]
+fn a_container_is_served_in_the_mode_of_its_slices_and_its_node() {
+    use crate::sharing::Mode;
+    use tessera_api::v1alpha1::{MigPlacement, MigSlice, MigStrategy, OperatingMode};
+    let node = |operating_mode, mig_strategy| NodeSettings {
+        operating_mode,
+        mig_strategy,
+        ..NodeSettings::default()
+    };
+    let plain = [slice("GPU-a", 100, 10)];
+    let mut cut = slice("GPU-a", 100, 10);
+    cut.mig = Some(MigSlice {
+        profile: "1g.10gb".into(),
+        placement: MigPlacement { start: 0, size: 1 },
+    });
+    use MigStrategy::{Mixed, None as Dynamic, Single};
+    use OperatingMode::{HamiCore, Mig, Mps};
+    let cases = [
+        (&plain[..], node(HamiCore, Dynamic), Mode::HamiCore),
+        (&plain[..], node(Mps, Dynamic), Mode::Mps),
+        (&plain[..], node(Mig, Single), Mode::HamiCore),
+        (&[cut.clone()][..], node(Mig, Dynamic), Mode::DynamicMig),
+        // Cut at Bind, before the node left dynamic MIG: still instances.
+        (&[cut][..], node(HamiCore, Mixed), Mode::DynamicMig),
+    ];
+    for (slices, settings, mode) in cases {
+        assert_eq!(Mode::of_container(slices, &settings), mode, "{settings:?}");
+    }
+    assert_eq!(Mode::of(&node(Mig, Mixed)), Mode::StaticMig);
+    assert_eq!(Mode::of(&node(Mig, Single)), Mode::MigSingle);
+}
+
+#[test]
+fn the_answer_carries_cdi_devices_and_annotations() {
+    use crate::plugin::DeviceListStrategy::{CdiAnnotations, CdiCri};
+    let contract = Contract {
+        visible: vec!["GPU-a".into()],
+        envs: BTreeMap::from([("CUDA_DEVICE_SM_LIMIT".into(), "30".into())]),
+        mounts: Vec::new(),
+        mig_instances: Vec::new(),
+    };
+    let list = DeviceList {
+        strategies: vec![CdiCri, CdiAnnotations],
+        ..DeviceList::default()
+    };
+    let answer = answer(contract, &list, "uid-1");
+    assert_eq!(answer.envs["CUDA_DEVICE_SM_LIMIT"], "30");
+    assert_eq!(
+        answer.annotations["cdi.k8s.io/tessera-node-agent_uid-1"],
+        "nvidia.com/gpu=GPU-a"
+    );
+    assert_eq!(
+        answer.cdi_devices,
+        [CdiDevice {
+            name: "nvidia.com/gpu=GPU-a".into()
+        }]
+    );
 }

@@ -1,0 +1,74 @@
+//! hami-core: slices of a whole GPU, which the interposer in the container
+//! enforces. Also how a whole MIG instance under `migStrategy: single` is
+//! served: to the interposer it is a GPU.
+
+use tessera_api::v1alpha1::{GpuDevice, NodeSettings};
+
+use super::mode::{Container, Offering, Serving, unhealthy};
+use crate::{
+    Error,
+    backend::PhysicalMig,
+    contract::{Contract, HostPaths, interposer_mounts, slice_env},
+    holders::MigHolders,
+};
+
+/// Offers the whole GPU (hami-core and MPS): no CUDA context can use a GPU
+/// in MIG mode whole, so one is offered unhealthy.
+pub struct WholeGpu;
+
+impl Offering for WholeGpu {
+    fn offer(
+        &self,
+        whole: GpuDevice,
+        mig: Option<&PhysicalMig>,
+        settings: &NodeSettings,
+        _: &MigHolders,
+    ) -> Vec<GpuDevice> {
+        if mig.is_some_and(|m| m.enabled) {
+            let mode = settings.operating_mode.as_str();
+            let index = whole.index;
+            return unhealthy(
+                whole,
+                format!(
+                    "MIG mode is on but the node's operatingMode is {mode}: set operatingMode: mig in a GpuNodeConfig, or turn MIG off (nvidia-smi -i {index} -mig 0)"
+                ),
+            );
+        }
+        vec![whole]
+    }
+}
+
+/// Serves hami-core containers: their region and limits directories, the
+/// interposer's mounts and limits.
+pub struct HamiCore {
+    paths: HostPaths,
+}
+
+impl HamiCore {
+    /// Containers' directories go under `paths`.
+    pub fn new(paths: HostPaths) -> Self {
+        Self { paths }
+    }
+}
+
+impl Serving for HamiCore {
+    fn serve(&self, container: &Container) -> Result<Contract, Error> {
+        let contract = contract(container, &self.paths);
+        crate::install::prepare_container_dirs(&self.paths, &container.region_dir, &contract.envs)?;
+        Ok(contract)
+    }
+}
+
+/// What a hami-core container gets: its GPUs, the interposer's limits for
+/// its slices (memory per GPU, the largest SM share) under the node's
+/// settings, and the interposer's mounts. Pure.
+pub fn contract(container: &Container, paths: &HostPaths) -> Contract {
+    let memories: Vec<u64> = container.slices.iter().map(|s| s.memory_mib).collect();
+    let cores = container.slices.iter().map(|s| s.cores).max().unwrap_or(0);
+    Contract {
+        visible: container.slices.iter().map(|s| s.uuid.clone()).collect(),
+        envs: slice_env(&memories, cores, container.priority, &container.settings),
+        mounts: interposer_mounts(paths, &container.region_dir),
+        mig_instances: Vec::new(),
+    }
+}
