@@ -43,7 +43,7 @@ fn main() {
     let (projection, feeder) = Projection::new();
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
     {
-        let mut ledger = projection.write();
+        let mut ledger = feeder.write();
         for n in 0..NODES {
             let devices = (0..GPUS)
                 .map(|g| GpuDevice {
@@ -134,7 +134,7 @@ fn main() {
 fn vendors(rng: &mut Rng) {
     let (projection, feeder) = Projection::new();
     {
-        let mut ledger = projection.write();
+        let mut ledger = feeder.write();
         let mut a = 0;
         for n in 0..NODES {
             let ascend = n % 2 == 0;

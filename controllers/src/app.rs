@@ -184,6 +184,11 @@ pub fn start_loops(
 ) -> (Projection, tokio::task::JoinHandle<()>) {
     let cache = Cache::spawn(client.clone(), watches);
     let projection = Projection::spawn_on(&cache);
+    // The extender tells kube-scheduler when nodes it turned pods away
+    // from have room again.
+    if let Some(freed) = projection.take_freed_nodes() {
+        tokio::spawn(crate::extender::nudge_nodes(client.clone(), freed));
+    }
     let election = tokio::spawn(async move {
         election
             .run(client, move || {

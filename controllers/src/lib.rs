@@ -18,6 +18,7 @@ mod error;
 pub mod extender;
 pub mod leader;
 pub mod lifecycle;
+pub mod lifecycle_rules;
 pub mod metrics;
 pub mod projection;
 pub mod telemetry;

@@ -1,4 +1,7 @@
-//! What the lifecycle controllers decide: pure functions of the objects.
+//! What the lifecycle controllers decide, and the extender asks of them:
+//! pure functions of the objects, beside the engine. Neither the
+//! controllers (`lifecycle`) nor the extender owns these rules; both call
+//! them.
 
 use k8s_openapi::{
     api::core::v1::Pod,

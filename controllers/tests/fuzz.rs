@@ -262,7 +262,7 @@ fn projection(cluster: &Cluster) -> Projection {
     let (projection, feeder) = Projection::new();
     feeder.mark_all_synced();
     {
-        let mut ledger = projection.write();
+        let mut ledger = feeder.write();
         for (n, devices) in cluster.nodes.iter().enumerate() {
             let devices = devices
                 .iter()

@@ -75,6 +75,12 @@ impl Cluster {
         let extender = extender_client(&plane).await;
         let cache = Cache::spawn(client.clone(), &watches);
         let projection = Projection::spawn_on(&cache);
+        if let Some(freed) = projection.take_freed_nodes() {
+            tokio::spawn(tessera_controllers::extender::nudge_nodes(
+                client.clone(),
+                freed,
+            ));
+        }
         let config = Arc::new(config);
         let request = config.request.clone();
         tokio::spawn(async move { tessera_controllers::lifecycle::run(cache, &request).await });

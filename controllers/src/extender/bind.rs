@@ -193,10 +193,8 @@ impl Binder {
             .options
             .gpu_policy
             .unwrap_or(self.config.gpu_scheduler_policy);
-        let (placement, devices) = {
-            let mut ledger = self.projection.write();
-            ledger.remove_allocation(&key, Some(&uid));
-            let node = ledger.node(&args.node).ok_or_else(|| Error::NoLongerFits {
+        let (placement, devices) = self.projection.assume(&key, &uid, &args.node, |node| {
+            let node = node.ok_or_else(|| Error::NoLongerFits {
                 node: args.node.clone(),
                 reason: NO_GPU_NODE.into(),
             })?;
@@ -206,9 +204,9 @@ impl Binder {
                     reason: r.to_string(),
                 })?;
             let devices = node.devices.clone();
-            ledger.insert_allocation(key.clone(), live(&devices, &placement, &uid, &args.node));
-            (placement, devices)
-        };
+            let reserved = live(&devices, &placement, &uid, &args.node);
+            Ok::<_, Error>(((placement, devices), reserved))
+        })?;
 
         let spec = allocation_spec(
             args,
@@ -240,11 +238,8 @@ impl Binder {
                     .collect(),
             }),
             Err(error) => {
-                let removed = self.projection.write().remove_allocation(&key, Some(&uid));
-                if removed {
-                    // Pods turned away because of this reservation may fit now.
-                    self.projection.freed(&args.node);
-                }
+                // Pods turned away because of this reservation may fit now.
+                self.projection.forget(&key, &uid, &args.node);
                 let reason = crate::metrics::ReasonLabels {
                     reason: error.metric_label(),
                 };

@@ -257,7 +257,7 @@ impl Locker {
 
 /// Whether the lock's holder still waits for its devices on the lock's node,
 /// decided exactly as the lifecycle controller decides it
-/// ([`crate::lifecycle::lock_action`]): the holder exists with the same UID,
+/// ([`crate::lifecycle_rules::lock_action`]): the holder exists with the same UID,
 /// is not finishing, and is not bound to another node.
 pub async fn holder_needs_lock(client: &Client, lock: &NodeLock) -> Result<bool, Error> {
     let holder = &lock.spec.holder;
@@ -266,6 +266,9 @@ pub async fn holder_needs_lock(client: &Client, lock: &NodeLock) -> Result<bool,
         .get_opt(&holder.name)
         .await
         .map_err(Error::kube("reading the NodeLock holder"))?;
-    let action = crate::lifecycle::lock_action(lock, pod.as_ref(), None, Timestamp::now());
-    Ok(matches!(action, crate::lifecycle::LockAction::KeepUntil(_)))
+    let action = crate::lifecycle_rules::lock_action(lock, pod.as_ref(), None, Timestamp::now());
+    Ok(matches!(
+        action,
+        crate::lifecycle_rules::LockAction::KeepUntil(_)
+    ))
 }

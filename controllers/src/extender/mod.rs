@@ -8,6 +8,7 @@ mod bind;
 mod filter;
 mod handoff;
 mod lock;
+mod nudge;
 mod probe;
 mod seen;
 pub mod wire;
@@ -20,6 +21,7 @@ use kube::Client;
 pub use bind::{Binder, Bound};
 pub use filter::{NO_GPU_NODE, filter, prioritize};
 pub use lock::{holder_needs_lock, lock_object};
+pub use nudge::{GPU_FREED, nudge_nodes};
 use wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };

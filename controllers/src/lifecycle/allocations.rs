@@ -13,11 +13,11 @@ use kube::{
 use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation, VgpuAllocationStatus};
 use tessera_kubekit::Watched;
 
-use super::{
-    caches::{Caches, retry_cached},
-    decide::{release_reason, served_unrecorded},
+use super::caches::{Caches, retry_cached};
+use crate::{
+    Error,
+    lifecycle_rules::{release_reason, served_unrecorded},
 };
-use crate::Error;
 
 /// How soon a release that met a newer version of its allocation (the
 /// agent wrote meanwhile) is tried again, once the watch has brought it.

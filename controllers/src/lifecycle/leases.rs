@@ -14,11 +14,11 @@ use kube::{
 use tessera_api::v1alpha1::{GpuNode, GpuNodeStatus};
 use tessera_kubekit::Watched;
 
-use super::{
-    caches::RETRY,
-    decide::{LeaseVerdict, lease_lapsed_conditions, lease_verdict},
+use super::caches::RETRY;
+use crate::{
+    Error,
+    lifecycle_rules::{LeaseVerdict, lease_lapsed_conditions, lease_verdict},
 };
-use crate::Error;
 
 /// Runs the controller on `leases` (of the agents' namespace).
 pub(super) async fn run(client: Client, leases: Watched<Lease>) {

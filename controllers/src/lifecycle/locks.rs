@@ -13,11 +13,11 @@ use kube::{
 use tessera_api::v1alpha1::NodeLock;
 use tessera_kubekit::Watched;
 
-use super::{
-    caches::{Caches, retry_cached},
-    decide::{LockAction, lock_action},
+use super::caches::{Caches, retry_cached};
+use crate::{
+    Error,
+    lifecycle_rules::{LockAction, lock_action},
 };
-use crate::Error;
 
 /// Runs the controller on `locks`, woken by their holders' `pods` and by
 /// the allocations.

@@ -14,7 +14,6 @@
 mod allocations;
 mod caches;
 mod configs;
-mod decide;
 mod leases;
 mod locks;
 mod prune;
@@ -29,7 +28,7 @@ use kube::{Api, runtime::watcher};
 use tessera_api::v1alpha1::GpuNodeConfig;
 use tessera_kubekit::Watch;
 
-pub use decide::{
+pub use crate::lifecycle_rules::{
     AGENT_LEASE_EXPIRED, DEFAULT_LEASE_SECONDS, LeaseVerdict, LockAction, admitted,
     lease_lapsed_conditions, lease_verdict, lock_action, release_reason, served_unrecorded,
 };

@@ -1,5 +1,5 @@
 //! What the lifecycle controllers keep of the Pods and Nodes they watch:
-//! only the fields [`super::decide`] and the configs controller read. Every
+//! only the fields [`crate::lifecycle_rules`] and the configs controller read. Every
 //! Pod of the cluster is in the store, so a full object (specs, env,
 //! volumes, every condition) per pod is most of the controller's memory at
 //! scale; these are a few hundred bytes.
@@ -72,7 +72,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::lifecycle::decide::{admitted, lock_action, release_reason};
+    use crate::lifecycle_rules::{admitted, lock_action, release_reason};
 
     fn full_pod(phase: &str, statuses: bool) -> Pod {
         let statuses = if statuses {

@@ -4,8 +4,14 @@
 //!
 //! A restart rebuilds everything from list+watch; a relist replaces the
 //! ledger's contents wholesale. Bind writes its decision into the ledger at
-//! once ([`Projection::reserve`]), so the next Filter sees it before the
-//! watch event arrives; the event is then a no-op.
+//! once ([`Projection::assume`], undone by [`Projection::forget`]), so the
+//! next Filter sees it before the watch event arrives; the event is then a
+//! no-op. Nothing else writes the ledger but the watches ([`Feeder`]).
+//!
+//! When capacity appears on a node GPU pods were turned away from, the
+//! projection says so on a channel ([`Projection::take_freed_nodes`]); the
+//! extender, which turned them away, tells kube-scheduler
+//! (`extender::nudge_nodes`).
 //!
 //! Beside what placement needs, it keeps what the metrics report: each
 //! allocation's phase and creation time, and the node agents' Leases
@@ -30,8 +36,8 @@ use kube::{Client, runtime::watcher};
 use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
 use tokio::sync::{mpsc, watch};
 
-use crate::cache::Cache;
 pub use crate::cache::Watches;
+use crate::{cache::Cache, engine::NodeGpus};
 
 pub use agents::{AgentPods, agent_pod_down};
 pub use ages::{LockAges, LockTimes, lock_ages, oldest_age_seconds, seconds_since};
@@ -40,7 +46,7 @@ pub use leases::{AGENT_LEASE_PREFIX, AgentLease, AgentLeases, agent_node};
 pub use ledger::DRA_DOOR;
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 pub use locks::LockTable;
-pub use nudge::{GPU_FREED, Waiters, nudge_nodes};
+pub use nudge::Waiters;
 
 /// What the projection's readers and its [`Feeder`] share: the ledger, the
 /// lock and Lease tables, who waits for capacity, the agent pods and the
@@ -52,6 +58,8 @@ struct Shared {
     leases: Arc<AgentLeases>,
     waiters: Arc<Waiters>,
     nudges: Option<mpsc::UnboundedSender<String>>,
+    /// The receiving end of `nudges`, until someone takes it.
+    freed_nodes: Arc<std::sync::Mutex<Option<mpsc::UnboundedReceiver<String>>>>,
     agent_pods: Arc<std::sync::Mutex<AgentPods>>,
     phases: Phases,
 }
@@ -93,15 +101,22 @@ type Phases = Arc<std::sync::Mutex<std::collections::HashMap<AllocationKey, Allo
 
 impl Projection {
     /// A projection kept current by `spawn`'s tasks, or by hand in tests
-    /// (which then nudge no Node).
+    /// (which then report no freed node).
     pub fn new() -> (Self, Feeder) {
         Self::with_nudges(None)
     }
 
-    fn with_nudges(nudges: Option<mpsc::UnboundedSender<String>>) -> (Self, Feeder) {
+    fn with_nudges(
+        nudges: Option<(
+            mpsc::UnboundedSender<String>,
+            mpsc::UnboundedReceiver<String>,
+        )>,
+    ) -> (Self, Feeder) {
         let (tx, synced) = watch::channel(false);
+        let (nudges, freed_nodes) = nudges.unzip();
         let shared = Shared {
             nudges,
+            freed_nodes: Arc::new(std::sync::Mutex::new(freed_nodes)),
             ..Shared::default()
         };
         let feeder = Feeder {
@@ -139,12 +154,11 @@ impl Projection {
     }
 
     /// Fed by `cache`'s watches (which it shares with the lifecycle
-    /// controllers). Nodes that GPU pods were turned away from are
-    /// annotated when capacity appears on them (see [`Waiters`]).
+    /// controllers). Nodes that GPU pods were turned away from are sent on
+    /// [`Projection::take_freed_nodes`] when capacity appears on them (see
+    /// [`Waiters`]).
     pub fn spawn_on(cache: &Cache) -> Self {
-        let (nudges, nudged) = mpsc::unbounded_channel();
-        tokio::spawn(nudge_nodes(cache.client().clone(), nudged));
-        let (projection, feeder) = Self::with_nudges(Some(nudges));
+        let (projection, feeder) = Self::with_nudges(Some(mpsc::unbounded_channel()));
         let nodes = cache.gpu_nodes().events();
         tokio::spawn(feeder.clone().feed(nodes, Feeder::node_event));
         let locks = cache.locks().events();
@@ -165,9 +179,21 @@ impl Projection {
         projection
     }
 
+    /// The nodes on which capacity appeared after GPU pods were turned away
+    /// from them, once each per round of rejections, for whoever tells
+    /// kube-scheduler (`extender::nudge_nodes`); `None` once taken, or for a
+    /// projection fed by hand.
+    pub fn take_freed_nodes(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        self.shared
+            .freed_nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
     /// Capacity appeared on `node` outside the watches (Bind undid its
-    /// reservation): if pods were turned away from it, tell kube-scheduler.
-    pub fn freed(&self, node: &str) {
+    /// reservation): if pods were turned away from it, say so.
+    fn freed(&self, node: &str) {
         if self.shared.waiters.take(node)
             && let Some(nudges) = &self.shared.nudges
         {
@@ -207,12 +233,38 @@ impl Projection {
         self.shared.ledger.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Writes the ledger.
-    pub fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
+    fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
         self.shared
             .ledger
             .write()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bind's reservation, made before its writes so the next Filter
+    /// already sees it: under the ledger's write lock, drops any earlier
+    /// reservation of `key` by pod `uid`, lets `decide` place the pod on
+    /// `node` as the ledger holds it now (`None`: no GpuNode), and reserves
+    /// the allocation it returns. No other Bind decides in between.
+    pub fn assume<T, E>(
+        &self,
+        key: &AllocationKey,
+        uid: &str,
+        node: &str,
+        decide: impl FnOnce(Option<&NodeGpus>) -> Result<(T, LiveAllocation), E>,
+    ) -> Result<T, E> {
+        let mut ledger = self.write();
+        ledger.remove_allocation(key, Some(uid));
+        let (decided, allocation) = decide(ledger.node(node))?;
+        ledger.insert_allocation(key.clone(), allocation);
+        Ok(decided)
+    }
+
+    /// Undoes [`Projection::assume`] when Bind fails: the reservation goes,
+    /// and pods turned away from `node` because of it may fit now.
+    pub fn forget(&self, key: &AllocationKey, uid: &str, node: &str) {
+        if self.write().remove_allocation(key, Some(uid)) {
+            self.freed(node);
+        }
     }
 
     /// How many allocations are in each phase (`Pending` before any status).
@@ -275,7 +327,9 @@ pub struct Feeder {
 }
 
 impl Feeder {
-    fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
+    /// Writes the ledger: the watches' events, or a caller that fills it by
+    /// hand (tests, benchmarks; see [`Feeder::mark_all_synced`]).
+    pub fn write(&self) -> RwLockWriteGuard<'_, Ledger> {
         self.shared
             .ledger
             .write()
