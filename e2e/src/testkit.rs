@@ -9,6 +9,7 @@ use std::{
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{Api, Client, api::ListParams};
 use serde_json::{Value, json};
+use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation};
 
 use crate::images;
 
@@ -92,6 +93,26 @@ pub async fn wait_for<T>(
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// Waits up to `limit` for the VgpuAllocation `namespace/name` to be
+/// Allocated (its containers served); returns it.
+pub async fn allocated(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    limit: Duration,
+) -> VgpuAllocation {
+    let api = Api::<VgpuAllocation>::namespaced(client.clone(), namespace);
+    wait_for(
+        &format!("{namespace}/{name} Allocated"),
+        limit,
+        async || {
+            let allocation = api.get_opt(name).await.ok()??;
+            (allocation.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(allocation)
+        },
+    )
+    .await
 }
 
 /// The message of the scheduler's latest `FailedScheduling` event for the

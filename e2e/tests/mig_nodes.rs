@@ -33,7 +33,7 @@ use kube::{
 use serde_json::json;
 use tessera_api::{
     mig,
-    v1alpha1::{AllocationPhase, GpuNode, GpuNodeConfig, MigInstance, VgpuAllocation},
+    v1alpha1::{GpuNode, GpuNodeConfig, MigInstance, VgpuAllocation},
 };
 use tessera_e2e::testkit::{self, phase, skip_real_nodes};
 use tessera_e2e::{
@@ -79,14 +79,7 @@ fn dynamic_mig_example(name: &str, gpus: u32, memory: u64) -> Pod {
 /// VgpuAllocation, owned by the pod, Allocated with the instance served to
 /// the container, and the GpuNode naming it as the instance's holder.
 async fn static_record(client: &Client, name: &str, instance: &str) {
-    let allocation = wait_for(&format!("{name}'s record in the ledger"), async || {
-        let record = Api::<VgpuAllocation>::namespaced(client.clone(), "default")
-            .get_opt(name)
-            .await
-            .ok()??;
-        (record.status.as_ref()?.phase == Some(AllocationPhase::Allocated)).then_some(record)
-    })
-    .await;
+    let allocation = testkit::allocated(client, "default", name, WAIT).await;
     let owner = &allocation.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Pod", name));
     let served = &allocation.status.as_ref().unwrap().mig_instances;

@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::PostParams, core::DynamicObject, discovery::ApiResource};
-use tessera_api::v1alpha1::{AllocationPhase, FrontDoor, GpuNode, VgpuAllocation};
+use tessera_api::v1alpha1::{FrontDoor, GpuNode};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
     node::FakeGpu,
-    testkit::{gpu_pod, number, section, skip_real_nodes, wait_for},
+    testkit::{self, gpu_pod, number, section, skip_real_nodes, wait_for},
     tools,
 };
 
@@ -101,13 +101,6 @@ async fn the_chart_serves_a_gpu_pod_on_the_oldest_kubernetes_the_docs_claim() {
         1024 * MIB,
         "{out}"
     );
-    let allocation = wait_for("sliced Allocated", LIMIT, async || {
-        let a = Api::<VgpuAllocation>::namespaced(client.clone(), "default")
-            .get_opt("sliced")
-            .await
-            .ok()??;
-        (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
-    })
-    .await;
+    let allocation = testkit::allocated(&client, "default", "sliced", LIMIT).await;
     assert_eq!(allocation.spec.node_name, "old-node");
 }

@@ -22,7 +22,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 use std::time::Duration;
-use tessera_api::v1alpha1::{AllocationPhase, GpuNode, VgpuAllocation};
+use tessera_api::v1alpha1::{GpuNode, VgpuAllocation};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -33,7 +33,9 @@ use tessera_e2e::{
         metax_c500, metax_gpus, mthreads_s4000, neuron_devices,
     },
     node::FakeGpu,
-    testkit::{gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for},
+    testkit::{
+        self, gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for,
+    },
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -62,11 +64,7 @@ async fn logs_when_done(cluster: &LocalCluster, name: &str) -> String {
 
 /// Waits for `name`'s allocation to be Allocated (served by its plugin).
 async fn allocated(client: &Client, name: &str) -> VgpuAllocation {
-    wait_for(&format!("{name} Allocated"), LIMIT, async || {
-        let a = allocation(client, name).await;
-        (a.status.as_ref()?.phase? == AllocationPhase::Allocated).then_some(a)
-    })
-    .await
+    testkit::allocated(client, "default", name, LIMIT).await
 }
 
 /// Waits for `node`'s GpuNode to list `count` devices of `family`; returns
@@ -184,13 +182,6 @@ fn vendor_node(name: &str, vendor: Vendor, devices: Vec<MockDevice>) -> NodeGpus
         vendor: Some((vendor, devices)),
         ..Default::default()
     }
-}
-
-async fn allocation(client: &Client, name: &str) -> VgpuAllocation {
-    Api::<VgpuAllocation>::namespaced(client.clone(), "default")
-        .get(name)
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
