@@ -134,7 +134,7 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
     let webhook = serve_webhook(
         webhook,
         crate::webhook::certificate::CertificateFiles::new(tls_cert_file, tls_key_file),
-        Webhook::new(config.clone(), projection.clone(), metrics.clone()),
+        Webhook::new(config.clone(), projection.clone(), metrics.webhook.clone()),
     );
     let extender = TcpListener::bind(extender_addr)
         .await
@@ -214,7 +214,8 @@ pub async fn serve_extender(
     config: Arc<Config>,
     metrics: Arc<Metrics>,
 ) -> Result<(), Error> {
-    let router = Extender::new(client, projection, config, metrics).router();
+    let extender = Extender::new(client, projection, config, metrics.extender.clone());
+    let router = extender.router().merge(metrics.router());
     axum::serve(listener, router)
         .await
         .map_err(Error::serve("serving the extender"))

@@ -86,7 +86,7 @@ async fn setup(wait_millis: u64) -> Setup {
         counting_client(&cluster.plane, creates.clone(), reads.clone()).await,
         cluster.projection.clone(),
         Arc::new(config),
-        Metrics::new(cluster.projection.clone()),
+        Metrics::new(cluster.projection.clone()).extender.clone(),
     );
     creates.store(0, Ordering::SeqCst);
     Setup {

@@ -412,8 +412,12 @@ fn fuzz_admission_review() {
                 allow_enforcement_env: allow_env,
                 ..Config::default()
             };
-            let router =
-                Webhook::new(Arc::new(config.clone()), projection.clone(), metrics).router();
+            let router = Webhook::new(
+                Arc::new(config.clone()),
+                projection.clone(),
+                metrics.webhook.clone(),
+            )
+            .router();
             let bytes = match &body {
                 ReviewBody::Review(v) | ReviewBody::WrongType(v, _) => v.to_string().into_bytes(),
                 ReviewBody::Bytes(b) => b.clone(),

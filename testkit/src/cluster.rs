@@ -103,7 +103,7 @@ impl Cluster {
         let webhook_port = webhook.local_addr().unwrap().port();
         let pki = plane.pki();
         let files = CertificateFiles::new(&pki.serving_cert, &pki.serving_key);
-        let handler = Webhook::new(config, projection.clone(), metrics);
+        let handler = Webhook::new(config, projection.clone(), metrics.webhook.clone());
         tokio::spawn(async move {
             if let Err(error) = serve_webhook(webhook, files, handler).await {
                 panic!("webhook stopped: {error:#}");

@@ -49,7 +49,7 @@ pub struct Binder {
     locker: lock::Locker,
     seen: std::sync::Arc<super::seen::SeenPods>,
     config: std::sync::Arc<Config>,
-    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    metrics: super::metrics::ExtenderMetrics,
     /// Whether the API server serves `spec.nodeName` as a field selector on
     /// VgpuAllocations (Kubernetes 1.31 and later); cleared at its first
     /// refusal, after which the recheck lists them all and keeps the node's.
@@ -66,7 +66,7 @@ impl Binder {
         client: Client,
         projection: Projection,
         config: std::sync::Arc<Config>,
-        metrics: std::sync::Arc<crate::metrics::Metrics>,
+        metrics: super::metrics::ExtenderMetrics,
     ) -> Self {
         let locker = lock::Locker::new(client.clone(), projection.locks());
         Self {
@@ -240,10 +240,7 @@ impl Binder {
             Err(error) => {
                 // Pods turned away because of this reservation may fit now.
                 self.projection.forget(&key, &uid, &args.node);
-                let reason = crate::metrics::ReasonLabels {
-                    reason: error.metric_label(),
-                };
-                self.metrics.bind_rollbacks.get_or_create(&reason).inc();
+                self.metrics.rolled_back(error.metric_label());
                 Err(error)
             }
         }

@@ -1,13 +1,15 @@
 //! The kube-scheduler extender over HTTP: `POST /filter`, `/prioritize`, `/bind`.
 //!
 //! Every verb answers 200 with the extender's JSON; errors travel in the
-//! `Error` field, as kube-scheduler expects. `/metrics`, `/healthz` and
-//! `/readyz` are served beside them (also on `--metrics-addr`).
+//! `Error` field, as kube-scheduler expects. The extender's metrics are its
+//! own ([`ExtenderMetrics`]); the app serves `/metrics`, `/healthz` and
+//! `/readyz` beside the verbs (and on `--metrics-addr`).
 
 mod bind;
 mod filter;
 mod handoff;
 mod lock;
+mod metrics;
 mod nudge;
 mod probe;
 mod seen;
@@ -21,16 +23,13 @@ use kube::Client;
 pub use bind::{Binder, Bound};
 pub use filter::{NO_GPU_NODE, filter, prioritize};
 pub use lock::{holder_needs_lock, lock_object};
+pub use metrics::{ExtenderMetrics, ReasonLabels, VerbLabels};
 pub use nudge::{GPU_FREED, nudge_nodes};
 use wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
 
-use crate::{
-    config::Config,
-    metrics::{Metrics, VerbLabels},
-    projection::Projection,
-};
+use crate::{config::Config, projection::Projection};
 
 /// How long Filter waits for the first lists of a starting replica.
 const LOADING_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -41,7 +40,7 @@ pub struct Extender {
     projection: Projection,
     config: Arc<Config>,
     binder: Binder,
-    metrics: Arc<Metrics>,
+    metrics: ExtenderMetrics,
 }
 
 impl Extender {
@@ -50,7 +49,7 @@ impl Extender {
         client: Client,
         projection: Projection,
         config: Arc<Config>,
-        metrics: Arc<Metrics>,
+        metrics: ExtenderMetrics,
     ) -> Self {
         let binder = Binder::new(client, projection.clone(), config.clone(), metrics.clone());
         Self {
@@ -61,27 +60,18 @@ impl Extender {
         }
     }
 
-    /// The three verbs, and [`Metrics::router`]'s `/metrics`, `/healthz`
-    /// and `/readyz`.
+    /// The three verbs.
     pub fn router(self) -> Router {
-        let metrics = self.metrics.clone().router();
         Router::new()
             .route("/filter", post(filter_handler))
             .route("/prioritize", post(prioritize_handler))
             .route("/bind", post(bind_handler))
             .with_state(self)
-            .merge(metrics)
     }
 
     fn observe(&self, verb: &'static str, ok: bool, started: Instant) {
-        let labels = VerbLabels {
-            verb,
-            outcome: if ok { "ok" } else { "error" },
-        };
         self.metrics
-            .verb_seconds
-            .get_or_create(&labels)
-            .observe(started.elapsed().as_secs_f64());
+            .observe(verb, ok, started.elapsed().as_secs_f64());
     }
 }
 

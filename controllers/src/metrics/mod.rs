@@ -1,41 +1,16 @@
 //! Prometheus metrics of the controller (prometheus-client), served at
 //! `/metrics` beside `/healthz` and `/readyz` (see [`endpoints`]).
 //!
-//! Counters and histograms are updated as requests happen; the gauges are
-//! set at scrape time from the projection (nodes, allocations, NodeLocks,
-//! agent Leases), so they are never older than the watches. Every replica
+//! Each component defines and registers its own counters and histograms,
+//! updated as requests happen (`extender::ExtenderMetrics`,
+//! `webhook::WebhookMetrics`); [`Metrics`] holds the registry, those, and
+//! the projection's gauges, which are set at scrape time from the
+//! projection (nodes, allocations, NodeLocks, agent Leases), so they are
+//! never older than the watches. Every replica
 //! exports the gauges from its own watches: aggregate them with `max` or
 //! `min`, not `sum`. docs/configuration.md lists every metric.
 
 mod endpoints;
-
-/// How the admission webhook answered a review (the `outcome` label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WebhookOutcome {
-    /// Admitted unchanged (not a GPU pod).
-    Allowed,
-    /// A GPU pod admitted with a patch (defaults, scheduler).
-    Mutated,
-    /// Refused: the pod's GPU request breaks a rule.
-    Denied,
-    /// The review could not be answered (unreadable, or no patch could be made).
-    Error,
-}
-
-impl WebhookOutcome {
-    /// Every outcome, so the counter of each starts at zero.
-    pub const ALL: [Self; 4] = [Self::Allowed, Self::Mutated, Self::Denied, Self::Error];
-
-    /// The `outcome` label of `tessera_webhook_requests_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::Mutated => "mutated",
-            Self::Denied => "denied",
-            Self::Error => "error",
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests;
@@ -45,27 +20,15 @@ use std::sync::{Arc, Mutex, atomic::AtomicU64};
 use k8s_openapi::jiff::Timestamp;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    metrics::{family::Family, gauge::Gauge},
     registry::Registry,
 };
 
-use crate::projection::{Projection, seconds_since};
-
-/// Labels of a verb's latency.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VerbLabels {
-    /// `filter`, `prioritize` or `bind`.
-    pub verb: &'static str,
-    /// `ok` or `error`.
-    pub outcome: &'static str,
-}
-
-/// Labels of a failed bind.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    /// Why: `lock_busy`, `no_longer_fits`, `stale`, `invalid_request`, `api`, `config`.
-    pub reason: &'static str,
-}
+use crate::{
+    extender::ExtenderMetrics,
+    projection::{Projection, seconds_since},
+    webhook::WebhookMetrics,
+};
 
 /// Labels of allocation counts.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,19 +44,8 @@ pub struct NodeLabels {
     pub node: String,
 }
 
-/// Labels of an admission review's result.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    /// `allowed`, `mutated`, `denied` or `error` (see [`WebhookOutcome`]).
-    pub outcome: &'static str,
-}
-
 /// A gauge of seconds.
 type Seconds = Gauge<f64, AtomicU64>;
-
-/// The extender's verbs and their outcomes, exported from the start.
-const VERBS: [&str; 3] = ["filter", "prioritize", "bind"];
-const VERB_OUTCOMES: [&str; 2] = ["ok", "error"];
 
 /// The allocation phases, each exported (0 when none is in it).
 const PHASES: [&str; 5] = ["Pending", "Bound", "Allocated", "Released", "Failed"];
@@ -102,14 +54,10 @@ const PHASES: [&str; 5] = ["Pending", "Bound", "Allocated", "Released", "Failed"
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
-    /// Seconds per extender call.
-    pub verb_seconds: Family<VerbLabels, Histogram>,
-    /// Seconds Bind spent waiting for another pod's NodeLock.
-    pub lock_wait_seconds: Histogram,
-    /// Binds that failed and were rolled back, by reason.
-    pub bind_rollbacks: Family<ReasonLabels, Counter>,
-    /// Admission reviews answered, by outcome.
-    pub webhook_requests: Family<OutcomeLabels, Counter>,
+    /// The extender's, registered by it.
+    pub extender: ExtenderMetrics,
+    /// The webhook's, registered by it.
+    pub webhook: WebhookMetrics,
     /// Allocations by phase, from the projection (set at scrape time).
     pub allocations: Family<PhaseLabels, Gauge>,
     /// GPU nodes known to the projection (set at scrape time).
@@ -131,44 +79,13 @@ pub struct Metrics {
     projection: Projection,
 }
 
-fn latency_buckets() -> impl Iterator<Item = f64> {
-    [
-        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-        5.0, 10.0, 30.0,
-    ]
-    .into_iter()
-}
-
 impl Metrics {
-    /// Registers every metric under the `tessera_` prefix.
+    /// Registers every metric under the `tessera_` prefix: each
+    /// component's, then the projection's gauges.
     pub fn new(projection: Projection) -> Arc<Self> {
         let mut registry = Registry::with_prefix("tessera");
-        let verb_seconds = Family::<VerbLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(latency_buckets())
-        });
-        registry.register(
-            "extender_request_duration_seconds",
-            "Latency of kube-scheduler extender calls",
-            verb_seconds.clone(),
-        );
-        let lock_wait_seconds = Histogram::new(latency_buckets());
-        registry.register(
-            "bind_lock_wait_duration_seconds",
-            "Time Bind waited for a node's NodeLock",
-            lock_wait_seconds.clone(),
-        );
-        let bind_rollbacks = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "bind_rollbacks",
-            "Binds that failed and were undone, by reason",
-            bind_rollbacks.clone(),
-        );
-        let webhook_requests = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "webhook_requests",
-            "Admission reviews answered by the webhook, by outcome",
-            webhook_requests.clone(),
-        );
+        let extender = ExtenderMetrics::register(&mut registry);
+        let webhook = WebhookMetrics::register(&mut registry);
         let allocations = Family::<PhaseLabels, Gauge>::default();
         registry.register(
             "allocations",
@@ -215,27 +132,10 @@ impl Metrics {
             "Seconds since the oldest NodeLock was taken (0 without locks)",
             node_lock_oldest.clone(),
         );
-        // Every label value known in advance starts at zero, so a series
-        // exists (and rate() sees its first increase) before anything happened.
-        for verb in VERBS {
-            for outcome in VERB_OUTCOMES {
-                verb_seconds.get_or_create_owned(&VerbLabels { verb, outcome });
-            }
-        }
-        for reason in crate::Error::METRIC_LABELS {
-            bind_rollbacks.get_or_create_owned(&ReasonLabels { reason });
-        }
-        for outcome in WebhookOutcome::ALL {
-            webhook_requests.get_or_create_owned(&OutcomeLabels {
-                outcome: outcome.label(),
-            });
-        }
         Arc::new(Self {
             registry: Mutex::new(registry),
-            verb_seconds,
-            lock_wait_seconds,
-            bind_rollbacks,
-            webhook_requests,
+            extender,
+            webhook,
             allocations,
             gpu_nodes,
             gpu_node_ready,
@@ -315,12 +215,5 @@ impl Metrics {
         self.node_locks.set(count(locks.count));
         self.node_locks_expired.set(count(locks.expired));
         self.node_lock_oldest.set(locks.oldest_age_seconds);
-    }
-
-    /// Counts one admission review by its outcome label.
-    pub fn count_review(&self, outcome: &'static str) {
-        self.webhook_requests
-            .get_or_create(&OutcomeLabels { outcome })
-            .inc();
     }
 }

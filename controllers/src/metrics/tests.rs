@@ -267,9 +267,9 @@ fn webhook_reviews_are_counted_by_outcome() {
             "tessera_webhook_requests_total{outcome=\"error\"} 0",
         ],
     );
-    metrics.count_review("mutated");
-    metrics.count_review("mutated");
-    metrics.count_review("error");
+    metrics.webhook.count(crate::webhook::Outcome::Mutated);
+    metrics.webhook.count(crate::webhook::Outcome::Mutated);
+    metrics.webhook.count(crate::webhook::Outcome::Error);
     assert_lines(
         &render(&metrics),
         &[

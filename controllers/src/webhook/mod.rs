@@ -9,6 +9,7 @@
 //! are rotated.
 
 pub mod certificate;
+mod metrics;
 mod mutate;
 mod vendors;
 
@@ -23,8 +24,9 @@ use kube::core::{
 
 pub use mutate::{DEFAULT_SCHEDULER, Verdict, mutate};
 
-pub use crate::metrics::WebhookOutcome as Outcome;
-use crate::{Error, config::Config, metrics::Metrics, projection::Projection};
+pub use metrics::{Outcome, OutcomeLabels, WebhookMetrics};
+
+use crate::{Error, config::Config, projection::Projection};
 use certificate::CertificateFiles;
 
 /// What the webhook handler needs.
@@ -32,13 +34,13 @@ use certificate::CertificateFiles;
 pub struct Webhook {
     config: Arc<Config>,
     projection: Projection,
-    metrics: Arc<Metrics>,
+    metrics: WebhookMetrics,
 }
 
 impl Webhook {
     /// A webhook using the projection to know the largest GPU in the
     /// cluster, counting its answers in `metrics`.
-    pub fn new(config: Arc<Config>, projection: Projection, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: Arc<Config>, projection: Projection, metrics: WebhookMetrics) -> Self {
         Self {
             config,
             projection,
@@ -56,14 +58,14 @@ impl Webhook {
     /// Answers one review, counting the answer.
     pub fn review(&self, review: AdmissionReview<Pod>) -> AdmissionReview<DynamicObject> {
         let (outcome, answer) = self.answer(review);
-        self.metrics.count_review(outcome.label());
+        self.metrics.count(outcome);
         answer
     }
 
     /// Answers a request body that is not a readable AdmissionReview.
     fn unreadable(&self, error: &str) -> AdmissionReview<DynamicObject> {
         tracing::warn!(%error, "unreadable admission review");
-        self.metrics.count_review(Outcome::Error.label());
+        self.metrics.count(Outcome::Error);
         AdmissionResponse::invalid(format!("unreadable AdmissionReview: {error}")).into_review()
     }
 

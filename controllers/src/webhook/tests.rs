@@ -4,14 +4,18 @@ use axum::{body::Body, http::Request};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use prometheus_client::{encoding::text::encode, registry::Registry};
+
 use super::*;
 
-fn webhook() -> (Webhook, Arc<Metrics>) {
+/// A webhook whose metrics are registered in the returned registry.
+fn webhook() -> (Webhook, Registry) {
     let (projection, _feeder) = Projection::new();
-    let metrics = Metrics::new(projection.clone());
+    let mut registry = Registry::with_prefix("tessera");
+    let metrics = WebhookMetrics::register(&mut registry);
     (
-        Webhook::new(Arc::new(Config::default()), projection, metrics.clone()),
-        metrics,
+        Webhook::new(Arc::new(Config::default()), projection, metrics),
+        registry,
     )
 }
 
@@ -35,11 +39,11 @@ fn review_of(limits: Value) -> AdmissionReview<Pod> {
     .unwrap()
 }
 
-fn count(metrics: &Metrics, outcome: &str) -> Option<String> {
+fn count(registry: &Registry, outcome: &str) -> Option<String> {
     let needle = format!("tessera_webhook_requests_total{{outcome=\"{outcome}\"}} ");
-    metrics
-        .render()
-        .lines()
+    let mut text = String::new();
+    encode(&mut text, registry).unwrap();
+    text.lines()
         .find_map(|l| l.strip_prefix(&needle).map(str::to_owned))
 }
 

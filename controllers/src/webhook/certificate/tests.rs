@@ -11,7 +11,11 @@ use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use tessera_e2e::pki::Pki;
 
 use super::*;
-use crate::{config::Config, metrics::Metrics, projection::Projection, webhook::Webhook};
+use crate::{
+    config::Config,
+    projection::Projection,
+    webhook::{Webhook, WebhookMetrics},
+};
 
 /// A directory removed when the test ends.
 struct Scratch(PathBuf);
@@ -120,7 +124,7 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_refused() {
     let webhook = Webhook::new(
         Arc::new(Config::default()),
         projection.clone(),
-        Metrics::new(projection),
+        WebhookMetrics::unregistered(),
     );
     let watched =
         CertificateFiles::new(&files.0, &files.1).checked_every(Duration::from_millis(50));
