@@ -109,7 +109,12 @@ impl MpsManager {
             // Clients create their segments here, as in any /dev/shm.
             create_dir(&daemon.shm_dir, 0o1777)?;
             self.control.start(&daemon)?;
-            wait_until_answers(self.control.as_ref(), &daemon)?;
+            answers_within(self.control.as_ref(), &daemon, START_WAIT).map_err(|error| {
+                Error::Mps(format!(
+                    "the MPS control daemon of {uuid} does not answer {} s after starting: {error}",
+                    START_WAIT.as_secs()
+                ))
+            })?;
             tracing::info!(gpu = %uuid, pipe = %daemon.pipe_dir.display(), "MPS control daemon started");
         }
         self.lock().insert(uuid.to_owned());
@@ -120,19 +125,13 @@ impl MpsManager {
     /// host to start it; the agent never starts one itself.
     pub fn answering(&self, uuid: &str, wait: Duration) -> Result<MpsDaemon, Error> {
         let daemon = self.daemon(uuid)?;
-        let deadline = std::time::Instant::now() + wait;
-        loop {
-            match self.control.command(&daemon, "get_server_list") {
-                Ok(_) => return Ok(daemon),
-                Err(error) if std::time::Instant::now() >= deadline => {
-                    return Err(Error::Mps(format!(
-                        "the MPS control daemon of GPU {uuid} does not answer after {} s (the MPS host, `tessera-node-agent mps-daemons`, runs it; is its pod running on this node?): {error}",
-                        wait.as_secs()
-                    )));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(200)),
-            }
-        }
+        answers_within(self.control.as_ref(), &daemon, wait).map_err(|error| {
+            Error::Mps(format!(
+                "the MPS control daemon of GPU {uuid} does not answer after {} s (the MPS host, `tessera-node-agent mps-daemons`, runs it; is its pod running on this node?): {error}",
+                wait.as_secs()
+            ))
+        })?;
+        Ok(daemon)
     }
 
     /// One pass: a daemon for every GPU in `wanted`; `quit` for the
@@ -186,21 +185,24 @@ fn create_dir(dir: &Path, mode: u32) -> Result<(), Error> {
         .map_err(Error::io(format!("setting the mode of {}", dir.display())))
 }
 
-/// A started daemon takes a moment to open its pipes.
-fn wait_until_answers(control: &dyn MpsControl, daemon: &MpsDaemon) -> Result<(), Error> {
-    let mut last = None;
-    for _ in 0..50 {
+/// How long a daemon just started may take to open its pipes.
+const START_WAIT: Duration = Duration::from_secs(5);
+
+/// Asks the daemon `get_server_list` every 100 ms until it answers, for at
+/// most `wait` (at least once); the last error otherwise.
+fn answers_within(
+    control: &dyn MpsControl,
+    daemon: &MpsDaemon,
+    wait: Duration,
+) -> Result<(), Error> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
         match control.command(daemon, "get_server_list") {
             Ok(_) => return Ok(()),
-            Err(error) => last = Some(error),
+            Err(error) if std::time::Instant::now() >= deadline => return Err(error),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
-    Err(Error::Mps(format!(
-        "the MPS control daemon of {} does not answer 5 s after starting: {}",
-        daemon.uuid,
-        last.map(|e| e.to_string()).unwrap_or_default()
-    )))
 }
 
 /// The GPUs that get a daemon: on an MPS node, the healthy ones it offers.
