@@ -16,6 +16,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "kube")]
+pub mod cordon;
 pub mod env;
 mod error;
 pub mod names;

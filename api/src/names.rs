@@ -52,8 +52,15 @@ pub mod annotations {
     pub const NUMA_BIND: &str = "nvidia.com/numa-bind";
     /// `hami-core`, `mig` or `mps`: the sharing mode the GPU must run in.
     pub const VGPU_MODE: &str = "nvidia.com/vgpu-mode";
-    /// `binpack` or `spread`: how GPUs are chosen within a node.
+    /// A comma list of `binpack` or `spread` (how GPUs are chosen within a
+    /// node) and `mutex` (idle GPUs only, kept to the pod alone).
     pub const GPU_SCHEDULER_POLICY: &str = "hami.io/gpu-scheduler-policy";
+    /// `slot=A,core=B,memory=C`: how much each of a GPU's slice, core and
+    /// memory fractions weighs when GPUs within a node are ordered.
+    pub const DEVICE_SCORING_WEIGHTS: &str = "hami.io/device-scoring-weights";
+    /// Node annotation: comma list of device UUIDs that take no new pod;
+    /// pods already on them are untouched.
+    pub const DEVICE_CORDON: &str = "hami.io/device-cordon";
     /// `binpack` or `spread`: how nodes are ranked.
     pub const NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
 }

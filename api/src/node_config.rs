@@ -25,6 +25,8 @@ pub struct Resolved {
     pub applied: Vec<String>,
     /// Keys that equal-priority configs set to different values.
     pub conflicts: Vec<ConfigConflict>,
+    /// The config whose `cordonDevices` the settings hold, if any.
+    pub cordoned_by: Option<String>,
 }
 
 impl GpuNodeConfig {
@@ -92,6 +94,9 @@ pub fn resolve(
         filter_devices: p
             .get("filterDevices", |s| s.filter_devices.clone())
             .unwrap_or_else(|| d.filter_devices.clone()),
+        cordon_devices: p
+            .get("cordonDevices", |s| s.cordon_devices.clone())
+            .unwrap_or_else(|| d.cordon_devices.clone()),
         front_door: p.get("frontDoor", |s| s.front_door).unwrap_or(d.front_door),
         lib_cuda_log_level: p
             .get("libCudaLogLevel", |s| s.lib_cuda_log_level)
@@ -100,10 +105,15 @@ pub fn resolve(
             .get("gpuCorePolicy", |s| s.gpu_core_policy)
             .unwrap_or(d.gpu_core_policy),
     };
+    let cordoned_by = ordered
+        .iter()
+        .find(|c| c.spec.cordon_devices.is_some())
+        .map(|c| c.name().to_owned());
     Resolved {
         settings,
         applied: ordered.iter().rev().map(|c| c.name().to_owned()).collect(),
         conflicts: p.conflicts,
+        cordoned_by,
     }
 }
 
@@ -337,5 +347,32 @@ mod tests {
         );
         assert_eq!(untouched.settings, NodeSettings::default());
         assert!(untouched.applied.is_empty() && untouched.conflicts.is_empty());
+    }
+
+    #[test]
+    fn the_cordon_of_the_highest_precedence_config_holds_and_names_it() {
+        let configs = [
+            config(
+                "fleet",
+                json!({"nodeSelector": {}, "cordonDevices": {"indexes": [0]}}),
+            ),
+            config(
+                "repair",
+                json!({"nodeNames": ["gpu-7"], "priority": 5, "cordonDevices": {"uuids": ["GPU-bad"]}}),
+            ),
+        ];
+        let got = resolve("gpu-7", &labels(&[]), &NodeSettings::default(), &configs);
+        assert_eq!(got.settings.cordon_devices.uuids, ["GPU-bad"]);
+        assert!(got.settings.cordon_devices.indexes.is_empty());
+        assert_eq!(got.cordoned_by.as_deref(), Some("repair"));
+        assert!(got.settings.cordon_devices.picks("GPU-bad", 3));
+        assert!(!got.settings.cordon_devices.picks("GPU-ok", 0));
+
+        let fleet = resolve("gpu-1", &labels(&[]), &NodeSettings::default(), &configs);
+        assert!(fleet.settings.cordon_devices.picks("GPU-any", 0));
+        assert_eq!(fleet.cordoned_by.as_deref(), Some("fleet"));
+
+        let none = resolve("gpu-1", &labels(&[]), &NodeSettings::default(), &[]);
+        assert!(none.settings.cordon_devices.is_empty() && none.cordoned_by.is_none());
     }
 }

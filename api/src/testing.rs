@@ -38,6 +38,7 @@ pub const MODEL: &str = "NVIDIA A100-SXM4-80GB";
 /// A slice of device `uuid` (index `index`, model [`MODEL`]).
 pub fn slice(uuid: &str, index: u32, memory_mib: u64, cores: u32) -> DeviceSlice {
     DeviceSlice {
+        mutex: false,
         family: Default::default(),
         template: None,
         uuid: uuid.into(),
@@ -173,6 +174,7 @@ impl AllocationBuilder {
 /// all of its memory and 100 % cores offered, split 10 ways, hami-core.
 pub fn gpu(index: u32, model: &str, memory_mib: u64) -> GpuDevice {
     GpuDevice {
+        cordoned_by: None,
         family: Default::default(),
         network_id: None,
         uuid: format!("GPU-{index}"),

@@ -75,6 +75,7 @@ async fn one(
     }
     let pod = pods::create(pods_api, &pod).await?;
     let slice = DeviceSlice {
+        mutex: false,
         family: Default::default(),
         template: None,
         uuid: fleet::gpu_uuid(n, g),

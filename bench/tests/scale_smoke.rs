@@ -131,6 +131,7 @@ async fn one_hundred_simulated_nodes() {
         .await
         .unwrap();
     let slice = DeviceSlice {
+        mutex: false,
         family: Default::default(),
         template: None,
         uuid: "GPU-00000000-0000-0000-0000-00000000dead".into(),

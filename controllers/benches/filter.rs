@@ -47,6 +47,7 @@ fn main() {
         for n in 0..NODES {
             let devices = (0..GPUS)
                 .map(|g| GpuDevice {
+                    cordoned: false,
                     family: Default::default(),
                     network_id: None,
                     uuid: format!("GPU-{n:05}-{g}"),
@@ -81,6 +82,7 @@ fn main() {
                     pod_uid: format!("uid-{a}"),
                     node: format!("node-{node:05}"),
                     slices: vec![UuidSlice {
+                        mutex: false,
                         uuid: format!("GPU-{node:05}-{gpu}"),
                         memory_mib: 81_920 * percent / 100,
                         cores: percent as u32,
@@ -140,6 +142,7 @@ fn vendors(rng: &mut Rng) {
             let ascend = n % 2 == 0;
             let devices: Vec<GpuDevice> = (0..GPUS)
                 .map(|g| GpuDevice {
+                    cordoned: false,
                     family: if ascend {
                         DeviceFamily::Ascend
                     } else {
@@ -175,6 +178,7 @@ fn vendors(rng: &mut Rng) {
                             pod_uid: format!("vendor-uid-{a}"),
                             node: format!("node-{n:05}"),
                             slices: vec![UuidSlice {
+                                mutex: false,
                                 uuid: device.uuid.clone(),
                                 memory_mib: device.memory_mib,
                                 cores: 100,

@@ -269,6 +269,7 @@ fn projection(cluster: &Cluster) -> Projection {
                 .enumerate()
                 .map(
                     |(g, &(memory_mib, cores, split_count, healthy, numa_node))| GpuDevice {
+                        cordoned: false,
                         family: Default::default(),
                         network_id: None,
                         uuid: format!("GPU-n{n}-{g}"),
@@ -300,6 +301,7 @@ fn projection(cluster: &Cluster) -> Projection {
                     pod_uid: format!("uid-{i}"),
                     node: format!("n{node}"),
                     slices: vec![UuidSlice {
+                        mutex: false,
                         uuid: format!("GPU-n{node}-{gpu}"),
                         memory_mib,
                         cores,

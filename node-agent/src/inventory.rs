@@ -1,8 +1,9 @@
 //! What the node offers: the backend's GPUs under the node's resolved
-//! settings, recomputed whenever the GPUs, the Node's labels or any
+//! settings, cordoned as the Node's `hami.io/device-cordon` and the configs'
+//! `cordonDevices` say, recomputed whenever the GPUs, the Node or any
 //! GpuNodeConfig change, without a restart.
 
-use tessera_api::{node_config::resolve, v1alpha1::NodeSettings};
+use tessera_api::{cordon, node_config::resolve, v1alpha1::NodeSettings};
 use tokio::sync::watch;
 
 use crate::{backend::PhysicalGpu, settings::offered, view::NodeView};
@@ -22,15 +23,19 @@ pub async fn track(
 ) -> watch::Receiver<Offer> {
     view.ready().await;
     let compute = move |view: &NodeView, physical: &[PhysicalGpu]| {
-        let labels = view
-            .node_object()
-            .and_then(|n| n.metadata.labels)
-            .unwrap_or_default();
+        let node = view.node_object().map(|n| n.metadata).unwrap_or_default();
+        let labels = node.labels.unwrap_or_default();
         let mut resolved = resolve(view.node(), &labels, &defaults, &view.configs());
         let (door, unserved_dra) = crate::door::servable(resolved.settings.front_door, dra);
         resolved.settings.front_door = door;
         let holders = crate::holders::holders(&view.allocations());
-        let devices = offered(physical, &resolved.settings, &holders);
+        let mut devices = offered(physical, &resolved.settings, &holders);
+        cordon::mark(
+            &mut devices,
+            node.annotations.as_ref(),
+            &resolved.settings.cordon_devices,
+            resolved.cordoned_by.as_deref(),
+        );
         (Offer { resolved, devices }, unserved_dra)
     };
     let warn_dra = |unserved: bool| {

@@ -25,6 +25,7 @@ pub fn offered(
         .filter(|d| !filter.uuids.contains(&d.uuid) && !filter.indexes.contains(&d.index))
         .flat_map(|d| {
             let whole = GpuDevice {
+                cordoned_by: None,
                 family: Default::default(),
                 network_id: None,
                 uuid: d.uuid.clone(),

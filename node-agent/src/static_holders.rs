@@ -121,6 +121,7 @@ fn slice(gpu: &GpuDevice, instance: &MigInstance) -> DeviceSlice {
         })
         .unwrap_or(100);
     DeviceSlice {
+        mutex: false,
         core_indexes: Vec::new(),
         family: gpu.family,
         template: None,

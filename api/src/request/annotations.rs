@@ -6,6 +6,8 @@ use crate::Violation;
 use crate::names::annotations as keys;
 use crate::v1alpha1::{OperatingMode, SchedulingPolicy};
 
+use super::weights::{self, ScoringWeights};
+
 /// Placement options a pod sets through annotations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodOptions {
@@ -23,6 +25,12 @@ pub struct PodOptions {
     pub vgpu_mode: Option<OperatingMode>,
     /// GPU policy override; `None`: the cluster default.
     pub gpu_policy: Option<SchedulingPolicy>,
+    /// `mutex` in `hami.io/gpu-scheduler-policy`: only idle GPUs, each then
+    /// the pod's alone while it lives.
+    pub mutex: bool,
+    /// How a GPU's slice, core and memory fractions weigh when the GPUs of
+    /// a node are ordered (`hami.io/device-scoring-weights`).
+    pub scoring_weights: ScoringWeights,
     /// Node policy override; `None`: the cluster default.
     pub node_policy: Option<SchedulingPolicy>,
 }
@@ -39,6 +47,15 @@ pub(super) fn parse(
             field: field.to_owned(),
             rule,
         });
+    };
+    let (gpu_policy, mutex) = gpu_policy(get(keys::GPU_SCHEDULER_POLICY), &mut violate);
+    let scoring_weights = match get(keys::DEVICE_SCORING_WEIGHTS).map(weights::parse) {
+        None => ScoringWeights::default(),
+        Some(Ok(weights)) => weights,
+        Some(Err(rule)) => {
+            violate(keys::DEVICE_SCORING_WEIGHTS, rule);
+            ScoringWeights::default()
+        }
     };
     let options = PodOptions {
         use_gpu_types: list(get(keys::USE_GPU_TYPE)),
@@ -72,11 +89,9 @@ pub(super) fn parse(
             }
             mode
         }),
-        gpu_policy: policy(
-            get(keys::GPU_SCHEDULER_POLICY),
-            keys::GPU_SCHEDULER_POLICY,
-            &mut violate,
-        ),
+        gpu_policy,
+        mutex,
+        scoring_weights,
         node_policy: policy(
             get(keys::NODE_SCHEDULER_POLICY),
             keys::NODE_SCHEDULER_POLICY,
@@ -106,6 +121,46 @@ pub(super) fn list(value: Option<&str>) -> Vec<String> {
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+/// The GPU policy: a comma list (HAMi's policy chain) of at most one of
+/// binpack and spread (the first written orders the GPUs) and `mutex`
+/// (a filter: idle GPUs only). Blank entries are skipped.
+fn gpu_policy(
+    value: Option<&str>,
+    violate: &mut impl FnMut(&str, String),
+) -> (Option<SchedulingPolicy>, bool) {
+    let Some(value) = value else {
+        return (None, false);
+    };
+    let (mut order, mut mutex) = (None, false);
+    for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        match token.to_ascii_lowercase().as_str() {
+            "binpack" => {
+                order.get_or_insert(SchedulingPolicy::Binpack);
+            }
+            "spread" => {
+                order.get_or_insert(SchedulingPolicy::Spread);
+            }
+            "mutex" => mutex = true,
+            _ => {
+                violate(
+                    keys::GPU_SCHEDULER_POLICY,
+                    format!(
+                        "must be a comma list of binpack, spread and mutex, got {value:?} ({token:?} is not one; Tessera does not take HAMi's numa and topology-aware here)"
+                    ),
+                );
+                return (None, false);
+            }
+        }
+    }
+    if order.is_none() && !mutex {
+        violate(
+            keys::GPU_SCHEDULER_POLICY,
+            format!("must be a comma list of binpack, spread and mutex, got {value:?}"),
+        );
+    }
+    (order, mutex)
 }
 
 fn policy(

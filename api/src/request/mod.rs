@@ -45,6 +45,7 @@ mod pod;
 mod simple;
 mod types;
 mod vendors;
+mod weights;
 mod whole;
 
 #[cfg(test)]
@@ -66,3 +67,4 @@ pub use vendors::{
     AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
     KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
 };
+pub use weights::{ScoringWeights, parse as parse_scoring_weights};

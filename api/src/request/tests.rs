@@ -387,9 +387,47 @@ fn annotations_parse_into_options() {
             numa_bind: true,
             vgpu_mode: Some(OperatingMode::Mig),
             gpu_policy: Some(SchedulingPolicy::Binpack),
+            mutex: false,
+            scoring_weights: ScoringWeights::default(),
             node_policy: Some(SchedulingPolicy::Spread),
         }
     );
+}
+
+/// HAMi's policy chains (`TestPolicyContains`): `mutex` is a filter beside
+/// the sort key; the first of binpack and spread written orders the GPUs.
+#[test]
+fn gpu_policy_chains_and_weights_parse_into_options() {
+    let options = |annotations: serde_json::Value| {
+        parse(&pod(
+            json!([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+            annotations,
+        ))
+        .unwrap()
+        .unwrap()
+        .options
+    };
+    for (policy, order, mutex) in [
+        ("mutex", None, true),
+        ("mutex,spread", Some(SchedulingPolicy::Spread), true),
+        ("binpack, mutex", Some(SchedulingPolicy::Binpack), true),
+        (" Mutex , binpack,", Some(SchedulingPolicy::Binpack), true),
+        ("binpack,spread", Some(SchedulingPolicy::Binpack), false),
+        ("spread", Some(SchedulingPolicy::Spread), false),
+    ] {
+        let got = options(json!({"hami.io/gpu-scheduler-policy": policy}));
+        assert_eq!((got.gpu_policy, got.mutex), (order, mutex), "{policy:?}");
+    }
+    let weighted = options(json!({"hami.io/device-scoring-weights": "slot=1,core=1,memory=3"}));
+    assert_eq!(
+        weighted.scoring_weights,
+        ScoringWeights {
+            slot: 1,
+            core: 1,
+            memory: 3
+        }
+    );
+    assert!(!weighted.mutex && weighted.gpu_policy.is_none());
 }
 
 #[test]
@@ -404,7 +442,27 @@ fn invalid_annotations_are_violations() {
         (
             "hami.io/gpu-scheduler-policy",
             "topology-aware",
-            "must be binpack or spread",
+            "must be a comma list of binpack, spread and mutex, got \"topology-aware\" (\"topology-aware\" is not one",
+        ),
+        (
+            "hami.io/gpu-scheduler-policy",
+            "spread,numa",
+            "must be a comma list of binpack, spread and mutex, got \"spread,numa\" (\"numa\" is not one",
+        ),
+        (
+            "hami.io/gpu-scheduler-policy",
+            " , ",
+            "must be a comma list of binpack, spread and mutex, got \" , \"",
+        ),
+        (
+            "hami.io/device-scoring-weights",
+            "slot=1,core=-1,memory=3",
+            "invalid hami.io/device-scoring-weights annotation \"slot=1,core=-1,memory=3\": \"core\" weight must not be negative",
+        ),
+        (
+            "hami.io/device-scoring-weights",
+            "",
+            "invalid hami.io/device-scoring-weights annotation \"\": expected slot, core, and memory weights",
         ),
     ];
     for (key, value, rule) in cases {

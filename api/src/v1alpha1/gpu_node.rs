@@ -204,6 +204,12 @@ pub struct GpuDevice {
     /// Why the GPU is unhealthy (e.g. the XID error), when it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_message: Option<String>,
+    /// Who cordoned the device, when it takes no new slice although healthy:
+    /// `hami.io/device-cordon` (the Node's annotation) or `GpuNodeConfig/<name>`
+    /// (its `cordonDevices`). Slices it holds are untouched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 300))]
+    pub cordoned_by: Option<String>,
     /// How the GPU is shared.
     pub mode: OperatingMode,
     /// MIG instances that exist on this GPU, when `mode` is `mig`.
@@ -290,6 +296,9 @@ pub struct NodeSettings {
     /// GPUs the agent leaves out.
     #[serde(default)]
     pub filter_devices: FilterDevices,
+    /// GPUs that take no new pod (`cordonDevices` of the configs).
+    #[serde(default, skip_serializing_if = "FilterDevices::is_empty")]
+    pub cordon_devices: FilterDevices,
     /// The front door the configs ask for; `GpuNodeStatus.frontDoor` is the
     /// one the agent serves (they differ while a switch waits).
     #[serde(default)]
@@ -311,6 +320,7 @@ impl Default for NodeSettings {
             mig_strategy: MigStrategy::None,
             mig_profiles: Vec::new(),
             filter_devices: FilterDevices::default(),
+            cordon_devices: FilterDevices::default(),
             front_door: FrontDoor::DevicePlugin,
             lib_cuda_log_level: 2,
             gpu_core_policy: CorePolicy::Default,

@@ -149,6 +149,11 @@ pub struct GpuNodeConfigSpec {
     /// GPUs the node agent must not expose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter_devices: Option<FilterDevices>,
+    /// GPUs that take no new pod, by UUID or index; pods already on them
+    /// keep running (the declarative form of the Node annotation
+    /// `hami.io/device-cordon`; the two add up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cordon_devices: Option<FilterDevices>,
     /// Interposer log level in containers: 0 (errors) to 4 (debug).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 4))]
@@ -158,18 +163,30 @@ pub struct GpuNodeConfigSpec {
     pub gpu_core_policy: Option<CorePolicy>,
 }
 
-/// GPUs to leave out, by UUID or by index.
+/// GPUs picked by UUID or by index.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FilterDevices {
-    /// GPU UUIDs to leave out.
+    /// GPU UUIDs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub uuids: Vec<String>,
-    /// GPU indexes to leave out.
+    /// GPU indexes on the node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub indexes: Vec<u32>,
+}
+
+impl FilterDevices {
+    /// Whether it picks no GPU.
+    pub fn is_empty(&self) -> bool {
+        self.uuids.is_empty() && self.indexes.is_empty()
+    }
+
+    /// Whether it picks the GPU of this UUID and index.
+    pub fn picks(&self, uuid: &str, index: u32) -> bool {
+        self.uuids.iter().any(|u| u == uuid) || self.indexes.contains(&index)
+    }
 }
 
 /// What the config currently does.

@@ -199,6 +199,11 @@ pub struct DeviceSlice {
     /// node agent creates it at Allocate and destroys it at release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigSlice>,
+    /// The pod took this GPU under the `mutex` GPU policy
+    /// (`hami.io/gpu-scheduler-policy`): the GPU was idle, and takes no
+    /// other slice while this one lives.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mutex: bool,
 }
 
 /// Sums over every slice of an allocation.

@@ -2,7 +2,7 @@
 
 use tessera_api::{
     mig,
-    request::{ContainerRequest, DrsAsk, PodOptions, PodRequest},
+    request::{ContainerRequest, DrsAsk, PodOptions, PodRequest, ScoringWeights},
     v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy, Sharing},
 };
 
@@ -10,7 +10,7 @@ use super::{
     node::{DeviceUsage, GpuDevice, NodeGpus, Profile},
     placement::{ContainerPlacement, EXCLUSIVE_CORES, MAX_CORE_INDEXES, MigCut, Placement, Slice},
     reason::{Cause, Census, Rejection},
-    score::device_load,
+    score::device_score,
     wings,
 };
 
@@ -18,8 +18,10 @@ use super::{
 ///
 /// Containers are placed in order against a working copy of the usage, so a
 /// later container sees the slices of the earlier ones. Candidate devices are
-/// ordered by `policy`: binpack takes the fullest first, spread the emptiest;
-/// ties go to the lower index, so the answer is deterministic.
+/// ordered by `policy` on their device score (HAMi's: the weighted
+/// fractions each would hold with the slice, [`device_score`]): binpack
+/// takes the fullest first, spread the emptiest; ties go to the lower
+/// index, so the answer is deterministic.
 pub fn fit(
     node: &NodeGpus,
     request: &PodRequest,
@@ -120,7 +122,10 @@ fn fit_container(
             continue;
         }
         match check(i, device, used, container, &filters) {
-            Ok(slice) => candidates.push((slice, device_load(device, used))),
+            Ok(slice) => {
+                let score = device_score(device, used, &slice, filters.weights);
+                candidates.push((slice, score));
+            }
             Err(cause) => census.note(cause, device, used, container),
         }
     }
@@ -352,6 +357,10 @@ struct Filters<'a> {
     vgpu_mode: Option<OperatingMode>,
     /// Ascend: the pod wants HAMi's soft split.
     soft_split: bool,
+    /// The pod's `mutex` policy: idle devices only.
+    mutex: bool,
+    /// How the device score weighs a device's fractions.
+    weights: ScoringWeights,
 }
 
 impl<'a> Filters<'a> {
@@ -367,6 +376,8 @@ impl<'a> Filters<'a> {
                 nouse_uuids: &vendor.filters.nouse_uuids,
                 vgpu_mode: None,
                 soft_split: vendor.soft_split,
+                mutex: options.mutex,
+                weights: options.scoring_weights,
             },
             None => Self {
                 family: container.family,
@@ -377,6 +388,8 @@ impl<'a> Filters<'a> {
                 nouse_uuids: &options.nouse_gpu_uuids,
                 vgpu_mode: options.vgpu_mode,
                 soft_split: false,
+                mutex: options.mutex,
+                weights: options.scoring_weights,
             },
         }
     }
@@ -412,9 +425,13 @@ fn check(
         units: 1,
         profile: None,
         sharing: container.vendor.as_ref().and_then(|v| v.sharing),
+        mutex: filters.mutex,
     };
     if !device.healthy {
         return Err(Cause::Unhealthy);
+    }
+    if device.cordoned {
+        return Err(Cause::Cordoned);
     }
     if !filters.use_types.is_empty() || !filters.nouse_types.is_empty() {
         let model = device.model.to_lowercase();
@@ -465,6 +482,10 @@ fn check(
     }
     if used.exclusive > 0 {
         return Err(Cause::HeldExclusively);
+    }
+    // HAMi's mutex: a device with any slice is busy (a full one says so).
+    if filters.mutex && used.slices > 0 && used.slices < device.split_count {
+        return Err(Cause::Busy);
     }
     if let Some(layout) = &device.mig {
         if used.slices >= device.split_count {

@@ -47,6 +47,7 @@ fn hold(
     cores: u32,
 ) {
     node.charge(&Slice {
+        mutex: false,
         device,
         memory_mib: 1024,
         cores,

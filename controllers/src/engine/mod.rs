@@ -29,6 +29,8 @@ mod topology;
 mod wings;
 
 #[cfg(test)]
+mod controls_tests;
+#[cfg(test)]
 mod metax_tests;
 #[cfg(test)]
 mod tests;
@@ -42,5 +44,5 @@ pub use placement::{
     core_mask,
 };
 pub use reason::Rejection;
-pub use score::{device_load, node_score, prioritized_score};
+pub use score::{device_score, node_score, prioritized_score};
 pub use topology::{normalize as normalize_topology, topology_score};

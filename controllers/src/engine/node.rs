@@ -34,6 +34,9 @@ pub struct GpuDevice {
     pub numa_node: Option<u32>,
     /// Whether the device takes new work.
     pub healthy: bool,
+    /// Whether the device is cordoned: healthy, but it takes no new slice
+    /// (`hami.io/device-cordon`, a GpuNodeConfig's `cordonDevices`).
+    pub cordoned: bool,
     /// How the device is shared.
     pub mode: OperatingMode,
     /// What the device can be cut into when Tessera creates MIG instances
@@ -78,12 +81,14 @@ impl GpuDevice {
     /// GPUs and AWS Neuron devices (cores are compute units and
     /// NeuronCores) a slice of all of them leaves no room anyway, and an
     /// Enflame DRS partition of several shares is bounded by the shares it
-    /// takes (the whole-GCU profile takes them all).
+    /// takes (the whole-GCU profile takes them all). A slice taken under the
+    /// `mutex` policy takes any device exclusively.
     pub fn is_exclusive(&self, slice: &Slice) -> bool {
-        !self.family.cores_are_units()
-            && !self.family.cores_by_index()
-            && slice.units <= 1
-            && slice.cores >= EXCLUSIVE_CORES
+        slice.mutex
+            || (!self.family.cores_are_units()
+                && !self.family.cores_by_index()
+                && slice.units <= 1
+                && slice.cores >= EXCLUSIVE_CORES)
     }
 }
 

@@ -27,6 +27,9 @@ pub struct Slice {
     pub profile: Option<u8>,
     /// How it shares its device (MetaX sGPUs: app class and QoS policy).
     pub sharing: Option<Sharing>,
+    /// Taken under the `mutex` GPU policy: the device was idle and takes
+    /// no other slice while this one lives.
+    pub mutex: bool,
 }
 
 /// Cores a device may hand out by index (bits of [`Slice::core_mask`]).

@@ -42,9 +42,11 @@ pub(super) enum Cause {
     NoProfile,
     AppClass,
     QosPolicy,
+    Cordoned,
+    Busy,
 }
 
-const CAUSES: usize = 20;
+const CAUSES: usize = 22;
 
 /// Tally of why devices were rejected for one container.
 #[derive(Debug, Default)]
@@ -134,6 +136,13 @@ impl Census {
         };
         part(Cause::Unhealthy, "unhealthy".into());
         part(
+            Cause::Cordoned,
+            format!(
+                "cordoned ({} on the Node or a GpuNodeConfig's cordonDevices; the GpuNode's devices name which)",
+                annotations::DEVICE_CORDON
+            ),
+        );
+        part(
             Cause::TypeNotWanted,
             format!("not of a type in {}", keys.use_type),
         );
@@ -165,6 +174,13 @@ impl Census {
         part(
             Cause::HeldExclusively,
             "held exclusively by another container".into(),
+        );
+        part(
+            Cause::Busy,
+            format!(
+                "in use, but mutex in {} takes idle {noun}s only",
+                annotations::GPU_SCHEDULER_POLICY
+            ),
         );
         part(
             Cause::NotEmptyForExclusive,

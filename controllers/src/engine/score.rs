@@ -1,20 +1,39 @@
 //! How full a device or node is, and the node score the extender reports.
 
-use tessera_api::v1alpha1::SchedulingPolicy;
+use tessera_api::{request::ScoringWeights, v1alpha1::SchedulingPolicy};
 
-use super::node::{DeviceUsage, GpuDevice, NodeGpus};
+use super::{
+    node::{DeviceUsage, GpuDevice, NodeGpus},
+    placement::Slice,
+};
 
 /// kube-scheduler's extender scores range over 0..=10 (`MaxExtenderPriority`).
 pub const MAX_SCORE: i64 = 10;
 
-/// How full a device is, 0.0 (empty) to 1.0: the mean of its memory, core
-/// and slice fractions.
-pub fn device_load(device: &GpuDevice, used: &DeviceUsage) -> f64 {
-    mean_fraction([
-        (used.memory_mib as f64, device.memory_mib as f64),
-        (f64::from(used.cores), f64::from(device.cores)),
-        (f64::from(used.slices), f64::from(device.split_count)),
-    ])
+/// HAMi's device score (`ComputeScore`), which orders a node's devices for
+/// a slice: the weighted sum of the slice, core and memory fractions the
+/// device would hold with `slice` added (a fraction of a device without
+/// that capacity counts 0). Higher is fuller; only the order matters.
+pub fn device_score(
+    device: &GpuDevice,
+    used: &DeviceUsage,
+    slice: &Slice,
+    weights: ScoringWeights,
+) -> f64 {
+    let fraction = |held: f64, total: f64| if total > 0.0 { held / total } else { 0.0 };
+    let slots = fraction(
+        f64::from(used.slices) + f64::from(slice.units.max(1)),
+        f64::from(device.split_count),
+    );
+    let cores = fraction(
+        f64::from(used.cores) + f64::from(slice.cores),
+        f64::from(device.cores),
+    );
+    let memory = fraction(
+        used.memory_mib as f64 + slice.memory_mib as f64,
+        device.memory_mib as f64,
+    );
+    weights.slot as f64 * slots + weights.core as f64 * cores + weights.memory as f64 * memory
 }
 
 /// The node's score under the node policy: binpack favours full nodes,

@@ -14,6 +14,7 @@ use SchedulingPolicy::{Binpack, Spread};
 
 fn gpu(uuid: &str, model: &str, memory_mib: u64, numa: u32) -> GpuDevice {
     GpuDevice {
+        cordoned: false,
         family: Default::default(),
         network_id: None,
         uuid: uuid.into(),

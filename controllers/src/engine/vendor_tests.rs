@@ -52,6 +52,7 @@ pub(super) fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus 
         .iter()
         .enumerate()
         .map(|(i, r)| GpuDevice {
+            cordoned: false,
             uuid: r.id.into(),
             index: u32::try_from(i).unwrap(),
             model: model.into(),
@@ -745,7 +746,7 @@ fn amd_fits_as_hami_does() {
     };
     let cases: [Case; 8] = [
         (
-            "allocate two whole cards (HAMi takes dev-1 first: it walks down)",
+            "allocate two whole cards (dev-1 first: spread prefers its 1 of 12 slots to dev-0's 1 of 2, as HAMi's device score does)",
             amd(&[
                 (card, 100),
                 (
@@ -759,7 +760,7 @@ fn amd_fits_as_hami_does() {
             ]),
             json!({"amd.com/gpu": "2"}),
             json!({}),
-            Ok(&["dev-0", "dev-1"]),
+            Ok(&["dev-1", "dev-0"]),
         ),
         (
             "insufficient memory",
@@ -901,7 +902,7 @@ fn amd_cores_become_each_gpus_compute_units() {
 
 /// A Kunlunxin node of eight XPUs of `model`, with `used[i]` MiB held on
 /// XPU `i` in `slices[i]` vXPUs (whole XPUs: 98304 in one).
-fn xpus(model: &str, used: [(u64, u32); 8]) -> NodeGpus {
+pub(super) fn xpus(model: &str, used: [(u64, u32); 8]) -> NodeGpus {
     let rows: Vec<Row> = used
         .iter()
         .enumerate()
@@ -1059,6 +1060,7 @@ fn kunlunxin_xpus_are_placed_by_wing_as_hami_does() {
 fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGpus {
     let devices = (0..n)
         .map(|i| GpuDevice {
+            cordoned: false,
             uuid: format!("n-AWSNeuron-{i}"),
             index: i,
             model: model.into(),
@@ -1080,6 +1082,7 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
     let mut node = NodeGpus::new(devices);
     for &(device, core) in held {
         node.charge(&Slice {
+            mutex: false,
             device,
             memory_mib: 0,
             cores: 1,
@@ -1092,6 +1095,7 @@ fn neurons(model: &str, n: u32, held: &[(usize, u8)], whole: &[usize]) -> NodeGp
     }
     for &device in whole {
         node.charge(&Slice {
+            mutex: false,
             device,
             memory_mib: 0,
             cores: 2,

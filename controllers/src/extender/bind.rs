@@ -578,6 +578,7 @@ fn live(devices: &[GpuDevice], placement: &Placement, uid: &str, node: &str) -> 
                 core_indexes: crate::engine::core_indexes(s.core_mask),
                 units: s.units,
                 sharing: s.sharing,
+                mutex: s.mutex,
             })
             .collect(),
     }
@@ -628,6 +629,7 @@ fn allocation_spec(
                 mig: mig_slice(d, s),
                 core_indexes: crate::engine::core_indexes(s.core_mask),
                 sharing: s.sharing,
+                mutex: s.mutex,
             }
         });
         match containers.iter_mut().find(|a| a.name == c.name) {

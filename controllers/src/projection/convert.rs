@@ -30,6 +30,7 @@ pub fn devices(node: &GpuNode) -> Vec<GpuDevice> {
             split_count: d.split_count,
             numa_node: d.numa_node,
             healthy: d.health == DeviceHealth::Healthy,
+            cordoned: d.cordoned_by.is_some(),
             mode: d.mode,
             mig: d
                 .mig
@@ -159,6 +160,7 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
                 core_indexes: d.core_indexes.clone(),
                 units: slice_units(d),
                 sharing: d.sharing,
+                mutex: d.mutex,
             })
             .collect(),
     })

@@ -54,6 +54,8 @@ pub struct UuidSlice {
     pub units: u32,
     /// How it shares its device (MetaX sGPUs: app class and QoS policy).
     pub sharing: Option<tessera_api::v1alpha1::Sharing>,
+    /// Taken under the `mutex` policy: the device takes no other slice.
+    pub mutex: bool,
 }
 
 /// Every GPU node and every live allocation.
@@ -333,6 +335,7 @@ fn charge(node: &mut NodeGpus, allocation: &LiveAllocation, direction: Direction
             units: slice.units,
             profile: None,
             sharing: slice.sharing,
+            mutex: slice.mutex,
         };
         match direction {
             Direction::Add => node.charge(&slice),
@@ -350,6 +353,7 @@ mod tests {
 
     fn device(uuid: &str) -> GpuDevice {
         GpuDevice {
+            cordoned: false,
             family: Default::default(),
             network_id: None,
             uuid: uuid.into(),
@@ -393,6 +397,7 @@ mod tests {
             pod_uid: uid.into(),
             node: node.into(),
             slices: vec![UuidSlice {
+                mutex: false,
                 uuid: uuid.into(),
                 memory_mib: mib,
                 cores: 10,

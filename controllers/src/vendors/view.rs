@@ -439,6 +439,14 @@ pub fn view(
         ));
         view.devices.truncate(cap);
     }
+    // HAMi's per-GPU cordon, for every family here (HAMi reads it for
+    // NVIDIA only).
+    tessera_api::cordon::mark(
+        &mut view.devices,
+        Some(annotations),
+        &Default::default(),
+        None,
+    );
     any.then_some(view)
 }
 
@@ -1384,6 +1392,18 @@ mod tests {
             (status.gpu_count, status.conditions[0].status.as_str()),
             (2, "True")
         );
+        assert!(seen.devices.iter().all(|d| d.cordoned_by.is_none()));
+
+        // hami.io/device-cordon closes the DCU to new pods, here as for NVIDIA.
+        let mut cordoned = node.clone();
+        cordoned.insert("hami.io/device-cordon".into(), "DCU-0, ".into());
+        let seen = view(&cordoned, &BTreeMap::new(), &sources(&config()), false, now).unwrap();
+        let by: Vec<Option<&str>> = seen
+            .devices
+            .iter()
+            .map(|d| d.cordoned_by.as_deref())
+            .collect();
+        assert_eq!(by, [Some("hami.io/device-cordon"), None]);
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub fn mirror(
             let devices = merged(&gpus)
                 .into_iter()
                 .map(|gpu| DeviceSlice {
+                    mutex: false,
                     core_indexes: Vec::new(),
                     family: Default::default(),
                     template: None,

@@ -41,7 +41,7 @@ pub fn published_devices(offer: &Offer) -> Vec<GpuDevice> {
     offer
         .devices
         .iter()
-        .filter(|d| d.health == DeviceHealth::Healthy)
+        .filter(|d| d.health == DeviceHealth::Healthy && d.cordoned_by.is_none())
         .cloned()
         .collect()
 }
