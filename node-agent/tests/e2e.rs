@@ -581,3 +581,141 @@ async fn a_cluster_without_dra_serves_its_gpus_through_the_device_plugin() {
         host.agent_log()
     );
 }
+
+/// HAMi's per-GPU cordon (the Node's `hami.io/device-cordon` and its
+/// declarative form, a GpuNodeConfig's `cordonDevices`) and the `mutex`
+/// GPU policy, through the agent, the real kube-scheduler and the kubelet's
+/// device-plugin protocol; malformed scoring weights are refused at
+/// admission with HAMi's message.
+#[tokio::test]
+async fn cordon_and_mutex_steer_pods_through_the_agent_and_the_scheduler() {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+
+    let cluster = Cluster::start(Config::default()).await;
+    let client = cluster.client.clone();
+    let host = GpuHost::start(&cluster, "ctl-1", 2).await;
+    wait_published(&cluster, &host, 2).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let annotate = async |value: serde_json::Value| {
+        nodes
+            .patch(
+                "ctl-1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"hami.io/device-cordon": value}}})),
+            )
+            .await
+            .unwrap();
+    };
+    let cordoned_by = async || -> Vec<Option<String>> {
+        Api::<GpuNode>::all(client.clone())
+            .get("ctl-1")
+            .await
+            .unwrap()
+            .status
+            .map(|s| s.devices.into_iter().map(|d| d.cordoned_by).collect())
+            .unwrap_or_default()
+    };
+    let scheduler_sees = async |wanted: [bool; 2]| {
+        eventually("the scheduler sees the cordon", async || {
+            cluster.projection.read().node("ctl-1").is_some_and(|n| {
+                n.devices.iter().map(|d| d.cordoned).eq(wanted.iter().copied())
+            })
+        })
+        .await;
+    };
+
+    // The annotation cordons GPU 0, which spread would pick (a tie goes to
+    // the lower index): the pod goes to GPU 1.
+    annotate(json!("GPU-ctl-1-0, ")).await;
+    scheduler_sees([true, false]).await;
+    assert_eq!(
+        cordoned_by().await,
+        [Some("hami.io/device-cordon".to_owned()), None]
+    );
+    let small = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"});
+    cluster.create_pod("first", small.clone(), json!({})).await;
+    host.served("first").await;
+    cluster.served("first").await;
+    assert_eq!(
+        allocation(&client, "first").await.spec.totals.devices,
+        "GPU-ctl-1-1"
+    );
+
+    // A mutex pod finds GPU 0 cordoned and GPU 1 busy.
+    let mutex = json!({"hami.io/gpu-scheduler-policy": "mutex"});
+    cluster.create_pod("alone", small.clone(), mutex).await;
+    let reasons = cluster.failed_scheduling("alone").await.join("\n");
+    assert!(
+        reasons.contains("0 of 2 GPUs fit: 1 GPU cordoned")
+            && reasons.contains(
+                "1 GPU in use, but mutex in hami.io/gpu-scheduler-policy takes idle GPUs only"
+            ),
+        "{reasons}"
+    );
+    // Lifting the cordon lets it take the idle GPU, which is then its alone.
+    annotate(serde_json::Value::Null).await;
+    host.served("alone").await;
+    cluster.served("alone").await;
+    let alone = allocation(&client, "alone").await;
+    assert_eq!(alone.spec.totals.devices, "GPU-ctl-1-0");
+    assert!(alone.spec.containers[0].devices[0].mutex);
+    cluster
+        .create_pod(
+            "joiner",
+            small.clone(),
+            json!({"nvidia.com/use-gpuuuid": "GPU-ctl-1-0"}),
+        )
+        .await;
+    let reasons = cluster.failed_scheduling("joiner").await.join("\n");
+    assert!(
+        reasons.contains("1 GPU held exclusively by another container"),
+        "{reasons}"
+    );
+
+    // GitOps: a GpuNodeConfig cordons GPU 1 by index; the running pod keeps
+    // its slice.
+    let config: GpuNodeConfig = serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
+        "metadata": {"name": "repair"},
+        "spec": {"nodeNames": ["ctl-1"], "cordonDevices": {"indexes": [1]}},
+    }))
+    .unwrap();
+    Api::<GpuNodeConfig>::all(client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    scheduler_sees([false, true]).await;
+    assert_eq!(
+        cordoned_by().await,
+        [None, Some("GpuNodeConfig/repair".to_owned())]
+    );
+    cluster.create_pod("late", small.clone(), json!({})).await;
+    let reasons = cluster.failed_scheduling("late").await.join("\n");
+    assert!(
+        reasons.contains("1 GPU cordoned") && reasons.contains("1 GPU held exclusively"),
+        "{reasons}"
+    );
+    let first = allocation(&client, "first").await;
+    assert_eq!(
+        first.status.and_then(|s| s.phase),
+        Some(AllocationPhase::Allocated),
+        "a cordon leaves running pods alone"
+    );
+
+    // Malformed weights never reach the scheduler.
+    let refused = cluster
+        .create_raw_pod(json!({
+            "metadata": {"name": "weighted", "annotations": {"hami.io/device-scoring-weights": "slot=1,core=-1,memory=3"}},
+            "spec": {"containers": [{"name": "main", "image": "example.invalid/cuda", "resources": {"limits": small}}]},
+        }))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains(
+            "invalid hami.io/device-scoring-weights annotation \"slot=1,core=-1,memory=3\": \"core\" weight must not be negative"
+        ),
+        "{refused}"
+    );
+}
