@@ -72,6 +72,7 @@ pub fn allocation(pod_name: &str, pod_uid: &str, node: &str) -> AllocationBuilde
             ..Default::default()
         },
         spec: VgpuAllocationSpec {
+            quota: Default::default(),
             pod_name: pod_name.into(),
             pod_uid: pod_uid.into(),
             node_name: node.into(),

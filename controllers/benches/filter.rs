@@ -79,6 +79,7 @@ fn main() {
                     name: format!("pod-{a}"),
                 },
                 LiveAllocation {
+                    quota: Default::default(),
                     pod_uid: format!("uid-{a}"),
                     node: format!("node-{node:05}"),
                     slices: vec![UuidSlice {
@@ -175,6 +176,7 @@ fn vendors(rng: &mut Rng) {
                             name: format!("vendor-pod-{a}"),
                         },
                         LiveAllocation {
+                            quota: Default::default(),
                             pod_uid: format!("vendor-uid-{a}"),
                             node: format!("node-{n:05}"),
                             slices: vec![UuidSlice {

@@ -121,9 +121,9 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         &watches,
         election,
         agent_lease_namespace,
-        crate::vendors::Sources::of(&config.request),
+        config.request.clone(),
     );
-    let metrics = Metrics::new(projection.clone());
+    let metrics = Metrics::new(projection.clone(), config.request.clone());
     let webhook = std::net::TcpListener::bind(webhook_addr).map_err(Error::serve(format!(
         "listening on {webhook_addr} (--webhook-addr)"
     )))?;
@@ -180,7 +180,7 @@ pub fn start_loops(
     watches: &crate::cache::Watches,
     election: crate::leader::Election,
     agent_lease_namespace: Option<String>,
-    vendors: crate::vendors::Sources,
+    request: tessera_api::request::RequestConfig,
 ) -> (Projection, tokio::task::JoinHandle<()>) {
     let cache = Cache::spawn(client.clone(), watches);
     let projection = Projection::spawn_on(&cache);
@@ -195,7 +195,7 @@ pub fn start_loops(
                 crate::lifecycle::run_with(
                     cache.clone(),
                     agent_lease_namespace.clone(),
-                    vendors.clone(),
+                    request.clone(),
                 )
             })
             .await

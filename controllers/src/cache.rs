@@ -8,6 +8,7 @@
 //! NodeLock       ─> projection (LockTable ─> Bind)    ─> lifecycle: locks
 //! agent Leases   ─> projection (metrics)              ─> lifecycle: agent leases
 //! agent pods     ─> projection (agent down)
+//! ResourceQuota  ─> projection (device quotas)        ─> lifecycle: quota status
 //! Pod, Node, GpuNodeConfig (started with each term)   ─> lifecycle
 //! ```
 //!
@@ -16,7 +17,10 @@
 //! GpuNodeConfig) start and stop with the leader's term, in
 //! [`crate::lifecycle`], so a standby replica watches no more than before.
 
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Pod};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Pod, ResourceQuota},
+};
 use kube::{Api, Client, runtime::watcher};
 use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
 use tessera_kubekit::{Watch, Watched};
@@ -49,12 +53,13 @@ pub struct Cache {
     gpu_nodes: Watched<GpuNode>,
     allocations: Watched<VgpuAllocation>,
     locks: Watched<NodeLock>,
+    quotas: Watched<ResourceQuota>,
     agent_leases: Option<(String, Watched<Lease>)>,
     agent_pods: Option<Watched<Pod>>,
 }
 
 impl Cache {
-    /// Starts watching GpuNodes, VgpuAllocations and NodeLocks cluster-wide,
+    /// Starts watching GpuNodes, VgpuAllocations, NodeLocks and ResourceQuotas cluster-wide,
     /// and what `watches` adds, each on a task that runs as long as the
     /// process.
     pub fn spawn(client: Client, watches: &Watches) -> Self {
@@ -71,6 +76,7 @@ impl Cache {
             gpu_nodes: Watch::new(Api::all(client.clone()), large_kind()).spawn(),
             allocations: Watch::new(Api::all(client.clone()), large_kind()).spawn(),
             locks: Watch::new(Api::all(client.clone()), everything()).spawn(),
+            quotas: Watch::new(Api::all(client.clone()), everything()).spawn(),
             agent_leases,
             agent_pods,
             client,
@@ -95,6 +101,11 @@ impl Cache {
     /// Every NodeLock.
     pub fn locks(&self) -> &Watched<NodeLock> {
         &self.locks
+    }
+
+    /// Every ResourceQuota.
+    pub fn quotas(&self) -> &Watched<ResourceQuota> {
+        &self.quotas
     }
 
     /// The Leases of the agents' namespace ([`Watches::agent_leases`]).

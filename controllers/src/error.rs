@@ -52,6 +52,12 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The pod would take its namespace past a device quota.
+    #[error("pod would exceed its namespace's device quota: {reason}")]
+    OverQuota {
+        /// The quota, the limit, what is used and what the pod asks.
+        reason: String,
+    },
     /// The request refers to a pod that is not the one the scheduler meant.
     #[error("{0}")]
     Stale(String),
@@ -73,11 +79,12 @@ pub enum Error {
 impl Error {
     /// Every value [`Error::metric_label`] returns, so counters by reason
     /// can start at zero.
-    pub const METRIC_LABELS: [&'static str; 6] = [
+    pub const METRIC_LABELS: [&'static str; 7] = [
         "config",
         "api",
         "lock_busy",
         "no_longer_fits",
+        "over_quota",
         "stale",
         "invalid_request",
     ];
@@ -92,6 +99,7 @@ impl Error {
             Self::Kube { .. } => "api",
             Self::LockBusy { .. } => "lock_busy",
             Self::NoLongerFits { .. } => "no_longer_fits",
+            Self::OverQuota { .. } => "over_quota",
             Self::Stale(_) => "stale",
             Self::Request(_) => "invalid_request",
         }
@@ -130,6 +138,7 @@ mod tests {
                 node: "n".into(),
                 reason: "r".into(),
             },
+            Error::OverQuota { reason: "q".into() },
             Error::Stale("s".into()),
             Error::serve("listening")(std::io::Error::other("x")),
             Error::Request(tessera_api::Error::InvalidConfig {

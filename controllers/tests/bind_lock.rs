@@ -86,7 +86,9 @@ async fn setup(wait_millis: u64) -> Setup {
         counting_client(&cluster.plane, creates.clone(), reads.clone()).await,
         cluster.projection.clone(),
         Arc::new(config),
-        Metrics::new(cluster.projection.clone()).extender.clone(),
+        Metrics::new(cluster.projection.clone(), Default::default())
+            .extender
+            .clone(),
     );
     creates.store(0, Ordering::SeqCst);
     Setup {

@@ -298,6 +298,7 @@ fn projection(cluster: &Cluster) -> Projection {
                     name: format!("a{i}"),
                 },
                 LiveAllocation {
+                    quota: Default::default(),
                     pod_uid: format!("uid-{i}"),
                     node: format!("n{node}"),
                     slices: vec![UuidSlice {
@@ -409,7 +410,7 @@ fn fuzz_admission_review() {
         strategy,
         |(body, cluster, allow_env)| {
             let projection = projection(&cluster);
-            let metrics = Metrics::new(projection.clone());
+            let metrics = Metrics::new(projection.clone(), Default::default());
             let config = Config {
                 allow_enforcement_env: allow_env,
                 ..Config::default()

@@ -132,6 +132,7 @@ async fn the_leader_lists_and_watches_each_kind_once() {
         ("/api/v1/namespaces/default/pods", "Pod"),
         ("/api/v1/nodes", "Node"),
         ("/api/v1/pods", "Pod"),
+        ("/api/v1/resourcequotas", "ResourceQuota"),
         (
             "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
             "Lease",

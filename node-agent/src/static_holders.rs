@@ -156,6 +156,7 @@ pub fn record_of(hold: &Hold, pod_uid: &str, node: &str) -> VgpuAllocation {
             ..ObjectMeta::default()
         },
         spec: VgpuAllocationSpec {
+            quota: Default::default(),
             pod_name: hold.pod.clone(),
             pod_uid: pod_uid.to_owned(),
             node_name: node.to_owned(),

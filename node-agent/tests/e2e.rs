@@ -602,7 +602,9 @@ async fn cordon_and_mutex_steer_pods_through_the_agent_and_the_scheduler() {
             .patch(
                 "ctl-1",
                 &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": {"hami.io/device-cordon": value}}})),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"hami.io/device-cordon": value}}}),
+                ),
             )
             .await
             .unwrap();
@@ -619,7 +621,10 @@ async fn cordon_and_mutex_steer_pods_through_the_agent_and_the_scheduler() {
     let scheduler_sees = async |wanted: [bool; 2]| {
         eventually("the scheduler sees the cordon", async || {
             cluster.projection.read().node("ctl-1").is_some_and(|n| {
-                n.devices.iter().map(|d| d.cordoned).eq(wanted.iter().copied())
+                n.devices
+                    .iter()
+                    .map(|d| d.cordoned)
+                    .eq(wanted.iter().copied())
             })
         })
         .await;

@@ -84,7 +84,7 @@ impl Cluster {
         let config = Arc::new(config);
         let request = config.request.clone();
         tokio::spawn(async move { tessera_controllers::lifecycle::run(cache, &request).await });
-        let metrics = Metrics::new(projection.clone());
+        let metrics = Metrics::new(projection.clone(), config.request.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(serve_extender(

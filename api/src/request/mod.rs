@@ -42,6 +42,7 @@ mod metax;
 mod mthreads;
 mod neuron;
 mod pod;
+mod quota;
 mod simple;
 mod types;
 mod vendors;
@@ -59,6 +60,7 @@ pub use enflame::drs_profile;
 #[cfg(any(test, feature = "testing"))]
 pub use fixtures::{vendor_config, vnpu_chip};
 pub use pod::parse_pod;
+pub use quota::{LIMITS_PREFIX, QuotaNames, QuotaResource};
 pub use types::{
     ContainerKind, ContainerRequest, DeviceFilters, DrsAsk, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, PodRequest, VendorRequest,

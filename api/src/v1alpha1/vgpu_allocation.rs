@@ -1,5 +1,7 @@
 //! `VgpuAllocation`: the scheduler's decision for one pod.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -117,6 +119,14 @@ pub struct VgpuAllocationSpec {
     pub claim: Option<ClaimReference>,
     /// Sums over all slices, for `kubectl get` and quick checks.
     pub totals: AllocationTotals,
+    /// What the pod counts against its namespace's ResourceQuotas, by
+    /// device resource name (`nvidia.com/gpumem`: MiB; `nvidia.com/gpucores`:
+    /// cores as the slices hold them), percentages resolved on the devices
+    /// it got and init containers counted as the kubelet counts them; absent
+    /// in a DRA mirror.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 64))]
+    pub quota: BTreeMap<String, u64>,
     /// The W3C trace context of the scheduling decision, so the node agent's
     /// work joins the same trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -23,6 +23,7 @@
 mod fit;
 mod node;
 mod placement;
+pub mod quota;
 mod reason;
 mod score;
 mod topology;
@@ -32,6 +33,8 @@ mod wings;
 mod controls_tests;
 #[cfg(test)]
 mod metax_tests;
+#[cfg(test)]
+mod quota_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

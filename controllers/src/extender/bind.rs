@@ -30,7 +30,7 @@ use super::{
 use crate::{
     Error,
     config::Config,
-    engine::{self, GpuDevice, NodeGpus, Placement},
+    engine::{self, GpuDevice, NodeGpus, Placement, quota},
     projection::{self, AllocationKey, LiveAllocation, Projection, UuidSlice},
 };
 
@@ -193,20 +193,31 @@ impl Binder {
             .options
             .gpu_policy
             .unwrap_or(self.config.gpu_scheduler_policy);
-        let (placement, devices) = self.projection.assume(&key, &uid, &args.node, |node| {
-            let node = node.ok_or_else(|| Error::NoLongerFits {
-                node: args.node.clone(),
-                reason: NO_GPU_NODE.into(),
-            })?;
-            let placement =
-                engine::fit(node, &request, policy).map_err(|r| Error::NoLongerFits {
-                    node: args.node.clone(),
-                    reason: r.to_string(),
+        let limits = self
+            .projection
+            .quota_limits(&args.pod_namespace, &self.config.request);
+        let (placement, devices, charged) =
+            self.projection
+                .assume(&key, &uid, &args.node, |node, namespace_used| {
+                    let node = node.ok_or_else(|| Error::NoLongerFits {
+                        node: args.node.clone(),
+                        reason: NO_GPU_NODE.into(),
+                    })?;
+                    let placement =
+                        engine::fit(node, &request, policy).map_err(|r| Error::NoLongerFits {
+                            node: args.node.clone(),
+                            reason: r.to_string(),
+                        })?;
+                    let charged = quota::charge(&request, &placement, &self.config.request);
+                    quota::check(&limits, namespace_used, &charged).map_err(|over| {
+                        Error::OverQuota {
+                            reason: over.to_string(),
+                        }
+                    })?;
+                    let devices = node.devices.clone();
+                    let reserved = live(&devices, &placement, &uid, &args.node, &charged);
+                    Ok::<_, Error>(((placement, devices, charged), reserved))
                 })?;
-            let devices = node.devices.clone();
-            let reserved = live(&devices, &placement, &uid, &args.node);
-            Ok::<_, Error>(((placement, devices), reserved))
-        })?;
 
         let spec = allocation_spec(
             args,
@@ -217,6 +228,7 @@ impl Binder {
             policy,
             &self.config,
             trace,
+            charged,
         );
         match self
             .commit(args, &pod, &pods, spec, &devices, &placement)
@@ -564,8 +576,15 @@ async fn post_binding(pods: &Api<Pod>, args: &ExtenderBindingArgs) -> Result<(),
     .map_err(Error::kube("binding the pod"))
 }
 
-fn live(devices: &[GpuDevice], placement: &Placement, uid: &str, node: &str) -> LiveAllocation {
+fn live(
+    devices: &[GpuDevice],
+    placement: &Placement,
+    uid: &str,
+    node: &str,
+    charged: &quota::Charge,
+) -> LiveAllocation {
     LiveAllocation {
+        quota: charged.clone(),
         pod_uid: uid.to_owned(),
         node: node.to_owned(),
         slices: placement
@@ -604,6 +623,7 @@ fn allocation_spec(
     gpu_policy: tessera_api::v1alpha1::SchedulingPolicy,
     config: &Config,
     trace: Option<TraceContext>,
+    charged: quota::Charge,
 ) -> VgpuAllocationSpec {
     // Placements come in request order; a container asking for several
     // families has one request (and placement) per family, merged here into
@@ -642,6 +662,7 @@ fn allocation_spec(
         }
     }
     VgpuAllocationSpec {
+        quota: charged,
         pod_name: args.pod_name.clone(),
         pod_uid: uid.to_owned(),
         node_name: args.node.clone(),

@@ -3,7 +3,11 @@
 use tessera_api::request::{PodRequest, parse_pod};
 
 use super::wire::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeItems};
-use crate::{config::Config, engine, projection::Projection};
+use crate::{
+    config::Config,
+    engine::{self, quota},
+    projection::Projection,
+};
 
 /// Why a node is not a candidate at all.
 pub const NO_GPU_NODE: &str =
@@ -11,6 +15,10 @@ pub const NO_GPU_NODE: &str =
 
 /// Why a node with GPUs is skipped while its agent says it is not Ready.
 pub const NOT_READY: &str = "node agent not ready (the kubelet would reject the pod): ";
+
+/// How the reason of a node refused for the namespace's device quota
+/// starts; the node is unresolvable (no preemption makes room in a quota).
+pub const OVER_QUOTA: &str = "the pod's namespace is at its device quota: ";
 
 /// Which candidates can take the pod, and why the others cannot.
 ///
@@ -45,7 +53,19 @@ pub fn filter(
         .options
         .gpu_policy
         .unwrap_or(config.gpu_scheduler_policy);
+    let namespace = args.pod.metadata.namespace.as_deref().unwrap_or("default");
+    let limits = projection.quota_limits(namespace, &config.request);
     let ledger = projection.read();
+    let used = ledger.namespace_used(namespace);
+    // What the pod counts wherever it goes: when that alone is over, every
+    // node says so without placing the pod.
+    let everywhere = quota::check(
+        &limits,
+        used,
+        &quota::least_charge(&request, &config.request),
+    )
+    .err()
+    .map(|over| format!("{OVER_QUOTA}{over}"));
     let mut feasible = Vec::new();
     let mut failed = std::collections::BTreeMap::new();
     let mut unresolvable = std::collections::BTreeMap::new();
@@ -65,8 +85,17 @@ pub fn filter(
             Some(_) if let Some(reason) = ledger.not_ready(name) => {
                 failed.insert(name.to_owned(), format!("{NOT_READY}{reason}"));
             }
+            Some(_) if let Some(reason) = &everywhere => {
+                unresolvable.insert(name.to_owned(), reason.clone());
+            }
             Some(node) => match engine::feasible(node, &request, policy) {
-                Ok(()) => feasible.push(name.to_owned()),
+                Ok(()) if limits.is_empty() => feasible.push(name.to_owned()),
+                Ok(()) => match over_quota(node, &request, policy, config, &limits, used) {
+                    None => feasible.push(name.to_owned()),
+                    Some(reason) => {
+                        unresolvable.insert(name.to_owned(), reason);
+                    }
+                },
                 Err(rejection) => {
                     failed.insert(name.to_owned(), rejection.to_string());
                 }
@@ -80,6 +109,23 @@ pub fn filter(
         .record(failed.keys().chain(unresolvable.keys()).map(String::as_str));
     drop(ledger);
     answer(args, feasible, failed, unresolvable)
+}
+
+/// Why the pod, placed on `node`, would take its namespace past a limit
+/// (percentages resolve to the memory of the devices it would get there).
+fn over_quota(
+    node: &engine::NodeGpus,
+    request: &PodRequest,
+    policy: tessera_api::v1alpha1::SchedulingPolicy,
+    config: &Config,
+    limits: &quota::Limits,
+    used: &quota::Charge,
+) -> Option<String> {
+    let placement = engine::fit(node, request, policy).ok()?;
+    let charge = quota::charge(request, &placement, &config.request);
+    quota::check(limits, used, &charge)
+        .err()
+        .map(|over| format!("{OVER_QUOTA}{over}"))
 }
 
 /// Node scores under the pod's (or the default) node policy; 0 for pods

@@ -21,7 +21,7 @@ use axum::{Json, Router, extract::State, routing::post};
 use kube::Client;
 
 pub use bind::{Binder, Bound};
-pub use filter::{NO_GPU_NODE, filter, prioritize};
+pub use filter::{NO_GPU_NODE, OVER_QUOTA, filter, prioritize};
 pub use lock::{holder_needs_lock, lock_object};
 pub use metrics::{ExtenderMetrics, ReasonLabels, VerbLabels};
 pub use nudge::{GPU_FREED, nudge_nodes};

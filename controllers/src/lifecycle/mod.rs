@@ -17,6 +17,7 @@ mod configs;
 mod leases;
 mod locks;
 mod prune;
+mod quotas;
 
 use std::sync::Arc;
 
@@ -39,12 +40,7 @@ use caches::Caches;
 /// Runs the controllers on `cache` until the process stops, with the
 /// agents' Leases in `kube-node-lease` and the vendor sources of `request`.
 pub async fn run(cache: Cache, request: &tessera_api::request::RequestConfig) {
-    run_with(
-        cache,
-        Some("kube-node-lease".to_owned()),
-        crate::vendors::Sources::of(request),
-    )
-    .await;
+    run_with(cache, Some("kube-node-lease".to_owned()), request.clone()).await;
 }
 
 /// Runs the controllers on `cache` until the process stops (or the future
@@ -58,8 +54,9 @@ pub async fn run(cache: Cache, request: &tessera_api::request::RequestConfig) {
 pub async fn run_with(
     cache: Cache,
     agent_lease_namespace: Option<String>,
-    vendors: crate::vendors::Sources,
+    request: tessera_api::request::RequestConfig,
 ) {
+    let vendors = crate::vendors::Sources::of(&request);
     let client = cache.client().clone();
     let everything = watcher::Config::default;
     // Every Pod and Node of the cluster, kept as the few fields read here.
@@ -104,6 +101,12 @@ pub async fn run_with(
         },
         configs::run(client.clone(), &configs, &nodes),
         crate::vendors::nodes::run(client.clone(), &nodes, vendors),
+        quotas::run(
+            client.clone(),
+            cache.quotas().clone(),
+            cache.allocations().clone(),
+            request,
+        ),
         async {
             if let Some(leases) = leases {
                 leases::run(client.clone(), leases).await;

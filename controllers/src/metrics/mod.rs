@@ -6,7 +6,9 @@
 //! `webhook::WebhookMetrics`); [`Metrics`] holds the registry, those, and
 //! the projection's gauges, which are set at scrape time from the
 //! projection (nodes, allocations, NodeLocks, agent Leases), so they are
-//! never older than the watches. Every replica
+//! never older than the watches; so are HAMi's device quota gauges
+//! (`hami_resource_quota_used`, `hami_resource_quota_limit`, unprefixed
+//! for HAMi's dashboards). Every replica
 //! exports the gauges from its own watches: aggregate them with `max` or
 //! `min`, not `sum`. docs/configuration.md lists every metric.
 
@@ -19,10 +21,15 @@ use std::sync::{Arc, Mutex, atomic::AtomicU64};
 
 use k8s_openapi::jiff::Timestamp;
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    encoding::{
+        EncodeLabelSet,
+        text::{encode_eof, encode_registry},
+    },
     metrics::{family::Family, gauge::Gauge},
     registry::Registry,
 };
+
+use tessera_api::request::RequestConfig;
 
 use crate::{
     extender::ExtenderMetrics,
@@ -44,6 +51,26 @@ pub struct NodeLabels {
     pub node: String,
 }
 
+/// Labels of HAMi's quota limit gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    /// The namespace.
+    pub namespace: String,
+    /// The device resource (`nvidia.com/gpumem`).
+    pub quota_name: String,
+}
+
+/// Labels of HAMi's quota usage gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaUsedLabels {
+    /// The namespace.
+    pub namespace: String,
+    /// The device resource (`nvidia.com/gpumem`).
+    pub quota_name: String,
+    /// The limit, in the resource's unit.
+    pub limit: String,
+}
+
 /// A gauge of seconds.
 type Seconds = Gauge<f64, AtomicU64>;
 
@@ -54,6 +81,8 @@ const PHASES: [&str; 5] = ["Pending", "Bound", "Allocated", "Released", "Failed"
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
+    /// HAMi's series, under HAMi's names (no prefix).
+    hami: Mutex<Registry>,
     /// The extender's, registered by it.
     pub extender: ExtenderMetrics,
     /// The webhook's, registered by it.
@@ -76,13 +105,21 @@ pub struct Metrics {
     pub node_locks_expired: Gauge,
     /// Seconds since the oldest NodeLock was taken.
     pub node_lock_oldest: Seconds,
+    /// Per namespace and device resource, what its pods hold, in the
+    /// resource's unit (HAMi's `hami_resource_quota_used`).
+    pub quota_used: Family<QuotaUsedLabels, Gauge>,
+    /// Per namespace and device resource, its limit (HAMi's
+    /// `hami_resource_quota_limit`).
+    pub quota_limit: Family<QuotaLabels, Gauge>,
     projection: Projection,
+    request: RequestConfig,
 }
 
 impl Metrics {
     /// Registers every metric under the `tessera_` prefix: each
-    /// component's, then the projection's gauges.
-    pub fn new(projection: Projection) -> Arc<Self> {
+    /// component's, then the projection's gauges; and HAMi's quota gauges,
+    /// with resource names from `request`.
+    pub fn new(projection: Projection, request: RequestConfig) -> Arc<Self> {
         let mut registry = Registry::with_prefix("tessera");
         let extender = ExtenderMetrics::register(&mut registry);
         let webhook = WebhookMetrics::register(&mut registry);
@@ -132,8 +169,22 @@ impl Metrics {
             "Seconds since the oldest NodeLock was taken (0 without locks)",
             node_lock_oldest.clone(),
         );
+        let mut hami = Registry::default();
+        let quota_used = Family::<QuotaUsedLabels, Gauge>::default();
+        hami.register(
+            "hami_resource_quota_used",
+            "resourcequota usage for a certain device",
+            quota_used.clone(),
+        );
+        let quota_limit = Family::<QuotaLabels, Gauge>::default();
+        hami.register(
+            "hami_resource_quota_limit",
+            "resourcequota limit for a certain device",
+            quota_limit.clone(),
+        );
         Arc::new(Self {
             registry: Mutex::new(registry),
+            hami: Mutex::new(hami),
             extender,
             webhook,
             allocations,
@@ -145,7 +196,10 @@ impl Metrics {
             node_locks,
             node_locks_expired,
             node_lock_oldest,
+            quota_used,
+            quota_limit,
             projection,
+            request,
         })
     }
 
@@ -159,10 +213,13 @@ impl Metrics {
         // Held while the gauges are refreshed, so concurrent scrapes do not
         // interleave clearing and filling the per-node families.
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let hami = self.hami.lock().unwrap_or_else(|e| e.into_inner());
         self.refresh(now);
         let mut text = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut text, &registry);
+        let _ = encode_registry(&mut text, &registry);
+        let _ = encode_registry(&mut text, &hami);
+        let _ = encode_eof(&mut text);
         text
     }
 
@@ -215,5 +272,30 @@ impl Metrics {
         self.node_locks.set(count(locks.count));
         self.node_locks_expired.set(count(locks.expired));
         self.node_lock_oldest.set(locks.oldest_age_seconds);
+        self.quota_used.clear();
+        self.quota_limit.clear();
+        for (namespace, limits, used) in self.projection.quota_usage(&self.request) {
+            for (resource, limit) in limits {
+                let held = used.get(&resource).copied().unwrap_or(0);
+                let labels = QuotaLabels {
+                    namespace: namespace.clone(),
+                    quota_name: resource,
+                };
+                self.quota_used
+                    .get_or_create(&QuotaUsedLabels {
+                        namespace: labels.namespace.clone(),
+                        quota_name: labels.quota_name.clone(),
+                        limit: limit.hard.to_string(),
+                    })
+                    .set(count_u64(held.div_ceil(limit.unit.max(1))));
+                self.quota_limit
+                    .get_or_create(&labels)
+                    .set(count_u64(limit.hard));
+            }
+        }
     }
+}
+
+fn count_u64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

@@ -30,7 +30,7 @@ fn ago(seconds: i64) -> String {
 
 fn setup() -> (Arc<Metrics>, Feeder) {
     let (projection, feeder) = Projection::new();
-    (Metrics::new(projection), feeder)
+    (Metrics::new(projection, Default::default()), feeder)
 }
 
 fn render(metrics: &Metrics) -> String {

@@ -163,6 +163,7 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
                 mutex: d.mutex,
             })
             .collect(),
+        quota: spec.quota.clone(),
     })
 }
 

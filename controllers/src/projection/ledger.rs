@@ -3,7 +3,8 @@
 //!
 //! Usage is never stored anywhere else: each node's usage is the fold of the
 //! live allocations on it, kept up to date incrementally (add on insert,
-//! subtract on removal) and refolded when a node's devices change.
+//! subtract on removal) and refolded when a node's devices change; so is
+//! what each namespace's allocations count against its quotas.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -11,7 +12,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use tessera_api::v1alpha1::{MigPlacement, PlacementScore};
 
-use crate::engine::{GpuDevice, MigCut, NodeGpus, Slice};
+use crate::engine::{
+    GpuDevice, MigCut, NodeGpus, Slice,
+    quota::{Charge, accumulate},
+};
 
 /// How [`super::not_ready`]'s reason starts for a node behind the DRA door.
 pub const DRA_DOOR: &str = "FrontDoorDra";
@@ -34,6 +38,8 @@ pub struct LiveAllocation {
     pub node: String,
     /// Every slice of every container.
     pub slices: Vec<UuidSlice>,
+    /// What the pod counts against its namespace's quotas.
+    pub quota: Charge,
 }
 
 /// A slice of the device with this UUID.
@@ -80,6 +86,8 @@ pub struct Ledger {
     ready_since: HashMap<String, Timestamp>,
     allocations: HashMap<AllocationKey, LiveAllocation>,
     by_node: HashMap<String, BTreeSet<AllocationKey>>,
+    /// What each namespace's live allocations count against its quotas.
+    by_namespace: HashMap<String, Charge>,
 }
 
 impl Ledger {
@@ -91,6 +99,19 @@ impl Ledger {
     /// A live allocation.
     pub fn allocation(&self, key: &AllocationKey) -> Option<&LiveAllocation> {
         self.allocations.get(key)
+    }
+
+    /// What the live allocations of `namespace` count against its quotas.
+    pub fn namespace_used(&self, namespace: &str) -> &Charge {
+        static NONE: Charge = Charge::new();
+        self.by_namespace.get(namespace).unwrap_or(&NONE)
+    }
+
+    /// Every namespace whose allocations count against quotas, with what.
+    pub fn namespaces_used(&self) -> impl Iterator<Item = (&str, &Charge)> {
+        self.by_namespace
+            .iter()
+            .map(|(ns, used)| (ns.as_str(), used))
     }
 
     /// Number of GPU nodes.
@@ -252,6 +273,10 @@ impl Ledger {
             .entry(allocation.node.clone())
             .or_default()
             .insert(key.clone());
+        if !allocation.quota.is_empty() {
+            let used = self.by_namespace.entry(key.namespace.clone()).or_default();
+            accumulate(used, &allocation.quota, true);
+        }
         self.allocations.insert(key, allocation);
     }
 
@@ -271,6 +296,12 @@ impl Ledger {
             keys.remove(key);
             if keys.is_empty() {
                 self.by_node.remove(&allocation.node);
+            }
+        }
+        if let Some(used) = self.by_namespace.get_mut(&key.namespace) {
+            accumulate(used, &allocation.quota, false);
+            if used.is_empty() {
+                self.by_namespace.remove(&key.namespace);
             }
         }
         true
@@ -394,6 +425,7 @@ mod tests {
 
     fn alloc(uid: &str, node: &str, uuid: &str, mib: u64) -> LiveAllocation {
         LiveAllocation {
+            quota: Default::default(),
             pod_uid: uid.into(),
             node: node.into(),
             slices: vec![UuidSlice {
@@ -422,6 +454,39 @@ mod tests {
         ledger.set_node("n1", vec![device("GPU-1"), device("GPU-0")]);
         assert_eq!(ledger.node("n1").unwrap().usage[1].memory_mib, 300);
         assert_eq!(ledger.node("n1").unwrap().usage[0].memory_mib, 0);
+    }
+
+    #[test]
+    fn namespace_usage_follows_inserts_removals_and_relists() {
+        let charged = |mib: u64| Charge::from([("nvidia.com/gpumem".to_owned(), mib)]);
+        let with_quota = |uid: &str, mib: u64| LiveAllocation {
+            quota: charged(mib),
+            ..alloc(uid, "n1", "GPU-0", mib)
+        };
+        let in_ns = |ns: &str, name: &str| AllocationKey {
+            namespace: ns.into(),
+            name: name.into(),
+        };
+        let mut ledger = Ledger::default();
+        ledger.insert_allocation(in_ns("a", "p1"), with_quota("u1", 300));
+        ledger.insert_allocation(in_ns("a", "p2"), with_quota("u2", 200));
+        ledger.insert_allocation(in_ns("b", "p1"), with_quota("u3", 50));
+        // The same event again, and a stale delete, change nothing.
+        ledger.insert_allocation(in_ns("a", "p1"), with_quota("u1", 300));
+        assert!(!ledger.remove_allocation(&in_ns("a", "p2"), Some("old")));
+        assert_eq!(ledger.namespace_used("a"), &charged(500));
+        assert!(ledger.remove_allocation(&in_ns("a", "p2"), Some("u2")));
+        assert_eq!(ledger.namespace_used("a"), &charged(300));
+        // A restart relists: the sums are rebuilt exactly.
+        ledger.replace_allocations([
+            (in_ns("a", "p3"), with_quota("u4", 700)),
+            (in_ns("b", "p1"), with_quota("u3", 50)),
+        ]);
+        assert_eq!(ledger.namespace_used("a"), &charged(700));
+        assert_eq!(ledger.namespace_used("b"), &charged(50));
+        ledger.remove_allocation(&in_ns("b", "p1"), None);
+        assert!(ledger.namespace_used("b").is_empty());
+        assert_eq!(ledger.namespaces_used().count(), 1);
     }
 
     #[test]

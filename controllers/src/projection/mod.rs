@@ -24,20 +24,33 @@ mod leases;
 mod ledger;
 mod locks;
 mod nudge;
+mod quotas;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::{
-    api::{coordination::v1::Lease, core::v1::Pod},
+    api::{
+        coordination::v1::Lease,
+        core::v1::{Pod, ResourceQuota},
+    },
     jiff::Timestamp,
 };
 use kube::{Client, runtime::watcher};
-use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
+use tessera_api::{
+    request::RequestConfig,
+    v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation},
+};
 use tokio::sync::{mpsc, watch};
 
 pub use crate::cache::Watches;
-use crate::{cache::Cache, engine::NodeGpus};
+use crate::{
+    cache::Cache,
+    engine::{
+        NodeGpus,
+        quota::{Charge, Limits},
+    },
+};
 
 pub use agents::{AgentPods, agent_pod_down};
 pub use ages::{LockAges, LockTimes, lock_ages, oldest_age_seconds, seconds_since};
@@ -47,6 +60,7 @@ pub use ledger::DRA_DOOR;
 pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
 pub use locks::LockTable;
 pub use nudge::Waiters;
+pub use quotas::{QuotaTable, limits_keys};
 
 /// What the projection's readers and its [`Feeder`] share: the ledger, the
 /// lock and Lease tables, who waits for capacity, the agent pods and the
@@ -62,6 +76,7 @@ struct Shared {
     freed_nodes: Arc<std::sync::Mutex<Option<mpsc::UnboundedReceiver<String>>>>,
     agent_pods: Arc<std::sync::Mutex<AgentPods>>,
     phases: Phases,
+    quotas: Arc<RwLock<QuotaTable>>,
 }
 
 /// The shared ledger and whether its first list has completed.
@@ -174,6 +189,8 @@ impl Projection {
                     .feed(events, |f, e, _: &mut ()| f.agent_pod_event(e)),
             );
         }
+        let quotas = cache.quotas().events();
+        tokio::spawn(feeder.clone().feed(quotas, Feeder::quota_event));
         let allocations = cache.allocations().events();
         tokio::spawn(feeder.feed(allocations, Feeder::allocation_event));
         projection
@@ -243,18 +260,21 @@ impl Projection {
     /// Bind's reservation, made before its writes so the next Filter
     /// already sees it: under the ledger's write lock, drops any earlier
     /// reservation of `key` by pod `uid`, lets `decide` place the pod on
-    /// `node` as the ledger holds it now (`None`: no GpuNode), and reserves
-    /// the allocation it returns. No other Bind decides in between.
+    /// `node` as the ledger holds it now (`None`: no GpuNode) beside what
+    /// the pod's namespace holds against its quotas, and reserves the
+    /// allocation it returns. No other Bind decides in between, so two pods
+    /// never both pass a quota that has room for one.
     pub fn assume<T, E>(
         &self,
         key: &AllocationKey,
         uid: &str,
         node: &str,
-        decide: impl FnOnce(Option<&NodeGpus>) -> Result<(T, LiveAllocation), E>,
+        decide: impl FnOnce(Option<&NodeGpus>, &Charge) -> Result<(T, LiveAllocation), E>,
     ) -> Result<T, E> {
         let mut ledger = self.write();
         ledger.remove_allocation(key, Some(uid));
-        let (decided, allocation) = decide(ledger.node(node))?;
+        let (decided, allocation) =
+            decide(ledger.node(node), ledger.namespace_used(&key.namespace))?;
         ledger.insert_allocation(key.clone(), allocation);
         Ok(decided)
     }
@@ -265,6 +285,33 @@ impl Projection {
         if self.write().remove_allocation(key, Some(uid)) {
             self.freed(node);
         }
+    }
+
+    /// The device limits of `namespace`'s ResourceQuotas under `config`
+    /// (empty: none).
+    pub fn quota_limits(&self, namespace: &str, config: &RequestConfig) -> Limits {
+        self.shared
+            .quotas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .limits(namespace, config)
+    }
+
+    /// Every namespace with a device quota, with its limits under `config`
+    /// and what its pods hold.
+    pub fn quota_usage(&self, config: &RequestConfig) -> Vec<(String, Limits, Charge)> {
+        let quotas = self.shared.quotas.read().unwrap_or_else(|e| e.into_inner());
+        let ledger = self.read();
+        quotas
+            .namespaces()
+            .map(|ns| {
+                (
+                    ns.to_owned(),
+                    quotas.limits(ns, config),
+                    ledger.namespace_used(ns).clone(),
+                )
+            })
+            .collect()
     }
 
     /// How many allocations are in each phase (`Pending` before any status).
@@ -425,6 +472,35 @@ impl Feeder {
                 self.freed_all();
             }
         }
+    }
+
+    /// Applies one ResourceQuota event. A quota that changes may let pods
+    /// in that it turned away: every waiting node is nudged.
+    pub fn quota_event(
+        &self,
+        event: watcher::Event<ResourceQuota>,
+        relist: &mut Vec<ResourceQuota>,
+    ) {
+        let mut quotas = self
+            .shared
+            .quotas
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Apply(quota) => quotas.record(&quota),
+            watcher::Event::Delete(quota) => quotas.forget(&quota),
+            watcher::Event::Init => {
+                relist.clear();
+                return;
+            }
+            watcher::Event::InitApply(quota) => {
+                relist.push(quota);
+                return;
+            }
+            watcher::Event::InitDone => quotas.replace(relist.drain(..).as_slice()),
+        }
+        drop(quotas);
+        self.freed_all();
     }
 
     /// Applies one NodeLock event.

@@ -22,7 +22,7 @@ use kube::core::{
     admission::{AdmissionRequest, AdmissionResponse, AdmissionReview},
 };
 
-pub use mutate::{DEFAULT_SCHEDULER, Verdict, mutate};
+pub use mutate::{DEFAULT_SCHEDULER, NamespaceQuota, Verdict, mutate};
 
 pub use metrics::{Outcome, OutcomeLabels, WebhookMetrics};
 
@@ -85,13 +85,25 @@ impl Webhook {
             return (Outcome::Allowed, response.into_review());
         };
         let largest = self.projection.read().largest_device_mib();
+        let namespace = request.namespace.as_deref().unwrap_or("default");
+        let limits = self
+            .projection
+            .quota_limits(namespace, &self.config.request);
+        let quota = NamespaceQuota {
+            used: if limits.is_empty() {
+                Default::default()
+            } else {
+                self.projection.read().namespace_used(namespace).clone()
+            },
+            limits,
+        };
         let name = pod
             .metadata
             .name
             .as_deref()
             .or(pod.metadata.generate_name.as_deref())
             .unwrap_or_default();
-        match mutate(pod, &self.config, largest) {
+        match mutate(pod, &self.config, largest, &quota) {
             Verdict::Untouched => (Outcome::Allowed, response.into_review()),
             Verdict::Denied(message) => {
                 tracing::info!(namespace = ?request.namespace, pod = name, reason = %message, "denied GPU pod");

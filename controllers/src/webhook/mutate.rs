@@ -6,7 +6,7 @@ use k8s_openapi::{
 };
 use tessera_api::request::{MemoryRequest, PodRequest, parse_pod};
 
-use crate::config::Config;
+use crate::{config::Config, engine::quota, extender::OVER_QUOTA};
 
 /// The default scheduler's name; pods naming it are moved to Tessera's.
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -25,8 +25,15 @@ pub enum Verdict {
 /// Validates a pod's GPU request, fills HAMi's defaults and sets the scheduler.
 ///
 /// `largest_device_mib` is the largest GPU the cluster has (when known), so a
-/// request no GPU can ever satisfy is refused now rather than left Pending.
-pub fn mutate(pod: &Pod, config: &Config, largest_device_mib: Option<u64>) -> Verdict {
+/// request no GPU can ever satisfy is refused now rather than left Pending;
+/// `quota` is the pod's namespace's device limits and what its pods hold, so
+/// a pod that cannot fit them wherever it goes is refused now too.
+pub fn mutate(
+    pod: &Pod,
+    config: &Config,
+    largest_device_mib: Option<u64>,
+    quota: &NamespaceQuota,
+) -> Verdict {
     let request = match parse_pod(pod, &config.request) {
         Ok(None) => return Verdict::Untouched,
         Ok(Some(request)) => request,
@@ -80,6 +87,14 @@ pub fn mutate(pod: &Pod, config: &Config, largest_device_mib: Option<u64>) -> Ve
         ));
     }
 
+    if let Err(over) = quota::check(
+        &quota.limits,
+        &quota.used,
+        &quota::least_charge(&request, &config.request),
+    ) {
+        return Verdict::Denied(format!("{OVER_QUOTA}{over}"));
+    }
+
     let mut mutated = pod.clone();
     fill_defaults(&mut mutated, &request, config);
     super::vendors::pod_annotations(&mut mutated, &request.containers);
@@ -87,6 +102,15 @@ pub fn mutate(pod: &Pod, config: &Config, largest_device_mib: Option<u64>) -> Ve
     let spec = mutated.spec.get_or_insert_default();
     spec.scheduler_name = Some(config.scheduler_name.clone());
     Verdict::Mutated(Box::new(mutated))
+}
+
+/// A namespace's device limits and what its pods hold against them.
+#[derive(Clone, Debug, Default)]
+pub struct NamespaceQuota {
+    /// The limits of its ResourceQuotas.
+    pub limits: quota::Limits,
+    /// What its live allocations count.
+    pub used: quota::Charge,
 }
 
 /// Writes the defaults HAMi's webhook writes: the GPU count where only memory
@@ -199,7 +223,10 @@ mod tests {
         let plain = pod(
             json!({"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}], "nodeName": "n"}),
         );
-        assert_eq!(mutate(&plain, &Config::default(), None), Verdict::Untouched);
+        assert_eq!(
+            mutate(&plain, &Config::default(), None, &NamespaceQuota::default()),
+            Verdict::Untouched
+        );
     }
 
     #[test]
@@ -208,6 +235,7 @@ mod tests {
             &gpu_pod(json!({"nvidia.com/gpumem": "3000"})),
             &Config::default(),
             Some(81920),
+            &NamespaceQuota::default(),
         ));
         assert_eq!(out["spec"]["schedulerName"], "tessera-scheduler");
         assert_eq!(
@@ -219,6 +247,7 @@ mod tests {
             &gpu_pod(json!({"nvidia.com/gpu": "2"})),
             &Config::default(),
             None,
+            &NamespaceQuota::default(),
         ));
         assert_eq!(
             whole["spec"]["containers"][0]["resources"]["limits"],
@@ -226,7 +255,12 @@ mod tests {
         );
 
         let explicit = gpu_pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}));
-        let same = mutated(mutate(&explicit, &Config::default(), None));
+        let same = mutated(mutate(
+            &explicit,
+            &Config::default(),
+            None,
+            &NamespaceQuota::default(),
+        ));
         assert_eq!(
             same["spec"]["containers"][0]["resources"]["limits"],
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"})
@@ -269,7 +303,12 @@ mod tests {
             ),
         ];
         for (pod, needle) in cases {
-            let message = denied(mutate(&pod, &Config::default(), Some(81920)));
+            let message = denied(mutate(
+                &pod,
+                &Config::default(),
+                Some(81920),
+                &NamespaceQuota::default(),
+            ));
             assert!(message.contains(needle), "{message:?} lacks {needle:?}");
         }
     }
@@ -287,7 +326,12 @@ mod tests {
             json!([{"name": "HOME", "value": "/"}, {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"}]),
         );
         assert_eq!(
-            denied(mutate(&lifting, &Config::default(), None)),
+            denied(mutate(
+                &lifting,
+                &Config::default(),
+                None,
+                &NamespaceQuota::default()
+            )),
             "container \"side\": env[1] CUDA_DEVICE_MEMORY_LIMIT_0: the node agent sets this variable to enforce the container's GPU slice, and a value set here would override it; remove it (the controller's allowEnforcementEnv lets pods set it)"
         );
         let disabling = setting(
@@ -295,21 +339,34 @@ mod tests {
             json!([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]),
         );
         assert!(
-            denied(mutate(&disabling, &Config::default(), None))
-                .contains("env[0] CUDA_DISABLE_CONTROL")
+            denied(mutate(
+                &disabling,
+                &Config::default(),
+                None,
+                &NamespaceQuota::default()
+            ))
+            .contains("env[0] CUDA_DISABLE_CONTROL")
         );
 
         let allowed = Config {
             allow_enforcement_env: true,
             ..Config::default()
         };
-        mutated(mutate(&lifting, &allowed, None));
+        mutated(mutate(&lifting, &allowed, None, &NamespaceQuota::default()));
         let harmless = setting("side", json!([{"name": "LIBCUDA_LOG_LEVEL", "value": "4"}]));
-        mutated(mutate(&harmless, &Config::default(), None));
+        mutated(mutate(
+            &harmless,
+            &Config::default(),
+            None,
+            &NamespaceQuota::default(),
+        ));
         // Pods without GPUs may set anything.
         let plain = pod(
             json!({"containers": [{"name": "c", "env": [{"name": "CUDA_DISABLE_CONTROL", "value": "1"}]}]}),
         );
-        assert_eq!(mutate(&plain, &Config::default(), None), Verdict::Untouched);
+        assert_eq!(
+            mutate(&plain, &Config::default(), None, &NamespaceQuota::default()),
+            Verdict::Untouched
+        );
     }
 }

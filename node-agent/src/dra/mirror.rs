@@ -88,6 +88,7 @@ pub fn mirror(
             ..ObjectMeta::default()
         },
         spec: VgpuAllocationSpec {
+            quota: Default::default(),
             pod_name: pod.name.clone(),
             pod_uid: pod.uid.clone(),
             node_name: node.to_owned(),

@@ -1,0 +1,204 @@
+//! Device quotas (HAMi's, made exact): what a pod counts against its
+//! namespace's ResourceQuotas, and whether that still fits.
+//!
+//! A namespace limits a device resource with a `limits.<name>` key in a
+//! ResourceQuota (`limits.nvidia.com/gpumem: 16000`); several quotas in a
+//! namespace must all hold, so the tightest counts, and an explicit 0 allows
+//! none. A pod counts what it is actually given: each slice's memory in MiB
+//! (percentages resolved on the device it got) and its cores, summed per
+//! container, with init containers counted as the kubelet counts them:
+//! `max(app containers + sidecars, each init container + the sidecars
+//! started before it)`.
+
+use std::{collections::BTreeMap, fmt};
+
+use tessera_api::request::{ContainerKind, PodRequest, RequestConfig};
+
+use super::placement::Placement;
+
+/// Amounts by device resource name: memory in MiB, cores as slices hold them.
+pub type Charge = BTreeMap<String, u64>;
+
+/// What `request`, placed as `placement`, counts against its namespace's
+/// quotas.
+pub fn charge(request: &PodRequest, placement: &Placement, config: &RequestConfig) -> Charge {
+    let per_container = request
+        .containers
+        .iter()
+        .zip(&placement.containers)
+        .map(|(c, p)| {
+            let names = config.quota_names(c);
+            let mut amounts = Charge::new();
+            for slice in &p.slices {
+                if let Some((memory, _)) = names.memory {
+                    add(&mut amounts, memory, slice.memory_mib);
+                }
+                if let Some(cores) = names.cores {
+                    add(&mut amounts, cores, u64::from(slice.cores));
+                }
+            }
+            (c.kind, amounts)
+        });
+    collapse(per_container)
+}
+
+/// The least `request` can count wherever it goes, before placement: memory
+/// asked in MiB and cores; a percentage of a device's memory counts 0 here
+/// (Filter and Bind count it exactly on each node).
+pub fn least_charge(request: &PodRequest, config: &RequestConfig) -> Charge {
+    let per_container = request.containers.iter().map(|c| {
+        let names = config.quota_names(c);
+        let mut amounts = Charge::new();
+        let count = u64::from(c.count);
+        if let (Some((memory, _)), tessera_api::request::MemoryRequest::Mib(mib)) =
+            (names.memory, c.memory)
+        {
+            add(&mut amounts, memory, mib.saturating_mul(count));
+        }
+        if let Some(cores) = names.cores {
+            add(
+                &mut amounts,
+                cores,
+                u64::from(c.cores).saturating_mul(count),
+            );
+        }
+        (c.kind, amounts)
+    });
+    collapse(per_container)
+}
+
+fn add(amounts: &mut Charge, name: &str, amount: u64) {
+    let total = amounts.entry(name.to_owned()).or_default();
+    *total = total.saturating_add(amount);
+}
+
+/// The kubelet's effective request over containers in start order.
+fn collapse(containers: impl Iterator<Item = (ContainerKind, Charge)>) -> Charge {
+    let mut running = Charge::new();
+    let mut sidecars = Charge::new();
+    let mut peak = Charge::new();
+    for (kind, amounts) in containers {
+        match kind {
+            ContainerKind::Init => {
+                for (name, amount) in amounts {
+                    let during = amount.saturating_add(sidecars.get(&name).copied().unwrap_or(0));
+                    let highest = peak.entry(name).or_default();
+                    *highest = (*highest).max(during);
+                }
+            }
+            ContainerKind::Sidecar => {
+                for (name, amount) in amounts {
+                    add(&mut sidecars, &name, amount);
+                    add(&mut running, &name, amount);
+                }
+            }
+            ContainerKind::App => {
+                for (name, amount) in amounts {
+                    add(&mut running, &name, amount);
+                }
+            }
+        }
+    }
+    for (name, amount) in peak {
+        let total = running.entry(name).or_default();
+        *total = (*total).max(amount);
+    }
+    running.retain(|_, amount| *amount > 0);
+    running
+}
+
+/// One device resource's limit in a namespace: the tightest of its quotas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// The ResourceQuota that sets it.
+    pub quota: String,
+    /// The limit, in the resource's unit.
+    pub hard: u64,
+    /// MiB per unit (memory resources); 1 for cores.
+    pub unit: u64,
+}
+
+impl Limit {
+    /// The limit in the charge's unit (MiB for memory).
+    pub fn in_charge_units(&self) -> u64 {
+        self.hard.saturating_mul(self.unit)
+    }
+}
+
+/// A namespace's device limits by resource name.
+pub type Limits = BTreeMap<String, Limit>;
+
+/// Why a pod does not fit its namespace's quota: the first resource over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverQuota {
+    /// The resource name (`nvidia.com/gpumem`).
+    pub resource: String,
+    /// Its limit.
+    pub limit: Limit,
+    /// What the namespace's pods hold, in the charge's unit.
+    pub used: u64,
+    /// What the pod asks, in the charge's unit.
+    pub asked: u64,
+}
+
+impl fmt::Display for OverQuota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            resource,
+            limit,
+            used,
+            asked,
+        } = self;
+        let unit = if limit.unit > 1 {
+            format!(" ({} MiB each)", limit.unit)
+        } else {
+            String::new()
+        };
+        write!(
+            f,
+            "ResourceQuota {:?} allows limits.{resource}: {}{unit}; the namespace's pods hold {}, this pod would add {}",
+            limit.quota,
+            limit.hard,
+            in_units(*used, limit.unit),
+            in_units(*asked, limit.unit),
+        )
+    }
+}
+
+/// `amount` in units of `unit`, rounded up.
+fn in_units(amount: u64, unit: u64) -> u64 {
+    amount.div_ceil(unit.max(1))
+}
+
+/// Whether `asked` fits beside `used` under `limits`; the first resource
+/// (by name) it would take past its limit otherwise.
+pub fn check(limits: &Limits, used: &Charge, asked: &Charge) -> Result<(), OverQuota> {
+    for (resource, &amount) in asked {
+        let Some(limit) = limits.get(resource) else {
+            continue;
+        };
+        let held = used.get(resource).copied().unwrap_or(0);
+        if held.saturating_add(amount) > limit.in_charge_units() {
+            return Err(OverQuota {
+                resource: resource.clone(),
+                limit: limit.clone(),
+                used: held,
+                asked: amount,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Adds (or with `sign` false removes) `charge` to a running total.
+pub fn accumulate(total: &mut Charge, charge: &Charge, sign: bool) {
+    for (name, &amount) in charge {
+        let held = total.entry(name.clone()).or_default();
+        *held = if sign {
+            held.saturating_add(amount)
+        } else {
+            held.saturating_sub(amount)
+        };
+    }
+    total.retain(|_, amount| *amount > 0);
+}

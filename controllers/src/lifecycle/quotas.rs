@@ -1,0 +1,184 @@
+//! Device quota usage where `kubectl` shows quotas: for every ResourceQuota
+//! that limits a device resource (`limits.nvidia.com/gpumem`), what the
+//! namespace's GPU pods hold, in `status.used` under the same key, so
+//! `kubectl describe quota` lists it beside the limit.
+//!
+//! The kube quota controller computes no usage for these keys (it counts
+//! only `requests.` for extended resources) and keeps values it did not
+//! compute, so the two writers do not fight: each merge-patches its own keys.
+//! The figure is the sum of the live VgpuAllocations' `spec.quota` in the
+//! namespace, in the resource's unit (memory rounded up).
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use tessera_api::{
+    request::{LIMITS_PREFIX, QuotaResource, RequestConfig},
+    v1alpha1::VgpuAllocation,
+};
+use tessera_kubekit::Watched;
+
+/// How long changes gather before the quotas are compared again.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// Keeps every device quota's `status.used` current until dropped.
+pub async fn run(
+    client: Client,
+    quotas: Watched<ResourceQuota>,
+    allocations: Watched<VgpuAllocation>,
+    request: RequestConfig,
+) {
+    let (mut quota_changes, mut allocation_changes) = (quotas.changes(), allocations.changes());
+    loop {
+        let held = held_by_namespace(&allocations.store().state());
+        for quota in quotas.store().state() {
+            let wanted = used_keys(&quota, &held, &request);
+            if wanted.is_empty() || already(&quota, &wanted) {
+                continue;
+            }
+            write(&client, &quota, wanted).await;
+        }
+        tokio::select! {
+            changed = quota_changes.changed() => if changed.is_err() { return },
+            changed = allocation_changes.changed() => if changed.is_err() { return },
+        }
+        tokio::time::sleep(SETTLE).await;
+    }
+}
+
+/// What the live allocations of each namespace count, by resource name.
+fn held_by_namespace(
+    allocations: &[std::sync::Arc<VgpuAllocation>],
+) -> BTreeMap<String, BTreeMap<String, u64>> {
+    let mut held: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for allocation in allocations.iter().filter(|a| a.is_live()) {
+        let namespace = held
+            .entry(allocation.namespace().unwrap_or_default())
+            .or_default();
+        for (name, amount) in &allocation.spec.quota {
+            let total = namespace.entry(name.clone()).or_default();
+            *total = total.saturating_add(*amount);
+        }
+    }
+    held
+}
+
+/// The `status.used` entries `quota` should show: one per `limits.` key of
+/// a device resource, in the resource's unit.
+fn used_keys(
+    quota: &ResourceQuota,
+    held: &BTreeMap<String, BTreeMap<String, u64>>,
+    request: &RequestConfig,
+) -> BTreeMap<String, String> {
+    let namespace = held.get(&quota.namespace().unwrap_or_default());
+    crate::projection::limits_keys(quota)
+        .filter_map(|(name, _)| {
+            let unit = match request.quota_resource(name)? {
+                QuotaResource::Memory { unit_mib } => unit_mib,
+                QuotaResource::Cores => 1,
+            };
+            let amount = namespace.and_then(|n| n.get(name)).copied().unwrap_or(0);
+            let used = amount.div_ceil(unit.max(1)).to_string();
+            Some((format!("{LIMITS_PREFIX}{name}"), used))
+        })
+        .collect()
+}
+
+/// Whether the quota's status already says so.
+fn already(quota: &ResourceQuota, wanted: &BTreeMap<String, String>) -> bool {
+    let used = quota.status.as_ref().and_then(|s| s.used.as_ref());
+    wanted.iter().all(|(key, value)| {
+        used.and_then(|u| u.get(key))
+            .is_some_and(|shown| shown == &Quantity(value.clone()))
+    })
+}
+
+async fn write(client: &Client, quota: &ResourceQuota, wanted: BTreeMap<String, String>) {
+    let namespace = quota.namespace().unwrap_or_default();
+    let api: Api<ResourceQuota> = Api::namespaced(client.clone(), &namespace);
+    let patch = json!({"status": {"used": wanted}});
+    if let Err(error) = api
+        .patch_status(
+            &quota.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::warn!(%namespace, quota = %quota.name_any(), %error, "could not write the device quota's usage");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pretty_assertions::assert_eq;
+    use tessera_api::{
+        request::vendor_config,
+        testing::{allocation, container, slice},
+    };
+
+    use super::*;
+
+    fn quota(hard: &[(&str, &str)], used: &[(&str, &str)]) -> ResourceQuota {
+        serde_json::from_value(json!({
+            "metadata": {"name": "q", "namespace": "ml"},
+            "spec": {"hard": hard.iter().cloned().collect::<BTreeMap<_, _>>()},
+            "status": {"used": used.iter().cloned().collect::<BTreeMap<_, _>>()},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn usage_is_summed_per_namespace_in_the_resources_unit() {
+        let mut live = allocation("a", "uid-a", "n1")
+            .namespace("ml")
+            .container(container("main", vec![slice("GPU-0", 0, 8000, 30)]))
+            .build();
+        live.spec.quota = BTreeMap::from([
+            ("nvidia.com/gpumem".to_owned(), 8000),
+            ("nvidia.com/gpucores".to_owned(), 30),
+            ("mthreads.com/sgpu-memory".to_owned(), 1025),
+        ]);
+        let mut elsewhere = live.clone();
+        elsewhere.metadata.namespace = Some("other".into());
+        let held = held_by_namespace(&[live.into(), elsewhere.into()]);
+        let q = quota(
+            &[
+                ("limits.nvidia.com/gpumem", "16000"),
+                ("limits.mthreads.com/sgpu-memory", "8"),
+                ("limits.nvidia.com/gpucores", "100"),
+                ("limits.cpu", "4"),
+                ("requests.nvidia.com/gpumem", "4"),
+            ],
+            &[("limits.cpu", "1")],
+        );
+        let wanted = used_keys(&q, &held, &vendor_config());
+        assert_eq!(
+            wanted,
+            BTreeMap::from([
+                ("limits.mthreads.com/sgpu-memory".to_owned(), "3".to_owned()),
+                ("limits.nvidia.com/gpucores".to_owned(), "30".to_owned()),
+                ("limits.nvidia.com/gpumem".to_owned(), "8000".to_owned()),
+            ])
+        );
+        assert!(!already(&q, &wanted));
+        let shown = quota(
+            &[],
+            &[
+                ("limits.mthreads.com/sgpu-memory", "3"),
+                ("limits.nvidia.com/gpucores", "30"),
+                ("limits.nvidia.com/gpumem", "8000"),
+            ],
+        );
+        assert!(already(&shown, &wanted));
+        assert_eq!(
+            used_keys(&q, &BTreeMap::new(), &vendor_config())["limits.nvidia.com/gpumem"],
+            "0"
+        );
+    }
+}
