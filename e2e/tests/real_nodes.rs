@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ResourceQuota};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -345,6 +345,35 @@ async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metric
         return;
     }
     let stack = Stack::start(&[("node-s", 1)]).await;
+    // The namespace's GPU memory quota has room for exactly these two pods.
+    let quotas: Api<ResourceQuota> = Api::namespaced(stack.client.clone(), "default");
+    let quota = json!({"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "3072"}}});
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(quota).unwrap(),
+        )
+        .await
+        .unwrap();
+    // The controller reads quotas from its own watch: wait until it refuses
+    // what does not fit, before the two pods that do are created.
+    tessera_e2e::testkit::wait_for("the quota reaches the controller", WAIT, async || {
+        let big: Pod = serde_json::from_value(gpu_pod("too-big", 4096, None, "true")).unwrap();
+        let refused = stack
+            .pods()
+            .create(&PostParams::default(), &big)
+            .await
+            .is_err();
+        if !refused {
+            let _ = stack
+                .pods()
+                .delete("too-big", &DeleteParams::default())
+                .await;
+            stack.wait_gone("too-big").await;
+        }
+        refused.then_some(())
+    })
+    .await;
     let pods = [("share-1", 1024, 600 * MIB), ("share-2", 2048, 1500 * MIB)];
     for (name, limit, hold) in pods {
         let script = format!(
@@ -395,6 +424,28 @@ async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metric
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     stack.assert_no_locks().await;
+
+    // The quota is full: a third pod is refused, naming it, and the quota's
+    // status shows the usage beside kube-controller-manager's own fields.
+    let third: Pod = serde_json::from_value(gpu_pod("share-3", 512, None, "true")).unwrap();
+    let refused = stack
+        .pods()
+        .create(&PostParams::default(), &third)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("ResourceQuota \"gpu\" allows limits.nvidia.com/gpumem: 3072; the namespace's pods hold 3072, this pod would add 512"),
+        "{refused}"
+    );
+    tessera_e2e::testkit::wait_for("the quota's status shows the usage", WAIT, async || {
+        let status = quotas.get("gpu").await.ok()?.status?;
+        let key = "limits.nvidia.com/gpumem";
+        let used = status.used?.get(key)?.0.clone();
+        let hard = status.hard?.get(key)?.0.clone();
+        (used == "3072" && hard == "3072").then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
