@@ -16,8 +16,10 @@ pub struct Config {
     /// Resource names and request defaults (HAMi's `nvidia:` section).
     #[serde(flatten)]
     pub request: RequestConfig,
-    /// GPU policy when a pod sets none (HAMi default: spread).
-    pub gpu_scheduler_policy: SchedulingPolicy,
+    /// GPU policy when a pod sets none (HAMi default: spread): `binpack`,
+    /// `spread`, `mutex` or a comma list of them, as HAMi's
+    /// `--gpu-scheduler-policy` takes.
+    pub gpu_scheduler_policy: GpuPolicy,
     /// Node policy when a pod sets none (HAMi default: binpack).
     pub node_scheduler_policy: SchedulingPolicy,
     /// The scheduler name the webhook gives GPU pods.
@@ -37,7 +39,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             request: RequestConfig::default(),
-            gpu_scheduler_policy: SchedulingPolicy::Spread,
+            gpu_scheduler_policy: GpuPolicy::default(),
             node_scheduler_policy: SchedulingPolicy::Binpack,
             scheduler_name: names::DEFAULT_SCHEDULER_NAME.to_owned(),
             node_lock_ttl_seconds: 60,
@@ -47,7 +49,63 @@ impl Default for Config {
     }
 }
 
+/// The cluster's GPU policy: how GPUs are ordered, and whether pods take
+/// only idle GPUs (HAMi's `mutex`) unless they say otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct GpuPolicy {
+    /// binpack or spread (spread when the list names neither, as HAMi).
+    pub order: SchedulingPolicy,
+    /// Whether `mutex` is in the list.
+    pub mutex: bool,
+}
+
+impl Default for GpuPolicy {
+    fn default() -> Self {
+        Self {
+            order: SchedulingPolicy::Spread,
+            mutex: false,
+        }
+    }
+}
+
+impl TryFrom<String> for GpuPolicy {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        let (order, mutex) = tessera_api::request::parse_gpu_policy(&value)
+            .map_err(|rule| format!("gpuSchedulerPolicy {rule}"))?;
+        Ok(Self {
+            order: order.unwrap_or(SchedulingPolicy::Spread),
+            mutex,
+        })
+    }
+}
+
+impl From<GpuPolicy> for String {
+    fn from(policy: GpuPolicy) -> Self {
+        let order = policy.order.as_str();
+        if policy.mutex {
+            format!("{order},mutex")
+        } else {
+            order.to_owned()
+        }
+    }
+}
+
 impl Config {
+    /// The pod's options with the cluster's defaults for what it left
+    /// unsaid: the GPU order and `mutex`.
+    pub fn gpu_policy_of(
+        &self,
+        options: &mut tessera_api::request::PodOptions,
+    ) -> SchedulingPolicy {
+        options.mutex.get_or_insert(self.gpu_scheduler_policy.mutex);
+        options
+            .gpu_policy
+            .unwrap_or(self.gpu_scheduler_policy.order)
+    }
+
     /// Parses and validates a YAML configuration.
     pub fn from_yaml(text: &str) -> Result<Self, Error> {
         let config: Self =
@@ -92,7 +150,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.request.default_memory, 4096);
-        assert_eq!(config.gpu_scheduler_policy, SchedulingPolicy::Binpack);
+        assert_eq!(config.gpu_scheduler_policy.order, SchedulingPolicy::Binpack);
         assert_eq!(config.node_scheduler_policy, SchedulingPolicy::Binpack);
         assert_eq!(config.node_lock_ttl_seconds, 30);
         for (yaml, needle) in [
@@ -104,5 +162,46 @@ mod tests {
             let err = Config::from_yaml(yaml).unwrap_err().to_string();
             assert!(err.contains(needle), "{yaml}: {err}");
         }
+    }
+
+    #[test]
+    fn the_gpu_policy_takes_hamis_chains_and_pods_override_it() {
+        let mutex = Config::from_yaml("gpuSchedulerPolicy: \"binpack, mutex\"").unwrap();
+        assert_eq!(
+            mutex.gpu_scheduler_policy,
+            GpuPolicy {
+                order: SchedulingPolicy::Binpack,
+                mutex: true
+            }
+        );
+        let alone = Config::from_yaml("gpuSchedulerPolicy: mutex").unwrap();
+        assert_eq!(alone.gpu_scheduler_policy.order, SchedulingPolicy::Spread);
+        assert_eq!(
+            serde_yaml_ng::to_string(&mutex.gpu_scheduler_policy)
+                .unwrap()
+                .trim(),
+            "binpack,mutex"
+        );
+        let err = Config::from_yaml("gpuSchedulerPolicy: numa")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "gpuSchedulerPolicy must be a comma list of binpack, spread and mutex, got \"numa\""
+            ),
+            "{err}"
+        );
+
+        // A pod without the annotation takes the default; one with it, its own.
+        let mut unsaid = tessera_api::request::PodOptions::default();
+        assert_eq!(mutex.gpu_policy_of(&mut unsaid), SchedulingPolicy::Binpack);
+        assert_eq!(unsaid.mutex, Some(true));
+        let mut spread = tessera_api::request::PodOptions {
+            gpu_policy: Some(SchedulingPolicy::Spread),
+            mutex: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(mutex.gpu_policy_of(&mut spread), SchedulingPolicy::Spread);
+        assert_eq!(spread.mutex, Some(false));
     }
 }

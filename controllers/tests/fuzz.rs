@@ -621,10 +621,12 @@ fn fuzz_extender_args() {
                 }
                 // A node Filter calls feasible is one Bind's fit can place the pod on.
                 if let Ok(Some(request)) = &request {
+                    let mut request = request.clone();
+                    let policy = config.gpu_policy_of(&mut request.options);
                     let ledger = projection.read();
                     for name in &feasible {
                         let node = ledger.node(name).unwrap();
-                        let placement = engine::fit(node, request, config.gpu_scheduler_policy);
+                        let placement = engine::fit(node, &request, policy);
                         prop_assert!(placement.is_ok(), "{name} feasible but {:?}", placement);
                         let mut after = node.clone();
                         for slice in placement.unwrap().slices() {

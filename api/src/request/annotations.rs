@@ -26,8 +26,9 @@ pub struct PodOptions {
     /// GPU policy override; `None`: the cluster default.
     pub gpu_policy: Option<SchedulingPolicy>,
     /// `mutex` in `hami.io/gpu-scheduler-policy`: only idle GPUs, each then
-    /// the pod's alone while it lives.
-    pub mutex: bool,
+    /// the pod's alone while it lives; `None` without the annotation (the
+    /// cluster default decides, as HAMi's `--gpu-scheduler-policy` does).
+    pub mutex: Option<bool>,
     /// How a GPU's slice, core and memory fractions weigh when the GPUs of
     /// a node are ordered (`hami.io/device-scoring-weights`).
     pub scoring_weights: ScoringWeights,
@@ -123,16 +124,29 @@ pub(super) fn list(value: Option<&str>) -> Vec<String> {
         .collect()
 }
 
-/// The GPU policy: a comma list (HAMi's policy chain) of at most one of
-/// binpack and spread (the first written orders the GPUs) and `mutex`
-/// (a filter: idle GPUs only). Blank entries are skipped.
+/// The pod's GPU policy annotation: its order and whether it asks for
+/// `mutex` (`None`, `None` without the annotation).
 fn gpu_policy(
     value: Option<&str>,
     violate: &mut impl FnMut(&str, String),
-) -> (Option<SchedulingPolicy>, bool) {
+) -> (Option<SchedulingPolicy>, Option<bool>) {
     let Some(value) = value else {
-        return (None, false);
+        return (None, None);
     };
+    match parse_gpu_policy(value) {
+        Ok((order, mutex)) => (order, Some(mutex)),
+        Err(rule) => {
+            violate(keys::GPU_SCHEDULER_POLICY, rule);
+            (None, None)
+        }
+    }
+}
+
+/// A GPU policy (HAMi's policy chain): a comma list of at most one of
+/// binpack and spread (the first written orders the GPUs; none: the
+/// default) and `mutex` (a filter: idle GPUs only). Blank entries are
+/// skipped; anything else is refused, naming it.
+pub fn parse_gpu_policy(value: &str) -> Result<(Option<SchedulingPolicy>, bool), String> {
     let (mut order, mut mutex) = (None, false);
     for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
         match token.to_ascii_lowercase().as_str() {
@@ -144,23 +158,18 @@ fn gpu_policy(
             }
             "mutex" => mutex = true,
             _ => {
-                violate(
-                    keys::GPU_SCHEDULER_POLICY,
-                    format!(
-                        "must be a comma list of binpack, spread and mutex, got {value:?} ({token:?} is not one; Tessera does not take HAMi's numa and topology-aware here)"
-                    ),
-                );
-                return (None, false);
+                return Err(format!(
+                    "must be a comma list of binpack, spread and mutex, got {value:?} ({token:?} is not one; Tessera does not take HAMi's numa and topology-aware here)"
+                ));
             }
         }
     }
     if order.is_none() && !mutex {
-        violate(
-            keys::GPU_SCHEDULER_POLICY,
-            format!("must be a comma list of binpack, spread and mutex, got {value:?}"),
-        );
+        return Err(format!(
+            "must be a comma list of binpack, spread and mutex, got {value:?}"
+        ));
     }
-    (order, mutex)
+    Ok((order, mutex))
 }
 
 fn policy(

@@ -54,7 +54,7 @@ mod tests;
 #[cfg(test)]
 mod vendor_tests;
 
-pub use annotations::PodOptions;
+pub use annotations::{PodOptions, parse_gpu_policy};
 pub use config::{RequestConfig, ResourceNames};
 pub use enflame::drs_profile;
 #[cfg(any(test, feature = "testing"))]

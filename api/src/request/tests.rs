@@ -387,7 +387,7 @@ fn annotations_parse_into_options() {
             numa_bind: true,
             vgpu_mode: Some(OperatingMode::Mig),
             gpu_policy: Some(SchedulingPolicy::Binpack),
-            mutex: false,
+            mutex: Some(false),
             scoring_weights: ScoringWeights::default(),
             node_policy: Some(SchedulingPolicy::Spread),
         }
@@ -416,7 +416,11 @@ fn gpu_policy_chains_and_weights_parse_into_options() {
         ("spread", Some(SchedulingPolicy::Spread), false),
     ] {
         let got = options(json!({"hami.io/gpu-scheduler-policy": policy}));
-        assert_eq!((got.gpu_policy, got.mutex), (order, mutex), "{policy:?}");
+        assert_eq!(
+            (got.gpu_policy, got.mutex),
+            (order, Some(mutex)),
+            "{policy:?}"
+        );
     }
     let weighted = options(json!({"hami.io/device-scoring-weights": "slot=1,core=1,memory=3"}));
     assert_eq!(
@@ -427,7 +431,7 @@ fn gpu_policy_chains_and_weights_parse_into_options() {
             memory: 3
         }
     );
-    assert!(!weighted.mutex && weighted.gpu_policy.is_none());
+    assert!(weighted.mutex.is_none() && weighted.gpu_policy.is_none());
 }
 
 #[test]

@@ -376,7 +376,7 @@ impl<'a> Filters<'a> {
                 nouse_uuids: &vendor.filters.nouse_uuids,
                 vgpu_mode: None,
                 soft_split: vendor.soft_split,
-                mutex: options.mutex,
+                mutex: options.mutex.unwrap_or(false),
                 weights: options.scoring_weights,
             },
             None => Self {
@@ -388,7 +388,7 @@ impl<'a> Filters<'a> {
                 nouse_uuids: &options.nouse_gpu_uuids,
                 vgpu_mode: options.vgpu_mode,
                 soft_split: false,
-                mutex: options.mutex,
+                mutex: options.mutex.unwrap_or(false),
                 weights: options.scoring_weights,
             },
         }

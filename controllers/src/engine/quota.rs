@@ -12,22 +12,32 @@
 
 use std::{collections::BTreeMap, fmt};
 
-use tessera_api::request::{ContainerKind, PodRequest, RequestConfig};
+use tessera_api::request::{ContainerKind, PodRequest, QuotaNames, RequestConfig};
 
-use super::placement::Placement;
+use super::{node::NodeGpus, placement::Placement};
 
 /// Amounts by device resource name: memory in MiB, cores as slices hold them.
 pub type Charge = BTreeMap<String, u64>;
 
+/// The quota names each container of `request` counts against, in order:
+/// what the other functions here take (worked out once per request).
+pub fn names<'a>(request: &PodRequest, config: &'a RequestConfig) -> Vec<QuotaNames<'a>> {
+    request
+        .containers
+        .iter()
+        .map(|c| config.quota_names(c))
+        .collect()
+}
+
 /// What `request`, placed as `placement`, counts against its namespace's
 /// quotas.
-pub fn charge(request: &PodRequest, placement: &Placement, config: &RequestConfig) -> Charge {
+pub fn charge(request: &PodRequest, placement: &Placement, names: &[QuotaNames<'_>]) -> Charge {
     let per_container = request
         .containers
         .iter()
+        .zip(names)
         .zip(&placement.containers)
-        .map(|(c, p)| {
-            let names = config.quota_names(c);
+        .map(|((c, names), p)| {
             let mut amounts = Charge::new();
             for slice in &p.slices {
                 if let Some((memory, _)) = names.memory {
@@ -45,9 +55,8 @@ pub fn charge(request: &PodRequest, placement: &Placement, config: &RequestConfi
 /// The least `request` can count wherever it goes, before placement: memory
 /// asked in MiB and cores; a percentage of a device's memory counts 0 here
 /// (Filter and Bind count it exactly on each node).
-pub fn least_charge(request: &PodRequest, config: &RequestConfig) -> Charge {
-    let per_container = request.containers.iter().map(|c| {
-        let names = config.quota_names(c);
+pub fn least_charge(request: &PodRequest, names: &[QuotaNames<'_>]) -> Charge {
+    let per_container = request.containers.iter().zip(names).map(|(c, names)| {
         let mut amounts = Charge::new();
         let count = u64::from(c.count);
         if let (Some((memory, _)), tessera_api::request::MemoryRequest::Mib(mib)) =
@@ -61,6 +70,30 @@ pub fn least_charge(request: &PodRequest, config: &RequestConfig) -> Charge {
                 cores,
                 u64::from(c.cores).saturating_mul(count),
             );
+        }
+        (c.kind, amounts)
+    });
+    collapse(per_container)
+}
+
+/// The most `request` can count on `node`: every slice as large as the
+/// node's largest device of the container's family (a slice never holds
+/// more memory or cores than its device has). When this fits, so does the
+/// exact [`charge`], and the pod need not be placed to know it.
+pub fn most_charge(request: &PodRequest, node: &NodeGpus, names: &[QuotaNames<'_>]) -> Charge {
+    let per_container = request.containers.iter().zip(names).map(|(c, names)| {
+        let (memory, cores) = node
+            .devices
+            .iter()
+            .filter(|d| d.family == c.family)
+            .fold((0, 0), |(m, k), d| (m.max(d.memory_mib), k.max(d.cores)));
+        let count = u64::from(c.count);
+        let mut amounts = Charge::new();
+        if let Some((name, _)) = names.memory {
+            add(&mut amounts, name, memory.saturating_mul(count));
+        }
+        if let Some(name) = names.cores {
+            add(&mut amounts, name, u64::from(cores).saturating_mul(count));
         }
         (c.kind, amounts)
     });

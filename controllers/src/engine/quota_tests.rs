@@ -117,7 +117,8 @@ fn placed_charge(node: &NodeGpus, request: &tessera_api::request::PodRequest) ->
         tessera_api::v1alpha1::SchedulingPolicy::Spread,
     )
     .unwrap();
-    charge(request, &placement, &config())
+    let config = config();
+    charge(request, &placement, &quota::names(request, &config))
 }
 
 #[test]
@@ -133,7 +134,7 @@ fn a_pod_counts_what_it_is_given() {
         amounts(&[(MEM, 40000), (CORES, 60)])
     );
     assert_eq!(
-        least_charge(&half, &config()),
+        least_charge(&half, &quota::names(&half, &config())),
         amounts(&[(CORES, 60)]),
         "before placement a percentage counts nothing"
     );
@@ -165,6 +166,29 @@ fn a_pod_counts_what_it_is_given() {
 }
 
 #[test]
+fn the_most_a_pod_can_count_bounds_what_it_counts() {
+    let node = gpus(2, 40000);
+    for limits in [
+        json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50", "nvidia.com/gpucores": "30"}),
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}),
+        json!({"nvidia.com/gpu": "1"}),
+    ] {
+        let request = pod(json!({"containers": [{"name": "c", "resources": {"limits": limits}}]}));
+        let most = quota::most_charge(&request, &node, &quota::names(&request, &config()));
+        for (name, amount) in placed_charge(&node, &request) {
+            assert!(amount <= most[&name], "{name}: {amount} > {}", most[&name]);
+        }
+    }
+    let two = pod(
+        json!({"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}),
+    );
+    assert_eq!(
+        quota::most_charge(&two, &node, &quota::names(&two, &config())),
+        amounts(&[(MEM, 80000), (CORES, 200)])
+    );
+}
+
+#[test]
 fn init_containers_count_as_the_kubelet_counts_them() {
     let node = gpus(4, 40000);
     let mib = |m: u64| json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": m.to_string(), "nvidia.com/gpucores": "10"});
@@ -182,7 +206,7 @@ fn init_containers_count_as_the_kubelet_counts_them() {
         amounts(&[(MEM, 8000), (CORES, 20)])
     );
     assert_eq!(
-        least_charge(&big_init, &config()),
+        least_charge(&big_init, &quota::names(&big_init, &config())),
         amounts(&[(MEM, 8000), (CORES, 20)])
     );
     // A sidecar runs beside everything after it: it adds to the app

@@ -179,7 +179,7 @@ impl Binder {
                 args.pod_namespace, args.pod_name, args.pod_uid
             )));
         }
-        let Some(request) = parse_pod(&pod, &self.config.request)? else {
+        let Some(mut request) = parse_pod(&pod, &self.config.request)? else {
             post_binding(&pods, args).await?;
             return Ok(Bound::default());
         };
@@ -189,10 +189,7 @@ impl Binder {
             namespace: args.pod_namespace.clone(),
             name: args.pod_name.clone(),
         };
-        let policy = request
-            .options
-            .gpu_policy
-            .unwrap_or(self.config.gpu_scheduler_policy);
+        let policy = self.config.gpu_policy_of(&mut request.options);
         let limits = self
             .projection
             .quota_limits(&args.pod_namespace, &self.config.request);
@@ -208,7 +205,8 @@ impl Binder {
                             node: args.node.clone(),
                             reason: r.to_string(),
                         })?;
-                    let charged = quota::charge(&request, &placement, &self.config.request);
+                    let names = quota::names(&request, &self.config.request);
+                    let charged = quota::charge(&request, &placement, &names);
                     quota::check(&limits, namespace_used, &charged).map_err(|over| {
                         Error::OverQuota {
                             reason: over.to_string(),

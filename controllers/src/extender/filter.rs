@@ -30,7 +30,7 @@ pub fn filter(
     args: &ExtenderArgs,
 ) -> ExtenderFilterResult {
     let candidates = args.candidate_names();
-    let request = match parse_pod(&args.pod, &config.request) {
+    let mut request = match parse_pod(&args.pod, &config.request) {
         Ok(Some(request)) => request,
         Ok(None) => {
             let all = candidates.into_iter().map(str::to_owned).collect();
@@ -49,23 +49,17 @@ pub fn filter(
             ..Default::default()
         };
     }
-    let policy = request
-        .options
-        .gpu_policy
-        .unwrap_or(config.gpu_scheduler_policy);
+    let policy = config.gpu_policy_of(&mut request.options);
     let namespace = args.pod.metadata.namespace.as_deref().unwrap_or("default");
     let limits = projection.quota_limits(namespace, &config.request);
     let ledger = projection.read();
     let used = ledger.namespace_used(namespace);
     // What the pod counts wherever it goes: when that alone is over, every
     // node says so without placing the pod.
-    let everywhere = quota::check(
-        &limits,
-        used,
-        &quota::least_charge(&request, &config.request),
-    )
-    .err()
-    .map(|over| format!("{OVER_QUOTA}{over}"));
+    let names = quota::names(&request, &config.request);
+    let everywhere = quota::check(&limits, used, &quota::least_charge(&request, &names))
+        .err()
+        .map(|over| format!("{OVER_QUOTA}{over}"));
     let mut feasible = Vec::new();
     let mut failed = std::collections::BTreeMap::new();
     let mut unresolvable = std::collections::BTreeMap::new();
@@ -90,7 +84,7 @@ pub fn filter(
             }
             Some(node) => match engine::feasible(node, &request, policy) {
                 Ok(()) if limits.is_empty() => feasible.push(name.to_owned()),
-                Ok(()) => match over_quota(node, &request, policy, config, &limits, used) {
+                Ok(()) => match over_quota(node, &request, policy, &names, &limits, used) {
                     None => feasible.push(name.to_owned()),
                     Some(reason) => {
                         unresolvable.insert(name.to_owned(), reason);
@@ -112,17 +106,21 @@ pub fn filter(
 }
 
 /// Why the pod, placed on `node`, would take its namespace past a limit
-/// (percentages resolve to the memory of the devices it would get there).
+/// (percentages resolve to the memory of the devices it would get there);
+/// placed only when the most it could count there does not fit.
 fn over_quota(
     node: &engine::NodeGpus,
     request: &PodRequest,
     policy: tessera_api::v1alpha1::SchedulingPolicy,
-    config: &Config,
+    names: &[tessera_api::request::QuotaNames<'_>],
     limits: &quota::Limits,
     used: &quota::Charge,
 ) -> Option<String> {
+    if quota::check(limits, used, &quota::most_charge(request, node, names)).is_ok() {
+        return None;
+    }
     let placement = engine::fit(node, request, policy).ok()?;
-    let charge = quota::charge(request, &placement, &config.request);
+    let charge = quota::charge(request, &placement, names);
     quota::check(limits, used, &charge)
         .err()
         .map(|over| format!("{OVER_QUOTA}{over}"))
@@ -137,7 +135,10 @@ pub fn prioritize(
     args: &ExtenderArgs,
     pending: impl Fn(&str) -> bool,
 ) -> Vec<HostPriority> {
-    let request: Option<PodRequest> = parse_pod(&args.pod, &config.request).ok().flatten();
+    let mut request: Option<PodRequest> = parse_pod(&args.pod, &config.request).ok().flatten();
+    let gpu_policy = request
+        .as_mut()
+        .map(|r| config.gpu_policy_of(&mut r.options));
     let ledger = projection.read();
     let hosts = args.candidate_names();
     let nodes: Vec<_> = hosts.iter().map(|host| ledger.node(host)).collect();
@@ -146,12 +147,14 @@ pub fn prioritize(
         .iter()
         .map(|node| {
             let (request, node) = (request.as_ref()?, (*node)?);
-            let options = &request.options;
             engine::topology_score(
                 node,
                 request,
-                options.gpu_policy.unwrap_or(config.gpu_scheduler_policy),
-                options.node_policy.unwrap_or(config.node_scheduler_policy),
+                gpu_policy?,
+                request
+                    .options
+                    .node_policy
+                    .unwrap_or(config.node_scheduler_policy),
             )
         })
         .collect();

@@ -90,7 +90,7 @@ pub fn mutate(
     if let Err(over) = quota::check(
         &quota.limits,
         &quota.used,
-        &quota::least_charge(&request, &config.request),
+        &quota::least_charge(&request, &quota::names(&request, &config.request)),
     ) {
         return Verdict::Denied(format!("{OVER_QUOTA}{over}"));
     }
