@@ -2,7 +2,8 @@
 //! cluster at about 50% occupancy with 40,000 live allocations; then the
 //! same with a ResourceQuota on the namespace's GPU memory: with room (the
 //! most the pod could count fits), and near its limit (every feasible node
-//! is placed to count the pod exactly).
+//! is placed to count the pod exactly). Then the device-aware preemption
+//! decision for a pod no node can take as it is.
 //!
 //! `cargo bench -p tessera-controllers --bench filter` (or `make bench`).
 //! Prints p50/p99/max of: the filter decision alone, and the whole handler
@@ -17,10 +18,16 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tessera_api::v1alpha1::{DeviceFamily, OperatingMode};
+use tessera_api::{
+    request::parse_pod,
+    v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy},
+};
 use tessera_controllers::{
     config::Config,
-    engine::GpuDevice,
+    engine::{
+        GpuDevice, Slice,
+        preempt::{self, Victim},
+    },
     extender::{filter, prioritize, wire::ExtenderArgs},
     projection::{AllocationKey, LiveAllocation, Projection, UuidSlice},
 };
@@ -45,6 +52,8 @@ impl Rng {
 fn main() {
     let (projection, feeder) = Projection::new();
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    // Per node, its pods as preemption candidates (priority 0-7 by position).
+    let mut candidates: Vec<Vec<Victim>> = vec![Vec::new(); NODES];
     {
         let mut ledger = feeder.write();
         for n in 0..NODES {
@@ -76,6 +85,11 @@ fn main() {
             let node = (rng.next() as usize) % NODES;
             let gpu = (rng.next() as usize) % GPUS;
             let percent = 20 + rng.next() % 61;
+            candidates[node].push(Victim {
+                priority: (a % 8) as i32,
+                slices: vec![Slice::plain(gpu, 81_920 * percent / 100, percent as u32)],
+                violates_pdb: false,
+            });
             ledger.insert_allocation(
                 AllocationKey {
                     namespace: "bench".into(),
@@ -165,7 +179,46 @@ fn main() {
         assert_eq!(result.node_names.as_ref().map_or(0, Vec::len), feasible);
     }
     report("decision, GPU memory quota near its limit", &mut near);
+    preemption(&projection, &candidates);
     vendors(&mut rng);
+}
+
+/// The preemption decision over every node for a pod of priority 8 asking
+/// 4 whole GPUs: per node, the pods (priority 0-7) whose release lets it
+/// fit, then the cheapest node.
+fn preemption(projection: &Projection, candidates: &[Vec<Victim>]) {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "urgent", "namespace": "bench"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+    }))
+    .unwrap();
+    let request = parse_pod(&pod, &Config::default().request)
+        .unwrap()
+        .unwrap();
+    let policy = SchedulingPolicy::Spread;
+    const PREEMPT_ROUNDS: usize = 20;
+    let mut timings = Vec::with_capacity(PREEMPT_ROUNDS);
+    let mut summary = String::new();
+    for _ in 0..PREEMPT_ROUNDS {
+        let started = Instant::now();
+        let ledger = projection.read();
+        let mut displacing = 0;
+        let chosen = preempt::best((0..NODES).filter_map(|n| {
+            let node = ledger.node(&format!("node-{n:05}"))?;
+            let choice = preempt::on_node(node, &request, policy, 8, &candidates[n])?;
+            displacing += 1;
+            Some((n, choice))
+        }));
+        timings.push(started.elapsed());
+        let (node, choice) = chosen.expect("some node can be freed");
+        summary = format!(
+            "{displacing} nodes can be freed; node-{node:05} by {} victims of priority <= {}",
+            choice.victims.len(),
+            choice.highest_priority
+        );
+    }
+    println!("Preemption, 4 whole GPUs at priority 8 over {NODES} nodes: {summary}");
+    report("  decision (every node, then the best)", &mut timings);
 }
 
 /// Filter and Prioritize for an Ascend 910 pod (2 NPUs) and a Kunlunxin

@@ -228,17 +228,7 @@ fn weighted_pair() -> NodeGpus {
 fn scoring_weights_compute_hamis_device_scores() {
     // TestComputeScoreWithResourceWeights: 40 % of memory, no cores.
     let node = weighted_pair();
-    let slice = Slice {
-        device: 0,
-        memory_mib: 40,
-        cores: 0,
-        mig: None,
-        core_mask: 0,
-        units: 1,
-        profile: None,
-        sharing: None,
-        mutex: false,
-    };
+    let slice = Slice::plain(0, 40, 0);
     let scores = |slot, core, memory| {
         let weights = ScoringWeights { slot, core, memory };
         [0, 1].map(|i| {

@@ -23,6 +23,7 @@
 mod fit;
 mod node;
 mod placement;
+pub mod preempt;
 pub mod quota;
 mod reason;
 mod score;
@@ -33,6 +34,8 @@ mod wings;
 mod controls_tests;
 #[cfg(test)]
 mod metax_tests;
+#[cfg(test)]
+mod preempt_tests;
 #[cfg(test)]
 mod quota_tests;
 #[cfg(test)]

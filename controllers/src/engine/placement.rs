@@ -32,6 +32,24 @@ pub struct Slice {
     pub mutex: bool,
 }
 
+impl Slice {
+    /// A plain slice of `device`: `memory_mib` and `cores`, one share, no
+    /// MIG instance, core indexes, profile or sharing rule.
+    pub fn plain(device: usize, memory_mib: u64, cores: u32) -> Self {
+        Self {
+            device,
+            memory_mib,
+            cores,
+            mig: None,
+            core_mask: 0,
+            units: 1,
+            profile: None,
+            sharing: None,
+            mutex: false,
+        }
+    }
+}
+
 /// Cores a device may hand out by index (bits of [`Slice::core_mask`]).
 pub const MAX_CORE_INDEXES: usize = 8;
 
