@@ -474,8 +474,10 @@ impl Feeder {
         }
     }
 
-    /// Applies one ResourceQuota event. A quota that changes may let pods
-    /// in that it turned away: every waiting node is nudged.
+    /// Applies one ResourceQuota event. A quota whose device limits change
+    /// may let pods in that it turned away: every waiting node is nudged.
+    /// Status updates (the kube quota controller's and the lifecycle's,
+    /// frequent) change no limit and nudge nothing.
     pub fn quota_event(
         &self,
         event: watcher::Event<ResourceQuota>,
@@ -486,21 +488,26 @@ impl Feeder {
             .quotas
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        match event {
+        let changed = match event {
             watcher::Event::Apply(quota) => quotas.record(&quota),
             watcher::Event::Delete(quota) => quotas.forget(&quota),
             watcher::Event::Init => {
                 relist.clear();
-                return;
+                false
             }
             watcher::Event::InitApply(quota) => {
                 relist.push(quota);
-                return;
+                false
             }
-            watcher::Event::InitDone => quotas.replace(relist.drain(..).as_slice()),
-        }
+            watcher::Event::InitDone => {
+                quotas.replace(relist.drain(..).as_slice());
+                true
+            }
+        };
         drop(quotas);
-        self.freed_all();
+        if changed {
+            self.freed_all();
+        }
     }
 
     /// Applies one NodeLock event.

@@ -21,39 +21,43 @@ pub struct QuotaTable {
 }
 
 impl QuotaTable {
-    /// Records a quota (replacing what it said before).
-    pub fn record(&mut self, quota: &ResourceQuota) {
+    /// Records a quota (replacing what it said before); whether its
+    /// `limits.` keys changed (a status update changes none).
+    pub fn record(&mut self, quota: &ResourceQuota) -> bool {
         let namespace = quota.namespace().unwrap_or_default();
         let hard: Hard = limits_keys(quota)
             .map(|(name, value)| (name.to_owned(), value.0.clone()))
             .collect();
         let quotas = self.namespaces.entry(namespace.clone()).or_default();
-        if hard.is_empty() {
-            quotas.remove(&quota.name_any());
+        let before = if hard.is_empty() {
+            quotas.remove(&quota.name_any())
         } else {
-            quotas.insert(quota.name_any(), hard);
-        }
+            quotas.insert(quota.name_any(), hard.clone())
+        };
         if quotas.is_empty() {
             self.namespaces.remove(&namespace);
         }
+        before.unwrap_or_default() != hard
     }
 
-    /// Forgets a deleted quota.
-    pub fn forget(&mut self, quota: &ResourceQuota) {
+    /// Forgets a deleted quota; whether it had `limits.` keys.
+    pub fn forget(&mut self, quota: &ResourceQuota) -> bool {
         let namespace = quota.namespace().unwrap_or_default();
-        if let Some(quotas) = self.namespaces.get_mut(&namespace) {
-            quotas.remove(&quota.name_any());
-            if quotas.is_empty() {
-                self.namespaces.remove(&namespace);
-            }
+        let Some(quotas) = self.namespaces.get_mut(&namespace) else {
+            return false;
+        };
+        let had = quotas.remove(&quota.name_any()).is_some();
+        if quotas.is_empty() {
+            self.namespaces.remove(&namespace);
         }
+        had
     }
 
     /// Replaces everything after a relist.
     pub fn replace<'a>(&mut self, quotas: impl IntoIterator<Item = &'a ResourceQuota>) {
         self.namespaces.clear();
         for quota in quotas {
-            self.record(quota);
+            let _ = self.record(quota);
         }
     }
 
@@ -174,7 +178,15 @@ mod tests {
         );
         assert!(table.limits("nowhere", &config).is_empty());
 
-        table.forget(&quota("ml", "tighter", &[]));
+        assert!(
+            !table.record(&quota(
+                "ml",
+                "tighter",
+                &[("limits.nvidia.com/gpumem", "8k")]
+            )),
+            "the same limits again (a status update) change nothing"
+        );
+        assert!(table.forget(&quota("ml", "tighter", &[])));
         assert_eq!(table.limits("ml", &config)["nvidia.com/gpumem"].hard, 16000);
         table.record(&quota("ml", "team", &[("limits.cpu", "8")]));
         assert!(table.limits("ml", &config).is_empty(), "no device key left");
