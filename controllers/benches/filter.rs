@@ -147,38 +147,30 @@ fn main() {
     report("decision (filter fn)", &mut decision);
     report("handler (JSON in, decision, JSON out)", &mut handler);
 
-    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "gpu", "namespace": "bench"},
-        "spec": {"hard": {"limits.nvidia.com/gpumem": "10Ti"}},
-    }))
-    .unwrap();
-    feeder.quota_event(kube::runtime::watcher::Event::Apply(quota), &mut Vec::new());
-    let mut quoted = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
-        let started = Instant::now();
-        let result = filter(&projection, &config, &args);
-        quoted.push(started.elapsed());
-        assert_eq!(result.node_names.as_ref().map_or(0, Vec::len), feasible);
-    }
-    report("decision, GPU memory quota with room", &mut quoted);
-
-    // 50,000 MiB left: more than the pod's 30,000 but less than a whole
-    // GPU, so every feasible node is placed to count the pod exactly.
+    // A GPU memory quota with room, then one 50,000 MiB from full: more
+    // than the pod's 30,000 but less than a whole GPU, so every feasible
+    // node is placed to count the pod exactly.
     let used = projection.read().namespace_used("bench")["nvidia.com/gpumem"];
-    let tight: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "tight", "namespace": "bench"},
-        "spec": {"hard": {"limits.nvidia.com/gpumem": (used + 50_000).to_string()}},
-    }))
-    .unwrap();
-    feeder.quota_event(kube::runtime::watcher::Event::Apply(tight), &mut Vec::new());
-    let mut near = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
-        let started = Instant::now();
-        let result = filter(&projection, &config, &args);
-        near.push(started.elapsed());
-        assert_eq!(result.node_names.as_ref().map_or(0, Vec::len), feasible);
+    let quotas = [
+        ("gpu", "10Ti".to_owned(), "with room"),
+        ("tight", (used + 50_000).to_string(), "near its limit"),
+    ];
+    for (name, hard, what) in quotas {
+        let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "bench"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": hard}},
+        }))
+        .unwrap();
+        feeder.quota_event(kube::runtime::watcher::Event::Apply(quota), &mut Vec::new());
+        let mut timings = Vec::with_capacity(ROUNDS);
+        for _ in 0..ROUNDS {
+            let started = Instant::now();
+            let result = filter(&projection, &config, &args);
+            timings.push(started.elapsed());
+            assert_eq!(result.node_names.as_ref().map_or(0, Vec::len), feasible);
+        }
+        report(&format!("decision, GPU memory quota {what}"), &mut timings);
     }
-    report("decision, GPU memory quota near its limit", &mut near);
     preemption(&projection, &candidates);
     vendors(&mut rng);
 }

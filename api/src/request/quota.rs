@@ -36,6 +36,17 @@ pub enum QuotaResource {
     Cores,
 }
 
+impl QuotaResource {
+    /// What one unit of the resource is in a charge's unit: MiB per unit
+    /// for memory, 1 for cores.
+    pub fn unit(self) -> u64 {
+        match self {
+            Self::Memory { unit_mib } => unit_mib,
+            Self::Cores => 1,
+        }
+    }
+}
+
 /// One family's quota names, and which of its requests count.
 struct Managed<'a> {
     family: DeviceFamily,

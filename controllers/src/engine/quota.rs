@@ -198,8 +198,9 @@ impl fmt::Display for OverQuota {
     }
 }
 
-/// `amount` in units of `unit`, rounded up.
-fn in_units(amount: u64, unit: u64) -> u64 {
+/// `amount` (a charge: MiB for memory) in units of `unit`, rounded up: how
+/// quotas show what is held.
+pub fn in_units(amount: u64, unit: u64) -> u64 {
     amount.div_ceil(unit.max(1))
 }
 

@@ -193,6 +193,7 @@ impl Binder {
         let limits = self
             .projection
             .quota_limits(&args.pod_namespace, &self.config.request);
+        let names = quota::names(&request, &self.config.request);
         let (placement, devices, charged) =
             self.projection
                 .assume(&key, &uid, &args.node, |node, namespace_used| {
@@ -205,7 +206,6 @@ impl Binder {
                             node: args.node.clone(),
                             reason: r.to_string(),
                         })?;
-                    let names = quota::names(&request, &self.config.request);
                     let charged = quota::charge(&request, &placement, &names);
                     quota::check(&limits, namespace_used, &charged).map_err(|over| {
                         Error::OverQuota {

@@ -55,11 +55,17 @@ pub fn filter(
     let ledger = projection.read();
     let used = ledger.namespace_used(namespace);
     // What the pod counts wherever it goes: when that alone is over, every
-    // node says so without placing the pod.
-    let names = quota::names(&request, &config.request);
-    let everywhere = quota::check(&limits, used, &quota::least_charge(&request, &names))
-        .err()
-        .map(|over| format!("{OVER_QUOTA}{over}"));
+    // node says so without placing the pod. A namespace without device
+    // limits skips all of it.
+    let (names, everywhere) = if limits.is_empty() {
+        (Vec::new(), None)
+    } else {
+        let names = quota::names(&request, &config.request);
+        let everywhere = quota::check(&limits, used, &quota::least_charge(&request, &names))
+            .err()
+            .map(|over| format!("{OVER_QUOTA}{over}"));
+        (names, everywhere)
+    };
     let mut feasible = Vec::new();
     let mut failed = std::collections::BTreeMap::new();
     let mut unresolvable = std::collections::BTreeMap::new();

@@ -18,10 +18,12 @@ use kube::{
 };
 use serde_json::json;
 use tessera_api::{
-    request::{LIMITS_PREFIX, QuotaResource, RequestConfig},
+    request::{LIMITS_PREFIX, RequestConfig},
     v1alpha1::VgpuAllocation,
 };
 use tessera_kubekit::Watched;
+
+use crate::engine::quota::{self, Charge};
 
 /// How long changes gather before the quotas are compared again.
 const SETTLE: Duration = Duration::from_millis(200);
@@ -52,18 +54,13 @@ pub async fn run(
 }
 
 /// What the live allocations of each namespace count, by resource name.
-fn held_by_namespace(
-    allocations: &[std::sync::Arc<VgpuAllocation>],
-) -> BTreeMap<String, BTreeMap<String, u64>> {
-    let mut held: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+fn held_by_namespace(allocations: &[std::sync::Arc<VgpuAllocation>]) -> BTreeMap<String, Charge> {
+    let mut held: BTreeMap<String, Charge> = BTreeMap::new();
     for allocation in allocations.iter().filter(|a| a.is_live()) {
         let namespace = held
             .entry(allocation.namespace().unwrap_or_default())
             .or_default();
-        for (name, amount) in &allocation.spec.quota {
-            let total = namespace.entry(name.clone()).or_default();
-            *total = total.saturating_add(*amount);
-        }
+        quota::accumulate(namespace, &allocation.spec.quota, true);
     }
     held
 }
@@ -72,18 +69,15 @@ fn held_by_namespace(
 /// a device resource, in the resource's unit.
 fn used_keys(
     quota: &ResourceQuota,
-    held: &BTreeMap<String, BTreeMap<String, u64>>,
+    held: &BTreeMap<String, Charge>,
     request: &RequestConfig,
 ) -> BTreeMap<String, String> {
     let namespace = held.get(&quota.namespace().unwrap_or_default());
     crate::projection::limits_keys(quota)
         .filter_map(|(name, _)| {
-            let unit = match request.quota_resource(name)? {
-                QuotaResource::Memory { unit_mib } => unit_mib,
-                QuotaResource::Cores => 1,
-            };
+            let unit = request.quota_resource(name)?.unit();
             let amount = namespace.and_then(|n| n.get(name)).copied().unwrap_or(0);
-            let used = amount.div_ceil(unit.max(1)).to_string();
+            let used = quota::in_units(amount, unit).to_string();
             Some((format!("{LIMITS_PREFIX}{name}"), used))
         })
         .collect()

@@ -287,7 +287,7 @@ impl Metrics {
                         quota_name: labels.quota_name.clone(),
                         limit: limit.hard.to_string(),
                     })
-                    .set(count_u64(held.div_ceil(limit.unit.max(1))));
+                    .set(count_u64(crate::engine::quota::in_units(held, limit.unit)));
                 self.quota_limit
                     .get_or_create(&labels)
                     .set(count_u64(limit.hard));

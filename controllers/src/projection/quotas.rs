@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity};
 use kube::ResourceExt;
-use tessera_api::request::{LIMITS_PREFIX, QuotaResource, RequestConfig};
+use tessera_api::request::{LIMITS_PREFIX, RequestConfig};
 
 use crate::engine::quota::{Limit, Limits};
 
@@ -81,14 +81,10 @@ impl QuotaTable {
                         continue;
                     }
                 };
-                let unit = match resource {
-                    QuotaResource::Memory { unit_mib } => unit_mib,
-                    QuotaResource::Cores => 1,
-                };
                 let limit = Limit {
                     quota: quota.clone(),
                     hard,
-                    unit,
+                    unit: resource.unit(),
                 };
                 match limits.get(name) {
                     Some(tighter) if tighter.in_charge_units() <= limit.in_charge_units() => {}
