@@ -82,6 +82,8 @@ pub fn allocation(pod_name: &str, pod_uid: &str, node: &str) -> AllocationBuilde
             claim: None,
             totals: AllocationTotals::default(),
             trace_context: None,
+            priority: None,
+            nomination: None,
         },
         status: None,
     }
@@ -137,6 +139,15 @@ impl AllocationBuilder {
         self.spec.claim = Some(crate::v1alpha1::ClaimReference {
             name: name.into(),
             uid: uid.into(),
+        });
+        self
+    }
+
+    /// Makes it a hold for a preemptor, lapsing at `expires_at`.
+    pub fn held_until(mut self, expires_at: k8s_openapi::jiff::Timestamp) -> Self {
+        self.spec.nomination = Some(crate::v1alpha1::Nomination {
+            expires_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(expires_at),
+            victims: vec!["default/victim".into()],
         });
         self
     }

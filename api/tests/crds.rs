@@ -94,7 +94,16 @@ fn printer_columns_make_kubectl_get_useful() {
     assert_eq!(
         columns("VgpuAllocation"),
         [
-            "POD", "NODE", "DEVICES", "FAMILY", "MEMORY", "CORES", "CLAIM", "PHASE", "AGE"
+            "POD",
+            "NODE",
+            "DEVICES",
+            "FAMILY",
+            "MEMORY",
+            "CORES",
+            "CLAIM",
+            "HELD-UNTIL",
+            "PHASE",
+            "AGE"
         ]
     );
     assert_eq!(

@@ -98,6 +98,8 @@ fn main() {
                 LiveAllocation {
                     quota: [("nvidia.com/gpumem".to_owned(), 81_920 * percent / 100)].into(),
                     pod_uid: format!("uid-{a}"),
+                    priority: Some(0),
+                    nominated: false,
                     node: format!("node-{node:05}"),
                     slices: vec![UuidSlice {
                         mutex: false,
@@ -259,6 +261,8 @@ fn vendors(rng: &mut Rng) {
                         LiveAllocation {
                             quota: Default::default(),
                             pod_uid: format!("vendor-uid-{a}"),
+                            priority: None,
+                            nominated: false,
                             node: format!("node-{n:05}"),
                             slices: vec![UuidSlice {
                                 mutex: false,

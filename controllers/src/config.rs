@@ -33,6 +33,9 @@ pub struct Config {
     /// containers' `env`, overriding the agent's values. Off: such a pod is
     /// refused at admission, since it could lift its own limits.
     pub allow_enforcement_env: bool,
+    /// When Filter finds no room for a GPU pod, displace lower-priority GPU
+    /// pods whose slices let it fit (device-aware preemption; docs/teams.md).
+    pub device_preemption: bool,
 }
 
 impl Default for Config {
@@ -45,6 +48,7 @@ impl Default for Config {
             node_lock_ttl_seconds: 60,
             node_lock_wait_millis: 20_000,
             allow_enforcement_env: false,
+            device_preemption: true,
         }
     }
 }

@@ -29,6 +29,18 @@ pub fn release_reason(allocation: &VgpuAllocation, pod: Option<&Pod>) -> Option<
     }
 }
 
+/// When the slices an allocation holds for a preemptor lapse, if it is
+/// such a hold and still live (see `VgpuAllocationSpec::nomination`).
+pub fn hold_expiry(allocation: &VgpuAllocation) -> Option<Timestamp> {
+    let nomination = allocation.spec.nomination.as_ref()?;
+    allocation.is_live().then_some(nomination.expires_at.0)
+}
+
+/// Why a hold is over although its pod is still there: it lapsed before
+/// the pod bound.
+pub const HOLD_LAPSED: &str =
+    "the preemptor did not bind before its hold on the freed slices lapsed";
+
 /// Whether the kubelet has started the pod's containers. It does so only
 /// after Allocate, so such a pod was served even if the node agent could not
 /// record it (it died between answering the kubelet and writing back).
@@ -240,6 +252,28 @@ mod tests {
 
     fn pod(uid: &str, node: Option<&str>, phase: &str) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "d", "uid": uid}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": phase}})).unwrap()
+    }
+
+    #[test]
+    fn a_hold_lapses_at_its_time_unless_released_first() {
+        let at: Timestamp = "2026-03-01T12:00:00Z".parse().unwrap();
+        let hold = testing::allocation("p", "u1", "n1").held_until(at).build();
+        assert_eq!(hold_expiry(&hold), Some(at));
+        // A hold of a deleted pod is released as any allocation is.
+        assert_eq!(
+            release_reason(&hold, None).as_deref(),
+            Some("the pod was deleted")
+        );
+        // Released, or not a hold: nothing lapses.
+        let released = testing::allocation("p", "u1", "n1")
+            .held_until(at)
+            .phase(AllocationPhase::Released)
+            .build();
+        assert_eq!(hold_expiry(&released), None);
+        assert_eq!(
+            hold_expiry(&testing::allocation("p", "u1", "n1").build()),
+            None
+        );
     }
 
     fn allocation(uid: &str, phase: Option<&str>) -> VgpuAllocation {

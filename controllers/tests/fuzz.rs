@@ -300,6 +300,8 @@ fn projection(cluster: &Cluster) -> Projection {
                 LiveAllocation {
                     quota: Default::default(),
                     pod_uid: format!("uid-{i}"),
+                    priority: None,
+                    nominated: false,
                     node: format!("n{node}"),
                     slices: vec![UuidSlice {
                         mutex: false,

@@ -84,6 +84,51 @@ async fn allocations_and_locks_do_not_outlive_their_pods() {
         cluster.projection.read().node("life-1").unwrap().usage[0].slices == 0,
         "released slices are free in the projection"
     );
+
+    // Slices held for a preemptor that never binds (here: no node matches
+    // its selector) are released when the hold lapses.
+    let waiting: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "preemptor"},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "main", "image": "example.invalid/cuda"}]},
+    }))
+    .unwrap();
+    let waiting = pods.create(&PostParams::default(), &waiting).await.unwrap();
+    let lapses =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(2);
+    let hold = tessera_api::testing::allocation(
+        "preemptor",
+        waiting.metadata.uid.as_deref().unwrap(),
+        "life-1",
+    )
+    .container(tessera_api::testing::container(
+        "main",
+        vec![tessera_api::testing::slice("GPU-life-1-0", 0, 40_000, 50)],
+    ))
+    .held_until(k8s_openapi::jiff::Timestamp::from_second(lapses.as_second()).unwrap())
+    .build();
+    let hold = VgpuAllocation {
+        status: None,
+        ..hold
+    };
+    allocations
+        .create(&PostParams::default(), &hold)
+        .await
+        .unwrap();
+    eventually("the projection holds the slices", async || {
+        cluster.projection.read().node("life-1").unwrap().usage[0].memory_mib == 40_000
+    })
+    .await;
+    eventually("a lapsed hold is Released", async || {
+        let status = allocations.get("preemptor").await.unwrap().status;
+        status.as_ref().and_then(|s| s.phase) == Some(AllocationPhase::Released)
+            && status.and_then(|s| s.message).as_deref()
+                == Some(tessera_controllers::lifecycle_rules::HOLD_LAPSED)
+    })
+    .await;
+    assert_eq!(
+        cluster.projection.read().node("life-1").unwrap().usage[0].memory_mib,
+        0
+    );
 }
 
 #[tokio::test]

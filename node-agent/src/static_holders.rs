@@ -166,6 +166,8 @@ pub fn record_of(hold: &Hold, pod_uid: &str, node: &str) -> VgpuAllocation {
             node_policy: None,
             claim: None,
             trace_context: None,
+            priority: None,
+            nomination: None,
         },
         status: None,
     }

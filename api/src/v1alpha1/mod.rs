@@ -36,5 +36,5 @@ pub use mig::{MigInstance, MigLayout, MigPlacement, MigProfile, MigSlice, Served
 pub use node_lock::{MAX_LOCK_TTL_SECONDS, NodeLock, NodeLockSpec, PodReference};
 pub use vgpu_allocation::{
     AllocationPhase, AllocationTotals, ClaimReference, ContainerAllocation, DeviceSlice,
-    TraceContext, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
+    Nomination, TraceContext, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
 };

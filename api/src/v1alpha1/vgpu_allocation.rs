@@ -76,6 +76,12 @@ use super::mig::{MigSlice, ServedMigInstance};
         description = "The ResourceClaim this allocation mirrors (DRA front door)"
     ),
     printcolumn(
+        name = "Held-Until",
+        type_ = "string",
+        json_path = ".spec.nomination.expiresAt",
+        description = "Slices held for a preemptor that is not bound yet, until then"
+    ),
+    printcolumn(
         name = "Phase",
         type_ = "string",
         json_path = ".status.phase",
@@ -131,6 +137,29 @@ pub struct VgpuAllocationSpec {
     /// work joins the same trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_context: Option<TraceContext>,
+    /// The pod's priority (`spec.priority`) when its slices were given:
+    /// device-aware preemption displaces only pods of lower priority.
+    /// Absent in a DRA mirror and in allocations written before Tessera
+    /// recorded it; those are never displaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Set while the slices are only held for a pod that preempted others
+    /// and is not bound yet: its Bind replaces this allocation with its
+    /// own, and the lifecycle controller releases the hold at `expiresAt`
+    /// if the pod has not bound by then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nomination: Option<Nomination>,
+}
+
+/// Slices held for a preemptor until it binds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Nomination {
+    /// When the hold lapses if the pod has not bound.
+    pub expires_at: Time,
+    /// The pods displaced to free the slices, as `namespace/name`.
+    #[schemars(length(max = 64))]
+    pub victims: Vec<String>,
 }
 
 /// A ResourceClaim in the allocation's namespace.

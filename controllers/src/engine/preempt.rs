@@ -12,7 +12,7 @@
 //! kube-scheduler compares candidates: fewest PDB violations, then the
 //! lowest highest-victim priority, then fewest victims, then fewest slices.
 //!
-//! Pure logic; not wired to any controller yet.
+//! Pure logic; `extender::preempt` acts on it.
 
 use tessera_api::{request::PodRequest, v1alpha1::SchedulingPolicy};
 

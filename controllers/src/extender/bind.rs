@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions, VersionMatch},
@@ -16,9 +16,8 @@ use serde_json::json;
 use tessera_api::{
     request::parse_pod,
     v1alpha1::{
-        AllocationPhase, AllocationTotals, ContainerAllocation, DeviceSlice, GpuNode, MigSlice,
-        NodeLock, PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec,
-        VgpuAllocationStatus,
+        AllocationPhase, GpuNode, NodeLock, PodReference, TraceContext, VgpuAllocation,
+        VgpuAllocationSpec, VgpuAllocationStatus,
     },
 };
 
@@ -31,7 +30,7 @@ use crate::{
     Error,
     config::Config,
     engine::{self, GpuDevice, NodeGpus, Placement, quota},
-    projection::{self, AllocationKey, LiveAllocation, Projection, UuidSlice},
+    projection::{self, AllocationKey, Projection},
 };
 
 /// What a successful Bind did.
@@ -194,6 +193,7 @@ impl Binder {
             .projection
             .quota_limits(&args.pod_namespace, &self.config.request);
         let names = quota::names(&request, &self.config.request);
+        let priority = pod.spec.as_ref().and_then(|s| s.priority);
         let (placement, devices, charged) =
             self.projection
                 .assume(&key, &uid, &args.node, |node, namespace_used| {
@@ -213,13 +213,14 @@ impl Binder {
                         }
                     })?;
                     let devices = node.devices.clone();
-                    let reserved = live(&devices, &placement, &uid, &args.node, &charged);
+                    let reserved = super::placed::live(
+                        &devices, &placement, &uid, &args.node, &charged, priority,
+                    );
                     Ok::<_, Error>(((placement, devices, charged), reserved))
                 })?;
 
-        let spec = allocation_spec(
-            args,
-            &uid,
+        let spec = super::placed::allocation_spec(
+            (&args.pod_name, &uid, &args.node),
             &devices,
             &placement,
             &request,
@@ -227,6 +228,7 @@ impl Binder {
             &self.config,
             trace,
             charged,
+            priority,
         );
         match self
             .commit(args, &pod, &pods, spec, &devices, &placement)
@@ -469,14 +471,7 @@ async fn create_allocation(
     spec: VgpuAllocationSpec,
 ) -> Result<Option<String>, Error> {
     let name = spec.pod_name.clone();
-    let owner = OwnerReference {
-        api_version: "v1".into(),
-        kind: "Pod".into(),
-        name: name.clone(),
-        uid: spec.pod_uid.clone(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    };
+    let owner = super::placed::owned_by_pod(&name, &spec.pod_uid);
     let mut allocation = VgpuAllocation::new(&name, spec);
     allocation.metadata = ObjectMeta {
         name: Some(name.clone()),
@@ -496,7 +491,9 @@ async fn create_allocation(
     if existing.spec == allocation.spec {
         return Ok(existing.metadata.resource_version); // our own earlier attempt
     }
+    // Slices held for this pod by its preemption are replaced by its own.
     if existing.spec.pod_uid == allocation.spec.pod_uid
+        && existing.spec.nomination.is_none()
         && !left_by_failed_bind(api, pod, &existing).await?
     {
         return Err(Error::Stale(format!(
@@ -505,7 +502,8 @@ async fn create_allocation(
         )));
     }
     // Left by an earlier pod of the same name that garbage collection has
-    // not removed yet, or by a failed Bind of this pod (see below).
+    // not removed yet, by a failed Bind of this pod (see below), or held
+    // for this pod.
     let params = DeleteParams::default().preconditions(Preconditions {
         uid: existing.meta().uid.clone(),
         resource_version: existing.metadata.resource_version.clone(),
@@ -572,110 +570,6 @@ async fn post_binding(pods: &Api<Pod>, args: &ExtenderBindingArgs) -> Result<(),
     .await
     .map(|_| ())
     .map_err(Error::kube("binding the pod"))
-}
-
-fn live(
-    devices: &[GpuDevice],
-    placement: &Placement,
-    uid: &str,
-    node: &str,
-    charged: &quota::Charge,
-) -> LiveAllocation {
-    LiveAllocation {
-        quota: charged.clone(),
-        pod_uid: uid.to_owned(),
-        node: node.to_owned(),
-        slices: placement
-            .slices()
-            .map(|s| UuidSlice {
-                uuid: devices[s.device].uuid.clone(),
-                memory_mib: s.memory_mib,
-                cores: s.cores,
-                mig: s.mig.map(|cut| cut.placement),
-                core_indexes: crate::engine::core_indexes(s.core_mask),
-                units: s.units,
-                sharing: s.sharing,
-                mutex: s.mutex,
-            })
-            .collect(),
-    }
-}
-
-/// The MIG instance a slice on a dynamic-MIG device is served by.
-fn mig_slice(device: &GpuDevice, slice: &crate::engine::Slice) -> Option<MigSlice> {
-    let cut = slice.mig?;
-    let profile = device.mig.as_ref()?.profiles.get(cut.profile?)?;
-    Some(MigSlice {
-        profile: profile.name.clone(),
-        placement: cut.placement,
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn allocation_spec(
-    args: &ExtenderBindingArgs,
-    uid: &str,
-    devices: &[GpuDevice],
-    placement: &Placement,
-    request: &tessera_api::request::PodRequest,
-    gpu_policy: tessera_api::v1alpha1::SchedulingPolicy,
-    config: &Config,
-    trace: Option<TraceContext>,
-    charged: quota::Charge,
-) -> VgpuAllocationSpec {
-    // Placements come in request order; a container asking for several
-    // families has one request (and placement) per family, merged here into
-    // one entry whose slices name their family.
-    let mut containers: Vec<ContainerAllocation> = Vec::new();
-    for (c, wanted) in placement.containers.iter().zip(&request.containers) {
-        let template = wanted.vendor.as_ref().and_then(|v| v.template.clone());
-        let slices = c.slices.iter().map(|s| {
-            let d = &devices[s.device];
-            DeviceSlice {
-                uuid: d.uuid.clone(),
-                index: d.index,
-                family: d.family,
-                model: d.model.clone(),
-                // Enflame DRS: the profile the engine chose for the device.
-                template: s
-                    .profile
-                    .and_then(|i| d.profiles.get(usize::from(i)))
-                    .map(|p| p.name.clone())
-                    .or_else(|| template.clone()),
-                memory_mib: s.memory_mib,
-                cores: s.cores,
-                mig: mig_slice(d, s),
-                core_indexes: crate::engine::core_indexes(s.core_mask),
-                sharing: s.sharing,
-                mutex: s.mutex,
-            }
-        });
-        match containers.iter_mut().find(|a| a.name == c.name) {
-            Some(merged) => merged.devices.extend(slices),
-            None => containers.push(ContainerAllocation {
-                priority: wanted.priority,
-                name: c.name.clone(),
-                devices: slices.collect(),
-            }),
-        }
-    }
-    VgpuAllocationSpec {
-        quota: charged,
-        pod_name: args.pod_name.clone(),
-        pod_uid: uid.to_owned(),
-        node_name: args.node.clone(),
-        totals: AllocationTotals::of(&containers),
-        containers,
-        gpu_policy: Some(gpu_policy),
-        node_policy: Some(
-            request
-                .options
-                .node_policy
-                .unwrap_or(config.node_scheduler_policy),
-        ),
-        claim: None,
-        trace_context: trace,
-    }
 }
 
 /// Whether an API server of this version (`major`, `minor` as it reports

@@ -53,7 +53,15 @@ pub fn filter(
     let namespace = args.pod.metadata.namespace.as_deref().unwrap_or("default");
     let limits = projection.quota_limits(namespace, &config.request);
     let ledger = projection.read();
-    let used = ledger.namespace_used(namespace);
+    // Slices held for this very pod, which preempted others (see
+    // `preempt`), are its own: it fits into them, and its namespace's use
+    // counts them once.
+    let held = held_for(&ledger, &args.pod);
+    let mut used = std::borrow::Cow::Borrowed(ledger.namespace_used(namespace));
+    if let Some(held) = held {
+        quota::accumulate(used.to_mut(), &held.quota, false);
+    }
+    let used = used.as_ref();
     // What the pod counts wherever it goes: when that alone is over, every
     // node says so without placing the pod. A namespace without device
     // limits skips all of it.
@@ -88,18 +96,21 @@ pub fn filter(
             Some(_) if let Some(reason) = &everywhere => {
                 unresolvable.insert(name.to_owned(), reason.clone());
             }
-            Some(node) => match engine::feasible(node, &request, policy) {
-                Ok(()) if limits.is_empty() => feasible.push(name.to_owned()),
-                Ok(()) => match over_quota(node, &request, policy, &names, &limits, used) {
-                    None => feasible.push(name.to_owned()),
-                    Some(reason) => {
-                        unresolvable.insert(name.to_owned(), reason);
+            Some(node) => {
+                let node = without_hold(node, held.filter(|h| h.node == name));
+                match engine::feasible(&node, &request, policy) {
+                    Ok(()) if limits.is_empty() => feasible.push(name.to_owned()),
+                    Ok(()) => match over_quota(&node, &request, policy, &names, &limits, used) {
+                        None => feasible.push(name.to_owned()),
+                        Some(reason) => {
+                            unresolvable.insert(name.to_owned(), reason);
+                        }
+                    },
+                    Err(rejection) => {
+                        failed.insert(name.to_owned(), rejection.to_string());
                     }
-                },
-                Err(rejection) => {
-                    failed.insert(name.to_owned(), rejection.to_string());
                 }
-            },
+            }
         }
     }
     // Recorded under the read lock: a release applied after this decision
@@ -109,6 +120,35 @@ pub fn filter(
         .record(failed.keys().chain(unresolvable.keys()).map(String::as_str));
     drop(ledger);
     answer(args, feasible, failed, unresolvable)
+}
+
+/// The slices held for `pod` by its preemption, if any.
+pub(super) fn held_for<'l>(
+    ledger: &'l crate::projection::Ledger,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Option<&'l crate::projection::LiveAllocation> {
+    let key = crate::projection::AllocationKey {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+    };
+    ledger
+        .allocation(&key)
+        .filter(|a| a.nominated && Some(a.pod_uid.as_str()) == pod.metadata.uid.as_deref())
+}
+
+/// `node` as the pod sees it: without what is `held` for it there.
+fn without_hold<'n>(
+    node: &'n engine::NodeGpus,
+    held: Option<&crate::projection::LiveAllocation>,
+) -> std::borrow::Cow<'n, engine::NodeGpus> {
+    match held {
+        None => std::borrow::Cow::Borrowed(node),
+        Some(held) => {
+            let mut node = node.clone();
+            crate::projection::release_allocation(&mut node, held);
+            std::borrow::Cow::Owned(node)
+        }
+    }
 }
 
 /// Why the pod, placed on `node`, would take its namespace past a limit

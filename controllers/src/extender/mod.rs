@@ -11,6 +11,10 @@ mod handoff;
 mod lock;
 mod metrics;
 mod nudge;
+mod placed;
+mod preempt;
+#[cfg(test)]
+mod preempt_tests;
 mod probe;
 mod seen;
 pub mod wire;
@@ -40,6 +44,7 @@ pub struct Extender {
     projection: Projection,
     config: Arc<Config>,
     binder: Binder,
+    preemptor: preempt::Preemptor,
     metrics: ExtenderMetrics,
 }
 
@@ -51,11 +56,18 @@ impl Extender {
         config: Arc<Config>,
         metrics: ExtenderMetrics,
     ) -> Self {
-        let binder = Binder::new(client, projection.clone(), config.clone(), metrics.clone());
+        let binder = Binder::new(
+            client.clone(),
+            projection.clone(),
+            config.clone(),
+            metrics.clone(),
+        );
+        let preemptor = preempt::Preemptor::new(client, projection.clone(), config.clone());
         Self {
             projection,
             config,
             binder,
+            preemptor,
             metrics,
         }
     }
@@ -91,6 +103,9 @@ async fn filter_handler(
     let result = filter(&extender.projection, &extender.config, &args);
     if result.error.is_empty() {
         extender.binder.seen().remember(&args.pod);
+    }
+    if extender.config.device_preemption {
+        extender.preemptor.after_filter(&args.pod, &result);
     }
     let feasible = result
         .node_names

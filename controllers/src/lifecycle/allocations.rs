@@ -16,7 +16,7 @@ use tessera_kubekit::Watched;
 use super::caches::{Caches, retry_cached};
 use crate::{
     Error,
-    lifecycle_rules::{release_reason, served_unrecorded},
+    lifecycle_rules::{HOLD_LAPSED, hold_expiry, release_reason, served_unrecorded},
 };
 
 /// How soon a release that met a newer version of its allocation (the
@@ -51,7 +51,10 @@ async fn reconcile_allocation(
     let name = allocation.name_any();
     let version = allocation.metadata.resource_version.as_deref();
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default());
-    if let Some(reason) = release_reason(&allocation, pod.as_ref()) {
+    let lapsed = hold_expiry(&allocation).map(|at| (at, at <= now.0));
+    let reason = release_reason(&allocation, pod.as_ref())
+        .or_else(|| lapsed.filter(|l| l.1).map(|_| HOLD_LAPSED.to_owned()));
+    if let Some(reason) = reason {
         // Everything this controller may own in the status, so the apply
         // removes none of it: `allocatedAt` is carried when set (by the
         // fallback below, or by the agent). Guarded by the version read,
@@ -96,6 +99,10 @@ async fn reconcile_allocation(
             Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
             Err(e) => return Err(Error::kube("marking the allocation Allocated")(e)),
         }
+    } else if let Some((at, _)) = lapsed {
+        // A hold for a preemptor: look again when it lapses.
+        let left = at.duration_since(now.0).unsigned_abs();
+        return Ok(Action::requeue(left + Duration::from_secs(1)));
     }
     Ok(Action::await_change())
 }

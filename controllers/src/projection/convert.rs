@@ -164,6 +164,8 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
             })
             .collect(),
         quota: spec.quota.clone(),
+        priority: spec.priority,
+        nominated: spec.nomination.is_some(),
     })
 }
 

@@ -30,7 +30,7 @@ pub struct AllocationKey {
 }
 
 /// A live allocation: slices on a node's devices, by UUID.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LiveAllocation {
     /// The pod's UID; distinguishes incarnations of a pod name.
     pub pod_uid: String,
@@ -40,6 +40,11 @@ pub struct LiveAllocation {
     pub slices: Vec<UuidSlice>,
     /// What the pod counts against its namespace's quotas.
     pub quota: Charge,
+    /// The pod's priority, where recorded: only such pods can be preempted.
+    pub priority: Option<i32>,
+    /// Only held for a preemptor that is not bound yet (see
+    /// `VgpuAllocationSpec::nomination`).
+    pub nominated: bool,
 }
 
 /// A slice of the device with this UUID.
@@ -94,6 +99,18 @@ impl Ledger {
     /// A node's devices with their usage.
     pub fn node(&self, name: &str) -> Option<&NodeGpus> {
         self.nodes.get(name)
+    }
+
+    /// The live allocations on a node.
+    pub fn allocations_on(
+        &self,
+        node: &str,
+    ) -> impl Iterator<Item = (&AllocationKey, &LiveAllocation)> {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| Some((key, self.allocations.get(key)?)))
     }
 
     /// A live allocation.
@@ -348,26 +365,39 @@ enum Direction {
     Remove,
 }
 
-fn charge(node: &mut NodeGpus, allocation: &LiveAllocation, direction: Direction) {
-    for slice in &allocation.slices {
-        // A slice on a device the node no longer reports holds nothing there.
-        let Some(device) = node.position(&slice.uuid) else {
-            continue;
-        };
-        let slice = Slice {
-            device,
-            memory_mib: slice.memory_mib,
-            cores: slice.cores,
-            mig: slice.mig.map(|placement| MigCut {
+/// Takes an allocation's slices off a node's usage (what the node would
+/// hold without it).
+pub fn release_allocation(node: &mut NodeGpus, allocation: &LiveAllocation) {
+    charge(node, allocation, Direction::Remove);
+}
+
+/// An allocation's slices as the engine counts them on `node`; slices on
+/// devices the node no longer reports hold nothing there and are left out.
+pub fn engine_slices(node: &NodeGpus, allocation: &LiveAllocation) -> Vec<Slice> {
+    allocation
+        .slices
+        .iter()
+        .filter_map(|slice| {
+            Some(Slice {
+                device: node.position(&slice.uuid)?,
+                memory_mib: slice.memory_mib,
+                cores: slice.cores,
+                mig: slice.mig.map(|placement| MigCut {
+                    profile: None,
+                    placement,
+                }),
+                core_mask: crate::engine::core_mask(&slice.core_indexes),
+                units: slice.units,
                 profile: None,
-                placement,
-            }),
-            core_mask: crate::engine::core_mask(&slice.core_indexes),
-            units: slice.units,
-            profile: None,
-            sharing: slice.sharing,
-            mutex: slice.mutex,
-        };
+                sharing: slice.sharing,
+                mutex: slice.mutex,
+            })
+        })
+        .collect()
+}
+
+fn charge(node: &mut NodeGpus, allocation: &LiveAllocation, direction: Direction) {
+    for slice in engine_slices(node, allocation) {
         match direction {
             Direction::Add => node.charge(&slice),
             Direction::Remove => node.release(&slice),
@@ -438,6 +468,7 @@ mod tests {
                 units: 1,
                 sharing: None,
             }],
+            ..LiveAllocation::default()
         }
     }
 

@@ -57,7 +57,10 @@ pub use ages::{LockAges, LockTimes, lock_ages, oldest_age_seconds, seconds_since
 pub use convert::{devices, key, live, not_ready, ready_since};
 pub use leases::{AGENT_LEASE_PREFIX, AgentLease, AgentLeases, agent_node};
 pub use ledger::DRA_DOOR;
-pub use ledger::{AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation};
+pub use ledger::{
+    AllocationKey, Ledger, LiveAllocation, UuidSlice, charge_allocation, engine_slices,
+    release_allocation,
+};
 pub use locks::LockTable;
 pub use nudge::Waiters;
 pub use quotas::{QuotaTable, limits_keys};
@@ -275,6 +278,36 @@ impl Projection {
         ledger.remove_allocation(key, Some(uid));
         let (decided, allocation) =
             decide(ledger.node(node), ledger.namespace_used(&key.namespace))?;
+        ledger.insert_allocation(key.clone(), allocation);
+        Ok(decided)
+    }
+
+    /// Preemption's hold: like [`Projection::assume`], but `decide` sees
+    /// `node` as it would be without the allocations of `victims` (those
+    /// still in the ledger, on that node). The allocation it returns is
+    /// recorded beside the victims' until they are released: no other pod
+    /// fits into the slices they free.
+    pub fn hold<T, E>(
+        &self,
+        key: &AllocationKey,
+        uid: &str,
+        node: &str,
+        victims: &[AllocationKey],
+        decide: impl FnOnce(Option<&NodeGpus>, &Charge) -> Result<(T, LiveAllocation), E>,
+    ) -> Result<T, E> {
+        let mut ledger = self.write();
+        ledger.remove_allocation(key, Some(uid));
+        let without = ledger.node(node).map(|gpus| {
+            let mut gpus = gpus.clone();
+            for victim in victims.iter().filter_map(|v| ledger.allocation(v)) {
+                if victim.node == node {
+                    release_allocation(&mut gpus, victim);
+                }
+            }
+            gpus
+        });
+        let (decided, allocation) =
+            decide(without.as_ref(), ledger.namespace_used(&key.namespace))?;
         ledger.insert_allocation(key.clone(), allocation);
         Ok(decided)
     }

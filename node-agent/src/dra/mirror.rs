@@ -98,6 +98,8 @@ pub fn mirror(
             node_policy: None,
             claim: Some(ClaimReference { name, uid }),
             trace_context: None,
+            priority: None,
+            nomination: None,
         },
         status: None,
     })

@@ -1,0 +1,451 @@
+//! Device-aware preemption, acted on.
+//!
+//! kube-scheduler's own preemption cannot free GPU slices: the device
+//! resources are the extender's (`ignoredByScheduler`), so its dry run finds
+//! every pod fitting already and no victims, and it never asks the
+//! extender's preempt verb. So when Filter turns a GPU pod away from every
+//! node kube-scheduler offered, the extender looks itself, with
+//! kube-scheduler's rules ([`engine::preempt`]): only pods of lower
+//! priority whose slices the ledger knows, the fewest that let the pod fit
+//! the node's actual devices, PodDisruptionBudgets spared where possible.
+//! Then, in this order:
+//!
+//! 1. it holds the slices the victims will free for the pod: a
+//!    VgpuAllocation named after the pod, with `spec.nomination`, which the
+//!    ledger counts like any other (so no lower-priority pod takes them) and
+//!    the pod's own Filter counts as free; the pod's Bind replaces it, and
+//!    the lifecycle controller releases it if the pod has not bound when it
+//!    lapses ([`HOLD`]);
+//! 2. it deletes the victims, each first marked `DisruptionTarget`
+//!    (`PreemptionByScheduler`) as kube-scheduler marks its victims;
+//! 3. it sets the pod's `status.nominatedNodeName`.
+//!
+//! The victims' releases nudge kube-scheduler (see `nudge`), which retries
+//! the pod at once. A pod over its namespace's device quota preempts
+//! nothing; nor does a pod with `preemptionPolicy: Never`, or one that
+//! already holds slices.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::{core::v1::Pod, policy::v1::PodDisruptionBudget},
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{SignedDuration, Timestamp},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions},
+    core::Selector,
+};
+use serde_json::json;
+use tessera_api::{
+    request::{PodRequest, parse_pod},
+    v1alpha1::{Nomination, SchedulingPolicy, VgpuAllocation},
+};
+
+use super::wire::ExtenderFilterResult;
+use crate::{
+    Error,
+    config::Config,
+    engine::{
+        self, NodeGpus,
+        preempt::{self, Choice, Victim},
+        quota,
+    },
+    projection::{AllocationKey, Ledger, Projection, engine_slices},
+};
+
+/// How long the slices freed for a preemptor stay held for it: the victims'
+/// grace period (30 s by default) and a scheduling retry fit well within.
+pub const HOLD: Duration = Duration::from_secs(120);
+
+/// How soon the same pod is considered again after an attempt.
+const AGAIN: Duration = Duration::from_secs(10);
+
+/// A pod whose release lets the preemptor fit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Displaced {
+    /// Its namespace and name.
+    pub key: AllocationKey,
+    /// Its UID (the delete is conditional on it).
+    pub uid: String,
+    /// Its priority.
+    pub priority: i32,
+}
+
+/// Where the pod goes and whom it displaces there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The node.
+    pub node: String,
+    /// The pods to displace, in the order the ledger lists them.
+    pub victims: Vec<Displaced>,
+    /// What it costs, as kube-scheduler ranks it.
+    pub choice: Choice,
+}
+
+/// The cheapest node of `nodes` to preempt on, over the ledger: each node's
+/// lower-priority pods (with a recorded priority, not themselves holds) are
+/// candidates, those in `protected` counting as PodDisruptionBudget
+/// violations. `None` when no node can be made to fit.
+pub fn plan<'n>(
+    ledger: &Ledger,
+    request: &PodRequest,
+    policy: SchedulingPolicy,
+    priority: i32,
+    nodes: impl IntoIterator<Item = &'n str>,
+    protected: &HashSet<AllocationKey>,
+) -> Option<Plan> {
+    let choices = nodes.into_iter().filter_map(|name| {
+        let gpus = ledger.node(name)?;
+        let (keys, candidates) = candidates(ledger, name, gpus, priority, protected);
+        let choice = preempt::on_node(gpus, request, policy, priority, &candidates)?;
+        Some(((name, keys), choice))
+    });
+    let ((node, keys), choice) = preempt::best(choices)?;
+    Some(Plan {
+        node: node.to_owned(),
+        victims: choice.victims.iter().map(|&i| keys[i].clone()).collect(),
+        choice,
+    })
+}
+
+/// The pods on `node` a pod of `priority` may displace.
+fn candidates(
+    ledger: &Ledger,
+    node: &str,
+    gpus: &NodeGpus,
+    priority: i32,
+    protected: &HashSet<AllocationKey>,
+) -> (Vec<Displaced>, Vec<Victim>) {
+    ledger
+        .allocations_on(node)
+        .filter(|(_, a)| !a.nominated)
+        .filter_map(|(key, a)| {
+            let held = a.priority.filter(|&p| p < priority)?;
+            Some((
+                Displaced {
+                    key: key.clone(),
+                    uid: a.pod_uid.clone(),
+                    priority: held,
+                },
+                Victim {
+                    priority: held,
+                    slices: engine_slices(gpus, a),
+                    violates_pdb: protected.contains(key),
+                },
+            ))
+        })
+        .unzip()
+}
+
+/// Acts on Filter's refusals.
+#[derive(Clone)]
+pub struct Preemptor {
+    client: Client,
+    projection: Projection,
+    config: Arc<Config>,
+    /// When each pod (by UID) was last considered.
+    recent: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl Preemptor {
+    /// A preemptor reading `projection` and writing through `client`.
+    pub fn new(client: Client, projection: Projection, config: Arc<Config>) -> Self {
+        Self {
+            client,
+            projection,
+            config,
+            recent: Arc::default(),
+        }
+    }
+
+    /// After Filter: when it found no node for a GPU pod, preempts in the
+    /// background among the nodes it turned away for want of room.
+    pub fn after_filter(&self, pod: &Pod, result: &ExtenderFilterResult) {
+        let feasible = result.node_names.as_ref().map_or(0, Vec::len)
+            + result.nodes.as_ref().map_or(0, |n| n.items.len());
+        if !result.error.is_empty() || feasible > 0 || result.failed_nodes.is_empty() {
+            return;
+        }
+        let spec = pod.spec.as_ref();
+        if spec.and_then(|s| s.preemption_policy.as_deref()) == Some("Never") {
+            return;
+        }
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        if !self.first_in_a_while(&uid) {
+            return;
+        }
+        let nodes: Vec<String> = result
+            .failed_nodes
+            .iter()
+            .filter(|(_, reason)| !reason.starts_with(super::filter::NOT_READY))
+            .map(|(name, _)| name.clone())
+            .collect();
+        let this = self.clone();
+        let pod = pod.clone();
+        tokio::spawn(async move {
+            match this.preempt(&pod, &nodes).await {
+                Ok(()) => {}
+                Err(error) => tracing::warn!(
+                    pod = %pod.name_any(),
+                    namespace = pod.namespace().unwrap_or_default(),
+                    %error,
+                    "preemption failed"
+                ),
+            }
+        });
+    }
+
+    /// Whether `uid` was not considered within [`AGAIN`]; records it.
+    fn first_in_a_while(&self, uid: &str) -> bool {
+        let now = Instant::now();
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.retain(|_, at| now.duration_since(*at) < AGAIN);
+        recent.insert(uid.to_owned(), now).is_none()
+    }
+
+    #[tracing::instrument(name = "preempt", skip_all, fields(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default(), node, victims))]
+    async fn preempt(&self, pod: &Pod, nodes: &[String]) -> Result<(), Error> {
+        let Some(mut request) = parse_pod(pod, &self.config.request)? else {
+            return Ok(());
+        };
+        let policy = self.config.gpu_policy_of(&mut request.options);
+        let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+        let namespace = pod.namespace().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let key = AllocationKey {
+            namespace: namespace.clone(),
+            name: pod.name_any(),
+        };
+        let limits = self
+            .projection
+            .quota_limits(&namespace, &self.config.request);
+        let names = quota::names(&request, &self.config.request);
+        {
+            let ledger = self.projection.read();
+            if super::filter::held_for(&ledger, pod).is_some() {
+                return Ok(()); // it preempted already; its victims are going
+            }
+            let used = ledger.namespace_used(&namespace);
+            if let Err(over) = quota::check(&limits, used, &quota::least_charge(&request, &names)) {
+                tracing::info!(%over, "over its namespace's device quota: preempts nothing");
+                return Ok(());
+            }
+        }
+        let protected = self.protected().await?;
+        let Some(plan) = plan(
+            &self.projection.read(),
+            &request,
+            policy,
+            priority,
+            nodes.iter().map(String::as_str),
+            &protected,
+        ) else {
+            tracing::debug!("no lower-priority pods whose slices would make room");
+            return Ok(());
+        };
+        let span = tracing::Span::current();
+        span.record("node", plan.node.as_str());
+        span.record("victims", plan.victims.len());
+        self.hold(
+            &request,
+            policy,
+            priority,
+            &key,
+            &uid,
+            &plan,
+            (&limits, &names),
+        )
+        .await?;
+        for victim in &plan.victims {
+            self.displace(victim, pod, &plan.node).await;
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let nominated = json!({"status": {"nominatedNodeName": plan.node}});
+        if let Err(error) = pods
+            .patch_status(
+                &key.name,
+                &PatchParams::default(),
+                &Patch::Merge(&nominated),
+            )
+            .await
+        {
+            tracing::warn!(%error, "could not set the pod's nominatedNodeName");
+        }
+        tracing::info!(
+            node = %plan.node,
+            victims = ?plan.victims.iter().map(|v| format!("{}/{}", v.key.namespace, v.key.name)).collect::<Vec<_>>(),
+            "preempted lower-priority pods for their GPU slices"
+        );
+        Ok(())
+    }
+
+    /// Holds the slices `plan` frees for the pod: in the ledger first, then
+    /// as its VgpuAllocation. Fails, undoing the first, when another hold or
+    /// allocation of the pod is already there or the pod no longer fits.
+    #[allow(clippy::too_many_arguments)]
+    async fn hold(
+        &self,
+        request: &PodRequest,
+        policy: SchedulingPolicy,
+        priority: i32,
+        key: &AllocationKey,
+        uid: &str,
+        plan: &Plan,
+        (limits, names): (&quota::Limits, &[tessera_api::request::QuotaNames<'_>]),
+    ) -> Result<(), Error> {
+        let victims: Vec<AllocationKey> = plan.victims.iter().map(|v| v.key.clone()).collect();
+        let (placement, devices, charged) =
+            self.projection
+                .hold(key, uid, &plan.node, &victims, |node, used| {
+                    let no_room = |reason: String| Error::NoLongerFits {
+                        node: plan.node.clone(),
+                        reason,
+                    };
+                    let node = node.ok_or_else(|| no_room(super::filter::NO_GPU_NODE.into()))?;
+                    let placement =
+                        engine::fit(node, request, policy).map_err(|r| no_room(r.to_string()))?;
+                    let charged = quota::charge(request, &placement, names);
+                    quota::check(limits, used, &charged).map_err(|over| Error::OverQuota {
+                        reason: over.to_string(),
+                    })?;
+                    let devices = node.devices.clone();
+                    let mut held = super::placed::live(
+                        &devices,
+                        &placement,
+                        uid,
+                        &plan.node,
+                        &charged,
+                        Some(priority),
+                    );
+                    held.nominated = true;
+                    Ok::<_, Error>(((placement, devices, charged), held))
+                })?;
+        let mut spec = super::placed::allocation_spec(
+            (&key.name, uid, &plan.node),
+            &devices,
+            &placement,
+            request,
+            policy,
+            &self.config,
+            crate::telemetry::trace_context(),
+            charged,
+            Some(priority),
+        );
+        let lapses = Timestamp::now()
+            .checked_add(SignedDuration::try_from(HOLD).unwrap_or_default())
+            .unwrap_or_else(|_| Timestamp::now());
+        spec.nomination = Some(Nomination {
+            expires_at: Time(Timestamp::from_second(lapses.as_second()).unwrap_or(lapses)),
+            victims: victims
+                .iter()
+                .map(|v| format!("{}/{}", v.namespace, v.name))
+                .collect(),
+        });
+        let mut allocation = VgpuAllocation::new(&key.name, spec);
+        allocation.metadata.namespace = Some(key.namespace.clone());
+        allocation.metadata.owner_references =
+            Some(vec![super::placed::owned_by_pod(&key.name, uid)]);
+        let api: Api<VgpuAllocation> = Api::namespaced(self.client.clone(), &key.namespace);
+        if let Err(error) = api.create(&PostParams::default(), &allocation).await {
+            self.projection.forget(key, uid, &plan.node);
+            return Err(Error::kube("creating the hold for the preemptor")(error));
+        }
+        Ok(())
+    }
+
+    /// Deletes a victim as kube-scheduler does: marked `DisruptionTarget`
+    /// first, then deleted if it is still the same pod.
+    async fn displace(&self, victim: &Displaced, preemptor: &Pod, node: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &victim.key.namespace);
+        let message = format!(
+            "tessera: preempted on {node} to free GPU slices for {}/{} (priority {})",
+            preemptor.namespace().unwrap_or_default(),
+            preemptor.name_any(),
+            preemptor
+                .spec
+                .as_ref()
+                .and_then(|s| s.priority)
+                .unwrap_or(0),
+        );
+        let condition = json!({"status": {"conditions": [{
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": message,
+            "lastTransitionTime": Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default()),
+        }]}});
+        if let Err(error) = pods
+            .patch_status(
+                &victim.key.name,
+                &PatchParams::default(),
+                &Patch::Strategic(&condition),
+            )
+            .await
+        {
+            tracing::debug!(victim = %victim.key.name, %error, "could not mark the victim DisruptionTarget");
+        }
+        let params = DeleteParams::default().preconditions(Preconditions {
+            uid: Some(victim.uid.clone()),
+            resource_version: None,
+        });
+        match pods.delete(&victim.key.name, &params).await {
+            Ok(_) => tracing::info!(
+                victim = %victim.key.name,
+                namespace = %victim.key.namespace,
+                priority = victim.priority,
+                %node,
+                "preempted"
+            ),
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+            Err(error) => {
+                tracing::warn!(victim = %victim.key.name, %error, "could not delete the victim")
+            }
+        }
+    }
+
+    /// The pods a PodDisruptionBudget protects now (it allows no
+    /// disruption), by namespace and name.
+    async fn protected(&self) -> Result<HashSet<AllocationKey>, Error> {
+        let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
+        let budgets = budgets
+            .list(&ListParams::default())
+            .await
+            .map_err(Error::kube("listing PodDisruptionBudgets"))?;
+        let mut protected = HashSet::new();
+        for budget in budgets.items {
+            let allowed = budget
+                .status
+                .as_ref()
+                .and_then(|s| s.disruptions_allowed)
+                .unwrap_or(0);
+            let selector = budget.spec.as_ref().and_then(|s| s.selector.clone());
+            let (Some(namespace), Some(selector)) = (budget.namespace(), selector) else {
+                continue;
+            };
+            if allowed > 0 {
+                continue;
+            }
+            let Ok(selector) = Selector::try_from(selector) else {
+                continue;
+            };
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+            let listed = pods
+                .list_metadata(&ListParams::default().labels_from(&selector))
+                .await
+                .map_err(Error::kube("listing the pods of a PodDisruptionBudget"))?;
+            protected.extend(listed.items.into_iter().map(|p| AllocationKey {
+                namespace: namespace.clone(),
+                name: p.name_any(),
+            }));
+        }
+        Ok(protected)
+    }
+}

@@ -1,0 +1,260 @@
+//! Preemption over the ledger: which node and pods `plan` picks, and the
+//! hold that keeps the freed slices for the preemptor alone.
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+use tessera_api::{
+    request::{PodRequest, parse_pod},
+    v1alpha1::{OperatingMode, SchedulingPolicy},
+};
+
+use super::filter::filter;
+use super::preempt::{Displaced, plan};
+use super::wire::ExtenderArgs;
+use crate::{
+    config::Config,
+    engine::GpuDevice,
+    projection::{AllocationKey, Feeder, LiveAllocation, Projection, UuidSlice},
+};
+
+const SPREAD: SchedulingPolicy = SchedulingPolicy::Spread;
+
+fn gpu(node: &str, index: u32) -> GpuDevice {
+    GpuDevice {
+        cordoned: false,
+        family: Default::default(),
+        network_id: None,
+        uuid: format!("GPU-{node}-{index}"),
+        index,
+        model: "NVIDIA A100-SXM4-80GB".into(),
+        memory_mib: 80_000,
+        cores: 100,
+        split_count: 10,
+        numa_node: None,
+        healthy: true,
+        mode: OperatingMode::HamiCore,
+        mig: None,
+        mig_present: 0,
+        profiles: Vec::new(),
+        minor: None,
+        qos_policy: None,
+    }
+}
+
+fn key(name: &str) -> AllocationKey {
+    AllocationKey {
+        namespace: "team".into(),
+        name: name.into(),
+    }
+}
+
+/// A pod of `priority` holding `mib` on GPU `index` of `node`.
+fn held(node: &str, index: u32, mib: u64, priority: Option<i32>) -> LiveAllocation {
+    LiveAllocation {
+        pod_uid: format!("uid-{node}-{index}-{mib}"),
+        node: node.into(),
+        slices: vec![UuidSlice {
+            uuid: format!("GPU-{node}-{index}"),
+            memory_mib: mib,
+            cores: 0,
+            mig: None,
+            core_indexes: Vec::new(),
+            units: 1,
+            sharing: None,
+            mutex: false,
+        }],
+        priority,
+        ..LiveAllocation::default()
+    }
+}
+
+fn pod(name: &str, mib: u64) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team", "uid": format!("uid-{name}")},
+        "spec": {"priority": 1000, "containers": [{"name": "main", "resources": {"limits": {
+            "nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string(),
+        }}}]},
+    }))
+    .unwrap()
+}
+
+fn request(mib: u64) -> PodRequest {
+    parse_pod(&pod("p", mib), &Config::default().request)
+        .unwrap()
+        .unwrap()
+}
+
+/// Two nodes of two 80,000 MiB GPUs, every GPU holding 60,000 MiB:
+/// n1 in two pods of priority 10 on GPU 0 and one of 500 on GPU 1;
+/// n2 in one pod of priority 100 per GPU.
+fn cluster() -> (Projection, Feeder) {
+    let (projection, feeder) = Projection::new();
+    feeder.mark_all_synced();
+    {
+        let mut ledger = feeder.write();
+        for node in ["n1", "n2"] {
+            ledger.set_node(node, vec![gpu(node, 0), gpu(node, 1)]);
+        }
+        ledger.insert_allocation(key("n1-a"), held("n1", 0, 30_000, Some(10)));
+        ledger.insert_allocation(key("n1-b"), held("n1", 0, 30_001, Some(10)));
+        ledger.insert_allocation(key("n1-c"), held("n1", 1, 60_000, Some(500)));
+        ledger.insert_allocation(key("n2-a"), held("n2", 0, 60_000, Some(100)));
+        ledger.insert_allocation(key("n2-b"), held("n2", 1, 60_000, Some(100)));
+    }
+    (projection, feeder)
+}
+
+fn victims(plan: &super::preempt::Plan) -> Vec<&str> {
+    plan.victims.iter().map(|v| v.key.name.as_str()).collect()
+}
+
+#[test]
+fn the_node_needing_the_fewest_and_lowest_victims_is_chosen() {
+    let (projection, _feeder) = cluster();
+    let ledger = projection.read();
+    let nodes = ["n1", "n2"];
+    // 55,000 MiB: n1 frees GPU 0 by displacing both pods of priority 10
+    // (one is not enough); n2 frees a GPU with one pod of priority 100.
+    // Fewest victims is not first: the lowest highest-victim priority is.
+    let chosen = plan(
+        &ledger,
+        &request(55_000),
+        SPREAD,
+        1000,
+        nodes,
+        &HashSet::new(),
+    )
+    .unwrap();
+    assert_eq!(chosen.node, "n1");
+    assert_eq!(victims(&chosen), ["n1-a", "n1-b"]);
+    assert_eq!(chosen.choice.highest_priority, 10);
+    // 21,000 MiB: one pod of priority 10 frees enough, so only one goes.
+    let chosen = plan(
+        &ledger,
+        &request(21_000),
+        SPREAD,
+        1000,
+        nodes,
+        &HashSet::new(),
+    )
+    .unwrap();
+    assert_eq!(chosen.node, "n1");
+    assert_eq!(chosen.victims.len(), 1);
+    assert_eq!(
+        chosen.victims[0],
+        Displaced {
+            key: key("n1-b"),
+            uid: "uid-n1-0-30001".into(),
+            priority: 10,
+        },
+        "n1-a is given back first (it alone leaves room), so only n1-b goes"
+    );
+}
+
+#[test]
+fn only_lower_priorities_with_a_recorded_priority_are_victims() {
+    let (projection, feeder) = cluster();
+    // A preemptor of priority 100 may displace only n1's priority-10 pods.
+    let chosen = plan(
+        &projection.read(),
+        &request(55_000),
+        SPREAD,
+        100,
+        ["n2", "n1"],
+        &HashSet::new(),
+    )
+    .unwrap();
+    assert_eq!(chosen.node, "n1");
+    assert_eq!(victims(&chosen), ["n1-a", "n1-b"]);
+    // Allocations written before priorities were recorded, DRA mirrors
+    // and holds are never displaced.
+    {
+        let mut ledger = feeder.write();
+        ledger.insert_allocation(key("n1-a"), held("n1", 0, 30_000, None));
+        let mut hold = held("n1", 0, 30_001, Some(1));
+        hold.nominated = true;
+        ledger.insert_allocation(key("n1-b"), hold);
+    }
+    let ledger = projection.read();
+    let none = plan(
+        &ledger,
+        &request(55_000),
+        SPREAD,
+        100,
+        ["n1", "n2"],
+        &HashSet::new(),
+    );
+    assert_eq!(none, None, "equal priorities (n2) are not displaced either");
+}
+
+#[test]
+fn pods_a_disruption_budget_protects_are_spared_where_another_node_serves() {
+    let (projection, _feeder) = cluster();
+    let ledger = projection.read();
+    let protected: HashSet<_> = [key("n1-a")].into();
+    // n1 would violate the budget; n2 costs a higher priority but no
+    // violation, and violations weigh first.
+    let chosen = plan(
+        &ledger,
+        &request(55_000),
+        SPREAD,
+        1000,
+        ["n1", "n2"],
+        &protected,
+    )
+    .unwrap();
+    assert_eq!(chosen.node, "n2");
+    assert_eq!(chosen.choice.pdb_violations, 0);
+    assert_eq!(chosen.victims.len(), 1);
+}
+
+#[test]
+fn freed_slices_are_held_for_the_preemptor_alone() {
+    let (projection, feeder) = cluster();
+    let config = Config::default();
+    let urgent = pod("urgent", 70_000);
+    let args = |pod: &Pod| ExtenderArgs {
+        pod: pod.clone(),
+        nodes: None,
+        node_names: Some(vec!["n1".into()]),
+    };
+    let fits = |pod: &Pod| {
+        let answer = filter(&projection, &config, &args(pod));
+        assert!(answer.error.is_empty(), "{answer:?}");
+        answer.node_names == Some(vec!["n1".to_owned()])
+    };
+    // The hold: n1's GPU 0 without its two victims takes the pod.
+    let victims = [key("n1-a"), key("n1-b")];
+    let request = request(70_000);
+    projection
+        .hold(&key("urgent"), "uid-urgent", "n1", &victims, |node, _| {
+            let node = node.unwrap();
+            let placement =
+                crate::engine::fit(node, &request, SPREAD).map_err(|r| r.to_string())?;
+            assert_eq!(placement.slices().next().unwrap().device, 0);
+            let mut hold = held("n1", 0, 70_000, Some(1000));
+            hold.pod_uid = "uid-urgent".into();
+            hold.nominated = true;
+            Ok::<_, String>(((), hold))
+        })
+        .unwrap();
+    // While the victims terminate, nobody fits, the preemptor neither: its
+    // slices are not free yet.
+    let sneaky = pod("sneaky", 25_000);
+    assert!(!fits(&sneaky));
+    assert!(!fits(&urgent));
+    // Once they are gone, the preemptor fits into its hold; a pod that
+    // would have fitted the freed GPU does not (10,000 MiB are left there).
+    for victim in &victims {
+        feeder.write().remove_allocation(victim, None);
+    }
+    assert!(!fits(&sneaky));
+    assert!(fits(&urgent));
+    assert!(fits(&pod("small", 10_000)), "what the hold leaves is free");
+    // A later pod of the same name is not the preemptor.
+    let mut impostor = urgent.clone();
+    impostor.metadata.uid = Some("uid-other".into());
+    assert!(!fits(&impostor));
+}
