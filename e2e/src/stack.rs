@@ -60,6 +60,7 @@ extenders:
   filterVerb: filter
   prioritizeVerb: prioritize
   bindVerb: bind
+  preemptVerb: preempt
   weight: 1
   enableHTTPS: false
   nodeCacheCapable: true

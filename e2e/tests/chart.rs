@@ -92,6 +92,7 @@ fn default_values_render_a_working_install() {
     let extender = &sched["extenders"][0];
     assert_eq!(extender["urlPrefix"], "http://127.0.0.1:8888");
     assert_eq!(extender["bindVerb"], "bind");
+    assert_eq!(extender["preemptVerb"], "preempt");
     assert_eq!(extender["httpTimeout"], "30s");
     let managed: Vec<&str> = extender["managedResources"]
         .as_array()

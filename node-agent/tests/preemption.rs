@@ -41,6 +41,12 @@ async fn gpu_pod(cluster: &Cluster, name: &str, class: &str, mib: u64) {
 
 /// The same, for nodes with the labels `selector`.
 async fn gpu_pod_on(cluster: &Cluster, name: &str, class: &str, mib: u64, selector: Value) {
+    let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string()});
+    pod_with(cluster, name, class, limits, selector).await;
+}
+
+/// A pod of `class` with `limits`, for nodes with the labels `selector`.
+async fn pod_with(cluster: &Cluster, name: &str, class: &str, limits: Value, selector: Value) {
     cluster
         .create_raw_pod(json!({
             "metadata": {"name": name},
@@ -48,9 +54,7 @@ async fn gpu_pod_on(cluster: &Cluster, name: &str, class: &str, mib: u64, select
                 "schedulerName": "tessera-scheduler",
                 "nodeSelector": selector,
                 "priorityClassName": class,
-                "containers": [{"name": "main", "image": "example.invalid/cuda", "resources": {"limits": {
-                    "nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string(),
-                }}}],
+                "containers": [{"name": "main", "image": "example.invalid/cuda", "resources": {"limits": limits}}],
             },
         }))
         .await
@@ -178,4 +182,54 @@ async fn a_higher_priority_pod_displaces_exactly_the_pods_whose_slices_it_needs(
         .await
         .unwrap();
     assert!(held.is_none(), "an over-quota pod holds slices: {held:?}");
+}
+
+#[tokio::test]
+async fn kube_schedulers_victims_are_made_enough_for_the_gpus_through_the_preempt_verb() {
+    let cluster = Cluster::start(Config::default()).await;
+    let client = cluster.client.clone();
+    let host = GpuHost::start(&cluster, "verb-1", 3).await;
+    wait_published(&cluster, &host, 3).await;
+    priority_class(&client, "batch", 100).await;
+    priority_class(&client, "serving", 1000).await;
+
+    // The node has 64 CPUs. batch-a holds 40 of them and 10,000 MiB of
+    // GPU 0; batch-b and batch-c one CPU and 60,000 MiB of GPU 1 and 2.
+    for (pod, cpu, mib) in [
+        ("batch-a", "40", 10_000),
+        ("batch-b", "1", 60_000),
+        ("batch-c", "1", 60_000),
+    ] {
+        let limits =
+            json!({"cpu": cpu, "nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string()});
+        pod_with(&cluster, pod, "batch", limits, json!({})).await;
+        host.served(pod).await;
+        cluster.served(pod).await;
+    }
+
+    // 30 CPUs and two GPUs of 75,000 MiB. kube-scheduler's own dry run
+    // finds the CPUs by displacing batch-a (its slice frees GPU 0) and asks
+    // the preempt verb, which adds the one pod whose GPU completes the
+    // pair: batch-c (batch-b, listed first, is given back first).
+    let started = Instant::now();
+    let limits = json!({"cpu": "30", "nvidia.com/gpu": "2", "nvidia.com/gpumem": "75000"});
+    pod_with(&cluster, "urgent", "serving", limits, json!({})).await;
+    host.served("urgent").await;
+    cluster.served("urgent").await;
+    println!(
+        "preempt verb: urgent pod created to served in {:?}",
+        started.elapsed()
+    );
+    let urgent = allocation(&client, "urgent").await;
+    assert_eq!(urgent.spec.totals.devices, "GPU-verb-1-0,GPU-verb-1-2");
+    assert!(!exists(&client, "batch-a").await);
+    assert!(!exists(&client, "batch-c").await);
+    assert!(exists(&client, "batch-b").await, "batch-b was spared");
+    let metrics = cluster.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "tessera_preemptions_total{path=\"verb\"} 1"),
+        "{metrics}"
+    );
 }

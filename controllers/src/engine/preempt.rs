@@ -44,7 +44,7 @@ pub struct Choice {
 
 impl Choice {
     /// The order kube-scheduler ranks candidates in (smaller is better).
-    fn rank(&self) -> (usize, i32, usize, usize) {
+    pub fn rank(&self) -> (usize, i32, usize, usize) {
         (
             self.pdb_violations,
             self.highest_priority,

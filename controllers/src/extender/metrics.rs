@@ -11,7 +11,7 @@ use prometheus_client::{
 /// Labels of a verb's latency.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerbLabels {
-    /// `filter`, `prioritize` or `bind`.
+    /// `filter`, `prioritize`, `bind` or `preempt`.
     pub verb: &'static str,
     /// `ok` or `error`.
     pub outcome: &'static str,
@@ -25,7 +25,9 @@ pub struct ReasonLabels {
 }
 
 /// The extender's verbs and their outcomes, exported from the start.
-const VERBS: [&str; 3] = ["filter", "prioritize", "bind"];
+const VERBS: [&str; 4] = ["filter", "prioritize", "bind", "preempt"];
+/// Where a preemption was decided: after Filter, or in the preempt verb.
+const PREEMPTION_PATHS: [&str; 2] = ["filter", "verb"];
 const VERB_OUTCOMES: [&str; 2] = ["ok", "error"];
 
 fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -45,6 +47,20 @@ pub struct ExtenderMetrics {
     pub lock_wait_seconds: Histogram,
     /// Binds that failed and were rolled back, by reason.
     pub bind_rollbacks: Family<ReasonLabels, Counter>,
+    /// Preemptions that held slices for a pod, by where they were decided.
+    pub preemptions: Family<PathLabels, Counter>,
+    /// Pods displaced by device-aware preemption.
+    pub preemption_victims: Counter,
+    /// Seconds the preemption decision took over the nodes offered.
+    pub preemption_decision_seconds: Histogram,
+}
+
+/// Labels of a preemption.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabels {
+    /// `filter` (the extender preempted after Filter found no node) or
+    /// `verb` (kube-scheduler asked the preempt verb).
+    pub path: &'static str,
 }
 
 impl ExtenderMetrics {
@@ -80,10 +96,34 @@ impl ExtenderMetrics {
         for reason in crate::Error::METRIC_LABELS {
             bind_rollbacks.get_or_create_owned(&ReasonLabels { reason });
         }
+        let preemptions = Family::<PathLabels, Counter>::default();
+        registry.register(
+            "preemptions",
+            "Device-aware preemptions that held freed GPU slices for a pod",
+            preemptions.clone(),
+        );
+        for path in PREEMPTION_PATHS {
+            preemptions.get_or_create_owned(&PathLabels { path });
+        }
+        let preemption_victims = Counter::default();
+        registry.register(
+            "preemption_victims",
+            "Pods displaced by device-aware preemption",
+            preemption_victims.clone(),
+        );
+        let preemption_decision_seconds = Histogram::new(latency_buckets());
+        registry.register(
+            "preemption_decision_duration_seconds",
+            "Time the device-aware preemption decision took over the nodes offered",
+            preemption_decision_seconds.clone(),
+        );
         Self {
             verb_seconds,
             lock_wait_seconds,
             bind_rollbacks,
+            preemptions,
+            preemption_victims,
+            preemption_decision_seconds,
         }
     }
 
@@ -94,6 +134,13 @@ impl ExtenderMetrics {
             outcome: if ok { "ok" } else { "error" },
         };
         self.verb_seconds.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Counts one preemption decided on `path` that displaces `victims` pods.
+    pub fn preempted(&self, path: &'static str, victims: usize) {
+        self.preemptions.get_or_create(&PathLabels { path }).inc();
+        self.preemption_victims
+            .inc_by(u64::try_from(victims).unwrap_or(u64::MAX));
     }
 
     /// Counts one Bind undone, for `reason`.

@@ -1,4 +1,5 @@
-//! The kube-scheduler extender over HTTP: `POST /filter`, `/prioritize`, `/bind`.
+//! The kube-scheduler extender over HTTP: `POST /filter`, `/prioritize`,
+//! `/bind`, `/preempt`.
 //!
 //! Every verb answers 200 with the extender's JSON; errors travel in the
 //! `Error` field, as kube-scheduler expects. The extender's metrics are its
@@ -30,7 +31,8 @@ pub use lock::{holder_needs_lock, lock_object};
 pub use metrics::{ExtenderMetrics, ReasonLabels, VerbLabels};
 pub use nudge::{GPU_FREED, nudge_nodes};
 use wire::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    ExtenderPreemptionArgs, ExtenderPreemptionResult, HostPriority,
 };
 
 use crate::{config::Config, projection::Projection};
@@ -62,7 +64,8 @@ impl Extender {
             config.clone(),
             metrics.clone(),
         );
-        let preemptor = preempt::Preemptor::new(client, projection.clone(), config.clone());
+        let preemptor =
+            preempt::Preemptor::new(client, projection.clone(), config.clone(), metrics.clone());
         Self {
             projection,
             config,
@@ -72,12 +75,13 @@ impl Extender {
         }
     }
 
-    /// The three verbs.
+    /// The four verbs.
     pub fn router(self) -> Router {
         Router::new()
             .route("/filter", post(filter_handler))
             .route("/prioritize", post(prioritize_handler))
             .route("/bind", post(bind_handler))
+            .route("/preempt", post(preempt_handler))
             .with_state(self)
     }
 
@@ -145,6 +149,20 @@ async fn prioritize_handler(
     });
     extender.observe("prioritize", true, started);
     Json(scores)
+}
+
+async fn preempt_handler(
+    State(extender): State<Extender>,
+    Json(args): Json<ExtenderPreemptionArgs>,
+) -> Json<ExtenderPreemptionResult> {
+    let started = Instant::now();
+    let result = extender.preemptor.answer(&args).await;
+    extender.observe("preempt", result.is_ok(), started);
+    // An error leaves the pod without candidates; kube-scheduler retries it.
+    Json(result.unwrap_or_else(|error| {
+        tracing::warn!(%error, "preempt verb failed");
+        ExtenderPreemptionResult::default()
+    }))
 }
 
 #[tracing::instrument(name = "bind", skip_all, fields(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, devices, error))]

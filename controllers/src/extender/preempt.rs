@@ -47,7 +47,9 @@ use tessera_api::{
     v1alpha1::{Nomination, SchedulingPolicy, VgpuAllocation},
 };
 
-use super::wire::ExtenderFilterResult;
+use super::wire::{
+    ExtenderFilterResult, ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims,
+};
 use crate::{
     Error,
     config::Config,
@@ -114,6 +116,49 @@ pub fn plan<'n>(
     })
 }
 
+/// kube-scheduler's own victims on `node` (by UID, from its dry run, which
+/// knows CPU and memory but not GPU slices) made enough for the pod's GPU
+/// slices: the pods to displace beside them, the fewest that let it fit,
+/// as [`plan`] picks them. `None` when even displacing every lower-priority
+/// pod there is not enough.
+pub fn beside(
+    ledger: &Ledger,
+    request: &PodRequest,
+    policy: SchedulingPolicy,
+    priority: i32,
+    node: &str,
+    theirs: &HashSet<&str>,
+    protected: &HashSet<AllocationKey>,
+) -> Option<(Vec<Displaced>, Choice)> {
+    let gpus = ledger.node(node)?;
+    let mut without = gpus.clone();
+    for (_, allocation) in ledger.allocations_on(node) {
+        if theirs.contains(allocation.pod_uid.as_str()) {
+            crate::projection::release_allocation(&mut without, allocation);
+        }
+    }
+    if engine::fit(&without, request, policy).is_ok() {
+        let none = Choice {
+            victims: Vec::new(),
+            pdb_violations: 0,
+            highest_priority: i32::MIN,
+            slices: 0,
+        };
+        return Some((Vec::new(), none));
+    }
+    let (keys, mut candidates) = candidates(ledger, node, &without, priority, protected);
+    let (keys, candidates): (Vec<_>, Vec<_>) = keys
+        .into_iter()
+        .zip(candidates.drain(..))
+        .filter(|(d, _)| !theirs.contains(d.uid.as_str()))
+        .unzip();
+    let choice = preempt::on_node(&without, request, policy, priority, &candidates)?;
+    Some((
+        choice.victims.iter().map(|&i| keys[i].clone()).collect(),
+        choice,
+    ))
+}
+
 /// The pods on `node` a pod of `priority` may displace.
 fn candidates(
     ledger: &Ledger,
@@ -143,23 +188,50 @@ fn candidates(
         .unzip()
 }
 
+/// Whether and how a pod preempts.
+enum Verdict {
+    /// It asks for no device: preemption is kube-scheduler's alone.
+    NoGpus,
+    /// It preempts nothing, for this reason.
+    Refused(&'static str),
+    /// It may preempt.
+    Preempts(Box<Preempting>),
+}
+
+/// What preemption needs of a pod.
+struct Preempting {
+    request: PodRequest,
+    policy: SchedulingPolicy,
+    priority: i32,
+    key: AllocationKey,
+    uid: String,
+    limits: quota::Limits,
+}
+
 /// Acts on Filter's refusals.
 #[derive(Clone)]
 pub struct Preemptor {
     client: Client,
     projection: Projection,
     config: Arc<Config>,
+    metrics: super::metrics::ExtenderMetrics,
     /// When each pod (by UID) was last considered.
     recent: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl Preemptor {
     /// A preemptor reading `projection` and writing through `client`.
-    pub fn new(client: Client, projection: Projection, config: Arc<Config>) -> Self {
+    pub fn new(
+        client: Client,
+        projection: Projection,
+        config: Arc<Config>,
+        metrics: super::metrics::ExtenderMetrics,
+    ) -> Self {
         Self {
             client,
             projection,
             config,
+            metrics,
             recent: Arc::default(),
         }
     }
@@ -170,10 +242,6 @@ impl Preemptor {
         let feasible = result.node_names.as_ref().map_or(0, Vec::len)
             + result.nodes.as_ref().map_or(0, |n| n.items.len());
         if !result.error.is_empty() || feasible > 0 || result.failed_nodes.is_empty() {
-            return;
-        }
-        let spec = pod.spec.as_ref();
-        if spec.and_then(|s| s.preemption_policy.as_deref()) == Some("Never") {
             return;
         }
         let Some(uid) = pod.metadata.uid.clone() else {
@@ -211,67 +279,86 @@ impl Preemptor {
         recent.insert(uid.to_owned(), now).is_none()
     }
 
-    #[tracing::instrument(name = "preempt", skip_all, fields(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default(), node, victims))]
-    async fn preempt(&self, pod: &Pod, nodes: &[String]) -> Result<(), Error> {
+    /// What preemption needs of `pod`, or why it preempts nothing.
+    fn preempting(&self, pod: &Pod) -> Result<Verdict, Error> {
         let Some(mut request) = parse_pod(pod, &self.config.request)? else {
-            return Ok(());
+            return Ok(Verdict::NoGpus);
         };
+        let spec = pod.spec.as_ref();
+        if spec.and_then(|s| s.preemption_policy.as_deref()) == Some("Never") {
+            return Ok(Verdict::Refused("preemptionPolicy: Never"));
+        }
         let policy = self.config.gpu_policy_of(&mut request.options);
-        let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
         let namespace = pod.namespace().unwrap_or_default();
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let key = AllocationKey {
-            namespace: namespace.clone(),
-            name: pod.name_any(),
-        };
         let limits = self
             .projection
             .quota_limits(&namespace, &self.config.request);
+        let ledger = self.projection.read();
+        if super::filter::held_for(&ledger, pod).is_some() {
+            return Ok(Verdict::Refused(
+                "it holds slices already; its victims are going",
+            ));
+        }
         let names = quota::names(&request, &self.config.request);
-        {
-            let ledger = self.projection.read();
-            if super::filter::held_for(&ledger, pod).is_some() {
-                return Ok(()); // it preempted already; its victims are going
-            }
-            let used = ledger.namespace_used(&namespace);
-            if let Err(over) = quota::check(&limits, used, &quota::least_charge(&request, &names)) {
-                tracing::info!(%over, "over its namespace's device quota: preempts nothing");
+        let used = ledger.namespace_used(&namespace);
+        if let Err(over) = quota::check(&limits, used, &quota::least_charge(&request, &names)) {
+            tracing::info!(%over, "over its namespace's device quota: preempts nothing");
+            return Ok(Verdict::Refused("over its namespace's device quota"));
+        }
+        drop(ledger);
+        Ok(Verdict::Preempts(Box::new(Preempting {
+            policy,
+            priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            key: AllocationKey {
+                namespace,
+                name: pod.name_any(),
+            },
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            limits,
+            request,
+        })))
+    }
+
+    #[tracing::instrument(name = "preempt", skip_all, fields(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default(), node, victims))]
+    async fn preempt(&self, pod: &Pod, nodes: &[String]) -> Result<(), Error> {
+        let it = match self.preempting(pod)? {
+            Verdict::Preempts(it) => it,
+            Verdict::NoGpus => return Ok(()),
+            Verdict::Refused(why) => {
+                tracing::debug!(why, "preempts nothing");
                 return Ok(());
             }
-        }
+        };
         let protected = self.protected().await?;
-        let Some(plan) = plan(
+        let deciding = Instant::now();
+        let plan = plan(
             &self.projection.read(),
-            &request,
-            policy,
-            priority,
+            &it.request,
+            it.policy,
+            it.priority,
             nodes.iter().map(String::as_str),
             &protected,
-        ) else {
+        );
+        self.metrics
+            .preemption_decision_seconds
+            .observe(deciding.elapsed().as_secs_f64());
+        let Some(plan) = plan else {
             tracing::debug!("no lower-priority pods whose slices would make room");
             return Ok(());
         };
         let span = tracing::Span::current();
         span.record("node", plan.node.as_str());
         span.record("victims", plan.victims.len());
-        self.hold(
-            &request,
-            policy,
-            priority,
-            &key,
-            &uid,
-            &plan,
-            (&limits, &names),
-        )
-        .await?;
+        self.hold(&it, &plan).await?;
+        self.metrics.preempted("filter", plan.victims.len());
         for victim in &plan.victims {
             self.displace(victim, pod, &plan.node).await;
         }
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &it.key.namespace);
         let nominated = json!({"status": {"nominatedNodeName": plan.node}});
         if let Err(error) = pods
             .patch_status(
-                &key.name,
+                &it.key.name,
                 &PatchParams::default(),
                 &Patch::Merge(&nominated),
             )
@@ -287,20 +374,115 @@ impl Preemptor {
         Ok(())
     }
 
+    /// The preempt verb: kube-scheduler found victims on some nodes by its
+    /// own resources (it calls the verb only then). Each node is answered
+    /// with those victims and the fewest more lower-priority GPU pods that
+    /// let the pod's slices fit there, or dropped when none can; only the
+    /// cheapest node is kept, and the slices it frees are held for the pod,
+    /// so kube-scheduler preempts there. A pod without GPU requests gets
+    /// kube-scheduler's answer back; a pod that preempts nothing (over its
+    /// quota) gets none.
+    #[tracing::instrument(name = "preempt_verb", skip_all, fields(pod = %args.pod.name_any(), node, victims))]
+    pub async fn answer(
+        &self,
+        args: &ExtenderPreemptionArgs,
+    ) -> Result<ExtenderPreemptionResult, Error> {
+        let theirs = args.victims();
+        let it = match self.preempting(&args.pod)? {
+            Verdict::NoGpus => {
+                return Ok(ExtenderPreemptionResult {
+                    node_name_to_meta_victims: theirs,
+                });
+            }
+            _ if !self.config.device_preemption => {
+                return Ok(ExtenderPreemptionResult {
+                    node_name_to_meta_victims: theirs,
+                });
+            }
+            Verdict::Refused(_) => return Ok(ExtenderPreemptionResult::default()),
+            Verdict::Preempts(it) => it,
+        };
+        let protected = self.protected().await?;
+        let deciding = Instant::now();
+        let best = {
+            let ledger = self.projection.read();
+            let choices = theirs.iter().filter_map(|(node, victims)| {
+                let uids: HashSet<&str> = victims.pods.iter().map(|p| p.uid.as_str()).collect();
+                let (extra, choice) = beside(
+                    &ledger,
+                    &it.request,
+                    it.policy,
+                    it.priority,
+                    node,
+                    &uids,
+                    &protected,
+                )?;
+                // Theirs (named where the ledger knows them) and ours.
+                let mut displaced: Vec<Displaced> = ledger
+                    .allocations_on(node)
+                    .filter(|(_, a)| uids.contains(a.pod_uid.as_str()))
+                    .map(|(key, a)| Displaced {
+                        key: key.clone(),
+                        uid: a.pod_uid.clone(),
+                        priority: a.priority.unwrap_or(i32::MIN),
+                    })
+                    .collect();
+                displaced.extend(extra.iter().cloned());
+                let mut pods = victims.pods.clone();
+                pods.extend(extra.iter().map(|d| MetaPod { uid: d.uid.clone() }));
+                let answer = MetaVictims {
+                    pods,
+                    num_pdb_violations: victims.num_pdb_violations
+                        + i64::try_from(choice.pdb_violations).unwrap_or(i64::MAX),
+                };
+                let rank = (
+                    answer.num_pdb_violations,
+                    choice.highest_priority,
+                    answer.pods.len(),
+                );
+                Some((rank, node.clone(), displaced, answer, choice))
+            });
+            choices.min_by(|a, b| a.0.cmp(&b.0))
+        };
+        self.metrics
+            .preemption_decision_seconds
+            .observe(deciding.elapsed().as_secs_f64());
+        let Some((_, node, victims, answer, choice)) = best else {
+            return Ok(ExtenderPreemptionResult::default());
+        };
+        let span = tracing::Span::current();
+        span.record("node", node.as_str());
+        span.record("victims", answer.pods.len());
+        let plan = Plan {
+            node: node.clone(),
+            victims,
+            choice,
+        };
+        match self.hold(&it, &plan).await {
+            Ok(()) => self.metrics.preempted("verb", answer.pods.len()),
+            Err(error) => {
+                tracing::warn!(%error, "could not hold the freed slices; kube-scheduler preempts without a hold")
+            }
+        }
+        Ok(ExtenderPreemptionResult {
+            node_name_to_meta_victims: [(node, answer)].into(),
+        })
+    }
+
     /// Holds the slices `plan` frees for the pod: in the ledger first, then
     /// as its VgpuAllocation. Fails, undoing the first, when another hold or
     /// allocation of the pod is already there or the pod no longer fits.
-    #[allow(clippy::too_many_arguments)]
-    async fn hold(
-        &self,
-        request: &PodRequest,
-        policy: SchedulingPolicy,
-        priority: i32,
-        key: &AllocationKey,
-        uid: &str,
-        plan: &Plan,
-        (limits, names): (&quota::Limits, &[tessera_api::request::QuotaNames<'_>]),
-    ) -> Result<(), Error> {
+    async fn hold(&self, it: &Preempting, plan: &Plan) -> Result<(), Error> {
+        let Preempting {
+            request,
+            policy,
+            priority,
+            key,
+            uid,
+            limits,
+        } = it;
+        let (policy, priority) = (*policy, *priority);
+        let names = quota::names(request, &self.config.request);
         let victims: Vec<AllocationKey> = plan.victims.iter().map(|v| v.key.clone()).collect();
         let (placement, devices, charged) =
             self.projection
@@ -312,7 +494,7 @@ impl Preemptor {
                     let node = node.ok_or_else(|| no_room(super::filter::NO_GPU_NODE.into()))?;
                     let placement =
                         engine::fit(node, request, policy).map_err(|r| no_room(r.to_string()))?;
-                    let charged = quota::charge(request, &placement, names);
+                    let charged = quota::charge(request, &placement, &names);
                     quota::check(limits, used, &charged).map_err(|over| Error::OverQuota {
                         reason: over.to_string(),
                     })?;

@@ -258,3 +258,55 @@ fn freed_slices_are_held_for_the_preemptor_alone() {
     impostor.metadata.uid = Some("uid-other".into());
     assert!(!fits(&impostor));
 }
+
+#[test]
+fn kube_schedulers_victims_are_completed_only_as_far_as_the_gpus_need() {
+    let (projection, _feeder) = cluster();
+    let ledger = projection.read();
+    let none = HashSet::new();
+    let uid = |name: &str| ledger.allocation(&key(name)).unwrap().pod_uid.clone();
+    let (a, b) = (uid("n1-a"), uid("n1-b"));
+    // kube-scheduler displaces n1-a for CPU: 49,999 MiB of GPU 0 are free with
+    // it, so a pod of 50,000 MiB needs n1-b too.
+    let theirs: HashSet<&str> = [a.as_str()].into();
+    let (extra, _) = super::preempt::beside(
+        &ledger,
+        &request(50_000),
+        SPREAD,
+        1000,
+        "n1",
+        &theirs,
+        &none,
+    )
+    .unwrap();
+    assert_eq!(
+        extra
+            .iter()
+            .map(|d| d.key.name.as_str())
+            .collect::<Vec<_>>(),
+        ["n1-b"]
+    );
+    // Both of theirs free enough: nothing more.
+    let theirs: HashSet<&str> = [a.as_str(), b.as_str()].into();
+    let (extra, choice) = super::preempt::beside(
+        &ledger,
+        &request(50_000),
+        SPREAD,
+        1000,
+        "n1",
+        &theirs,
+        &none,
+    )
+    .unwrap();
+    assert!(extra.is_empty());
+    assert_eq!(choice.pdb_violations, 0);
+    // No lower-priority pods left to add on n2 (priority 100 against 100):
+    // the node is dropped.
+    let n2a = uid("n2-a");
+    let theirs: HashSet<&str> = [n2a.as_str()].into();
+    assert!(
+        super::preempt::beside(&ledger, &request(90_000), SPREAD, 100, "n2", &theirs, &none)
+            .is_none(),
+        "90,000 MiB fit no GPU whatever is displaced"
+    );
+}

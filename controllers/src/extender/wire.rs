@@ -100,6 +100,90 @@ pub struct ExtenderBindingResult {
     pub error: String,
 }
 
+/// What the preempt verb receives: kube-scheduler's candidate victims per
+/// node, from its own dry run.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderPreemptionArgs {
+    /// The pod that would preempt.
+    pub pod: Pod,
+    /// Victims as whole pods, when the extender is not node-cache capable.
+    #[serde(default)]
+    pub node_name_to_victims: Option<BTreeMap<String, Victims>>,
+    /// Victims by UID, when the extender is node-cache capable.
+    #[serde(default)]
+    pub node_name_to_meta_victims: Option<BTreeMap<String, MetaVictims>>,
+}
+
+impl ExtenderPreemptionArgs {
+    /// Per node, the UIDs of kube-scheduler's victims and how many
+    /// PodDisruptionBudgets they violate, from whichever form was sent.
+    pub fn victims(&self) -> BTreeMap<String, MetaVictims> {
+        if let Some(meta) = &self.node_name_to_meta_victims {
+            return meta.clone();
+        }
+        let whole = self.node_name_to_victims.iter().flatten();
+        whole
+            .map(|(node, victims)| {
+                let pods = victims
+                    .pods
+                    .iter()
+                    .filter_map(|p| p.metadata.uid.clone())
+                    .map(|uid| MetaPod { uid })
+                    .collect();
+                (
+                    node.clone(),
+                    MetaVictims {
+                        pods,
+                        num_pdb_violations: victims.num_pdb_violations,
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+/// Victims on one node, as whole pods.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Victims {
+    /// The pods.
+    #[serde(default)]
+    pub pods: Vec<Pod>,
+    /// How many of them a PodDisruptionBudget protects.
+    #[serde(default, rename = "NumPDBViolations")]
+    pub num_pdb_violations: i64,
+}
+
+/// A pod, by UID.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MetaPod {
+    /// The pod's UID.
+    #[serde(rename = "UID")]
+    pub uid: String,
+}
+
+/// Victims on one node, by UID.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "PascalCase")]
+pub struct MetaVictims {
+    /// The pods.
+    #[serde(default)]
+    pub pods: Vec<MetaPod>,
+    /// How many of them a PodDisruptionBudget protects.
+    #[serde(default, rename = "NumPDBViolations")]
+    pub num_pdb_violations: i64,
+}
+
+/// The preempt verb's answer: the nodes where preemption would work, each
+/// with every pod that must go.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderPreemptionResult {
+    /// Victims per node.
+    pub node_name_to_meta_victims: BTreeMap<String, MetaVictims>,
+}
+
 #[cfg(test)]
 mod tests {
     use pretty_assertions::assert_eq;
@@ -144,6 +228,27 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&none_fit).unwrap()["NodeNames"],
             json!([])
+        );
+    }
+
+    #[test]
+    fn preemption_matches_the_go_types() {
+        // Node-cache capable: victims by UID, NodeNameToVictims null.
+        let sent = json!({"Pod": {"metadata": {"name": "p"}}, "NodeNameToVictims": null, "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "u-1"}], "NumPDBViolations": 1}}});
+        let args: ExtenderPreemptionArgs = serde_json::from_value(sent).unwrap();
+        let victims = args.victims();
+        assert_eq!(victims["n1"].pods, [MetaPod { uid: "u-1".into() }]);
+        assert_eq!(victims["n1"].num_pdb_violations, 1);
+        // Not node-cache capable: whole pods.
+        let sent = json!({"Pod": {"metadata": {"name": "p"}}, "NodeNameToVictims": {"n2": {"Pods": [{"metadata": {"name": "v", "uid": "u-2"}}], "NumPDBViolations": 0}}, "NodeNameToMetaVictims": null});
+        let args: ExtenderPreemptionArgs = serde_json::from_value(sent).unwrap();
+        assert_eq!(args.victims()["n2"].pods, [MetaPod { uid: "u-2".into() }]);
+        let result = ExtenderPreemptionResult {
+            node_name_to_meta_victims: [("n1".to_owned(), victims["n1"].clone())].into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&result).unwrap(),
+            json!({"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "u-1"}], "NumPDBViolations": 1}}})
         );
     }
 
