@@ -15,7 +15,10 @@
 
 #![allow(missing_docs)]
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
 use serde_json::json;
 use tessera_api::{
@@ -24,11 +27,8 @@ use tessera_api::{
 };
 use tessera_controllers::{
     config::Config,
-    engine::{
-        GpuDevice, Slice,
-        preempt::{self, Victim},
-    },
-    extender::{filter, prioritize, wire::ExtenderArgs},
+    engine::GpuDevice,
+    extender::{filter, preempt, prioritize, wire::ExtenderArgs},
     projection::{AllocationKey, LiveAllocation, Projection, UuidSlice},
 };
 
@@ -52,8 +52,6 @@ impl Rng {
 fn main() {
     let (projection, feeder) = Projection::new();
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
-    // Per node, its pods as preemption candidates (priority 0-7 by position).
-    let mut candidates: Vec<Vec<Victim>> = vec![Vec::new(); NODES];
     {
         let mut ledger = feeder.write();
         for n in 0..NODES {
@@ -85,11 +83,6 @@ fn main() {
             let node = (rng.next() as usize) % NODES;
             let gpu = (rng.next() as usize) % GPUS;
             let percent = 20 + rng.next() % 61;
-            candidates[node].push(Victim {
-                priority: (a % 8) as i32,
-                slices: vec![Slice::plain(gpu, 81_920 * percent / 100, percent as u32)],
-                violates_pdb: false,
-            });
             ledger.insert_allocation(
                 AllocationKey {
                     namespace: "bench".into(),
@@ -98,7 +91,8 @@ fn main() {
                 LiveAllocation {
                     quota: [("nvidia.com/gpumem".to_owned(), 81_920 * percent / 100)].into(),
                     pod_uid: format!("uid-{a}"),
-                    priority: Some(0),
+                    // Priorities 0-7 by position: preemption's candidates.
+                    priority: Some((a % 8) as i32),
                     nominated: false,
                     node: format!("node-{node:05}"),
                     slices: vec![UuidSlice {
@@ -173,14 +167,14 @@ fn main() {
         }
         report(&format!("decision, GPU memory quota {what}"), &mut timings);
     }
-    preemption(&projection, &candidates);
+    preemption(&projection);
     vendors(&mut rng);
 }
 
 /// The preemption decision over every node for a pod of priority 8 asking
-/// 4 whole GPUs: per node, the pods (priority 0-7) whose release lets it
-/// fit, then the cheapest node.
-fn preemption(projection: &Projection, candidates: &[Vec<Victim>]) {
+/// 4 whole GPUs, as the extender takes it from the ledger: per node, the
+/// pods (priority 0-7) whose release lets it fit, then the cheapest node.
+fn preemption(projection: &Projection) {
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
         "metadata": {"name": "urgent", "namespace": "bench"},
         "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
@@ -191,28 +185,54 @@ fn preemption(projection: &Projection, candidates: &[Vec<Victim>]) {
         .unwrap();
     let policy = SchedulingPolicy::Spread;
     const PREEMPT_ROUNDS: usize = 20;
-    let mut timings = Vec::with_capacity(PREEMPT_ROUNDS);
-    let mut summary = String::new();
-    for _ in 0..PREEMPT_ROUNDS {
-        let started = Instant::now();
-        let ledger = projection.read();
-        let mut displacing = 0;
-        let chosen = preempt::best((0..NODES).filter_map(|n| {
-            let node = ledger.node(&format!("node-{n:05}"))?;
-            let choice = preempt::on_node(node, &request, policy, 8, &candidates[n])?;
-            displacing += 1;
-            Some((n, choice))
-        }));
-        timings.push(started.elapsed());
-        let (node, choice) = chosen.expect("some node can be freed");
-        summary = format!(
-            "{displacing} nodes can be freed; node-{node:05} by {} victims of priority <= {}",
-            choice.victims.len(),
-            choice.highest_priority
-        );
+    let names: Vec<String> = (0..NODES).map(|n| format!("node-{n:05}")).collect();
+    let decide = |sampled: bool, start: usize| {
+        if sampled {
+            preempt::plan_sampled(
+                projection,
+                &request,
+                policy,
+                8,
+                (&names, start),
+                &HashSet::new(),
+            )
+        } else {
+            preempt::plan(
+                &projection.read(),
+                &request,
+                policy,
+                8,
+                names.iter().map(String::as_str),
+                &HashSet::new(),
+            )
+        }
+    };
+    println!(
+        "Preemption, 4 whole GPUs at priority 8 over {NODES} nodes ({} freeable nodes are enough):",
+        preempt::enough_candidates(NODES)
+    );
+    for (what, sampled) in [
+        ("  as the extender decides (sampled, batches of 256)", true),
+        ("  every node, then the best", false),
+    ] {
+        let mut timings = Vec::with_capacity(PREEMPT_ROUNDS);
+        let mut summary = String::new();
+        for round in 0..PREEMPT_ROUNDS {
+            let started = Instant::now();
+            // A different starting node each round, as different pods have.
+            let chosen = decide(sampled, round * 997 % NODES);
+            timings.push(started.elapsed());
+            let chosen = chosen.expect("some node can be freed");
+            summary = format!(
+                "last round: {} by {} victims of priority <= {}",
+                chosen.node,
+                chosen.victims.len(),
+                chosen.choice.highest_priority
+            );
+        }
+        println!("{what}: {summary}");
+        report("    decision", &mut timings);
     }
-    println!("Preemption, 4 whole GPUs at priority 8 over {NODES} nodes: {summary}");
-    report("  decision (every node, then the best)", &mut timings);
 }
 
 /// Filter and Prioritize for an Ascend 910 pod (2 NPUs) and a Kunlunxin

@@ -70,6 +70,9 @@ pub fn on_node(
     let mut eligible: Vec<usize> = (0..candidates.len())
         .filter(|&i| candidates[i].priority < priority)
         .collect();
+    if eligible.is_empty() {
+        return None;
+    }
     let mut without = node.clone();
     for &i in &eligible {
         for slice in &candidates[i].slices {

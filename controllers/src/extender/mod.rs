@@ -13,7 +13,7 @@ mod lock;
 mod metrics;
 mod nudge;
 mod placed;
-mod preempt;
+pub mod preempt;
 #[cfg(test)]
 mod preempt_tests;
 mod probe;

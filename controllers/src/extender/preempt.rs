@@ -58,7 +58,7 @@ use crate::{
         preempt::{self, Choice, Victim},
         quota,
     },
-    projection::{AllocationKey, Ledger, Projection, engine_slices},
+    projection::{AllocationKey, Ledger, LiveAllocation, Projection, engine_slices},
 };
 
 /// How long the slices freed for a preemptor stay held for it: the victims'
@@ -102,18 +102,108 @@ pub fn plan<'n>(
     nodes: impl IntoIterator<Item = &'n str>,
     protected: &HashSet<AllocationKey>,
 ) -> Option<Plan> {
+    plan_counting(ledger, request, policy, priority, nodes, protected).0
+}
+
+/// [`plan`], and on how many of the nodes preemption would work.
+fn plan_counting<'n>(
+    ledger: &Ledger,
+    request: &PodRequest,
+    policy: SchedulingPolicy,
+    priority: i32,
+    nodes: impl IntoIterator<Item = &'n str>,
+    protected: &HashSet<AllocationKey>,
+) -> (Option<Plan>, usize) {
+    let mut freeable = 0;
     let choices = nodes.into_iter().filter_map(|name| {
         let gpus = ledger.node(name)?;
-        let (keys, candidates) = candidates(ledger, name, gpus, priority, protected);
+        let (held, candidates) = candidates(ledger, name, gpus, priority, protected);
         let choice = preempt::on_node(gpus, request, policy, priority, &candidates)?;
-        Some(((name, keys), choice))
+        freeable += 1;
+        Some(((name, held), choice))
     });
-    let ((node, keys), choice) = preempt::best(choices)?;
-    Some(Plan {
+    let best = preempt::best(choices);
+    let plan = best.map(|((node, held), choice)| Plan {
         node: node.to_owned(),
-        victims: choice.victims.iter().map(|&i| keys[i].clone()).collect(),
+        victims: choice
+            .victims
+            .iter()
+            .map(|&i| displaced(held[i], priority))
+            .collect(),
         choice,
-    })
+    });
+    (plan, freeable)
+}
+
+/// A victim as the preemptor acts on it.
+fn displaced((key, held): (&AllocationKey, &LiveAllocation), below: i32) -> Displaced {
+    Displaced {
+        key: key.clone(),
+        uid: held.pod_uid.clone(),
+        priority: held.priority.unwrap_or(below),
+    }
+}
+
+/// How many nodes [`plan_sampled`] reads under one hold of the ledger's
+/// read lock: a Bind waiting to write waits for one batch (a few
+/// milliseconds), not for the whole decision.
+const BATCH: usize = 256;
+
+/// How many nodes where preemption works are enough to choose from among
+/// `nodes`: kube-scheduler's DefaultPreemption defaults
+/// (`minCandidateNodesPercentage` 10, `minCandidateNodesAbsolute` 100).
+pub fn enough_candidates(nodes: usize) -> usize {
+    (nodes / 10).max(100)
+}
+
+/// [`plan`] as kube-scheduler's DefaultPreemption samples: from the node at
+/// `start` on (wrapping around; the preemptor's own offset, so that
+/// preemptions spread over the cluster), a batch at a time, each under its
+/// own read of the ledger, until [`enough_candidates`] nodes where
+/// preemption works were seen; the best of those, ties to the earliest.
+/// What changes between batches is caught by the hold, which places the
+/// pod again under the write lock.
+pub fn plan_sampled(
+    projection: &Projection,
+    request: &PodRequest,
+    policy: SchedulingPolicy,
+    priority: i32,
+    (nodes, start): (&[String], usize),
+    protected: &HashSet<AllocationKey>,
+) -> Option<Plan> {
+    let start = start.checked_rem(nodes.len())?;
+    let order: Vec<&str> = nodes[start..]
+        .iter()
+        .chain(&nodes[..start])
+        .map(String::as_str)
+        .collect();
+    let enough = enough_candidates(nodes.len());
+    let mut best: Option<Plan> = None;
+    let mut seen = 0;
+    for batch in order.chunks(BATCH) {
+        let ledger = projection.read();
+        let (plan, freeable) = plan_counting(
+            &ledger,
+            request,
+            policy,
+            priority,
+            batch.iter().copied(),
+            protected,
+        );
+        drop(ledger);
+        seen += freeable;
+        if let Some(plan) = plan
+            && best
+                .as_ref()
+                .is_none_or(|kept| plan.choice.rank() < kept.choice.rank())
+        {
+            best = Some(plan);
+        }
+        if seen >= enough {
+            break;
+        }
+    }
+    best
 }
 
 /// kube-scheduler's own victims on `node` (by UID, from its dry run, which
@@ -146,44 +236,44 @@ pub fn beside(
         };
         return Some((Vec::new(), none));
     }
-    let (keys, mut candidates) = candidates(ledger, node, &without, priority, protected);
-    let (keys, candidates): (Vec<_>, Vec<_>) = keys
-        .into_iter()
-        .zip(candidates.drain(..))
-        .filter(|(d, _)| !theirs.contains(d.uid.as_str()))
-        .unzip();
+    let (held, candidates): (Vec<_>, Vec<_>) = {
+        let (held, candidates) = candidates(ledger, node, &without, priority, protected);
+        held.into_iter()
+            .zip(candidates)
+            .filter(|((_, a), _)| !theirs.contains(a.pod_uid.as_str()))
+            .unzip()
+    };
     let choice = preempt::on_node(&without, request, policy, priority, &candidates)?;
     Some((
-        choice.victims.iter().map(|&i| keys[i].clone()).collect(),
+        choice
+            .victims
+            .iter()
+            .map(|&i| displaced(held[i], priority))
+            .collect(),
         choice,
     ))
 }
 
-/// The pods on `node` a pod of `priority` may displace.
-fn candidates(
-    ledger: &Ledger,
+/// The pods on `node` a pod of `priority` may displace, with their slices
+/// as the engine counts them on `gpus`.
+fn candidates<'l>(
+    ledger: &'l Ledger,
     node: &str,
     gpus: &NodeGpus,
     priority: i32,
     protected: &HashSet<AllocationKey>,
-) -> (Vec<Displaced>, Vec<Victim>) {
+) -> (Vec<(&'l AllocationKey, &'l LiveAllocation)>, Vec<Victim>) {
     ledger
         .allocations_on(node)
         .filter(|(_, a)| !a.nominated)
         .filter_map(|(key, a)| {
             let held = a.priority.filter(|&p| p < priority)?;
-            Some((
-                Displaced {
-                    key: key.clone(),
-                    uid: a.pod_uid.clone(),
-                    priority: held,
-                },
-                Victim {
-                    priority: held,
-                    slices: engine_slices(gpus, a),
-                    violates_pdb: protected.contains(key),
-                },
-            ))
+            let victim = Victim {
+                priority: held,
+                slices: engine_slices(gpus, a),
+                violates_pdb: protected.contains(key),
+            };
+            Some(((key, a), victim))
         })
         .unzip()
 }
@@ -331,14 +421,34 @@ impl Preemptor {
         };
         let protected = self.protected().await?;
         let deciding = Instant::now();
-        let plan = plan(
-            &self.projection.read(),
-            &it.request,
-            it.policy,
-            it.priority,
-            nodes.iter().map(String::as_str),
-            &protected,
-        );
+        let plan = {
+            let projection = self.projection.clone();
+            let (request, policy, priority) = (it.request.clone(), it.policy, it.priority);
+            let nodes = nodes.to_vec();
+            // Off the async workers: over thousands of nodes it takes a
+            // tenth of a second.
+            // Where this pod starts looking, as kube-scheduler starts at a
+            // random offset: its UID's hash.
+            let start = {
+                use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+                BuildHasherDefault::<DefaultHasher>::default().hash_one(&it.uid) as usize
+            };
+            tokio::task::spawn_blocking(move || {
+                plan_sampled(
+                    &projection,
+                    &request,
+                    policy,
+                    priority,
+                    (&nodes, start),
+                    &protected,
+                )
+            })
+            .await
+            .unwrap_or_else(|error| {
+                tracing::warn!(%error, "the preemption decision panicked");
+                None
+            })
+        };
         self.metrics
             .preemption_decision_seconds
             .observe(deciding.elapsed().as_secs_f64());

@@ -310,3 +310,74 @@ fn kube_schedulers_victims_are_completed_only_as_far_as_the_gpus_need() {
         "90,000 MiB fit no GPU whatever is displaced"
     );
 }
+
+#[test]
+fn a_sample_of_nodes_is_decided_in_batches_as_kube_scheduler_samples() {
+    let (projection, feeder) = Projection::new();
+    let names: Vec<String> = (0..700).map(|n| format!("b{n:03}")).collect();
+    {
+        let mut ledger = feeder.write();
+        for (n, node) in names.iter().enumerate() {
+            ledger.set_node(node, vec![gpu(node, 0)]);
+            // Every node full; the victims' priority falls with the index
+            // in steps, so several nodes are equally cheap.
+            let priority = 600 - i32::try_from(n / 100).unwrap();
+            ledger.insert_allocation(key(node), held(node, 0, 80_000, Some(priority)));
+        }
+    }
+    let request = request(10_000);
+    let sampled = |start: usize| {
+        super::preempt::plan_sampled(
+            &projection,
+            &request,
+            SPREAD,
+            1000,
+            (&names, start),
+            &HashSet::new(),
+        )
+        .unwrap()
+    };
+    let over = |range: std::ops::Range<usize>| {
+        plan(
+            &projection.read(),
+            &request,
+            SPREAD,
+            1000,
+            names[range].iter().map(String::as_str),
+            &HashSet::new(),
+        )
+        .unwrap()
+    };
+    // 700 nodes: 100 freeable ones are enough, so one batch of 256 is read.
+    assert_eq!(super::preempt::enough_candidates(700), 100);
+    assert_eq!(sampled(0), over(0..256));
+    assert_eq!(sampled(0).node, "b200", "the first of the cheapest read");
+    assert_eq!(sampled(500), over(500..700).min_by_rank(over(0..56)));
+    assert_eq!(sampled(500).node, "b600");
+    // With few freeable nodes, every batch is read: the same as all at once.
+    let few = &names[..150];
+    let all = super::preempt::plan_sampled(
+        &projection,
+        &request,
+        SPREAD,
+        1000,
+        (few, 0),
+        &HashSet::new(),
+    );
+    assert_eq!(all, Some(over(0..150)));
+}
+
+trait MinByRank {
+    fn min_by_rank(self, other: Self) -> Self;
+}
+
+impl MinByRank for super::preempt::Plan {
+    /// The cheaper of two plans, ties to `self`.
+    fn min_by_rank(self, other: Self) -> Self {
+        if other.choice.rank() < self.choice.rank() {
+            other
+        } else {
+            self
+        }
+    }
+}
