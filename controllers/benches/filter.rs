@@ -28,7 +28,7 @@ use tessera_api::{
 use tessera_controllers::{
     config::Config,
     engine::GpuDevice,
-    extender::{filter, preempt, prioritize, wire::ExtenderArgs},
+    extender::{filter, prioritize, victims as preempt, wire::ExtenderArgs},
     projection::{AllocationKey, LiveAllocation, Projection, UuidSlice},
 };
 

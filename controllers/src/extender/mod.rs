@@ -13,11 +13,12 @@ mod lock;
 mod metrics;
 mod nudge;
 mod placed;
-pub mod preempt;
+mod preempt;
 #[cfg(test)]
 mod preempt_tests;
 mod probe;
 mod seen;
+pub mod victims;
 pub mod wire;
 
 use std::{sync::Arc, time::Instant};

@@ -11,7 +11,7 @@ use tessera_api::{
 };
 
 use super::filter::filter;
-use super::preempt::{Displaced, plan};
+use super::victims::{Displaced, plan};
 use super::wire::ExtenderArgs;
 use crate::{
     config::Config,
@@ -106,7 +106,7 @@ fn cluster() -> (Projection, Feeder) {
     (projection, feeder)
 }
 
-fn victims(plan: &super::preempt::Plan) -> Vec<&str> {
+fn victims(plan: &super::victims::Plan) -> Vec<&str> {
     plan.victims.iter().map(|v| v.key.name.as_str()).collect()
 }
 
@@ -269,7 +269,7 @@ fn kube_schedulers_victims_are_completed_only_as_far_as_the_gpus_need() {
     // kube-scheduler displaces n1-a for CPU: 49,999 MiB of GPU 0 are free with
     // it, so a pod of 50,000 MiB needs n1-b too.
     let theirs: HashSet<&str> = [a.as_str()].into();
-    let (extra, _) = super::preempt::beside(
+    let (extra, _) = super::victims::beside(
         &ledger,
         &request(50_000),
         SPREAD,
@@ -288,7 +288,7 @@ fn kube_schedulers_victims_are_completed_only_as_far_as_the_gpus_need() {
     );
     // Both of theirs free enough: nothing more.
     let theirs: HashSet<&str> = [a.as_str(), b.as_str()].into();
-    let (extra, choice) = super::preempt::beside(
+    let (extra, choice) = super::victims::beside(
         &ledger,
         &request(50_000),
         SPREAD,
@@ -305,7 +305,7 @@ fn kube_schedulers_victims_are_completed_only_as_far_as_the_gpus_need() {
     let n2a = uid("n2-a");
     let theirs: HashSet<&str> = [n2a.as_str()].into();
     assert!(
-        super::preempt::beside(&ledger, &request(90_000), SPREAD, 100, "n2", &theirs, &none)
+        super::victims::beside(&ledger, &request(90_000), SPREAD, 100, "n2", &theirs, &none)
             .is_none(),
         "90,000 MiB fit no GPU whatever is displaced"
     );
@@ -327,7 +327,7 @@ fn a_sample_of_nodes_is_decided_in_batches_as_kube_scheduler_samples() {
     }
     let request = request(10_000);
     let sampled = |start: usize| {
-        super::preempt::plan_sampled(
+        super::victims::plan_sampled(
             &projection,
             &request,
             SPREAD,
@@ -349,14 +349,14 @@ fn a_sample_of_nodes_is_decided_in_batches_as_kube_scheduler_samples() {
         .unwrap()
     };
     // 700 nodes: 100 freeable ones are enough, so one batch of 256 is read.
-    assert_eq!(super::preempt::enough_candidates(700), 100);
+    assert_eq!(super::victims::enough_candidates(700), 100);
     assert_eq!(sampled(0), over(0..256));
     assert_eq!(sampled(0).node, "b200", "the first of the cheapest read");
     assert_eq!(sampled(500), over(500..700).min_by_rank(over(0..56)));
     assert_eq!(sampled(500).node, "b600");
     // With few freeable nodes, every batch is read: the same as all at once.
     let few = &names[..150];
-    let all = super::preempt::plan_sampled(
+    let all = super::victims::plan_sampled(
         &projection,
         &request,
         SPREAD,
@@ -371,7 +371,7 @@ trait MinByRank {
     fn min_by_rank(self, other: Self) -> Self;
 }
 
-impl MinByRank for super::preempt::Plan {
+impl MinByRank for super::victims::Plan {
     /// The cheaper of two plans, ties to `self`.
     fn min_by_rank(self, other: Self) -> Self {
         if other.choice.rank() < self.choice.rank() {
