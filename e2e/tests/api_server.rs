@@ -162,6 +162,7 @@ async fn kubectl_get_prints_the_printer_columns() {
             "MEMORY",
             "CORES",
             "CLAIM",
+            "HELD-UNTIL",
             "PHASE",
             "AGE"
         ]
@@ -181,7 +182,8 @@ async fn kubectl_get_prints_the_printer_columns() {
             "nvidia",
             "6000",
             "60",
-            // CLAIM is blank: a pod's allocation mirrors no claim.
+            // CLAIM and HELD-UNTIL are blank: a pod's allocation mirrors
+            // no claim and holds nothing for a preemptor.
             "Allocated"
         ]
     );
