@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes, etcd, helm, kwok and containerd binaries Tessera's tests run, from the Go
-# modules pinned in e2e/tools/*/go.mod, into a cache outside the work tree.
+# Builds the Kubernetes, etcd, helm, kwok, containerd and Kueue binaries Tessera's tests run, from
+# the Go modules pinned in e2e/tools/*/go.mod, into a cache outside the work tree.
 #
 #   hack/tools.sh          build what is missing, print the bin directory
 #   hack/tools.sh --path   print the bin directory only (no build)
 #
 # The oldest Kubernetes the docs claim (docs/install.md) is built beside them,
 # into <bin>/oldest, from e2e/tools/k8s-oldest: the install smoke test
-# (e2e/tests/oldest_kubernetes.rs) runs on it.
+# (e2e/tests/oldest_kubernetes.rs) runs on it. Kueue's controller manager and
+# its CRDs go into <bin>/kueue, from e2e/tools/kueue (e2e/tests/real_nodes.rs).
 #
 # A build goes into a temporary directory and is moved into place whole, with a
 # stamp written last, so a half-finished build never counts as cached.
@@ -19,6 +20,7 @@ HELM_VERSION=v3.21.4
 KWOK_VERSION=v0.8.0
 CONTAINERD_VERSION=v2.4.2
 OLDEST_K8S_VERSION=v1.30.14
+KUEUE_VERSION=v0.17.0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${TESSERA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
 # The key changes whenever the pinned modules change, so an edit to
@@ -31,9 +33,12 @@ done
 key=$(cat "${pinned[@]}" | sha256sum | cut -c1-12)
 bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-kwok-$KWOK_VERSION-containerd-$CONTAINERD_VERSION-$key/bin"
 oldest_stamp="$OLDEST_K8S_VERSION-$(cat "$root"/e2e/tools/k8s-oldest/go.mod "$root"/e2e/tools/k8s-oldest/go.sum | sha256sum | cut -c1-12)"
+kueue_stamp="$KUEUE_VERSION-$(cat "$root"/e2e/tools/kueue/go.mod "$root"/e2e/tools/kueue/go.sum | sha256sum | cut -c1-12)"
+oldest_built() { [[ "$(cat "$bin/oldest/.complete" 2>/dev/null)" == "$oldest_stamp" ]]; }
+kueue_built() { [[ "$(cat "$bin/kueue/.complete" 2>/dev/null)" == "$kueue_stamp" ]]; }
 
 if [[ "${1:-}" == "--path" ]]; then echo "$bin"; exit 0; fi
-if [[ -f "$bin/.complete" && "$(cat "$bin/oldest/.complete" 2>/dev/null)" == "$oldest_stamp" ]]; then
+if [[ -f "$bin/.complete" ]] && oldest_built && kueue_built; then
   echo "$bin"
   exit 0
 fi
@@ -72,8 +77,27 @@ build_oldest() {
   echo "hack/tools.sh: built Kubernetes $OLDEST_K8S_VERSION in $((SECONDS - start)) s" >&2
 }
 
+# Kueue's controller manager, and its CRDs from the same module version, into
+# $bin/kueue, stamped last.
+build_kueue() {
+  local ktmp start=$SECONDS crds
+  ktmp=$(mktemp -d "$bin/.kueue.XXXXXX")
+  echo "hack/tools.sh: building Kueue $KUEUE_VERSION (cold: about 4 minutes on 2 cores)" >&2
+  (cd "$root/e2e/tools/kueue" && go build -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    -o "$ktmp/kueue" sigs.k8s.io/kueue/cmd/kueue) || { rm -rf "$ktmp"; return 1; }
+  crds=$(cd "$root/e2e/tools/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)/config/components/crd/bases
+  mkdir "$ktmp/crds"
+  cp "$crds"/*.yaml "$ktmp/crds/"
+  chmod -R u+w,a+rX "$ktmp"
+  rm -rf "$bin/kueue"
+  mv "$ktmp" "$bin/kueue"
+  echo "$kueue_stamp" >"$bin/kueue/.complete"
+  echo "hack/tools.sh: built Kueue $KUEUE_VERSION in $((SECONDS - start)) s" >&2
+}
+
 if [[ -f "$bin/.complete" ]]; then
-  build_oldest
+  oldest_built || build_oldest
+  kueue_built || build_kueue
   echo "$bin"
   exit 0
 fi
@@ -129,4 +153,5 @@ trap - EXIT
 date -u +%FT%TZ >"$bin/.complete"
 echo "hack/tools.sh: built in $((SECONDS - start)) s" >&2
 build_oldest
+build_kueue
 echo "$bin"

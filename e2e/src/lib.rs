@@ -32,6 +32,7 @@ pub mod images;
 pub mod kube_proxy;
 mod kubeconfig;
 pub mod kubelet;
+pub mod kueue;
 mod kwok;
 pub mod mock_vendor;
 mod net;

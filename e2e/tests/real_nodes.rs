@@ -801,3 +801,195 @@ async fn a_high_priority_pod_holds_a_low_priority_one_back_on_their_gpu() {
         assert_ne!(host, process.pid, "a container pid namespace");
     }
 }
+
+/// A Kueue object of `kind` (`v1beta2`), cluster-wide or in `default`.
+fn kueue_api(client: &Client, kind: &str, namespaced: bool) -> Api<kube::api::DynamicObject> {
+    let gvk = kube::api::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", kind);
+    let resource = kube::api::ApiResource::from_gvk(&gvk);
+    if namespaced {
+        Api::namespaced_with(client.clone(), "default", &resource)
+    } else {
+        Api::all_with(client.clone(), &resource)
+    }
+}
+
+/// A suspended Job in Kueue's LocalQueue `gpus`, one GPU of `mib` MiB,
+/// running `script`.
+fn queued_job(name: &str, mib: u64, script: &str) -> k8s_openapi::api::batch::v1::Job {
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": "default", "labels": {"kueue.x-k8s.io/queue-name": "gpus"}},
+        "spec": {
+            "suspend": true,
+            "backoffLimit": 0,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "cuda", "image": images::CUDA_IMAGE, "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", script],
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mib}},
+                }],
+            }},
+        },
+    }))
+    .unwrap()
+}
+
+/// Whether the Kueue Workload of Job `job` has condition `kind` True.
+async fn workload_condition(client: &Client, job: &str, kind: &str) -> bool {
+    let workloads = kueue_api(client, "Workload", true);
+    let list = workloads.list(&Default::default()).await.unwrap();
+    list.items.iter().any(|w| {
+        let owned = w
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.name == job);
+        owned
+            && w.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == kind && c["status"] == "True")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kueue_admits_gpu_jobs_by_their_total_memory_and_tessera_binds_them_at_once() {
+    if skip_real_nodes("real-node test") {
+        return;
+    }
+    let stack = Stack::start(&[("node-k", 1)]).await;
+    // Kueue's HAMi guide: quota on what all of a pod's vGPUs hold.
+    stack
+        .plane
+        .start_kueue(json!({"transformations": [{
+            "input": "nvidia.com/gpumem", "strategy": "Replace", "multiplyBy": "nvidia.com/gpu",
+            "outputs": {"nvidia.com/total-gpumem": "1"},
+        }]}))
+        .await
+        .unwrap();
+    let client = &stack.client;
+    let create = async |kind: &str, namespaced: bool, object: Value| {
+        let object: kube::api::DynamicObject = serde_json::from_value(object).unwrap();
+        kueue_api(client, kind, namespaced)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    };
+    create(
+        "ResourceFlavor",
+        false,
+        json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+            "metadata": {"name": "default-flavor"},
+        }),
+    )
+    .await;
+    create(
+        "ClusterQueue",
+        false,
+        json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": "vgpu"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [{
+                    "coveredResources": ["nvidia.com/gpu", "nvidia.com/total-gpumem"],
+                    "flavors": [{"name": "default-flavor", "resources": [
+                        {"name": "nvidia.com/gpu", "nominalQuota": 4},
+                        {"name": "nvidia.com/total-gpumem", "nominalQuota": 3072},
+                    ]}],
+                }],
+            },
+        }),
+    )
+    .await;
+    create(
+        "LocalQueue",
+        true,
+        json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "gpus", "namespace": "default"},
+            "spec": {"clusterQueue": "vgpu"},
+        }),
+    )
+    .await;
+
+    // Two jobs of 2,048 MiB against 3,072: the first runs for a few
+    // seconds, the second waits for its quota.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), "default");
+    jobs.create(
+        &PostParams::default(),
+        &queued_job("first", 2048, "cuda-probe meminfo 0; sleep 4"),
+    )
+    .await
+    .unwrap();
+    tessera_e2e::testkit::wait_for("Kueue admits the first job", WAIT, async || {
+        workload_condition(client, "first", "Admitted")
+            .await
+            .then_some(())
+    })
+    .await;
+    jobs.create(
+        &PostParams::default(),
+        &queued_job("second", 2048, "cuda-probe meminfo 0"),
+    )
+    .await
+    .unwrap();
+    let bound = async |job: &str| -> bool {
+        let selector = format!("job-name={job}");
+        let list = stack
+            .pods()
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .unwrap();
+        list.items
+            .iter()
+            .any(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+    };
+    tessera_e2e::testkit::wait_for("the first job's pod is bound", WAIT, async || {
+        bound("first").await.then_some(())
+    })
+    .await;
+    // While the first runs, the second is queued: not admitted, suspended.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!workload_condition(client, "second", "Admitted").await);
+    let second = jobs.get("second").await.unwrap();
+    assert_eq!(second.spec.and_then(|s| s.suspend), Some(true));
+
+    // The first finishes; Kueue admits the second; Tessera binds its pod
+    // within seconds of the admission (HAMi #1368: minutes).
+    let deadline = Instant::now() + WAIT;
+    let admitted = loop {
+        if workload_condition(client, "second", "Admitted").await {
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second job was never admitted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let deadline = admitted + Duration::from_secs(30);
+    while !bound("second").await {
+        assert!(
+            Instant::now() < deadline,
+            "the second job's pod was never bound"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = admitted.elapsed();
+    println!("kueue: the second job's pod was bound {took:?} after its admission was seen");
+    assert!(
+        took < Duration::from_secs(5),
+        "bound {took:?} after admission"
+    );
+    let first = jobs.get("first").await.unwrap();
+    assert!(
+        first.status.and_then(|s| s.succeeded) == Some(1),
+        "the second was admitted only when the first succeeded"
+    );
+}
