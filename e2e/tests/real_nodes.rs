@@ -993,3 +993,59 @@ async fn kueue_admits_gpu_jobs_by_their_total_memory_and_tessera_binds_them_at_o
         "the second was admitted only when the first succeeded"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_high_priority_pod_displaces_the_pod_whose_slice_it_needs_on_a_full_node() {
+    if skip_real_nodes("real-node test") {
+        return;
+    }
+    let stack = Stack::start(&[("node-p", 2)]).await;
+    for (name, value) in [("batch", 100), ("serving", 1000)] {
+        let class = json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value,
+        });
+        Api::<k8s_openapi::api::scheduling::v1::PriorityClass>::all(stack.client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(class).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    // Two 80 GiB GPUs: batch-a holds 60,000 MiB of one, batch-b 30,000 of
+    // the other (spread).
+    for (name, mib) in [("batch-a", 60_000), ("batch-b", 30_000)] {
+        let mut pod = gpu_pod(name, mib, None, "sleep 3600");
+        pod["spec"]["priorityClassName"] = json!("batch");
+        stack.create(pod).await;
+        stack.wait_running(name).await;
+    }
+    let started = Instant::now();
+    // 55,000 MiB fit neither GPU; either pod's GPU would be enough once
+    // its pod is gone. kube-scheduler's order gives batch-a back first (it
+    // alone leaves room on the other GPU), so exactly batch-b goes.
+    let mut urgent = gpu_pod("urgent", 55_000, None, "cuda-probe meminfo 0; sleep 3600");
+    urgent["spec"]["priorityClassName"] = json!("serving");
+    stack.create(urgent).await;
+    stack.wait_running("urgent").await;
+    println!(
+        "real nodes: the preemptor ran {:?} after it was created",
+        started.elapsed()
+    );
+    // batch-b's pod is gone or going; batch-a runs on.
+    let batch_b = stack.pods().get_opt("batch-b").await.unwrap();
+    assert!(
+        batch_b.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        "batch-b was displaced"
+    );
+    let batch_a = stack.pods().get("batch-a").await.unwrap();
+    assert_eq!(phase(&batch_a), "Running");
+    assert!(
+        batch_a.metadata.deletion_timestamp.is_none(),
+        "batch-a was spared"
+    );
+    let urgent = stack.allocations().get("urgent").await.unwrap();
+    assert_eq!(urgent.spec.nomination, None);
+    assert_eq!(urgent.spec.priority, Some(1000));
+}
