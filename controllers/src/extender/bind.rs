@@ -194,6 +194,7 @@ impl Binder {
             .quota_limits(&args.pod_namespace, &self.config.request);
         let names = quota::names(&request, &self.config.request);
         let priority = pod.spec.as_ref().and_then(|s| s.priority);
+        let had_hold = super::filter::held_for(&self.projection.read(), &pod).is_some();
         let (placement, devices, charged) =
             self.projection
                 .assume(&key, &uid, &args.node, |node, namespace_used| {
@@ -252,8 +253,25 @@ impl Binder {
             Err(error) => {
                 // Pods turned away because of this reservation may fit now.
                 self.projection.forget(&key, &uid, &args.node);
+                if had_hold {
+                    self.restore_hold(&args.pod_namespace, &args.pod_name).await;
+                }
                 self.metrics.rolled_back(error.metric_label());
                 Err(error)
+            }
+        }
+    }
+
+    /// After a failed Bind of a pod that preempted: the ledger dropped its
+    /// hold to place it; if the hold is still what the API server has (the
+    /// Bind failed before replacing it), the ledger gets it back.
+    async fn restore_hold(&self, namespace: &str, name: &str) {
+        let allocations: Api<VgpuAllocation> = Api::namespaced(self.client.clone(), namespace);
+        match allocations.get_opt(name).await {
+            Ok(Some(hold)) if hold.spec.nomination.is_some() => self.projection.restore(&hold),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, pod = %name, "could not read the pod's hold back after a failed Bind");
             }
         }
     }

@@ -381,3 +381,50 @@ impl MinByRank for super::victims::Plan {
         }
     }
 }
+
+#[test]
+fn a_hold_replaced_by_bind_leaves_the_new_reservation_and_comes_back_if_bind_fails() {
+    use kube::runtime::watcher::Event;
+    use tessera_api::testing::{allocation, container, slice};
+
+    let (projection, feeder) = cluster();
+    let hold = allocation("urgent", "uid-urgent", "n1")
+        .namespace("team")
+        .container(container("main", vec![slice("GPU-n1-0", 0, 70_000, 0)]))
+        .held_until("2026-03-01T12:00:00Z".parse().unwrap())
+        .build();
+    let mut relist = Vec::new();
+    feeder.allocation_event(Event::Apply(hold.clone()), &mut relist);
+    let entry = |projection: &Projection| projection.read().allocation(&key("urgent")).cloned();
+    assert!(entry(&projection).unwrap().nominated);
+    // Bind places the pod (on n1's GPU 1 here) in place of its hold.
+    let reserve = |node: &str| {
+        projection
+            .assume(&key("urgent"), "uid-urgent", node, |_, _| {
+                let mut mine = held(node, 1, 10_000, Some(1000));
+                mine.pod_uid = "uid-urgent".into();
+                Ok::<_, String>(((), mine))
+            })
+            .unwrap();
+    };
+    reserve("n1");
+    // Bind deletes the hold to create the allocation: the hold's deletion
+    // leaves Bind's reservation alone.
+    feeder.allocation_event(Event::Delete(hold.clone()), &mut relist);
+    let kept = entry(&projection).expect("Bind's reservation is kept");
+    assert!(!kept.nominated);
+    assert_eq!(kept.slices[0].uuid, "GPU-n1-1");
+    // A Bind that fails before replacing the hold: the hold comes back.
+    projection.forget(&key("urgent"), "uid-urgent", "n1");
+    assert_eq!(entry(&projection), None);
+    projection.restore(&hold);
+    assert!(entry(&projection).unwrap().nominated);
+    // A hold that lapses (Released) goes.
+    let mut lapsed = hold.clone();
+    lapsed.status = Some(tessera_api::v1alpha1::VgpuAllocationStatus {
+        phase: Some(tessera_api::v1alpha1::AllocationPhase::Released),
+        ..Default::default()
+    });
+    feeder.allocation_event(Event::Apply(lapsed), &mut relist);
+    assert_eq!(entry(&projection), None);
+}

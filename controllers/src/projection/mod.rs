@@ -312,6 +312,16 @@ impl Projection {
         Ok(decided)
     }
 
+    /// Puts `allocation` back into the ledger as the API server holds it:
+    /// after a failed Bind dropped the pod's hold from the ledger (see
+    /// [`Projection::assume`]) while the hold itself stayed, no watch event
+    /// would bring it back.
+    pub fn restore(&self, allocation: &VgpuAllocation) {
+        if let Some(entry) = live(allocation) {
+            self.write().insert_allocation(key(allocation), entry);
+        }
+    }
+
     /// Undoes [`Projection::assume`] when Bind fails: the reservation goes,
     /// and pods turned away from `node` because of it may fit now.
     pub fn forget(&self, key: &AllocationKey, uid: &str, node: &str) {
@@ -639,6 +649,24 @@ impl Feeder {
         }
     }
 
+    /// An allocation released or deleted: its entry goes, unless the
+    /// ledger's entry for that pod is another incarnation of it. Bind
+    /// replaces the hold a preemptor's slices were kept in with the pod's
+    /// own allocation (same name, same pod); the hold's deletion must not
+    /// take the allocation Bind has just reserved.
+    fn gone(&self, allocation: &VgpuAllocation) {
+        let held = allocation.spec.nomination.is_some();
+        let key = key(allocation);
+        let removed = {
+            let mut ledger = self.write();
+            ledger.allocation(&key).is_some_and(|a| a.nominated == held)
+                && ledger.remove_allocation(&key, Some(&allocation.spec.pod_uid))
+        };
+        if removed {
+            self.freed(&allocation.spec.node_name);
+        }
+    }
+
     /// Applies one VgpuAllocation event.
     pub fn allocation_event(
         &self,
@@ -653,23 +681,9 @@ impl Feeder {
                     warn_unknown_devices(&ledger, &allocation, &entry);
                     ledger.insert_allocation(key(&allocation), entry);
                 }
-                None => {
-                    let removed = self
-                        .write()
-                        .remove_allocation(&key(&allocation), Some(&allocation.spec.pod_uid));
-                    if removed {
-                        self.freed(&allocation.spec.node_name);
-                    }
-                }
+                None => self.gone(&allocation),
             },
-            watcher::Event::Delete(allocation) => {
-                let removed = self
-                    .write()
-                    .remove_allocation(&key(&allocation), Some(&allocation.spec.pod_uid));
-                if removed {
-                    self.freed(&allocation.spec.node_name);
-                }
-            }
+            watcher::Event::Delete(allocation) => self.gone(&allocation),
             watcher::Event::Init => relist.clear(),
             watcher::Event::InitApply(allocation) => {
                 if let Some(entry) = live(&allocation) {
