@@ -79,7 +79,21 @@ fn dynamic_mig_example(name: &str, gpus: u32, memory: u64) -> Pod {
 /// VgpuAllocation, owned by the pod, Allocated with the instance served to
 /// the container, and the GpuNode naming it as the instance's holder.
 async fn static_record(client: &Client, name: &str, instance: &str) {
-    let allocation = testkit::allocated(client, "default", name, WAIT).await;
+    testkit::allocated(client, "default", name, WAIT).await;
+    // The agent creates the record, then writes its status with the
+    // instances; the lifecycle controller may mark a record of a running
+    // pod Allocated in between (its fallback for a lost write-back), and
+    // the agent's write then adds the instances.
+    let allocations: Api<VgpuAllocation> = Api::namespaced(client.clone(), "default");
+    let allocation = wait_for(
+        &format!("{name}'s record to name its MIG instance"),
+        async || {
+            let allocation = allocations.get(name).await.ok()?;
+            let served = &allocation.status.as_ref()?.mig_instances;
+            (!served.is_empty()).then_some(allocation)
+        },
+    )
+    .await;
     let owner = &allocation.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Pod", name));
     let served = &allocation.status.as_ref().unwrap().mig_instances;
