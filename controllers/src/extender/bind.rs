@@ -21,15 +21,11 @@ use tessera_api::{
     },
 };
 
-use super::{
-    filter::{NO_GPU_NODE, NOT_READY},
-    lock,
-    wire::ExtenderBindingArgs,
-};
+use super::{filter::NOT_READY, lock, wire::ExtenderBindingArgs};
 use crate::{
     Error,
     config::Config,
-    engine::{self, GpuDevice, NodeGpus, Placement, quota},
+    engine::{GpuDevice, NodeGpus, Placement, quota},
     projection::{self, AllocationKey, Projection},
 };
 
@@ -198,26 +194,15 @@ impl Binder {
         let (placement, devices, charged) =
             self.projection
                 .assume(&key, &uid, &args.node, |node, namespace_used| {
-                    let node = node.ok_or_else(|| Error::NoLongerFits {
-                        node: args.node.clone(),
-                        reason: NO_GPU_NODE.into(),
-                    })?;
-                    let placement =
-                        engine::fit(node, &request, policy).map_err(|r| Error::NoLongerFits {
-                            node: args.node.clone(),
-                            reason: r.to_string(),
-                        })?;
-                    let charged = quota::charge(&request, &placement, &names);
-                    quota::check(&limits, namespace_used, &charged).map_err(|over| {
-                        Error::OverQuota {
-                            reason: over.to_string(),
-                        }
-                    })?;
-                    let devices = node.devices.clone();
-                    let reserved = super::placed::live(
-                        &devices, &placement, &uid, &args.node, &charged, priority,
-                    );
-                    Ok::<_, Error>(((placement, devices, charged), reserved))
+                    super::placed::place(
+                        node,
+                        &args.node,
+                        &request,
+                        policy,
+                        (&names, &limits, namespace_used),
+                        &uid,
+                        priority,
+                    )
                 })?;
 
         let spec = super::placed::allocation_spec(

@@ -12,6 +12,44 @@ use crate::{
     projection::{LiveAllocation, UuidSlice},
 };
 
+/// What placing a pod on a node decided: the placement, the node's devices
+/// it refers to, and what it counts against its namespace's quotas.
+pub(super) type Placed = (Placement, Vec<GpuDevice>, quota::Charge);
+
+/// Places the pod `uid` (of `priority`) on `node` (named `node_name`;
+/// `None`: no GpuNode) under its namespace's quota `limits`, the namespace
+/// holding `used`: the decision Bind and a preemption's hold both make
+/// under the ledger's write lock, with the ledger's entry for it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn place(
+    node: Option<&crate::engine::NodeGpus>,
+    node_name: &str,
+    request: &tessera_api::request::PodRequest,
+    policy: tessera_api::v1alpha1::SchedulingPolicy,
+    (names, limits, used): (
+        &[tessera_api::request::QuotaNames<'_>],
+        &quota::Limits,
+        &quota::Charge,
+    ),
+    uid: &str,
+    priority: Option<i32>,
+) -> Result<(Placed, LiveAllocation), crate::Error> {
+    let no_room = |reason: String| crate::Error::NoLongerFits {
+        node: node_name.to_owned(),
+        reason,
+    };
+    let node = node.ok_or_else(|| no_room(super::filter::NO_GPU_NODE.into()))?;
+    let placement =
+        crate::engine::fit(node, request, policy).map_err(|r| no_room(r.to_string()))?;
+    let charged = quota::charge(request, &placement, names);
+    quota::check(limits, used, &charged).map_err(|over| crate::Error::OverQuota {
+        reason: over.to_string(),
+    })?;
+    let devices = node.devices.clone();
+    let entry = live(&devices, &placement, uid, node_name, &charged, priority);
+    Ok(((placement, devices, charged), entry))
+}
+
 /// The owner reference that ties an allocation to its pod: the garbage
 /// collector deletes it with the pod.
 pub(super) fn owned_by_pod(name: &str, uid: &str) -> OwnerReference {

@@ -58,7 +58,7 @@ use super::{
 use crate::{
     Error,
     config::Config,
-    engine::{self, quota},
+    engine::quota,
     projection::{AllocationKey, Projection},
 };
 
@@ -388,28 +388,17 @@ impl Preemptor {
         let (placement, devices, charged) =
             self.projection
                 .hold(key, uid, &plan.node, &victims, |node, used| {
-                    let no_room = |reason: String| Error::NoLongerFits {
-                        node: plan.node.clone(),
-                        reason,
-                    };
-                    let node = node.ok_or_else(|| no_room(super::filter::NO_GPU_NODE.into()))?;
-                    let placement =
-                        engine::fit(node, request, policy).map_err(|r| no_room(r.to_string()))?;
-                    let charged = quota::charge(request, &placement, &names);
-                    quota::check(limits, used, &charged).map_err(|over| Error::OverQuota {
-                        reason: over.to_string(),
-                    })?;
-                    let devices = node.devices.clone();
-                    let mut held = super::placed::live(
-                        &devices,
-                        &placement,
-                        uid,
+                    let (placed, mut held) = super::placed::place(
+                        node,
                         &plan.node,
-                        &charged,
+                        request,
+                        policy,
+                        (&names, limits, used),
+                        uid,
                         Some(priority),
-                    );
+                    )?;
                     held.nominated = true;
-                    Ok::<_, Error>(((placement, devices, charged), held))
+                    Ok::<_, Error>((placed, held))
                 })?;
         let mut spec = super::placed::allocation_spec(
             (&key.name, uid, &plan.node),
