@@ -74,6 +74,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// `--profiling` could not be served.
+    #[error(transparent)]
+    Profiling(#[from] tessera_profiling::Error),
 }
 
 impl Error {
@@ -95,6 +98,7 @@ impl Error {
             Self::Config(_)
             | Self::Certificate { .. }
             | Self::Serve { .. }
+            | Self::Profiling(_)
             | Self::LoopEnded { .. } => "config",
             Self::Kube { .. } => "api",
             Self::LockBusy { .. } => "lock_busy",

@@ -8,11 +8,12 @@ use tessera_controllers::{
     telemetry,
 };
 
-/// mimalloc instead of glibc's allocator: after a 1,000-pod burst at
-/// 1,000 nodes glibc held 400-460 MiB (also with `MALLOC_ARENA_MAX=2`) for
-/// about 200 MiB of live data; see docs/benchmarks.md, "Scale".
+/// jemalloc instead of glibc's allocator: after a 1,000-pod burst at 1,000
+/// nodes glibc held 400-460 MiB (also with `MALLOC_ARENA_MAX=2`) for about
+/// 200 MiB of live data (docs/benchmarks.md, "Scale"); and jemalloc samples
+/// the heap for `--profiling`.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tessera_profiling::Allocator = tessera_profiling::Allocator;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -175,6 +175,13 @@ fn default_values_render_a_working_install() {
     assert!(controller_args.contains(&"--agent-lease-namespace=tessera-system".to_owned()));
     assert!(!agent_args.iter().any(|a| a.starts_with("--fake-gpus-file")));
     assert!(!agent_args.contains(&"--legacy-metrics".to_owned()));
+    // Profiling is off unless asked for.
+    for args in [&controller_args, &agent_args] {
+        assert!(
+            !args.iter().any(|a| a.starts_with("--profiling")),
+            "{args:?}"
+        );
+    }
 
     // The MPS host: beside every agent, holding the daemons in its own
     // pod, with no API credentials.
@@ -229,6 +236,13 @@ fn every_option_reaches_the_objects() {
         container(deployment, "controller")["image"],
         "registry.example.com/tessera-controller:dev"
     );
+    let controller_args = args(container(deployment, "controller"));
+    for expected in ["--profiling", "--profiling-addr=127.0.0.1:6070"] {
+        assert!(
+            controller_args.contains(&expected.to_owned()),
+            "{controller_args:?}"
+        );
+    }
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["imagePullSecrets"][0]["name"], "registry-credentials");
     assert!(
@@ -290,6 +304,8 @@ fn every_option_reaches_the_objects() {
         "--fake-gpus-file=/etc/tessera/fake-gpus/$(NODE_NAME).yaml",
         "--device-list-strategy=envvar,cdi-cri,cdi-annotations",
         "--legacy-metrics",
+        "--profiling",
+        "--profiling-addr=127.0.0.1:6071",
         "--resource-name=example.com/vgpu",
         "--drain-seconds=20",
     ] {

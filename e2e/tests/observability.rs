@@ -572,8 +572,9 @@ fn exported_series_follow_the_openmetrics_suffixes() {
 /// loopback, metrics and probes on `--metrics-addr`, the agents' Leases
 /// watched in `kube-node-lease`. Registers its webhook and starts
 /// kube-scheduler with the extender. Returns the metrics port and the log.
-async fn start_controller(plane: &ControlPlane, artifacts: &Artifacts) -> (u16, PathBuf) {
+async fn start_controller(plane: &ControlPlane, artifacts: &Artifacts) -> (u16, u16, PathBuf) {
     let metrics = free_port().unwrap();
+    let profiling = free_port().unwrap();
     let extender = free_port().unwrap();
     let webhook = free_port().unwrap();
     let log = plane.dir().join("tessera-controller.log");
@@ -586,6 +587,8 @@ async fn start_controller(plane: &ControlPlane, artifacts: &Artifacts) -> (u16, 
         format!("--tls-key-file={}", pki.serving_key.display()),
         "--lease-namespace=kube-system".to_owned(),
         "--agent-lease-namespace=kube-node-lease".to_owned(),
+        "--profiling".to_owned(),
+        format!("--profiling-addr=127.0.0.1:{profiling}"),
     ];
     let kubeconfig = plane.kubeconfig().display().to_string();
     let controller = Process::spawn_with_env(
@@ -624,17 +627,17 @@ async fn start_controller(plane: &ControlPlane, artifacts: &Artifacts) -> (u16, 
         .start_scheduler(&tessera_e2e::stack::scheduler_config(extender))
         .await
         .unwrap();
-    (metrics, log)
+    (metrics, profiling, log)
 }
 
 /// A GPU node: its Node, a kubelet simulator, and the agent with two fake
-/// GPUs (one unhealthy). Returns the simulator, the agent's metrics port
-/// and its log.
+/// GPUs (one unhealthy). Returns the simulator, the agent's metrics and
+/// profiling ports and its log.
 async fn start_node(
     plane: &ControlPlane,
     artifacts: &Artifacts,
     node: &str,
-) -> (KubeletSim, u16, PathBuf) {
+) -> (KubeletSim, u16, u16, PathBuf) {
     let client = plane.client().await.unwrap();
     let nodes: Api<Node> = Api::all(client.clone());
     let object = serde_json::from_value(json!({
@@ -663,6 +666,7 @@ async fn start_node(
     )
     .unwrap();
     let metrics = free_port().unwrap();
+    let profiling = free_port().unwrap();
     let log = host.join("agent.log");
     let args: Vec<String> = vec![
         format!("--kubeconfig={}", plane.kubeconfig().display()),
@@ -675,6 +679,8 @@ async fn start_node(
         format!("--state-dir={}", host.join("state").display()),
         "--lease-namespace=kube-node-lease".to_owned(),
         format!("--metrics-addr=127.0.0.1:{metrics}"),
+        "--profiling".to_owned(),
+        format!("--profiling-addr=127.0.0.1:{profiling}"),
     ];
     let agent = Process::spawn(
         "tessera-node-agent",
@@ -685,7 +691,7 @@ async fn start_node(
     )
     .unwrap();
     plane.adopt(agent);
-    (kubelet, metrics, log)
+    (kubelet, metrics, profiling, log)
 }
 
 /// Stands in for the interposer in a served container: creates its shared
@@ -717,8 +723,8 @@ async fn rules_and_dashboard_use_only_metrics_the_components_export() {
     const POD: &str = "obs-pod";
     let artifacts = Artifacts::locate().unwrap();
     let plane = ControlPlane::start().await.unwrap();
-    let (controller, controller_log) = start_controller(&plane, &artifacts).await;
-    let (kubelet, agent, agent_log) = start_node(&plane, &artifacts, NODE).await;
+    let (controller, controller_pprof, controller_log) = start_controller(&plane, &artifacts).await;
+    let (kubelet, agent, agent_pprof, agent_log) = start_node(&plane, &artifacts, NODE).await;
 
     // The controller sees the agent's GpuNode Ready and its Lease renewed.
     wait_for_body(
@@ -797,5 +803,64 @@ async fn rules_and_dashboard_use_only_metrics_the_components_export() {
         "series no component exports:\n  {}\nexported families: {:?}",
         missing.join("\n  "),
         known.keys().collect::<Vec<_>>()
+    );
+
+    // Both serve profiles `go tool pprof` reads, as HAMi's `--profiling`.
+    profiles_read_by_go_tool_pprof(controller_pprof, "tessera_controllers", controller).await;
+    profiles_read_by_go_tool_pprof(agent_pprof, "tessera_node_agent", agent).await;
+}
+
+/// `go tool pprof -top` reads the CPU profile (taken while `/metrics` is
+/// scraped in a loop, so there is work to sample) and the heap profile of
+/// the process serving them on `port`; the CPU samples name the component's
+/// own code (`crate_name`).
+async fn profiles_read_by_go_tool_pprof(port: u16, crate_name: &str, metrics_port: u16) {
+    let scratch = tempfile::tempdir().unwrap();
+    let top = |url: String, scratch: PathBuf| {
+        tokio::task::spawn_blocking(move || {
+            let output = Command::new("go")
+                .args(["tool", "pprof", "-top", "-cum", &url])
+                .env("PPROF_TMPDIR", &scratch)
+                .env("GOTOOLCHAIN", "local")
+                .output()
+                .expect("run `go tool pprof` (Go must be installed)");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(output.status.success(), "go tool pprof {url}:\n{text}");
+            text
+        })
+    };
+    // The heap first: the CPU profiler's sample table (about 140 MB, kept
+    // once made) would fill the heap profile.
+    let heap = top(
+        format!("http://127.0.0.1:{port}/debug/pprof/heap"),
+        scratch.path().to_owned(),
+    )
+    .await
+    .unwrap();
+    // A test process holds too little for jemalloc's samples (one per
+    // 512 KiB) to be sure to land in its own code; profiling/tests/go_pprof.rs
+    // checks that they name the code holding the memory.
+    assert!(
+        heap.contains("Type: inuse_space") && heap.contains("Showing nodes accounting for"),
+        "the {crate_name} heap profile:\n{heap}"
+    );
+    let cpu = top(
+        format!("http://127.0.0.1:{port}/debug/pprof/profile?seconds=2"),
+        scratch.path().to_owned(),
+    );
+    let load = tokio::spawn(async move {
+        loop {
+            let _ = tessera_e2e::http::get(&format!("127.0.0.1:{metrics_port}"), "/metrics").await;
+        }
+    });
+    let cpu = cpu.await.unwrap();
+    load.abort();
+    assert!(
+        cpu.contains("Type: cpu") && cpu.contains(crate_name),
+        "the {crate_name} CPU profile, taken while /metrics was scraped, shows none of its code:\n{cpu}"
     );
 }

@@ -82,6 +82,9 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// `--profiling` could not be served.
+    #[error(transparent)]
+    Profiling(#[from] tessera_profiling::Error),
     /// A background loop ended while the agent ran.
     #[error("the agent's {name} loop {how}; stopping so that the kubelet restarts the agent")]
     LoopEnded {

@@ -5,6 +5,10 @@
 use clap::Parser;
 use tessera_node_agent::app::{Args, MpsArgs, client, run, run_mps_host};
 
+/// jemalloc, which samples the heap for `--profiling`.
+#[global_allocator]
+static ALLOCATOR: tessera_profiling::Allocator = tessera_profiling::Allocator;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let command_line: Vec<_> = std::env::args_os().collect();

@@ -152,6 +152,14 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         .local_addr()
         .map_err(Error::io("the metrics listener"))?;
     tracing::info!(%addr, "metrics listening");
+    if args.profiling {
+        let server = tessera_profiling::Server::bind(args.profiling_addr).await?;
+        loops.spawn("profiling server", async move {
+            if let Err(error) = server.run().await {
+                tracing::error!(%error, "profiling server stopped");
+            }
+        });
+    }
     loops.spawn(
         "region sharing marker",
         crate::monitor::mark_sharing(view.clone(), paths.regions.clone()),
