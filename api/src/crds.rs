@@ -16,10 +16,39 @@ pub const HEADER: &str = "# Generated from api/src/v1alpha1 by `make crds`. Do n
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
         GpuNode::crd(),
-        VgpuAllocation::crd(),
+        vgpu_allocation(),
         NodeLock::crd(),
         GpuNodeConfig::crd(),
     ]
+}
+
+/// VgpuAllocation's CRD, its `status` defaulted to `{phase: Bound}`.
+///
+/// Bind creates the allocation just before it binds the pod, and a create
+/// cannot carry a status (the status subresource drops it). The API server
+/// applies a schema's defaults whenever it reads an object from etcd (gets,
+/// lists and watches), so an allocation nobody has written a status for yet
+/// reads as `Bound`, `kubectl get vgpuallocations` shows it so, and Bind
+/// needs no second write to say it. The first status write (the agent's
+/// `Allocated`, the lifecycle's `Released`) replaces the default.
+fn vgpu_allocation() -> CustomResourceDefinition {
+    let mut crd = VgpuAllocation::crd();
+    for version in &mut crd.spec.versions {
+        let status = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("status"));
+        if let Some(status) = status {
+            status.default = Some(
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON(
+                    serde_json::json!({"phase": "Bound"}),
+                ),
+            );
+        }
+    }
+    crd
 }
 
 /// A generated CRD file: its name under `crds/` and its contents.

@@ -80,6 +80,9 @@ struct Shared {
     agent_pods: Arc<std::sync::Mutex<AgentPods>>,
     phases: Phases,
     quotas: Arc<RwLock<QuotaTable>>,
+    /// The highest resourceVersion of a VgpuAllocation the ledger has
+    /// applied (0 before any, or when versions are not etcd's integers).
+    allocations_version: Arc<watch::Sender<u64>>,
 }
 
 /// The shared ledger and whether its first list has completed.
@@ -92,8 +95,12 @@ pub struct Projection {
 /// What the metrics need of an allocation the watch has seen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocationSeen {
-    /// Its phase; `None` before Bind wrote any status.
+    /// Its phase; `None` for slices held for a preemptor (which read
+    /// `Bound` through the CRD's default status, but are not bound), and for
+    /// an allocation written before the CRD defaulted its status.
     pub phase: Option<AllocationPhase>,
+    /// Whether it holds slices for a preemptor (`spec.nomination`).
+    pub held: bool,
     /// When Bind created it.
     pub created: Option<Timestamp>,
 }
@@ -101,16 +108,23 @@ pub struct AllocationSeen {
 impl AllocationSeen {
     /// What the metrics need of `allocation`.
     pub fn of(allocation: &VgpuAllocation) -> Self {
+        let held = allocation.spec.nomination.is_some();
+        let phase = allocation.status.as_ref().and_then(|s| s.phase);
         Self {
-            phase: allocation.status.as_ref().and_then(|s| s.phase),
+            phase: phase.filter(|p| !(held && *p == AllocationPhase::Bound)),
+            held,
             created: allocation.metadata.creation_timestamp.as_ref().map(|t| t.0),
         }
     }
 
-    /// The phase's name for metrics: `Pending` before any status.
+    /// The phase's name for metrics: `Held` for a preemptor's slices,
+    /// `Pending` before any status.
     pub fn phase_name(&self) -> String {
-        self.phase
-            .map_or_else(|| "Pending".to_owned(), |p| format!("{p:?}"))
+        match self.phase {
+            Some(phase) => format!("{phase:?}"),
+            None if self.held => "Held".to_owned(),
+            None => "Pending".to_owned(),
+        }
     }
 }
 
@@ -241,6 +255,20 @@ impl Projection {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .endpoint(node)
+    }
+
+    /// Waits until `deadline` for the ledger to have applied every
+    /// VgpuAllocation change up to resourceVersion `version` (the watch
+    /// delivers them in that order). False when it has not, or when
+    /// `version` is 0 (not an etcd revision).
+    pub async fn caught_up(&self, version: u64, deadline: std::time::Instant) -> bool {
+        if version == 0 {
+            return false;
+        }
+        let mut seen = self.shared.allocations_version.subscribe();
+        tokio::time::timeout_at(deadline.into(), seen.wait_for(|seen| *seen >= version))
+            .await
+            .is_ok_and(|waited| waited.is_ok())
     }
 
     /// The NodeLocks as last seen.
@@ -671,9 +699,48 @@ impl Feeder {
     pub fn allocation_event(
         &self,
         event: watcher::Event<VgpuAllocation>,
+        relist: &mut AllocationRelist,
+    ) {
+        let AllocationRelist {
+            entries: relist,
+            version: relist_version,
+        } = relist;
+        self.record_phase(&event);
+        let version = match &event {
+            watcher::Event::Apply(a) | watcher::Event::Delete(a) | watcher::Event::InitApply(a) => {
+                resource_version(a)
+            }
+            watcher::Event::Init | watcher::Event::InitDone => 0,
+        };
+        let applied = match &event {
+            watcher::Event::Init => {
+                *relist_version = 0;
+                None
+            }
+            watcher::Event::InitApply(_) => {
+                *relist_version = (*relist_version).max(version);
+                None
+            }
+            watcher::Event::InitDone => Some(*relist_version),
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => Some(version),
+        };
+        self.apply_allocation_event(event, relist);
+        if let Some(applied) = applied {
+            self.shared.allocations_version.send_if_modified(|seen| {
+                let newer = applied > *seen;
+                if newer {
+                    *seen = applied;
+                }
+                newer
+            });
+        }
+    }
+
+    fn apply_allocation_event(
+        &self,
+        event: watcher::Event<VgpuAllocation>,
         relist: &mut Vec<(AllocationKey, LiveAllocation)>,
     ) {
-        self.record_phase(&event);
         match event {
             watcher::Event::Apply(allocation) => match live(&allocation) {
                 Some(entry) => {
@@ -697,6 +764,24 @@ impl Feeder {
             }
         }
     }
+}
+
+/// What a relist of VgpuAllocations gathers until the list is done.
+#[derive(Debug, Default)]
+pub struct AllocationRelist {
+    entries: Vec<(AllocationKey, LiveAllocation)>,
+    version: u64,
+}
+
+/// An object's resourceVersion as the integer etcd gives it; 0 when it is
+/// not one (another storage: callers then fall back to asking the API server).
+pub fn resource_version(object: &impl kube::Resource) -> u64 {
+    object
+        .meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Logs each slice of `entry` on a GPU its node does not report (a hand-made
