@@ -5,7 +5,7 @@
 //! binding, the allocation's status (`Bound`): four.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -15,10 +15,7 @@ use kube::{
 use serde_json::json;
 use tessera_api::{
     request::parse_pod,
-    v1alpha1::{
-        AllocationPhase, GpuNode, NodeLock, PodReference, TraceContext, VgpuAllocation,
-        VgpuAllocationSpec, VgpuAllocationStatus,
-    },
+    v1alpha1::{GpuNode, NodeLock, PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec},
 };
 
 use super::{filter::NOT_READY, lock, wire::ExtenderBindingArgs};
@@ -335,9 +332,23 @@ impl Binder {
             ),
         };
         let result = async {
-            self.recheck(args, devices, placement, held.resource_version.as_deref())
-                .await?;
-            let version = create_allocation(&allocations, pod, spec).await?;
+            self.agent_ready(args).await?;
+            let created = create_allocation(&allocations, pod, spec).await?;
+            let confirmed = self
+                .confirm(
+                    args,
+                    devices,
+                    placement,
+                    created.as_deref(),
+                    held.resource_version.as_deref(),
+                )
+                .await;
+            if let Err(error) = confirmed {
+                let _ = allocations
+                    .delete(&args.pod_name, &DeleteParams::default())
+                    .await;
+                return Err(error);
+            }
             let bound = async {
                 if !handoff.is_empty() {
                     super::handoff::hand_off(&self.client, pods, args, &handoff).await?;
@@ -353,71 +364,30 @@ impl Binder {
                     .await;
                 return Err(error);
             }
-            Ok(version)
+            Ok(())
         }
         .await;
-        let version = match result {
-            Ok(version) => version,
-            Err(error) => {
-                self.locker.release(&held).await;
-                return Err(error);
-            }
-        };
-        // The pod is bound; a failed status write must not undo that. The
-        // write is conditional on the version created: if the node agent
-        // already served the pod, `Allocated` must not turn back into `Bound`.
-        let bound = VgpuAllocationStatus {
-            phase: Some(AllocationPhase::Bound),
-            ..VgpuAllocationStatus::default()
-        };
-        match crate::STATUS
-            .apply_at(&allocations, &args.pod_name, version.as_deref(), &bound)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.is_conflict() => {
-                tracing::debug!(pod = %args.pod_name, "allocation already served; not marking it Bound");
-            }
-            Err(error) => {
-                tracing::warn!(%error, pod = %args.pod_name, "could not mark the allocation Bound");
-            }
+        // The pod is bound. Its allocation reads `Bound` without a status
+        // write: the CRD defaults `status` to `{phase: Bound}` (api/src/crds.rs).
+        if let Err(error) = result {
+            self.locker.release(&held).await;
+            return Err(error);
         }
         Ok(())
     }
 
-    /// Re-checks the placement against the allocations the API server holds
-    /// for the node: the node's lock is held, so this view cannot change
-    /// under us except by releases.
-    ///
-    /// The list is served from the API server's watch cache once that cache
-    /// has seen `lock_version` (the lock's resourceVersion as created):
-    /// every allocation of this node was created under its lock, before the
-    /// previous holder released it and so before this lock existed, hence
-    /// is in that snapshot. A plain (quorum) list read every allocation of
-    /// the cluster from etcd for each Bind: at 1,000 nodes etcd spent 48 CPU
-    /// seconds in a 1,000-pod burst and a third of those lists timed out.
-    async fn recheck(
-        &self,
-        args: &ExtenderBindingArgs,
-        devices: &[GpuDevice],
-        placement: &Placement,
-        lock_version: Option<&str>,
-    ) -> Result<(), Error> {
-        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
-        let (on_node, gpu_node) = tokio::join!(
-            self.allocations_on(&args.node, lock_version),
-            gpu_nodes.get_opt(&args.node),
-        );
-        let on_node = on_node.map_err(Error::kube("listing the node's allocations"))?;
-        // Read after taking the lock: a stopping agent marks its node before
-        // it looks for a lock, so either it waits for this pod or we see it.
-        let gpu_node = gpu_node.map_err(Error::kube("reading the node's GpuNode"))?;
-        if let Some(reason) = gpu_node.as_ref().and_then(projection::not_ready) {
-            return Err(Error::NoLongerFits {
-                node: args.node.clone(),
-                reason: format!("{NOT_READY}{reason}"),
-            });
-        }
+    /// Whether the node's agent can serve the pod, asked after taking the
+    /// node's lock: a stopping agent turns its `/readyz` to 503 before it
+    /// looks for a lock, so either it waits for this pod or this sees it
+    /// stopping. The agent is asked directly (`probe`); where its pod is not
+    /// known (agents not run as pods: `--agent-namespace` empty), its
+    /// GpuNode is read from the API server instead, which the stopping agent
+    /// marks before it looks for a lock.
+    async fn agent_ready(&self, args: &ExtenderBindingArgs) -> Result<(), Error> {
+        let not_ready = |reason: String| Error::NoLongerFits {
+            node: args.node.clone(),
+            reason: format!("{NOT_READY}{reason}"),
+        };
         // The agent's pod may have died since Filter (the GpuNode still says
         // what the dead agent wrote): the watch of agent pods knows.
         let agent_down = self
@@ -426,21 +396,94 @@ impl Binder {
             .not_ready(&args.node)
             .map(str::to_owned);
         if let Some(reason) = agent_down {
-            return Err(Error::NoLongerFits {
-                node: args.node.clone(),
-                reason: format!("{NOT_READY}{reason}"),
-            });
+            return Err(not_ready(reason));
         }
-        // And the agent itself, now: its kubelet may not have reported its
-        // death yet (see `probe`).
-        if let Some(endpoint) = self.projection.agent_endpoint(&args.node)
-            && let Err(reason) = super::probe::agent_ready(&endpoint).await
+        match self.projection.agent_endpoint(&args.node) {
+            // And the agent itself, now: its kubelet may not have reported
+            // its death yet (see `probe`).
+            Some(endpoint) => super::probe::agent_ready(&endpoint)
+                .await
+                .map_err(not_ready),
+            None => {
+                let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+                let gpu_node = gpu_nodes
+                    .get_opt(&args.node)
+                    .await
+                    .map_err(Error::kube("reading the node's GpuNode"))?;
+                match gpu_node.as_ref().and_then(projection::not_ready) {
+                    Some(reason) => Err(not_ready(reason)),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Confirms, with the pod's allocation written, that the node still
+    /// holds every allocation on it: once this replica's watch has delivered
+    /// the allocation just created (resourceVersion `created`), it has
+    /// delivered every allocation written before it, and every allocation
+    /// of this node was written under its lock, before the previous holder
+    /// released it and so before `created`. So the ledger is then as new as
+    /// the API server for this node, and its fold of the node decides. Only
+    /// when the watch has not caught up within [`CATCH_UP`] (an overloaded
+    /// API server) is the API server asked ([`Self::recheck_listed`]).
+    async fn confirm(
+        &self,
+        args: &ExtenderBindingArgs,
+        devices: &[GpuDevice],
+        placement: &Placement,
+        created: Option<&str>,
+        lock_version: Option<&str>,
+    ) -> Result<(), Error> {
+        let created = created.and_then(|v| v.parse().ok()).unwrap_or(0);
+        if !self
+            .projection
+            .caught_up(created, Instant::now() + CATCH_UP)
+            .await
         {
-            return Err(Error::NoLongerFits {
-                node: args.node.clone(),
-                reason: format!("{NOT_READY}{reason}"),
-            });
+            self.metrics.recheck_listed();
+            return self
+                .recheck_listed(args, devices, placement, lock_version)
+                .await;
         }
+        let fits = self
+            .projection
+            .read()
+            .node(&args.node)
+            .is_some_and(NodeGpus::within_capacity);
+        if fits {
+            Ok(())
+        } else {
+            Err(Error::NoLongerFits {
+                node: args.node.clone(),
+                reason: "the API server holds allocations that leave no room for it".into(),
+            })
+        }
+    }
+
+    /// Re-checks the placement against the allocations the API server holds
+    /// for the node: the node's lock is held, so this view cannot change
+    /// under us except by releases. The pod's own allocation is left out
+    /// (it is `placement`).
+    ///
+    /// The list is served from the API server's watch cache once that cache
+    /// has seen `lock_version` (the lock's resourceVersion as created):
+    /// every allocation of this node was created under its lock, before the
+    /// previous holder released it and so before this lock existed, hence
+    /// is in that snapshot. A plain (quorum) list read every allocation of
+    /// the cluster from etcd for each Bind: at 1,000 nodes etcd spent 48 CPU
+    /// seconds in a 1,000-pod burst and a third of those lists timed out.
+    async fn recheck_listed(
+        &self,
+        args: &ExtenderBindingArgs,
+        devices: &[GpuDevice],
+        placement: &Placement,
+        lock_version: Option<&str>,
+    ) -> Result<(), Error> {
+        let on_node = self
+            .allocations_on(&args.node, lock_version)
+            .await
+            .map_err(Error::kube("listing the node's allocations"))?;
         let mut fold = NodeGpus::new(devices.to_vec());
         for allocation in &on_node.items {
             let ours = allocation.namespace().as_deref() == Some(args.pod_namespace.as_str())
@@ -465,6 +508,10 @@ impl Binder {
         }
     }
 }
+
+/// How long Bind waits for its own watch to deliver the allocation it
+/// created before it asks the API server instead (see [`Binder::confirm`]).
+const CATCH_UP: Duration = Duration::from_secs(3);
 
 /// Creates the allocation (replacing one left by an earlier pod of the same
 /// name) and returns the resourceVersion it was created with.

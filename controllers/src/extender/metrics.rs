@@ -53,6 +53,9 @@ pub struct ExtenderMetrics {
     pub preemption_victims: Counter,
     /// Seconds the preemption decision took over the nodes offered.
     pub preemption_decision_seconds: Histogram,
+    /// Binds that asked the API server for the node's allocations because
+    /// their own watch had not delivered their allocation in time.
+    pub bind_rechecks_listed: Counter,
 }
 
 /// Labels of a preemption.
@@ -117,7 +120,14 @@ impl ExtenderMetrics {
             "Time the device-aware preemption decision took over the nodes offered",
             preemption_decision_seconds.clone(),
         );
+        let bind_rechecks_listed = Counter::default();
+        registry.register(
+            "bind_rechecks_listed",
+            "Binds that listed the node's allocations from the API server because the controller's watch lagged",
+            bind_rechecks_listed.clone(),
+        );
         Self {
+            bind_rechecks_listed,
             verb_seconds,
             lock_wait_seconds,
             bind_rollbacks,
@@ -141,6 +151,11 @@ impl ExtenderMetrics {
         self.preemptions.get_or_create(&PathLabels { path }).inc();
         self.preemption_victims
             .inc_by(u64::try_from(victims).unwrap_or(u64::MAX));
+    }
+
+    /// Counts one Bind that listed the node's allocations.
+    pub fn recheck_listed(&self) {
+        self.bind_rechecks_listed.inc();
     }
 
     /// Counts one Bind undone, for `reason`.

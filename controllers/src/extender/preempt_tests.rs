@@ -393,7 +393,7 @@ fn a_hold_replaced_by_bind_leaves_the_new_reservation_and_comes_back_if_bind_fai
         .container(container("main", vec![slice("GPU-n1-0", 0, 70_000, 0)]))
         .held_until("2026-03-01T12:00:00Z".parse().unwrap())
         .build();
-    let mut relist = Vec::new();
+    let mut relist = crate::projection::AllocationRelist::default();
     feeder.allocation_event(Event::Apply(hold.clone()), &mut relist);
     let entry = |projection: &Projection| projection.read().allocation(&key("urgent")).cloned();
     assert!(entry(&projection).unwrap().nominated);

@@ -190,7 +190,7 @@ fn the_oldest_bound_allocation_is_measured_from_its_creation() {
         &render(&metrics),
         &["tessera_allocations_bound_oldest_seconds 0.0"],
     );
-    let mut relist = Vec::new();
+    let mut relist = crate::projection::AllocationRelist::default();
     for a in [
         allocation("waiting", 90, Some("Bound")),
         allocation("just-bound", 2, Some("Bound")),
