@@ -15,8 +15,12 @@ tools: ## Build etcd and Kubernetes v1.36 binaries into ~/.cache/tessera (once; 
 node-deps: ## Install what real nodes need (containerd, runc, CNI plugins, busybox; Debian/Ubuntu, as root)
 	@hack/node-deps.sh
 
-demo: tools node-deps ## Run Tessera locally: control plane, controller, four real nodes with fake GPUs (one behind the DRA door), examples, a tour
-	$(CARGO) build --workspace
+demo: ## Run Tessera locally: control plane, controller, four real nodes with fake GPUs (one behind the DRA door), examples, a tour
+	@# The first run builds only the demo's Go tools, beside the Rust build and the
+	@# node packages' download (README: what the first run takes).
+	@hack/node-deps.sh demo & deps=$$!; hack/tools.sh demo >/dev/null & tools=$$!; \
+	  $(CARGO) build -p tessera-controllers -p tessera-node-agent -p tessera-interposer -p tessera-fake-cuda -p tessera-fake-nvml -p tessera-e2e; built=$$?; \
+	  wait $$deps || exit 1; wait $$tools || exit 1; exit $$built
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-demo -- up
 
 demo-down: ## Stop the demo and remove .tessera-demo

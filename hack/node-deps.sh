@@ -7,7 +7,9 @@
 set -euo pipefail
 
 missing=()
-command -v promtool >/dev/null || missing+=(prometheus)
+# `hack/node-deps.sh demo`: only what the demo's real nodes need (no promtool,
+# which only the tests run).
+[[ "${1:-}" == demo ]] || command -v promtool >/dev/null || missing+=(prometheus)
 if [[ -n "${TESSERA_SKIP_REAL_NODES:-}" ]]; then
   echo "hack/node-deps.sh: TESSERA_SKIP_REAL_NODES is set; not checking real-node packages" >&2
 else

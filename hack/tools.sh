@@ -2,7 +2,8 @@
 # Builds the Kubernetes, etcd, helm, kwok, containerd and Kueue binaries Tessera's tests run, from
 # the Go modules pinned in e2e/tools/*/go.mod, into a cache outside the work tree.
 #
-#   hack/tools.sh          build what is missing, print the bin directory
+#   hack/tools.sh          build what is missing for the tests, print the bin directory
+#   hack/tools.sh demo     build only what `make demo` runs (etcd, Kubernetes, helm, containerd)
 #   hack/tools.sh --path   print the bin directory only (no build)
 #
 # The oldest Kubernetes the docs claim (docs/install.md) is built beside them,
@@ -36,9 +37,17 @@ oldest_stamp="$OLDEST_K8S_VERSION-$(cat "$root"/e2e/tools/k8s-oldest/go.mod "$ro
 kueue_stamp="$KUEUE_VERSION-$(cat "$root"/e2e/tools/kueue/go.mod "$root"/e2e/tools/kueue/go.sum | sha256sum | cut -c1-12)"
 oldest_built() { [[ "$(cat "$bin/oldest/.complete" 2>/dev/null)" == "$oldest_stamp" ]]; }
 kueue_built() { [[ "$(cat "$bin/kueue/.complete" 2>/dev/null)" == "$kueue_stamp" ]]; }
+# kwok is moved into place whole (a rename), so its presence is its stamp;
+# its version and module are in the bin directory's name.
+kwok_built() { [[ -x "$bin/kwok" ]]; }
 
-if [[ "${1:-}" == "--path" ]]; then echo "$bin"; exit 0; fi
-if [[ -f "$bin/.complete" ]] && oldest_built && kueue_built; then
+case "${1:-}" in
+  --path) echo "$bin"; exit 0 ;;
+  demo) only_demo=1 ;;
+  "") only_demo= ;;
+  *) echo "hack/tools.sh: unknown argument ${1}; use --path, demo or nothing" >&2; exit 2 ;;
+esac
+if [[ -f "$bin/.complete" ]] && { [[ -n "$only_demo" ]] || { kwok_built && oldest_built && kueue_built; }; }; then
   echo "$bin"
   exit 0
 fi
@@ -77,6 +86,17 @@ build_oldest() {
   echo "hack/tools.sh: built Kubernetes $OLDEST_K8S_VERSION in $((SECONDS - start)) s" >&2
 }
 
+# kwok (simulated nodes for the scale bench) reports its version from a link-time stamp.
+build_kwok() {
+  local start=$SECONDS
+  echo "hack/tools.sh: building kwok $KWOK_VERSION" >&2
+  (cd "$root/e2e/tools/kwok" && go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+    -o "$bin/.kwok.tmp" sigs.k8s.io/kwok/cmd/kwok) || { rm -f "$bin/.kwok.tmp"; return 1; }
+  "$bin/.kwok.tmp" --version >&2
+  mv "$bin/.kwok.tmp" "$bin/kwok"
+  echo "hack/tools.sh: built kwok $KWOK_VERSION in $((SECONDS - start)) s" >&2
+}
+
 # Kueue's controller manager, and its CRDs from the same module version, into
 # $bin/kueue, stamped last.
 build_kueue() {
@@ -95,9 +115,15 @@ build_kueue() {
   echo "hack/tools.sh: built Kueue $KUEUE_VERSION in $((SECONDS - start)) s" >&2
 }
 
-if [[ -f "$bin/.complete" ]]; then
+# What the tests need beyond the demo's tools.
+build_test_tools() {
+  kwok_built || build_kwok
   oldest_built || build_oldest
   kueue_built || build_kueue
+}
+
+if [[ -f "$bin/.complete" ]]; then
+  build_test_tools
   echo "$bin"
   exit 0
 fi
@@ -127,11 +153,6 @@ for pkg in pkg/chartutil pkg/lint/rules; do
 done
 (cd "$root/e2e/tools/helm" && go build -ldflags "$hldf" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm)
 
-# kwok (simulated nodes for the scale bench) reports its version from a link-time stamp.
-echo "hack/tools.sh: building kwok $KWOK_VERSION" >&2
-(cd "$root/e2e/tools/kwok" && go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
-  -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
-
 # containerd 2 and its runc shim for the real nodes (CDI on by default), and
 # ctr to import images into them.
 echo "hack/tools.sh: building containerd $CONTAINERD_VERSION" >&2
@@ -144,7 +165,6 @@ echo "hack/tools.sh: building containerd $CONTAINERD_VERSION" >&2
 "$tmp/containerd" --version >&2
 "$tmp/etcd" --version | head -1 >&2
 "$tmp/helm" version --short >&2
-"$tmp/kwok" --version >&2
 chmod 755 "$tmp"
 rm -rf "$bin"
 mkdir -p "$(dirname "$bin")"
@@ -152,6 +172,5 @@ mv "$tmp" "$bin"
 trap - EXIT
 date -u +%FT%TZ >"$bin/.complete"
 echo "hack/tools.sh: built in $((SECONDS - start)) s" >&2
-build_oldest
-build_kueue
+[[ -n "$only_demo" ]] || build_test_tools
 echo "$bin"
