@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
@@ -72,6 +72,36 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>, Error> {
             what: path.to_owned(),
             why: e.to_string(),
         })
+}
+
+/// The body of `GET http://<addr><path>` as bytes (a profile), or why not.
+pub async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let failed = |why: String| Error::Measure {
+        what: format!("GET http://{addr}{path}"),
+        why,
+    };
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| failed("no HTTP headers".into()))?;
+    if !answer.starts_with(b"HTTP/1.1 200") && !answer.starts_with(b"HTTP/1.0 200") {
+        return Err(failed(String::from_utf8_lossy(&answer).into_owned()));
+    }
+    Ok(answer.split_off(split + 4))
 }
 
 /// tessera-controller's `/metrics` on `addr`.
@@ -206,37 +236,140 @@ fn dechunk(body: &str) -> String {
     out
 }
 
+/// Filter's answer, as kube-scheduler decodes it (typed, not a JSON tree).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct FilterAnswer {
+    #[serde(default)]
+    node_names: Option<Vec<String>>,
+    #[serde(default)]
+    error: String,
+}
+
+/// Filter's and Prioritize's arguments with node names.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct NamesArgs<'a> {
+    pod: &'a Value,
+    node_names: &'a [String],
+}
+
+/// One of Prioritize's scores.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+#[allow(dead_code)] // decoded as kube-scheduler decodes it; not read
+struct HostScore {
+    host: String,
+    score: i64,
+}
+
+/// Filter+Prioritize round trips, and the part of each this client spent
+/// encoding and decoding JSON (kube-scheduler's side of the wire).
+#[derive(Debug, Default)]
+pub struct RoundTrips {
+    /// Each round trip, from encoding Filter's arguments to decoding
+    /// Prioritize's scores.
+    pub total: Vec<Duration>,
+    /// The client's encoding and decoding within each.
+    pub client: Vec<Duration>,
+}
+
 /// Times `calls` Filter+Prioritize round trips for `pod` against every
-/// node in `nodes`, from outside the controller; returns each round trip.
+/// node in `nodes`, from outside the controller, encoding and decoding as
+/// kube-scheduler does (typed, one connection per call as the timing's
+/// worst case).
 pub async fn filter_and_prioritize(
     addr: &str,
     pod: &Value,
     nodes: &[String],
     calls: usize,
-) -> Result<Vec<Duration>, Error> {
-    let args = json!({"Pod": pod, "NodeNames": nodes});
-    let mut times = Vec::with_capacity(calls);
+) -> Result<RoundTrips, Error> {
+    let mut out = RoundTrips::default();
+    let failed = |what: &str, why: String| Error::Measure {
+        what: what.into(),
+        why,
+    };
     for _ in 0..calls {
         let started = Instant::now();
-        let (status, answer) = post_json(addr, "/filter", &args).await?;
-        let feasible = answer["NodeNames"].clone();
-        if status != 200 || !answer["Error"].as_str().unwrap_or("").is_empty() {
-            return Err(Error::Measure {
-                what: "Filter over HTTP".into(),
-                why: format!("status {status}: {answer}"),
-            });
+        let body = serde_json::to_vec(&NamesArgs {
+            pod,
+            node_names: nodes,
+        })
+        .map_err(|e| failed("Filter's arguments", e.to_string()))?;
+        let mut client = started.elapsed();
+        let (status, answer) = post_bytes(addr, "/filter", &body).await?;
+        let decoding = Instant::now();
+        let answer: FilterAnswer = serde_json::from_slice(&answer)
+            .map_err(|e| failed("Filter over HTTP", format!("status {status}: {e}")))?;
+        if status != 200 || !answer.error.is_empty() {
+            return Err(failed(
+                "Filter over HTTP",
+                format!("status {status}: {}", answer.error),
+            ));
         }
-        let args = json!({"Pod": pod, "NodeNames": feasible});
-        let (status, _) = post_json(addr, "/prioritize", &args).await?;
-        if status != 200 {
-            return Err(Error::Measure {
-                what: "Prioritize over HTTP".into(),
-                why: format!("status {status}"),
-            });
+        let feasible = answer.node_names.unwrap_or_default();
+        let body = serde_json::to_vec(&NamesArgs {
+            pod,
+            node_names: &feasible,
+        })
+        .map_err(|e| failed("Prioritize's arguments", e.to_string()))?;
+        client += decoding.elapsed();
+        let (status, answer) = post_bytes(addr, "/prioritize", &body).await?;
+        let decoding = Instant::now();
+        let scores: Vec<HostScore> = serde_json::from_slice(&answer)
+            .map_err(|e| failed("Prioritize over HTTP", format!("status {status}: {e}")))?;
+        if status != 200 || scores.len() > feasible.len() {
+            return Err(failed("Prioritize over HTTP", format!("status {status}")));
         }
-        times.push(started.elapsed());
+        client += decoding.elapsed();
+        out.total.push(started.elapsed());
+        out.client.push(client);
     }
-    Ok(times)
+    Ok(out)
+}
+
+/// `POST http://<addr><path>` with a JSON body already encoded; the
+/// answer's status and body (de-chunked).
+async fn post_bytes(addr: &str, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>), Error> {
+    let failed = |why: String| Error::Measure {
+        what: format!("POST http://{addr}{path}"),
+        why,
+    };
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    stream
+        .write_all(body)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| failed("no HTTP headers".into()))?;
+    let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
+    let status = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = answer.split_off(split + 4);
+    if head.contains("transfer-encoding: chunked") {
+        Ok((
+            status,
+            dechunk(&String::from_utf8_lossy(&body)).into_bytes(),
+        ))
+    } else {
+        Ok((status, body))
+    }
 }
 
 /// The `q` quantile of `times` (nearest rank), in milliseconds.

@@ -102,7 +102,7 @@ pub fn text(f: &Figures) -> String {
     );
     let _ = writeln!(
         out,
-        "  extender p50/p99 ms: filter {:.2}/{:.2}, prioritize {:.2}/{:.2}, bind {:.2}/{:.2}; over HTTP, filter+prioritize of all nodes {:.2}/{:.2}",
+        "  extender p50/p99 ms: filter {:.2}/{:.2}, prioritize {:.2}/{:.2}, bind {:.2}/{:.2}; over HTTP, filter+prioritize of all nodes {:.2}/{:.2} (of which the client's JSON {:.2}/{:.2})",
         f.filter_ms.0,
         f.filter_ms.1,
         f.prioritize_ms.0,
@@ -110,7 +110,9 @@ pub fn text(f: &Figures) -> String {
         f.bind_ms.0,
         f.bind_ms.1,
         f.http_ms.0,
-        f.http_ms.1
+        f.http_ms.1,
+        f.http_client_ms.0,
+        f.http_client_ms.1
     );
     let _ = writeln!(
         out,

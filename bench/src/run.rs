@@ -34,6 +34,11 @@ pub struct Options {
     /// Where the cluster's state and component logs go (kept after the
     /// run, emptied before it); `None`: a temporary directory.
     pub dir: Option<std::path::PathBuf>,
+    /// Takes a CPU profile of the controller (`--profiling`) for this many
+    /// seconds from the start of the GPU burst, into `<dir>/cpu-gpu-burst.pb`.
+    /// The profiler's sample table (about 140 MB, kept once made) then
+    /// counts in the controller's memory figures.
+    pub cpu_profile_seconds: Option<u64>,
 }
 
 /// A running cluster at one size.
@@ -50,6 +55,8 @@ pub struct Running {
     pub options: Options,
     /// Seconds to create the fleet, and to write the background occupancy.
     pub setup_seconds: (f64, f64),
+    /// The controller's `--profiling-addr` port, when profiled.
+    pub profiling: Option<u16>,
     /// Background pods written.
     pub background: usize,
 }
@@ -82,6 +89,9 @@ pub struct Figures {
     pub bind_ms: (f64, f64),
     /// Filter + Prioritize round trips over HTTP naming every node, p50/p99 ms.
     pub http_ms: (f64, f64),
+    /// Of those round trips, the client's JSON encoding and decoding
+    /// (kube-scheduler's side), p50 and p99 in ms.
+    pub http_client_ms: (f64, f64),
     /// API requests per GPU pod during the GPU burst, by verb and resource.
     pub requests_per_gpu_pod: Vec<(String, f64)>,
     /// The same for the plain burst.
@@ -163,7 +173,19 @@ impl Running {
             seconds = background_seconds,
             "background written"
         );
-        let tessera = Tessera::deploy_scheduling(&plane, artifacts).await?;
+        let profiling = match options.cpu_profile_seconds {
+            Some(_) => Some(tessera_e2e::free_port()?),
+            None => None,
+        };
+        let extra: Vec<String> = profiling
+            .map(|port| {
+                vec![
+                    "--profiling".to_owned(),
+                    format!("--profiling-addr=127.0.0.1:{port}"),
+                ]
+            })
+            .unwrap_or_default();
+        let tessera = Tessera::deploy_scheduling_with(&plane, artifacts, &extra).await?;
         let running = Self {
             plane,
             tessera,
@@ -172,6 +194,7 @@ impl Running {
             options,
             setup_seconds: (fleet_seconds, background_seconds),
             background,
+            profiling,
         };
         running.wait_folded(Duration::from_secs(600)).await?;
         Ok(running)
@@ -255,6 +278,26 @@ impl Running {
             .collect()
     }
 
+    /// With `cpu_profile_seconds`, starts taking the controller's CPU profile
+    /// and returns the task that writes it.
+    fn profile_cpu(&self) -> Option<tokio::task::JoinHandle<Result<std::path::PathBuf, Error>>> {
+        let seconds = self.options.cpu_profile_seconds?;
+        let port = self.profiling?;
+        let path = self.plane.dir().join("cpu-gpu-burst.pb");
+        Some(tokio::spawn(async move {
+            let bytes = measure::fetch(
+                &format!("127.0.0.1:{port}"),
+                &format!("/debug/pprof/profile?seconds={seconds}"),
+            )
+            .await?;
+            std::fs::write(&path, bytes).map_err(|e| Error::Measure {
+                what: path.display().to_string(),
+                why: e.to_string(),
+            })?;
+            Ok(path)
+        }))
+    }
+
     /// Runs every measurement once.
     pub async fn measure(&self) -> Result<Figures, Error> {
         let options = &self.options;
@@ -284,7 +327,17 @@ impl Running {
         let ours_before = measure::controller(&self.metrics_addr()).await?;
         let cpu_before = measure::process(pid)?;
         let batch = self.gpu_pods("gpu", options.burst, &mut rng);
+        let profile = self.profile_cpu();
         let gpu: Burst = burst::run(&self.client, batch, options.burst_limit).await?;
+        if let Some(profile) = profile {
+            match profile.await {
+                Ok(Ok(path)) => {
+                    tracing::info!(path = %path.display(), "CPU profile of the GPU burst")
+                }
+                Ok(Err(error)) => tracing::warn!(%error, "no CPU profile of the GPU burst"),
+                Err(error) => tracing::warn!(%error, "no CPU profile of the GPU burst"),
+            }
+        }
         tracing::info!(rate = gpu.rate(), "GPU burst");
         self.wait_settled(Duration::from_secs(300)).await?;
         let cpu_after = measure::process(pid)?;
@@ -329,7 +382,7 @@ impl Running {
                 cores: 20,
             }),
         ));
-        let times = measure::filter_and_prioritize(
+        let trips = measure::filter_and_prioritize(
             &self.metrics_addr(),
             &probe,
             &self.nodes,
@@ -351,8 +404,12 @@ impl Running {
             prioritize_ms: p50_99(verb("prioritize")),
             bind_ms: p50_99(verb("bind")),
             http_ms: (
-                measure::percentile_ms(&times, 0.5),
-                measure::percentile_ms(&times, 0.99),
+                measure::percentile_ms(&trips.total, 0.5),
+                measure::percentile_ms(&trips.total, 0.99),
+            ),
+            http_client_ms: (
+                measure::percentile_ms(&trips.client, 0.5),
+                measure::percentile_ms(&trips.client, 0.99),
             ),
             requests_per_gpu_pod,
             requests_per_plain_pod,

@@ -52,6 +52,7 @@ async fn one_hundred_simulated_nodes() {
         probe_calls: 20,
         burst_limit: Duration::from_secs(300),
         dir: None,
+        cpu_profile_seconds: None,
     };
     let artifacts = Artifacts::locate().unwrap();
     let running = Running::start(options, &artifacts).await.unwrap();

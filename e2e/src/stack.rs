@@ -121,10 +121,20 @@ impl Tessera {
         plane: &ControlPlane,
         artifacts: &Artifacts,
     ) -> Result<Self, Error> {
+        Self::deploy_scheduling_with(plane, artifacts, &[]).await
+    }
+
+    /// [`Tessera::deploy_scheduling`] with `extra` flags for the controller
+    /// (for example `--profiling`).
+    pub async fn deploy_scheduling_with(
+        plane: &ControlPlane,
+        artifacts: &Artifacts,
+        extra: &[String],
+    ) -> Result<Self, Error> {
         let extender_port = free_port()?;
         let webhook_port = free_port()?;
         let pki = plane.pki();
-        let args = vec![
+        let args: Vec<String> = [
             format!("--extender-addr=127.0.0.1:{extender_port}"),
             format!("--webhook-addr=127.0.0.1:{webhook_port}"),
             // Not the default 0.0.0.0:9395: several controllers may run here.
@@ -132,7 +142,10 @@ impl Tessera {
             format!("--tls-cert-file={}", pki.serving_cert.display()),
             format!("--tls-key-file={}", pki.serving_key.display()),
             "--lease-namespace=kube-system".to_owned(),
-        ];
+        ]
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect();
         let tessera = Self {
             program: artifacts.controller.clone(),
             args,

@@ -38,6 +38,12 @@ struct Args {
     /// Filter+Prioritize round trips timed over HTTP.
     #[arg(long, env = "BENCH_SCALE_PROBES", default_value_t = 200)]
     probes: usize,
+    /// Take a CPU profile of the controller for this many seconds from the
+    /// start of each GPU burst (`<out>/cluster-<N>/cpu-gpu-burst.pb`; read it
+    /// with `go tool pprof -top`). Off by default: the profiler's memory
+    /// counts in the controller's figures.
+    #[arg(long, env = "BENCH_SCALE_CPU_PROFILE_SECONDS")]
+    cpu_profile_seconds: Option<u64>,
     /// Where scale.csv and requests.csv go.
     #[arg(long, env = "BENCH_SCALE_OUT", default_value = "target/bench-scale")]
     out: PathBuf,
@@ -75,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
             probe_calls: args.probes,
             burst_limit: Duration::from_secs(1200),
             dir: Some(args.out.join(format!("cluster-{nodes}"))),
+            cpu_profile_seconds: args.cpu_profile_seconds,
         };
         let running = Running::start(options, &artifacts)
             .await
