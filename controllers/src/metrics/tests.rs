@@ -86,6 +86,16 @@ fn allocation(name: &str, created_ago: i64, phase: Option<&str>) -> VgpuAllocati
     }
 }
 
+/// A preemptor's hold, read as the API server serves it (status defaulted).
+fn held(name: &str, created_ago: i64) -> VgpuAllocation {
+    let mut hold = allocation(name, created_ago, Some("Bound"));
+    hold.spec.nomination = Some(tessera_api::v1alpha1::Nomination {
+        expires_at: Time(at(-60)),
+        victims: vec!["ns/victim".into()],
+    });
+    hold
+}
+
 fn lock(node: &str, acquired_ago: i64, ttl: i64) -> NodeLock {
     let mut lock = testing::node_lock(
         node,
@@ -198,6 +208,9 @@ fn the_oldest_bound_allocation_is_measured_from_its_creation() {
         allocation("running", 600, Some("Allocated")),
         allocation("done", 900, Some("Released")),
         allocation("binding", 700, None),
+        // A preemptor's hold reads Bound (the CRD's default status) but
+        // waits for no node.
+        held("held", 800),
     ] {
         feeder.allocation_event(Event::Apply(a), &mut relist);
     }
@@ -208,6 +221,7 @@ fn the_oldest_bound_allocation_is_measured_from_its_creation() {
             "tessera_allocations_bound_oldest_seconds 90.0",
             "tessera_allocations{phase=\"Bound\"} 2",
             "tessera_allocations{phase=\"Pending\"} 1",
+            "tessera_allocations{phase=\"Held\"} 1",
         ],
     );
     feeder.allocation_event(
