@@ -180,44 +180,15 @@ pub fn failures_between(before: &[Sample], after: &[Sample]) -> Vec<(String, f64
 
 /// `POST http://<addr><path>` with a JSON body; the answer's status and body.
 pub async fn post_json(addr: &str, path: &str, body: &Value) -> Result<(u16, Value), Error> {
-    let failed = |why: String| Error::Measure {
+    let body = serde_json::to_vec(body).map_err(|e| Error::Measure {
         what: format!("POST http://{addr}{path}"),
-        why,
-    };
-    let body = serde_json::to_vec(body).map_err(|e| failed(e.to_string()))?;
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream
-        .write_all(head.as_bytes())
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    stream
-        .write_all(&body)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let mut answer = Vec::new();
-    stream
-        .read_to_end(&mut answer)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let text = String::from_utf8_lossy(&answer);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    let value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    Ok((status, value))
+        why: e.to_string(),
+    })?;
+    let (status, answer) = post_bytes(addr, path, &body).await?;
+    Ok((
+        status,
+        serde_json::from_slice(&answer).unwrap_or(Value::Null),
+    ))
 }
 
 fn dechunk(body: &str) -> String {

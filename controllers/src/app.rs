@@ -64,25 +64,9 @@ pub struct Args {
     /// This replica's identity in the election (in a pod: its name).
     #[arg(long, env = "POD_NAME", default_value = "tessera-controller")]
     pub identity: String,
-    /// Serve CPU and heap profiles in pprof's format on `--profiling-addr`,
-    /// as HAMi's `--profiling` serves Go's: `go tool pprof
-    /// http://ADDR/debug/pprof/profile` or `.../heap` (docs/observability.md).
-    #[arg(
-        long,
-        env = "TESSERA_PROFILING",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = clap::builder::BoolishValueParser::new(),
-        action = clap::ArgAction::Set
-    )]
-    pub profiling: bool,
-    /// Address of the profiles with `--profiling` (plain HTTP). Loopback by
-    /// default, so that only an operator reaches it (`kubectl
-    /// port-forward`): a profile shows the process's internals.
-    #[arg(long, env = "TESSERA_PROFILING_ADDR", default_value = "127.0.0.1:6060")]
-    pub profiling_addr: std::net::SocketAddr,
+    /// `--profiling` and `--profiling-addr`.
+    #[command(flatten)]
+    pub profiling: tessera_profiling::Args,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
@@ -120,7 +104,6 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         agent_selector,
         identity,
         profiling,
-        profiling_addr,
         log: _,
     } = &args;
     let config = Arc::new(config);
@@ -175,10 +158,7 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         .local_addr()
         .map_err(Error::serve("the metrics listener"))?;
     tracing::info!(%addr, "metrics listening");
-    let profiling = match profiling {
-        true => Some(tessera_profiling::Server::bind(*profiling_addr).await?),
-        false => None,
-    };
+    let profiling = profiling.bind().await?;
     let profiling = async move {
         match profiling {
             Some(server) => server.run().await.map_err(Error::from),

@@ -190,14 +190,7 @@ async fn allocations_this_replica_never_saw_are_found_by_a_list() {
     // up and Bind asks the API server.
     let (projection, feeder) = Projection::new();
     let (cluster, binder, sent, metrics) = setup(Some(projection.clone())).await;
-    let gpu_node = Api::<GpuNode>::all(cluster.client.clone())
-        .get(NODE)
-        .await
-        .unwrap();
-    let mut nodes = Vec::new();
-    feeder.node_event(Event::Init, &mut nodes);
-    feeder.node_event(Event::InitApply(gpu_node), &mut nodes);
-    feeder.node_event(Event::InitDone, &mut nodes);
+    feed_the_node(&cluster, &feeder).await;
     let mut relist = AllocationRelist::default();
     feeder.allocation_event(Event::Init, &mut relist);
     feeder.allocation_event(Event::InitDone, &mut relist);
@@ -222,12 +215,8 @@ async fn allocations_this_replica_never_saw_are_found_by_a_list() {
     assert!(projection.read().allocation_count() == 0);
 }
 
-/// A projection fed by hand: the node now, and VgpuAllocation events from a
-/// real watch, but none of them until the watch delivers the allocation of
-/// `held_until` (then all, in order).
-async fn late_ledger(cluster: &Cluster, held_until: &'static str) -> Projection {
-    use futures::StreamExt;
-    let (projection, feeder) = Projection::new();
+/// Feeds the node's GpuNode, as the API server has it, to a hand-fed ledger.
+async fn feed_the_node(cluster: &Cluster, feeder: &tessera_controllers::projection::Feeder) {
     let gpu_node = Api::<GpuNode>::all(cluster.client.clone())
         .get(NODE)
         .await
@@ -236,6 +225,15 @@ async fn late_ledger(cluster: &Cluster, held_until: &'static str) -> Projection 
     feeder.node_event(Event::Init, &mut nodes);
     feeder.node_event(Event::InitApply(gpu_node), &mut nodes);
     feeder.node_event(Event::InitDone, &mut nodes);
+}
+
+/// A projection fed by hand: the node now, and VgpuAllocation events from a
+/// real watch, but none of them until the watch delivers the allocation of
+/// `held_until` (then all, in order).
+async fn late_ledger(cluster: &Cluster, held_until: &'static str) -> Projection {
+    use futures::StreamExt;
+    let (projection, feeder) = Projection::new();
+    feed_the_node(cluster, &feeder).await;
     let events = kube::runtime::watcher(
         Api::<VgpuAllocation>::all(cluster.client.clone()),
         kube::runtime::watcher::Config::default(),

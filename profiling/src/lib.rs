@@ -42,6 +42,41 @@ pub enum Error {
     Serve(std::io::Error),
 }
 
+/// The `--profiling` flags, the same on every binary that serves profiles
+/// (`#[command(flatten)]`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Serve CPU and heap profiles in pprof's format on `--profiling-addr`,
+    /// as HAMi's `--profiling` serves Go's: `go tool pprof
+    /// http://ADDR/debug/pprof/profile` or `.../heap` (docs/observability.md).
+    #[arg(
+        long,
+        env = "TESSERA_PROFILING",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::Set
+    )]
+    pub profiling: bool,
+    /// Address of the profiles with `--profiling` (plain HTTP). Loopback by
+    /// default, so that only an operator reaches it (`kubectl
+    /// port-forward`): a profile shows the process's internals.
+    #[arg(long, env = "TESSERA_PROFILING_ADDR", default_value = "127.0.0.1:6060")]
+    pub profiling_addr: SocketAddr,
+}
+
+impl Args {
+    /// The bound listener when `--profiling` is on.
+    pub async fn bind(&self) -> Result<Option<Server>, Error> {
+        match self.profiling {
+            true => Server::bind(self.profiling_addr).await.map(Some),
+            false => Ok(None),
+        }
+    }
+}
+
 /// The `/debug/pprof/` routes.
 pub fn router() -> Router {
     Router::new()

@@ -157,25 +157,9 @@ pub struct Args {
         action = ArgAction::Set
     )]
     pub legacy_metrics: bool,
-    /// Serve CPU and heap profiles in pprof's format on `--profiling-addr`,
-    /// as HAMi's `--profiling` serves Go's: `go tool pprof
-    /// http://ADDR/debug/pprof/profile` or `.../heap` (docs/observability.md).
-    #[arg(
-        long,
-        env = "TESSERA_PROFILING",
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = clap::builder::BoolishValueParser::new(),
-        action = clap::ArgAction::Set
-    )]
-    pub profiling: bool,
-    /// Address of the profiles with `--profiling` (plain HTTP). Loopback by
-    /// default, so that only an operator reaches it (`kubectl
-    /// port-forward`): a profile shows the process's internals.
-    #[arg(long, env = "TESSERA_PROFILING_ADDR", default_value = "127.0.0.1:6060")]
-    pub profiling_addr: std::net::SocketAddr,
+    /// `--profiling` and `--profiling-addr`.
+    #[command(flatten)]
+    pub profiling: tessera_profiling::Args,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,

@@ -152,8 +152,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         .local_addr()
         .map_err(Error::io("the metrics listener"))?;
     tracing::info!(%addr, "metrics listening");
-    if args.profiling {
-        let server = tessera_profiling::Server::bind(args.profiling_addr).await?;
+    if let Some(server) = args.profiling.bind().await? {
         loops.spawn("profiling server", async move {
             if let Err(error) = server.run().await {
                 tracing::error!(%error, "profiling server stopped");
