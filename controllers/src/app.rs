@@ -66,7 +66,7 @@ pub struct Args {
     pub identity: String,
     /// `--profiling` and `--profiling-addr`.
     #[command(flatten)]
-    pub profiling: tessera_profiling::Args,
+    pub profiling: tessera_profiling::ProfilingArgs,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
@@ -282,5 +282,29 @@ mod tests {
             .is_err(),
             "an address needs a host"
         );
+    }
+
+    #[test]
+    fn profiling_is_off_unless_asked_and_on_loopback() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let base = [
+            "tessera-controller",
+            "--tls-cert-file=/tls/tls.crt",
+            "--tls-key-file=/tls/tls.key",
+        ];
+        let args = Args::try_parse_from(base).unwrap();
+        assert!(!args.profiling.profiling);
+        assert_eq!(args.profiling.profiling_addr.to_string(), "127.0.0.1:6060");
+        let on = base
+            .iter()
+            .copied()
+            .chain(["--profiling", "--profiling-addr=127.0.0.1:7000"]);
+        let args = Args::try_parse_from(on).unwrap();
+        assert!(args.profiling.profiling);
+        assert_eq!(args.profiling.profiling_addr.to_string(), "127.0.0.1:7000");
+        let bad = base.iter().copied().chain(["--profiling=maybe"]);
+        let error = Args::try_parse_from(bad).unwrap_err().to_string();
+        assert!(error.contains("--profiling"), "{error}");
     }
 }

@@ -45,7 +45,7 @@ pub enum Error {
 /// The `--profiling` flags, the same on every binary that serves profiles
 /// (`#[command(flatten)]`).
 #[derive(clap::Args, Debug, Clone)]
-pub struct Args {
+pub struct ProfilingArgs {
     /// Serve CPU and heap profiles in pprof's format on `--profiling-addr`,
     /// as HAMi's `--profiling` serves Go's: `go tool pprof
     /// http://ADDR/debug/pprof/profile` or `.../heap` (docs/observability.md).
@@ -67,7 +67,7 @@ pub struct Args {
     pub profiling_addr: SocketAddr,
 }
 
-impl Args {
+impl ProfilingArgs {
     /// The bound listener when `--profiling` is on.
     pub async fn bind(&self) -> Result<Option<Server>, Error> {
         match self.profiling {

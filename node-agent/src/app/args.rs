@@ -159,7 +159,7 @@ pub struct Args {
     pub legacy_metrics: bool,
     /// `--profiling` and `--profiling-addr`.
     #[command(flatten)]
-    pub profiling: tessera_profiling::Args,
+    pub profiling: tessera_profiling::ProfilingArgs,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
@@ -401,5 +401,23 @@ mod tests {
             args.interposer_library,
             PathBuf::from("/usr/local/vgpu/libtessera_vgpu.so")
         );
+    }
+
+    #[test]
+    fn profiling_flags_parse_beside_the_agents() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let args = Args::try_parse_from([
+            "agent",
+            "--node-name",
+            "n1",
+            "--backend",
+            "fake",
+            "--fake-gpus-file=/g.yaml",
+            "--profiling",
+        ])
+        .unwrap();
+        assert!(args.profiling.profiling);
+        assert_eq!(args.profiling.profiling_addr.to_string(), "127.0.0.1:6060");
     }
 }
