@@ -76,17 +76,40 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>, Error> {
 
 /// The body of `GET http://<addr><path>` as bytes (a profile), or why not.
 pub async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, Error> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let what = format!("GET http://{addr}{path}");
+    let head = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let (status, body) = exchange(&what, addr, &head, &[]).await?;
+    if status != 200 {
+        return Err(Error::Measure {
+            why: format!("status {status}: {}", String::from_utf8_lossy(&body)),
+            what,
+        });
+    }
+    Ok(body)
+}
+
+/// Sends `head` and `body` to `addr` on a connection of their own and reads
+/// the answer to its end: its status and body (de-chunked). `what` names the
+/// request in errors.
+async fn exchange(
+    what: &str,
+    addr: &str,
+    head: &str,
+    body: &[u8],
+) -> Result<(u16, Vec<u8>), Error> {
     let failed = |why: String| Error::Measure {
-        what: format!("GET http://{addr}{path}"),
+        what: what.to_owned(),
         why,
     };
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| failed(e.to_string()))?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
     stream
-        .write_all(request.as_bytes())
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    stream
+        .write_all(body)
         .await
         .map_err(|e| failed(e.to_string()))?;
     let mut answer = Vec::new();
@@ -98,10 +121,17 @@ pub async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, Error> {
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| failed("no HTTP headers".into()))?;
-    if !answer.starts_with(b"HTTP/1.1 200") && !answer.starts_with(b"HTTP/1.0 200") {
-        return Err(failed(String::from_utf8_lossy(&answer).into_owned()));
+    let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
+    let status = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = answer.split_off(split + 4);
+    if head.contains("transfer-encoding: chunked") {
+        Ok((
+            status,
+            dechunk(&String::from_utf8_lossy(&body)).into_bytes(),
+        ))
+    } else {
+        Ok((status, body))
     }
-    Ok(answer.split_off(split + 4))
 }
 
 /// tessera-controller's `/metrics` on `addr`.
@@ -302,45 +332,11 @@ pub async fn filter_and_prioritize(
 /// `POST http://<addr><path>` with a JSON body already encoded; the
 /// answer's status and body (de-chunked).
 async fn post_bytes(addr: &str, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>), Error> {
-    let failed = |why: String| Error::Measure {
-        what: format!("POST http://{addr}{path}"),
-        why,
-    };
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream
-        .write_all(head.as_bytes())
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    stream
-        .write_all(body)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let mut answer = Vec::new();
-    stream
-        .read_to_end(&mut answer)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let split = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| failed("no HTTP headers".into()))?;
-    let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
-    let status = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = answer.split_off(split + 4);
-    if head.contains("transfer-encoding: chunked") {
-        Ok((
-            status,
-            dechunk(&String::from_utf8_lossy(&body)).into_bytes(),
-        ))
-    } else {
-        Ok((status, body))
-    }
+    exchange(&format!("POST http://{addr}{path}"), addr, &head, body).await
 }
 
 /// The `q` quantile of `times` (nearest rank), in milliseconds.

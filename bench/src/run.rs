@@ -330,11 +330,12 @@ impl Running {
         let profile = self.profile_cpu();
         let gpu: Burst = burst::run(&self.client, batch, options.burst_limit).await?;
         if let Some(profile) = profile {
-            match profile.await {
-                Ok(Ok(path)) => {
-                    tracing::info!(path = %path.display(), "CPU profile of the GPU burst")
-                }
-                Ok(Err(error)) => tracing::warn!(%error, "no CPU profile of the GPU burst"),
+            let written = profile
+                .await
+                .map_err(|joined| joined.to_string())
+                .and_then(|written| written.map_err(|error| error.to_string()));
+            match written {
+                Ok(path) => tracing::info!(path = %path.display(), "CPU profile of the GPU burst"),
                 Err(error) => tracing::warn!(%error, "no CPU profile of the GPU burst"),
             }
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::{
     extract::Query,
-    http::{StatusCode, header},
+    http::StatusCode,
     response::{IntoResponse, Response},
 };
 use pprof::protos::Message;
@@ -70,19 +70,13 @@ pub(crate) async fn handler(Query(query): Query<ProfileQuery>) -> Response {
         )
             .into_response();
     };
-    match tokio::task::spawn_blocking(move || profile(length)).await {
-        Ok(Ok(bytes)) => (
-            [
-                (header::CONTENT_TYPE, "application/octet-stream"),
-                (
-                    header::CONTENT_DISPOSITION,
-                    "attachment; filename=\"profile\"",
-                ),
-            ],
-            bytes,
-        )
-            .into_response(),
-        Ok(Err(error)) => {
+    let taken = tokio::task::spawn_blocking(move || profile(length))
+        .await
+        .map_err(|joined| joined.to_string())
+        .and_then(|profiled| profiled.map_err(|error| error.to_string()));
+    match taken {
+        Ok(bytes) => crate::attachment("profile", bytes),
+        Err(error) => {
             tracing::warn!(%error, "CPU profile failed");
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -90,10 +84,5 @@ pub(crate) async fn handler(Query(query): Query<ProfileQuery>) -> Response {
             )
                 .into_response()
         }
-        Err(error) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("CPU profile failed: {error}\n"),
-        )
-            .into_response(),
     }
 }

@@ -6,7 +6,7 @@
 //! estimate all of it (`inuse_space`), symbolised by `jemalloc_pprof`.
 
 use axum::{
-    http::{StatusCode, header},
+    http::StatusCode,
     response::{IntoResponse, Response},
 };
 use jemalloc_pprof::PROF_CTL;
@@ -38,14 +38,7 @@ fn unavailable() -> String {
 
 pub(crate) async fn handler() -> Response {
     match dump().await {
-        Ok(bytes) => (
-            [
-                (header::CONTENT_TYPE, "application/octet-stream"),
-                (header::CONTENT_DISPOSITION, "attachment; filename=\"heap\""),
-            ],
-            bytes,
-        )
-            .into_response(),
+        Ok(bytes) => crate::attachment("heap", bytes),
         Err(message) => (StatusCode::SERVICE_UNAVAILABLE, message).into_response(),
     }
 }

@@ -9,9 +9,9 @@
 //!
 //! Both are read by `go tool pprof`, symbolised already, so the binary is not
 //! needed. The binaries that serve them use jemalloc ([`Allocator`]), built
-//! able to sample but with sampling off (`.cargo/config.toml`); [`serve`]
-//! [`Server::run`] switches sampling on. Never linked into the interposer, which lives in
-//! tenants' processes.
+//! able to sample but with sampling off (`.cargo/config.toml`);
+//! [`Server::run`] switches sampling on. Never linked into the interposer,
+//! which lives in tenants' processes.
 
 #![forbid(unsafe_code)]
 
@@ -121,6 +121,20 @@ impl Server {
             .await
             .map_err(Error::Serve)
     }
+}
+
+/// A profile as Go's `net/http/pprof` serves it: an attachment named `name`.
+fn attachment(name: &'static str, bytes: Vec<u8>) -> axum::response::Response {
+    use axum::{http::header, response::IntoResponse};
+    let disposition = format!("attachment; filename=\"{name}\"");
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        bytes,
+    )
+        .into_response()
 }
 
 async fn index() -> &'static str {

@@ -1,8 +1,9 @@
-//! Bind: lock the node, re-check against the API server, record the
-//! allocation, bind the pod. Any failure undoes what was done.
+//! Bind: lock the node, ask its agent, record the allocation, confirm the
+//! fit once this replica's watch has delivered it, bind the pod. Any
+//! failure undoes what was done.
 //!
-//! API writes per GPU pod: NodeLock create, VgpuAllocation create, the
-//! binding, the allocation's status (`Bound`): four.
+//! API writes per GPU pod: NodeLock create, VgpuAllocation create (which
+//! reads `Bound` by the CRD's default status), the binding: three.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

@@ -706,23 +706,19 @@ impl Feeder {
             version: relist_version,
         } = relist;
         self.record_phase(&event);
-        let version = match &event {
-            watcher::Event::Apply(a) | watcher::Event::Delete(a) | watcher::Event::InitApply(a) => {
-                resource_version(a)
-            }
-            watcher::Event::Init | watcher::Event::InitDone => 0,
-        };
+        // The version the ledger holds once this event is applied; a relist
+        // counts when it is done.
         let applied = match &event {
             watcher::Event::Init => {
                 *relist_version = 0;
                 None
             }
-            watcher::Event::InitApply(_) => {
-                *relist_version = (*relist_version).max(version);
+            watcher::Event::InitApply(a) => {
+                *relist_version = (*relist_version).max(resource_version(a));
                 None
             }
             watcher::Event::InitDone => Some(*relist_version),
-            watcher::Event::Apply(_) | watcher::Event::Delete(_) => Some(version),
+            watcher::Event::Apply(a) | watcher::Event::Delete(a) => Some(resource_version(a)),
         };
         self.apply_allocation_event(event, relist);
         if let Some(applied) = applied {
