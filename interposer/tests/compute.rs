@@ -13,7 +13,7 @@
 //! not scheduled cannot launch, and its device idles).
 
 use support::launch::{
-    Run, TOLERANCE, UNTHROTTLED, assert_near, assert_unthrottled, one_at_a_time,
+    Run, TOLERANCE, UNTHROTTLED, assert_near, assert_unthrottled, assert_windows, one_at_a_time,
 };
 use support::{Loader, World};
 use tessera_vgpu_region::{Limits, MAX_DEVICES, Priority, Region, Sharing};
@@ -56,12 +56,12 @@ fn sm_limit_holds_utilisation_within_five_points() {
         .collect();
     for run in sized_runs {
         let (windows, output) = run.windows();
-        assert!(windows.len() >= 3, "{}", output.stdout);
+        assert_windows(&windows, 3, &output);
         assert_near(&windows, 25, &output);
     }
     for ((run, &limit), world) in runs.into_iter().zip(&limits).zip(&worlds) {
         let (windows, output) = run.windows();
-        assert!(windows.len() >= 4, "{}", output.stdout);
+        assert_windows(&windows, 4, &output);
         assert_near(&windows, limit, &output);
         let (busy, throttled) = compute_stats(world);
         assert!(
@@ -95,7 +95,8 @@ fn the_limit_holds_whatever_the_driver_s_sample_period() {
         .collect();
     for (run, period) in runs.into_iter().zip(periods) {
         let (windows, output) = run.windows();
-        assert!(windows.len() >= 4, "period {period} ms: {}", output.stdout);
+        eprintln!("the driver samples every {period} ms:");
+        assert_windows(&windows, 4, &output);
         assert_near(&windows, 30, &output);
     }
 }
@@ -126,7 +127,7 @@ fn each_device_is_throttled_to_its_own_limit() {
     .collect();
     for (run, target) in runs {
         let (windows, output) = run.windows();
-        assert!(windows.len() >= 3, "{}", output.stdout);
+        assert_windows(&windows, 3, &output);
         match target {
             Some(target) => assert_near(&windows, target, &output),
             None => assert_unthrottled(&windows, &output),
@@ -242,9 +243,9 @@ fn the_policy_decides_when_the_limit_applies() {
         }
     }
     let (windows, output) = flip.windows();
-    assert!(windows.len() >= 4, "{}", output.stdout);
+    assert_windows(&windows, 4, &output);
     assert!(windows[0] >= UNTHROTTLED, "{}", output.stdout);
-    for &w in &windows[2..] {
+    for (_, w) in output.checked(&windows, 2) {
         assert!(
             (w as i64 - 25).abs() <= TOLERANCE,
             "{}: {w} % after the flip:\n{}",
@@ -274,7 +275,7 @@ fn processes_of_a_container_share_one_budget() {
         .collect();
     for run in runs {
         let (windows, output) = run.windows();
-        assert!(windows.len() >= 3, "{}", output.stdout);
+        assert_windows(&windows, 3, &output);
         // The device carries the container's three processes.
         assert_near(&windows, 40, &output);
     }

@@ -10,20 +10,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use support::launch::{Run, TOLERANCE, assert_near, one_at_a_time};
+use support::launch::{Output, Run, TOLERANCE, assert_near, assert_windows, one_at_a_time};
 use support::{Loader, World};
 use tessera_vgpu_region::Region;
 use tessera_vgpu_region::priority::{ACTIVE_WINDOW_NS, HOLD_NS, Member, arbitrate, monotonic_now};
 
 /// Asserts each window after the first `settle` of a probe's own
 /// utilisation is within the tolerance of `target`.
-fn assert_own_near(own: &[u64], target: u64, settle: usize, what: &str, stdout: &str) {
-    eprintln!("{what}: own target {target} %, windows {own:?}");
-    assert!(own.len() >= settle + 2, "{what}: {stdout}");
-    for (i, &w) in own.iter().enumerate().skip(settle) {
+fn assert_own_near(output: &Output, target: u64, settle: usize) {
+    let own = &output.own;
+    eprintln!("{}: own target {target} %, windows {own:?}", output.what);
+    assert_windows(own, settle + 2, output);
+    for (i, w) in output.checked(own, settle) {
         assert!(
             (w as i64 - target as i64).abs() <= TOLERANCE,
-            "{what}: own window {i} at {w} %, target {target} %:\n{stdout}"
+            "{}: own window {i} at {w} %, target {target} %:\n{}",
+            output.what,
+            output.stdout
         );
     }
 }
@@ -56,11 +59,11 @@ fn contending_containers_each_get_their_own_limit() {
         // behind the other, and learns a lower share slowly (usage.rs); on
         // a loaded 2-core machine the 45 % pair took until its second
         // second to come within the tolerance (39-42 % in window 1).
-        assert_own_near(&output.own, target, 2, &output.what, &output.stdout);
+        assert_own_near(&output, target, 2);
         // The device carries both containers: each within the tolerance
         // (their windows are not aligned, so the sum may be off by two).
         eprintln!("{}: device windows {device:?}", output.what);
-        for &w in &device[2..] {
+        for (_, w) in output.checked(&device, 2) {
             assert!(
                 (w as i64 - 2 * target as i64).abs() <= 2 * TOLERANCE,
                 "{}: the device at {w} %:\n{}",
@@ -97,7 +100,7 @@ fn without_per_process_utilisation_launches_are_charged_their_measured_time() {
         // under their 90 %, never over.
         let (device, output) = run.windows();
         eprintln!("{}: fallback, device windows {device:?}", output.what);
-        for &w in &device[1..] {
+        for (_, w) in output.checked(&device, 1) {
             assert!(w <= 90 + TOLERANCE as u64, "{}: {w} %", output.stdout);
         }
     }
@@ -182,9 +185,9 @@ fn a_high_priority_container_holds_low_priority_ones_back_on_its_gpu() {
     let low_pid = low_run.pid();
 
     let (_, output) = high_run.windows();
-    assert_own_near(&output.own, 30, 1, &output.what, &output.stdout);
+    assert_own_near(&output, 30, 1);
     let (_, output) = elsewhere_run.windows();
-    assert_own_near(&output.own, 60, 1, &output.what, &output.stdout);
+    assert_own_near(&output, 60, 1);
     low_run.windows();
     let watched = watcher.wait_with_output().unwrap();
     let watched = String::from_utf8_lossy(&watched.stdout).into_owned();

@@ -75,7 +75,7 @@ pub(crate) async fn handler(Query(query): Query<ProfileQuery>) -> Response {
         .map_err(|joined| joined.to_string())
         .and_then(|profiled| profiled.map_err(|error| error.to_string()));
     match taken {
-        Ok(bytes) => crate::attachment("profile", bytes),
+        Ok(bytes) => crate::response::attachment("profile", bytes),
         Err(error) => {
             tracing::warn!(%error, "CPU profile failed");
             (

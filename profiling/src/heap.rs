@@ -38,7 +38,7 @@ fn unavailable() -> String {
 
 pub(crate) async fn handler() -> Response {
     match dump().await {
-        Ok(bytes) => crate::attachment("heap", bytes),
+        Ok(bytes) => crate::response::attachment("heap", bytes),
         Err(message) => (StatusCode::SERVICE_UNAVAILABLE, message).into_response(),
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod cpu;
 pub mod heap;
+mod response;
 
 use std::net::SocketAddr;
 
@@ -121,20 +122,6 @@ impl Server {
             .await
             .map_err(Error::Serve)
     }
-}
-
-/// A profile as Go's `net/http/pprof` serves it: an attachment named `name`.
-fn attachment(name: &'static str, bytes: Vec<u8>) -> axum::response::Response {
-    use axum::{http::header, response::IntoResponse};
-    let disposition = format!("attachment; filename=\"{name}\"");
-    (
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
-            (header::CONTENT_DISPOSITION, disposition),
-        ],
-        bytes,
-    )
-        .into_response()
 }
 
 async fn index() -> &'static str {

@@ -122,6 +122,20 @@ pub fn built() -> &'static Built {
     })
 }
 
+/// A world's directory: in memory (`/dev/shm`) where the machine has it.
+/// The region and the fake GPU's state are shared file mappings; on a disk
+/// the kernel writes their dirty pages back, and while the disk is loaded
+/// (another build, etcd's fsyncs) a process that dirties one again can be
+/// throttled or made to wait for the write, stalling its launches in the
+/// middle of a measured window.
+fn world_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    shm.is_dir()
+        .then(|| tempfile::tempdir_in(shm).ok())
+        .flatten()
+        .unwrap_or_else(|| tempfile::tempdir().unwrap())
+}
+
 /// One test's world: its own fake-device state file and shared region.
 pub struct World {
     /// Where its files live, removed with it.
@@ -132,7 +146,7 @@ pub struct World {
 impl World {
     /// A fake GPU of `device_memory` bytes (e.g. "8g").
     pub fn new(device_memory: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = world_dir();
         let env = vec![
             (
                 "FAKE_CUDA_STATE".into(),
@@ -173,7 +187,7 @@ impl World {
     /// (region, fake GPU, limits), to which more variables can be added.
     pub fn same_container(&self) -> Self {
         Self {
-            dir: tempfile::tempdir().unwrap(),
+            dir: world_dir(),
             env: self.env.clone(),
         }
     }

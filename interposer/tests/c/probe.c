@@ -46,8 +46,10 @@
  *                                   the stream every 8 launches; print the NVML utilisation of
  *                                   each window ending at 1 s, 2 s, ... after the start (as
  *                                   soon after as a launch returns; window_<i>=<percent>), this
- *                                   process's own NVML utilisation in each window (own_<i>) and
- *                                   the launch count.
+ *                                   process's own NVML utilisation in each window (own_<i>), how
+ *                                   late a watchdog thread that sleeps 2 ms at a time woke at worst
+ *                                   in each window (stall_<i>=<ms>: the host kept the process from
+ *                                   running, which no limiter did) and the launch count.
  *                                   The plain paths use the legacy default stream, the _ptsz ones
  *                                   the per-thread default stream, graphs a created stream
  *                                   (a graph captures 4 launches of blocks/4 each); on device
@@ -59,6 +61,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -761,6 +765,26 @@ static int own_utilization(nvmlDevice_t device, struct own *o, int w) {
     return (int)(o->sum[w] / o->count[w]);
 }
 
+/* The watchdog of `launch`: the worst lateness of its 2 ms sleeps since the main thread last took
+ * it, ns. A late wake-up means the host ran nothing of this process for that long (a CPU queue, a
+ * page fault waiting on a loaded disk): a window with one does not measure the limiter. */
+static _Atomic unsigned long long worst_late_ns;
+static atomic_bool watchdog_stop;
+
+static void *watchdog(void *unused) {
+    (void)unused;
+    while (!atomic_load(&watchdog_stop)) {
+        unsigned long long due = now_ns() + 2000000ull;
+        struct timespec ts = {.tv_sec = (time_t)(due / 1000000000ull), .tv_nsec = (long)(due % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL)) {
+        }
+        unsigned long long late = now_ns() - due, worst = atomic_load(&worst_late_ns);
+        while (late > worst && !atomic_compare_exchange_weak(&worst_late_ns, &worst, late)) {
+        }
+    }
+    return NULL;
+}
+
 static int cmd_launch(const char *path, double seconds, unsigned blocks) {
     /* $PROBE_DEVICE: the CUDA ordinal and NVML index to use (default 0). */
     int dev = getenv("PROBE_DEVICE") ? atoi(getenv("PROBE_DEVICE")) : 0;
@@ -795,6 +819,8 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
     own_samples.start_us = realtime_us();
     long launches = 0;
     int windows = 0;
+    pthread_t watcher;
+    if (pthread_create(&watcher, NULL, watchdog, NULL)) die("pthread_create", 1);
     for (;;) {
         if ((rc = launch_once(path, pt, blocks, stream, graph_exec))) die("launch", rc);
         launches++;
@@ -804,11 +830,14 @@ static int cmd_launch(const char *path, double seconds, unsigned blocks) {
             if ((nrc = nvml.nvmlDeviceGetUtilizationRates(device, util))) die("nvmlDeviceGetUtilizationRates", nrc);
             int own = own_utilization(device, &own_samples, windows);
             if (own >= 0) printf("own_%d=%d\n", windows, own);
+            printf("stall_%d=%llu\n", windows, atomic_exchange(&worst_late_ns, 0) / 1000000ull);
             printf("window_%d=%u\n", windows++, util[0]);
             window_end += 1000000000ull;
         }
         if (t >= end) break;
     }
+    atomic_store(&watchdog_stop, true);
+    pthread_join(watcher, NULL);
     if ((rc = cu.stream_sync[pt](stream))) die("cuStreamSynchronize", rc);
     printf("windows=%d\nlaunches=%ld\n", windows, launches);
     if (cu.per_thread_calls) printf("per_thread_calls=%llu\n", cu.per_thread_calls());
