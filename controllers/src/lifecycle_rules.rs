@@ -95,13 +95,20 @@ fn holds_nvidia(allocation: &VgpuAllocation) -> bool {
 /// What to do with a NodeLock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockAction {
-    /// Delete it, for this reason.
+    /// Nothing to write, for this reason: the holder's allocation released
+    /// the lock (it left `Bound`), or is about to, by a write the
+    /// allocations controller makes anyway. The object stays for the
+    /// node's next pod.
+    Free(String),
+    /// Delete it, for this reason: its holder no longer needs it and no
+    /// allocation of the holder will say so.
     Release(String),
     /// Keep it; look again when it expires.
     KeepUntil(Timestamp),
 }
 
 /// Whether a lock's holder still waits for its devices on the lock's node.
+/// `allocation` is the one the lock names, if it exists.
 pub fn lock_action(
     lock: &NodeLock,
     holder: Option<&Pod>,
@@ -110,6 +117,21 @@ pub fn lock_action(
 ) -> LockAction {
     let node = lock.metadata.name.as_deref().unwrap_or_default();
     let holder_uid = lock.spec.holder.uid.as_str();
+    let allocation = allocation.filter(|a| a.spec.pod_uid == holder_uid);
+    if let Some(allocation) = allocation {
+        let phase = allocation.status.as_ref().and_then(|s| s.phase);
+        if lock.released_by(&allocation.spec.pod_uid, phase) {
+            return LockAction::Free("the holder's allocation was served".into());
+        }
+        if let Some(reason) = release_reason(allocation, holder) {
+            return LockAction::Free(format!("the holder's allocation is released: {reason}"));
+        }
+        if served_unrecorded(allocation, holder) {
+            return LockAction::Free(
+                "the holder was served; its allocation is marked Allocated".into(),
+            );
+        }
+    }
     let Some(pod) = holder.filter(|p| p.metadata.uid.as_deref() == Some(holder_uid)) else {
         return LockAction::Release("the holder pod was deleted".into());
     };
@@ -146,13 +168,6 @@ pub fn lock_action(
         return LockAction::Release(
             "the vendor's device plugin served the holder (hami.io/bind-phase: success)".into(),
         );
-    }
-    let served = allocation
-        .filter(|a| a.spec.pod_uid == holder_uid)
-        .and_then(|a| a.status.as_ref()?.phase)
-        .is_some_and(|p| p != AllocationPhase::Bound);
-    if served {
-        return LockAction::Release("the holder's allocation was served".into());
     }
     if lock.spec.expires_at.0 <= now {
         return LockAction::Release("the lock expired".into());
@@ -383,7 +398,7 @@ mod tests {
     }
 
     #[test]
-    fn locks_are_released_as_soon_as_their_holder_no_longer_needs_them() {
+    fn locks_are_free_or_released_as_soon_as_their_holder_no_longer_needs_them() {
         let now: Timestamp = "2026-11-22T10:00:30Z".parse().unwrap();
         let live = lock("2026-11-22T10:01:00Z");
         let waiting = pod("u1", None, "Pending");
@@ -437,8 +452,14 @@ mod tests {
             )),
             "the holder pod is bound to n2"
         );
+        // Where the holder's allocation says (or is about to say) that the
+        // lock is released, the lock stays, free, for the node's next pod.
+        let free = |a: LockAction| match a {
+            LockAction::Free(reason) => reason,
+            other => panic!("expected the lock free as it is, got {other:?}"),
+        };
         assert_eq!(
-            release(lock_action(
+            free(lock_action(
                 &live,
                 Some(&waiting),
                 Some(&allocation("u1", Some("Allocated"))),
@@ -447,14 +468,53 @@ mod tests {
             "the holder's allocation was served"
         );
         assert_eq!(
-            release(lock_action(
+            free(lock_action(
+                &live,
+                None,
+                Some(&allocation("u1", Some("Released"))),
+                now
+            )),
+            "the holder's allocation was served",
+            "released counts as past Bound"
+        );
+        assert_eq!(
+            free(lock_action(
                 &live,
                 Some(&pod("u1", Some("n1"), "Running")),
                 Some(&allocation("u1", Some("Bound"))),
                 now
             )),
-            "the holder pod's containers were started",
-            "served even though the agent never recorded it"
+            "the holder was served; its allocation is marked Allocated",
+            "served even though the agent never recorded it: the allocations controller marks it"
+        );
+        assert_eq!(
+            free(lock_action(
+                &live,
+                None,
+                Some(&allocation("u1", Some("Bound"))),
+                now
+            )),
+            "the holder's allocation is released: the pod was deleted"
+        );
+        assert_eq!(
+            free(lock_action(
+                &lock("2026-11-22T10:00:10Z"),
+                Some(&pod("u1", Some("n1"), "Running")),
+                Some(&allocation("u1", Some("Allocated"))),
+                now
+            )),
+            "the holder's allocation was served",
+            "a served lock past its expiry stays free, not deleted"
+        );
+        // Without an allocation to say so, the lock goes.
+        assert_eq!(
+            release(lock_action(
+                &live,
+                Some(&pod("u1", Some("n1"), "Running")),
+                None,
+                now
+            )),
+            "the holder pod's containers were started"
         );
         assert!(
             matches!(

@@ -1,8 +1,9 @@
 //! Bind's NodeLock handling against a real API server, driving the Binder
 //! directly (the pods' node selector matches no node, so the real
-//! kube-scheduler leaves them Pending): waiters wake when the lock goes away,
-//! Binds for one node queue so each pod creates the lock once, a bounded
-//! wait fails cleanly, and an orphaned lock is taken over.
+//! kube-scheduler leaves them Pending): waiters wake when the holder is
+//! served (its allocation `Allocated`) or the lock goes away, Binds for one
+//! node queue so each pod takes the lock with one write, a bounded wait
+//! fails cleanly, and an orphaned lock is taken over.
 
 use tessera_testkit::cluster as support;
 
@@ -16,7 +17,7 @@ use std::{
 
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
     client::ClientBuilder,
 };
 use serde_json::json;
@@ -32,19 +33,23 @@ use tessera_e2e::ControlPlane;
 
 const NODE: &str = "lock-1";
 
-/// A client that counts the NodeLock creates it sends, and its reads of
-/// the node's lock (a waiting Bind's holder checks).
+/// A client that counts the NodeLock writes that take a lock (takes and
+/// in-place updates), and its reads of the node's lock (a waiting Bind's
+/// holder checks).
 async fn counting_client(
     plane: &ControlPlane,
-    creates: Arc<AtomicUsize>,
+    takes: Arc<AtomicUsize>,
     reads: Arc<AtomicUsize>,
 ) -> Client {
     let config = plane.client_config().await.unwrap();
     let layer =
         tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
             let path = request.uri().path();
-            if request.method() == http::Method::POST && path.ends_with("/nodelocks") {
-                creates.fetch_add(1, Ordering::SeqCst);
+            let create = request.method() == http::Method::POST && path.ends_with("/nodelocks");
+            let update = request.method() == http::Method::PUT
+                && path.ends_with(&format!("/nodelocks/{NODE}"));
+            if create || update {
+                takes.fetch_add(1, Ordering::SeqCst);
             }
             if request.method() == http::Method::GET
                 && path.ends_with(&format!("/nodelocks/{NODE}"))
@@ -62,15 +67,16 @@ async fn counting_client(
 struct Setup {
     cluster: Cluster,
     binder: Binder,
-    creates: Arc<AtomicUsize>,
+    /// The binder's writes that take the node's lock.
+    takes: Arc<AtomicUsize>,
     /// The binder's reads of the node's lock.
     reads: Arc<AtomicUsize>,
 }
 
 async fn setup(wait_millis: u64) -> Setup {
-    let creates = Arc::new(AtomicUsize::new(0));
+    let takes = Arc::new(AtomicUsize::new(0));
     let reads = Arc::new(AtomicUsize::new(0));
-    let (counted, read) = (creates.clone(), Arc::new(AtomicUsize::new(0)));
+    let (counted, read) = (takes.clone(), Arc::new(AtomicUsize::new(0)));
     let config = Config {
         node_lock_wait_millis: wait_millis,
         ..Config::default()
@@ -83,18 +89,18 @@ async fn setup(wait_millis: u64) -> Setup {
         .add_gpu_node(NODE, "NVIDIA A100-SXM4-80GB", 2, 81920)
         .await;
     let binder = Binder::new(
-        counting_client(&cluster.plane, creates.clone(), reads.clone()).await,
+        counting_client(&cluster.plane, takes.clone(), reads.clone()).await,
         cluster.projection.clone(),
         Arc::new(config),
         Metrics::new(cluster.projection.clone(), Default::default())
             .extender
             .clone(),
     );
-    creates.store(0, Ordering::SeqCst);
+    takes.store(0, Ordering::SeqCst);
     Setup {
         cluster,
         binder,
-        creates,
+        takes,
         reads,
     }
 }
@@ -145,12 +151,48 @@ async fn allocation_exists(cluster: &Cluster, name: &str) -> bool {
         .is_some()
 }
 
+/// Serves `holder` as the node agent does: its allocation (created here, as
+/// Bind would have) reads `Allocated`, which releases the node's lock.
+async fn serve(cluster: &Cluster, holder: &ExtenderBindingArgs) {
+    let allocations: Api<VgpuAllocation> = Api::namespaced(cluster.client.clone(), "default");
+    let allocation = tessera_api::testing::allocation(&holder.pod_name, &holder.pod_uid, NODE)
+        .container(tessera_api::testing::container(
+            "main",
+            vec![tessera_api::testing::slice("GPU-lock-1-1", 1, 1000, 0)],
+        ))
+        .build();
+    allocations
+        .create(&PostParams::default(), &allocation)
+        .await
+        .unwrap();
+    allocations
+        .patch_status(
+            &holder.pod_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Allocated", "servedContainers": ["main"]}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until the binder has checked the holder with the API server twice:
+/// releasing the lock just after a check leaves the next one 2 s away, so
+/// only the watches can wake the waiter sooner.
+async fn after_two_holder_checks(reads: &AtomicUsize) -> usize {
+    let before = reads.load(Ordering::SeqCst);
+    tessera_testkit::eventually("a holder check", Duration::from_secs(10), async || {
+        reads.load(Ordering::SeqCst) >= before + 2
+    })
+    .await;
+    reads.load(Ordering::SeqCst)
+}
+
 #[tokio::test]
-async fn a_waiting_bind_proceeds_when_the_lock_goes_and_creates_it_once() {
+async fn a_waiting_bind_proceeds_when_the_holder_is_served_or_the_lock_goes() {
     let Setup {
         cluster,
         binder,
-        creates,
+        takes,
         reads,
     } = setup(20_000).await;
     let holder = pod(&cluster, "holder").await;
@@ -161,51 +203,74 @@ async fn a_waiting_bind_proceeds_when_the_lock_goes_and_creates_it_once() {
         let binder = binder.clone();
         async move { binder.bind(&waiter, None).await }
     });
-    // The waiter checks the lock with the API server every 2 s: release it
-    // just after a check, so the next one is 2 s away and only the watch
-    // can wake the waiter sooner.
-    let before = reads.load(Ordering::SeqCst);
-    tessera_testkit::eventually("a holder check", Duration::from_secs(10), async || {
-        reads.load(Ordering::SeqCst) >= before + 2
-    })
-    .await;
+    let checked = after_two_holder_checks(&reads).await;
     assert!(!bind.is_finished(), "the holder is alive: the waiter waits");
     assert_eq!(
-        creates.load(Ordering::SeqCst),
+        takes.load(Ordering::SeqCst),
         0,
-        "no create while the lock is visibly held"
+        "no write while the lock is visibly held"
     );
 
-    let checked = reads.load(Ordering::SeqCst);
-    Api::<NodeLock>::all(cluster.client.clone())
-        .delete(NODE, &DeleteParams::default())
-        .await
-        .unwrap();
+    // The holder is served: its allocation's `Allocated` releases the lock.
+    serve(&cluster, &holder).await;
     let bound = bind
         .await
         .unwrap()
-        .expect("bound once the lock was released");
+        .expect("bound once the holder was served");
     assert_eq!(
         reads.load(Ordering::SeqCst),
         checked,
-        "woken by the watch, not by a holder check"
+        "woken by the allocation's watch, not by a holder check"
     );
     assert_eq!(bound.devices.len(), 1);
-    assert_eq!(creates.load(Ordering::SeqCst), 1, "one create for one pod");
+    assert_eq!(takes.load(Ordering::SeqCst), 1, "one write for one pod");
     let now_held = Api::<NodeLock>::all(cluster.client.clone())
         .get(NODE)
         .await
         .unwrap();
     assert_eq!(now_held.spec.holder.name, "waiter");
-    assert_ne!(now_held.uid(), lock.uid());
+    assert_eq!(
+        now_held.uid(),
+        lock.uid(),
+        "the same object, updated in place"
+    );
+
+    // The waiter is not served; a next pod waits for it, until the lock is
+    // deleted (as the lifecycle controller does for a holder gone unserved).
+    let next = pod(&cluster, "next").await;
+    let bind = tokio::spawn({
+        let binder = binder.clone();
+        async move { binder.bind(&next, None).await }
+    });
+    let checked = after_two_holder_checks(&reads).await;
+    assert!(!bind.is_finished(), "the waiter holds the lock unserved");
+    Api::<NodeLock>::all(cluster.client.clone())
+        .delete(NODE, &DeleteParams::default())
+        .await
+        .unwrap();
+    bind.await
+        .unwrap()
+        .expect("bound once the lock was deleted");
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        checked,
+        "woken by the lock's watch"
+    );
+    assert_eq!(takes.load(Ordering::SeqCst), 2);
+    let recreated = Api::<NodeLock>::all(cluster.client.clone())
+        .get(NODE)
+        .await
+        .unwrap();
+    assert_eq!(recreated.spec.holder.name, "next");
+    assert_ne!(recreated.uid(), lock.uid(), "created again");
 }
 
 #[tokio::test]
-async fn binds_for_one_node_queue_and_each_creates_the_lock_once() {
+async fn binds_for_one_node_queue_and_each_takes_the_lock_with_one_write() {
     let Setup {
         cluster,
         binder,
-        creates,
+        takes,
         ..
     } = setup(20_000).await;
     spawn_allocate_stand_in(cluster.client.clone());
@@ -224,9 +289,73 @@ async fn binds_for_one_node_queue_and_each_creates_the_lock_once() {
         bind.await.unwrap().expect("every queued Bind succeeds");
     }
     assert_eq!(
-        creates.load(Ordering::SeqCst),
+        takes.load(Ordering::SeqCst),
         6,
         "waiters never race for the lock"
+    );
+}
+
+/// Two replicas' Binds (each with its own queue) judge the same free lock
+/// at once: the in-place update carries the version judged, so exactly one
+/// takes it; the other waits for that holder, and gives up cleanly when it
+/// is never served.
+#[tokio::test]
+async fn two_replicas_never_both_take_a_free_lock() {
+    let Setup {
+        cluster,
+        binder,
+        takes,
+        ..
+    } = setup(1_500).await;
+    let holder = pod(&cluster, "served-holder").await;
+    lock_for(&cluster, &holder).await;
+    serve(&cluster, &holder).await;
+    let other_replica = Binder::new(
+        counting_client(&cluster.plane, takes.clone(), Arc::default()).await,
+        cluster.projection.clone(),
+        Arc::new(Config {
+            node_lock_wait_millis: 1_500,
+            ..Config::default()
+        }),
+        Metrics::new(cluster.projection.clone(), Default::default())
+            .extender
+            .clone(),
+    );
+    tessera_testkit::eventually(
+        "the holder served in the projection",
+        Duration::from_secs(10),
+        async || !binder.bind_pending(NODE),
+    )
+    .await;
+    takes.store(0, Ordering::SeqCst);
+    let (a, b) = (
+        pod(&cluster, "racer-a").await,
+        pod(&cluster, "racer-b").await,
+    );
+    let (won_a, won_b) = tokio::join!(binder.bind(&a, None), other_replica.bind(&b, None));
+    let (winner, loser, error) = match (won_a, won_b) {
+        (Ok(_), Err(error)) => ("racer-a", "racer-b", error),
+        (Err(error), Ok(_)) => ("racer-b", "racer-a", error),
+        both => panic!("exactly one Bind takes the lock: {both:?}"),
+    };
+    assert!(
+        matches!(&error, Error::LockBusy { holder, .. } if holder == &format!("default/{winner}")),
+        "{error}"
+    );
+    let lock = Api::<NodeLock>::all(cluster.client.clone())
+        .get(NODE)
+        .await
+        .unwrap();
+    assert_eq!(lock.spec.holder.name, winner);
+    assert!(allocation_exists(&cluster, winner).await);
+    assert!(
+        !allocation_exists(&cluster, loser).await,
+        "the loser left nothing behind"
+    );
+    assert!(
+        (1..=2).contains(&takes.load(Ordering::SeqCst)),
+        "one write won; the other, if it was sent, was refused: {}",
+        takes.load(Ordering::SeqCst)
     );
 }
 

@@ -40,6 +40,15 @@ async fn allocations_and_locks_do_not_outlive_their_pods() {
             .unwrap()
             .map(|l| l.spec.holder.name)
     };
+    // Held: the lock exists and its holder's allocation has not left Bound.
+    let lock_held = async || {
+        let Some(lock) = locks.get_opt("life-1").await.unwrap() else {
+            return false;
+        };
+        let allocation = allocations.get_opt(&lock.spec.allocation).await.unwrap();
+        !allocation
+            .is_some_and(|a| lock.released_by(&a.spec.pod_uid, a.status.and_then(|s| s.phase)))
+    };
 
     // (g) Deleted between bind and Allocate: no agent serves it, so the lock stays until the pod goes.
     cluster.create_pod("doomed", slice.clone(), json!({})).await;
@@ -49,6 +58,10 @@ async fn allocations_and_locks_do_not_outlive_their_pods() {
         .await
         .unwrap();
     eventually("the lock of a deleted pod is released", async || {
+        !lock_held().await
+    })
+    .await;
+    eventually("and deleted with the allocation", async || {
         lock_holder().await.is_none()
     })
     .await;
@@ -57,18 +70,17 @@ async fn allocations_and_locks_do_not_outlive_their_pods() {
     })
     .await;
 
-    // A served pod: the lock goes as soon as its allocation is Allocated.
+    // A served pod: its allocation's `Allocated` releases the lock, which
+    // stays, free, for the node's next pod.
     cluster.create_pod("served", slice.clone(), json!({})).await;
     cluster.node_of("served").await;
+    assert!(lock_held().await);
     let allocated = json!({"status": {"phase": "Allocated", "servedContainers": ["main"]}});
     allocations
         .patch_status("served", &PatchParams::default(), &Patch::Merge(allocated))
         .await
         .unwrap();
-    eventually("the lock of a served pod is released", async || {
-        lock_holder().await.is_none()
-    })
-    .await;
+    assert!(!lock_held().await, "released by the allocation's phase");
 
     // A pod that completes (as a Job's pod does) releases its slices.
     let succeeded = json!({"status": {"phase": "Succeeded"}});
@@ -83,6 +95,11 @@ async fn allocations_and_locks_do_not_outlive_their_pods() {
     assert!(
         cluster.projection.read().node("life-1").unwrap().usage[0].slices == 0,
         "released slices are free in the projection"
+    );
+    assert_eq!(
+        lock_holder().await.as_deref(),
+        Some("served"),
+        "the lifecycle controller never deletes a lock its holder's allocation released"
     );
 
     // Slices held for a preemptor that never binds (here: no node matches

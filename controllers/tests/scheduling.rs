@@ -377,19 +377,24 @@ async fn a_burst_of_200_pods_binds_without_overcommit_or_leftover_locks() {
         );
     }
 
-    // No lock is left behind once every pod is served.
+    // No lock is left held once every pod is served.
     let locks: Api<NodeLock> = Api::all(cluster.client.clone());
+    let allocations: Api<VgpuAllocation> = Api::all(cluster.client.clone());
     let deadline = tokio::time::Instant::now() + support::WAIT;
-    while !locks
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .is_empty()
-    {
+    loop {
+        let existing = allocations
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        let locks = locks.list(&ListParams::default()).await.unwrap().items;
+        let held: Vec<_> = locks.iter().filter(|l| l.held_among(&existing)).collect();
+        if held.is_empty() {
+            break;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "NodeLocks left behind"
+            "NodeLocks left held: {held:?}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

@@ -27,7 +27,10 @@ use tessera_api::{
         AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
         KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
     },
-    v1alpha1::{AllocationPhase, AppClass, DeviceFamily, GpuNode, NodeLock, QosPolicy, Sharing},
+    v1alpha1::{
+        AllocationPhase, AppClass, DeviceFamily, GpuNode, NodeLock, QosPolicy, Sharing,
+        VgpuAllocation,
+    },
 };
 use tessera_controllers::config::Config;
 
@@ -180,12 +183,23 @@ async fn phase(cluster: &Cluster, name: &str) -> Option<AllocationPhase> {
     cluster.allocation(name).await.status.and_then(|s| s.phase)
 }
 
-async fn lock_gone(cluster: &Cluster, node: &str) -> bool {
-    Api::<NodeLock>::all(cluster.client.clone())
+/// Whether the node's NodeLock is free: gone, or released by its holder's
+/// allocation (which the lifecycle controller marks `Allocated` once the
+/// vendor's plugin says it served the pod).
+async fn lock_free(cluster: &Cluster, node: &str) -> bool {
+    let Some(lock) = Api::<NodeLock>::all(cluster.client.clone())
         .get_opt(node)
         .await
         .unwrap()
-        .is_none()
+    else {
+        return true;
+    };
+    let holder =
+        Api::<VgpuAllocation>::namespaced(cluster.client.clone(), &lock.spec.holder.namespace)
+            .get_opt(&lock.spec.allocation)
+            .await
+            .unwrap();
+    !lock.held_among(&Vec::from_iter(holder))
 }
 
 #[tokio::test]
@@ -270,7 +284,7 @@ async fn hygon_and_ascend_pods_are_placed_handed_off_and_served() {
         DeviceFamily::Hygon
     );
     assert!(
-        !lock_gone(&cluster, "dcu-1").await,
+        !lock_free(&cluster, "dcu-1").await,
         "the node stays locked until the plugin serves"
     );
 
@@ -281,7 +295,7 @@ async fn hygon_and_ascend_pods_are_placed_handed_off_and_served() {
     })
     .await;
     until("dcu-1 unlocked", async || {
-        lock_gone(&cluster, "dcu-1").await.then_some(())
+        lock_free(&cluster, "dcu-1").await.then_some(())
     })
     .await;
 
@@ -307,7 +321,7 @@ async fn hygon_and_ascend_pods_are_placed_handed_off_and_served() {
     );
     plugin_serves(&cluster, "npu-pod").await;
     until("npu-1 unlocked", async || {
-        lock_gone(&cluster, "npu-1").await.then_some(())
+        lock_free(&cluster, "npu-1").await.then_some(())
     })
     .await;
 
@@ -323,7 +337,7 @@ async fn hygon_and_ascend_pods_are_placed_handed_off_and_served() {
     );
     plugin_serves(&cluster, "card-1").await;
     until("npu-1 unlocked", async || {
-        lock_gone(&cluster, "npu-1").await.then_some(())
+        lock_free(&cluster, "npu-1").await.then_some(())
     })
     .await;
     cluster
@@ -369,7 +383,7 @@ async fn an_iluvatar_pod_is_placed_on_its_chip_and_handed_off() {
     );
     plugin_serves(&cluster, "ilu-pod").await;
     until("ilu-1 unlocked", async || {
-        lock_gone(&cluster, "ilu-1").await.then_some(())
+        lock_free(&cluster, "ilu-1").await.then_some(())
     })
     .await;
 }
@@ -825,7 +839,7 @@ async fn aws_neuron_pods_get_devices_or_cores_by_index() {
         .await
         .unwrap();
     until("inf-1 unlocked", async || {
-        lock_gone(&cluster, "inf-1").await.then_some(())
+        lock_free(&cluster, "inf-1").await.then_some(())
     })
     .await;
     // By count: two consecutive free devices.

@@ -9,7 +9,7 @@
 //!
 //! - no GPU is promised beyond its memory, cores or slices (live allocations,
 //!   DRA mirrors included, folded against each GpuNode's devices);
-//! - no live allocation outlives its pod by more than 30 s, no NodeLock is left;
+//! - no live allocation outlives its pod by more than 30 s, no NodeLock is held;
 //! - every Running GPU container sees exactly its allocation's GPUs and memory;
 //! - every Deployment-owned pod Runs (or is Pending for lack of room, with
 //!   the extender's reason) and at most one bare pod is lost, its cause printed.
@@ -594,7 +594,7 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
     }
     eprintln!("chaos: per GPU (MiB, cores, slices) in use: {used:?}");
 
-    // No live allocation outlives its pod by more than 30 s; no NodeLock left.
+    // No live allocation outlives its pod by more than 30 s; no NodeLock held.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let pods_now: BTreeSet<String> = pods
@@ -618,13 +618,14 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
             .collect();
         let locks: Api<NodeLock> = Api::all(client.clone());
         let locks = locks.list(&ListParams::default()).await.unwrap().items;
-        if orphans.is_empty() && locks.is_empty() {
+        let held: Vec<&NodeLock> = locks.iter().filter(|l| l.held_among(&listed)).collect();
+        if orphans.is_empty() && held.is_empty() {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "after 30 s: live allocations without a pod {orphans:?}, NodeLocks {:?}",
-            locks.iter().map(|l| &l.metadata.name).collect::<Vec<_>>()
+            "after 30 s: live allocations without a pod {orphans:?}, NodeLocks held {:?}",
+            held.iter().map(|l| &l.metadata.name).collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

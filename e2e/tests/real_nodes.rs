@@ -178,11 +178,15 @@ impl Stack {
         }
     }
 
-    /// No NodeLock exists (every holder was served).
+    /// No NodeLock is held (every holder was served: its allocation's
+    /// `Allocated` released the lock, which stays for the node's next pod).
     async fn assert_no_locks(&self) {
         let locks: Api<NodeLock> = Api::all(self.client.clone());
-        let left = locks.list(&Default::default()).await.unwrap().items;
-        assert!(left.is_empty(), "locks outlived Allocate: {left:#?}");
+        let allocations: Api<VgpuAllocation> = Api::all(self.client.clone());
+        let existing = allocations.list(&Default::default()).await.unwrap().items;
+        let locks = locks.list(&Default::default()).await.unwrap().items;
+        let held: Vec<&NodeLock> = locks.iter().filter(|l| l.held_among(&existing)).collect();
+        assert!(held.is_empty(), "locks held after Allocate: {held:#?}");
     }
 
     /// The node agent's metrics text.
@@ -290,12 +294,13 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
     );
 
     assert_eq!(
-        allocation.status.and_then(|s| s.phase),
+        allocation.status.as_ref().and_then(|s| s.phase),
         Some(AllocationPhase::Allocated)
     );
     let locks: Api<NodeLock> = Api::all(stack.client.clone());
+    let lock = locks.get_opt("node-a").await.unwrap();
     assert!(
-        locks.get_opt("node-a").await.unwrap().is_none(),
+        lock.is_none_or(|l| !l.held_among(std::slice::from_ref(&allocation))),
         "lock released after Allocate"
     );
 

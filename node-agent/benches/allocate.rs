@@ -1,7 +1,8 @@
 //! The node agent against a real local API server: latency of the kubelet's
 //! Allocate call over the plugin's unix socket (the agent reads the node's
-//! NodeLock and the holder's VgpuAllocation, records the container as served
-//! and releases the lock), and the agent's resident memory with 8 GPUs.
+//! NodeLock and the holder's VgpuAllocation and records the container as
+//! served, which releases the lock), and the agent's resident memory with 8
+//! GPUs.
 //!
 //! `cargo bench -p tessera-node-agent --bench allocate` (or `make bench`).
 //! The agent is the release binary, run as its own process with the fake
@@ -137,8 +138,18 @@ async fn main() {
             .create(&PostParams::default(), &allocation)
             .await
             .unwrap();
-        let lock = held_lock(&name, &uid);
-        locks.create(&PostParams::default(), &lock).await.unwrap();
+        // Taken as Bind takes it: created once, then updated in place.
+        let mut lock = held_lock(&name, &uid);
+        match locks.get_opt(NODE).await.unwrap() {
+            None => drop(locks.create(&PostParams::default(), &lock).await.unwrap()),
+            Some(free) => {
+                lock.metadata.resource_version = free.metadata.resource_version;
+                locks
+                    .replace(NODE, &PostParams::default(), &lock)
+                    .await
+                    .unwrap();
+            }
+        }
         // As in a cluster: between the lock and the kubelet's Allocate come
         // Bind's re-check, its allocation and binding writes, and the
         // kubelet's admission, so the agent's watch has the allocation.
@@ -162,8 +173,13 @@ async fn main() {
             response.container_responses[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"],
             "1000m"
         );
-        // The agent released the lock; make sure before the next round.
-        while locks.get_opt(NODE).await.unwrap().is_some() {
+        // The agent's `Allocated` write released the lock; make sure before
+        // the next round.
+        loop {
+            let served = allocations.get(&name).await.unwrap();
+            if !lock.held_among(&[served]) {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }

@@ -83,14 +83,19 @@ async fn pods_get_their_slice_through_the_real_device_plugin_protocol() {
         PathBuf::from(&region.1).is_dir(),
         "the region directory exists on the host"
     );
-    eventually("allocation Allocated and lock gone", async || {
-        let a = allocation(&cluster.client, "sliced").await;
-        let lock = Api::<NodeLock>::all(cluster.client.clone())
-            .get_opt("agent-1")
-            .await
-            .unwrap();
-        a.status.and_then(|s| s.phase) == Some(AllocationPhase::Allocated) && lock.is_none()
-    })
+    eventually(
+        "allocation Allocated, which releases the lock",
+        async || {
+            let a = allocation(&cluster.client, "sliced").await;
+            let lock = Api::<NodeLock>::all(cluster.client.clone())
+                .get_opt("agent-1")
+                .await
+                .unwrap();
+            let allocated =
+                a.status.as_ref().and_then(|s| s.phase) == Some(AllocationPhase::Allocated);
+            allocated && lock.is_some_and(|l| !l.held_among(&[a]))
+        },
+    )
     .await;
     assert!(
         served_at.elapsed() < Duration::from_secs(1),

@@ -6,7 +6,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::{Value, json};
@@ -229,7 +229,7 @@ impl Cluster {
     }
 
     /// Waits until pod `name` is bound and served: its allocation is
-    /// `Allocated` and the extender's projection holds no NodeLock, so no
+    /// `Allocated` and the extender's projection shows no NodeLock held, so no
     /// node is in a bind-to-Allocate window. Prioritize scores a node in that
     /// window lowest (`engine::prioritized_score`), so a test that means
     /// "pods arrive one after another" waits here between them.
@@ -254,7 +254,7 @@ impl Cluster {
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "pod {name} was never served (allocation Allocated, no NodeLock left)"
+                "pod {name} was never served (allocation Allocated, no NodeLock held)"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -324,8 +324,8 @@ pub async fn scrape(port: u16) -> String {
 
 /// Stands in for the node agent's Allocate step until the node agent exists.
 /// Like a kubelet, it acts only once the pod is bound to the node: then, for
-/// the pod a NodeLock names, it marks the allocation Allocated and deletes the
-/// lock, as the agent will after serving the kubelet. Each node is served on
+/// the pod a NodeLock names, it marks the allocation Allocated, which
+/// releases the lock, as the agent does after serving the kubelet. Each node is served on
 /// its own, concurrently with the others.
 pub fn spawn_allocate_stand_in(client: Client) {
     // Which node each pod (by UID) is bound to, from a watch of all pods.
@@ -363,7 +363,7 @@ pub fn spawn_allocate_stand_in(client: Client) {
             .applied_objects()
             .boxed();
         while let Some(Ok(lock)) = events.next().await {
-            let (client, locks, mut bound) = (client.clone(), locks.clone(), bound.clone());
+            let (client, mut bound) = (client.clone(), bound.clone());
             let allocation_store = allocation_store.clone();
             tokio::spawn(async move {
                 let node = lock.name_any();
@@ -401,6 +401,7 @@ pub fn spawn_allocate_stand_in(client: Client) {
                     allocation.spec.containers.iter().map(|c| &c.name).collect();
                 let allocated =
                     json!({"status": {"phase": "Allocated", "servedContainers": served}});
+                // Which releases the lock.
                 let _ = allocations
                     .patch_status(
                         &allocation.name_any(),
@@ -408,11 +409,6 @@ pub fn spawn_allocate_stand_in(client: Client) {
                         &Patch::Merge(allocated),
                     )
                     .await;
-                let only_this = DeleteParams::default().preconditions(kube::api::Preconditions {
-                    uid: lock.metadata.uid.clone(),
-                    resource_version: None,
-                });
-                let _ = locks.delete(&node, &only_this).await;
             });
         }
     });

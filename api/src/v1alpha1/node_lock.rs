@@ -8,6 +8,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::{AllocationPhase, VgpuAllocation};
+
 /// The longest a NodeLock may be held, in seconds.
 pub const MAX_LOCK_TTL_SECONDS: u32 = 300;
 
@@ -15,8 +17,14 @@ pub const MAX_LOCK_TTL_SECONDS: u32 = 300;
 /// `Allocate` call for it. Cluster-scoped, named after the node.
 ///
 /// The kubelet's `Allocate` carries no pod identity, so at most one GPU pod per
-/// node may be in that window: the scheduler creates the lock before binding,
-/// and the node agent reads it to find the pod it serves, then deletes it.
+/// node may be in that window: the scheduler takes the lock before binding,
+/// and the node agent reads it to find the pod it serves. The object stays
+/// from one pod to the next: it is held while its holder waits for devices,
+/// and the node agent's `Allocated` write on the holder's VgpuAllocation
+/// releases it ([`NodeLock::released_by`]); the next Bind takes it by
+/// updating it in place, conditional on the version it judged free. A lock
+/// whose holder went away or that expired unserved is deleted by the
+/// lifecycle controller.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "tessera.dev",
@@ -26,7 +34,7 @@ pub const MAX_LOCK_TTL_SECONDS: u32 = 300;
     shortname = "nlock",
     category = "tessera",
     derive = "PartialEq",
-    doc = "Marks the one GPU pod a node's agent serves next, between binding and the kubelet's Allocate call. Deleted when served; expires after ttlSeconds.",
+    doc = "Marks the one GPU pod a node's agent serves next, between binding and the kubelet's Allocate call. Held until the holder's VgpuAllocation is Allocated (the object then stays, free, for the node's next pod); expires after ttlSeconds.",
     printcolumn(
         name = "Holder",
         type_ = "string",
@@ -69,6 +77,25 @@ pub struct NodeLockSpec {
 }
 
 impl NodeLock {
+    /// Whether the holder's allocation (the VgpuAllocation the lock names),
+    /// written for pod `pod_uid` and in `phase`, releases the lock: it is of
+    /// the holder, and past `Bound` (the node agent served every container,
+    /// or it was released). A lock is held from the moment Bind takes it
+    /// until then, unless it expires or its holder goes away.
+    pub fn released_by(&self, pod_uid: &str, phase: Option<AllocationPhase>) -> bool {
+        pod_uid == self.spec.holder.uid && phase.is_some_and(|p| p != AllocationPhase::Bound)
+    }
+
+    /// Whether the lock is held, among `allocations` (those that exist):
+    /// none of them is the holder's and releases it ([`Self::released_by`]).
+    pub fn held_among(&self, allocations: &[VgpuAllocation]) -> bool {
+        !allocations.iter().any(|a| {
+            a.metadata.name.as_deref() == Some(self.spec.allocation.as_str())
+                && a.metadata.namespace.as_deref() == Some(self.spec.holder.namespace.as_str())
+                && self.released_by(&a.spec.pod_uid, a.status.as_ref().and_then(|s| s.phase))
+        })
+    }
+
     /// The lock of `node` naming `holder` (whose allocation is
     /// `allocation`), acquired at `now` in whole seconds (as the API server
     /// stores times) and valid for `ttl_seconds`.

@@ -61,7 +61,7 @@ impl Binder {
         config: std::sync::Arc<Config>,
         metrics: super::metrics::ExtenderMetrics,
     ) -> Self {
-        let locker = lock::Locker::new(client.clone(), projection.locks());
+        let locker = lock::Locker::new(client.clone(), projection.clone());
         Self {
             client,
             projection,
@@ -147,7 +147,7 @@ impl Binder {
     /// Whether a Bind is in `node`'s bind-to-Allocate window: its NodeLock
     /// is held (by any replica), or a Bind of this replica is queued for it.
     pub fn bind_pending(&self, node: &str) -> bool {
-        self.locker.queued(node) || self.projection.locks().contains(node)
+        self.locker.queued(node) || self.projection.lock_held(node)
     }
 
     /// Binds the pod to the node, recording its GPU slices first.

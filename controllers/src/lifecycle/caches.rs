@@ -64,7 +64,7 @@ pub(super) fn retry_cached<K>(_: Arc<K>, error: &Error, _: Arc<Caches>) -> Actio
     Action::requeue(RETRY)
 }
 
-/// NodeLock incarnations (UIDs) this replica released lately. The store
+/// NodeLock versions (`uid@resourceVersion`) this replica released lately. The store
 /// shows a deleted lock until the watch reports the deletion, and each event
 /// of its holder or allocation meanwhile would delete it again: a 404 for
 /// every other GPU pod of a burst.
@@ -72,7 +72,7 @@ pub(super) fn retry_cached<K>(_: Arc<K>, error: &Error, _: Arc<Caches>) -> Actio
 pub(super) struct Released(std::sync::Mutex<std::collections::VecDeque<String>>);
 
 impl Released {
-    /// How many UIDs are remembered.
+    /// How many versions are remembered.
     const KEPT: usize = 1024;
 
     pub(super) fn contains(&self, uid: &str) -> bool {

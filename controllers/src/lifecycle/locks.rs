@@ -1,5 +1,7 @@
-//! Locks: a NodeLock is deleted as soon as its holder is deleted, finished,
-//! bound elsewhere, or served, and at its expiry otherwise.
+//! Locks: a NodeLock whose holder was served stays, free, for the node's
+//! next pod (the holder's allocation leaving `Bound` released it); one
+//! whose holder is deleted, finished or bound elsewhere with no allocation
+//! to say so, or that expired unserved, is deleted.
 
 use std::{sync::Arc, time::Duration};
 
@@ -45,8 +47,16 @@ pub(super) async fn run(caches: Arc<Caches>, locks: &Watched<NodeLock>, pods: &W
 }
 
 async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Action, Error> {
-    let uid = lock.metadata.uid.clone().unwrap_or_default();
-    if caches.released_locks.contains(&uid) {
+    // The version judged: a lock is updated in place from holder to holder.
+    let version = format!(
+        "{}@{}",
+        lock.metadata.uid.as_deref().unwrap_or_default(),
+        lock.metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default()
+    );
+    if caches.released_locks.contains(&version) {
         return Ok(Action::await_change());
     }
     let holder = &lock.spec.holder;
@@ -58,11 +68,16 @@ async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Acti
         .store()
         .get(&ObjectRef::new(&lock.spec.allocation).within(&holder.namespace));
     match lock_action(&lock, pod.as_ref(), allocation.as_deref(), Timestamp::now()) {
+        LockAction::Free(reason) => {
+            tracing::debug!(node = %lock.name_any(), holder = %holder.name, %reason, "NodeLock free");
+            Ok(Action::await_change())
+        }
         LockAction::Release(reason) => {
             let locks: Api<NodeLock> = Api::all(caches.client.clone());
+            // Exactly the version judged: a Bind may have taken it since.
             let only_this = DeleteParams::default().preconditions(Preconditions {
                 uid: lock.metadata.uid.clone(),
-                resource_version: None,
+                resource_version: lock.metadata.resource_version.clone(),
             });
             match locks.delete(&lock.name_any(), &only_this).await {
                 Ok(_) => {
@@ -71,7 +86,7 @@ async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Acti
                 Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
                 Err(e) => return Err(Error::kube("releasing the NodeLock")(e)),
             }
-            caches.released_locks.add(uid);
+            caches.released_locks.add(version);
             Ok(Action::await_change())
         }
         LockAction::KeepUntil(expiry) => {

@@ -99,11 +99,11 @@ pub struct Metrics {
     pub agent_lease_duration: Family<NodeLabels, Gauge>,
     /// Seconds since the oldest allocation still `Bound` was created.
     pub bound_oldest: Seconds,
-    /// NodeLocks that exist.
+    /// NodeLocks held (their holder not served yet).
     pub node_locks: Gauge,
-    /// NodeLocks past their expiry.
+    /// Held NodeLocks past their expiry.
     pub node_locks_expired: Gauge,
-    /// Seconds since the oldest NodeLock was taken.
+    /// Seconds since the oldest held NodeLock was taken.
     pub node_lock_oldest: Seconds,
     /// Per namespace and device resource, what its pods hold, in the
     /// resource's unit (HAMi's `hami_resource_quota_used`).
@@ -156,17 +156,21 @@ impl Metrics {
             bound_oldest.clone(),
         );
         let node_locks = Gauge::default();
-        registry.register("node_locks", "NodeLocks that exist", node_locks.clone());
+        registry.register(
+            "node_locks",
+            "NodeLocks held: their holder's allocation not yet served",
+            node_locks.clone(),
+        );
         let node_locks_expired = Gauge::default();
         registry.register(
             "node_locks_expired",
-            "NodeLocks past their expiry (acquiredAt + ttlSeconds) that still exist",
+            "Held NodeLocks past their expiry (acquiredAt + ttlSeconds)",
             node_locks_expired.clone(),
         );
         let node_lock_oldest = Seconds::default();
         registry.register(
             "node_lock_oldest_age_seconds",
-            "Seconds since the oldest NodeLock was taken (0 without locks)",
+            "Seconds since the oldest held NodeLock was taken (0 when none is held)",
             node_lock_oldest.clone(),
         );
         let mut hami = Registry::default();

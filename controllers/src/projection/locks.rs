@@ -2,7 +2,9 @@
 //! node's lock is gone from the watch instead of polling the API server.
 //!
 //! This view only decides when Bind *tries*: the API server still decides
-//! who holds a lock (create is atomic, takeovers carry a resourceVersion).
+//! who holds a lock (create is atomic, every update and delete carries the
+//! resourceVersion it judged). Whether a lock is held also depends on its
+//! holder's allocation (`held.rs`).
 
 use std::{collections::HashMap, sync::Mutex};
 
@@ -40,9 +42,21 @@ impl LockTable {
         self.locks().get(node).cloned()
     }
 
-    /// Records a lock that exists (seen by the watch, created or read by Bind).
+    /// Records a lock that exists (seen by the watch, written or read by
+    /// Bind), unless the table has a newer version of the same object: the
+    /// watch may deliver a version older than the one Bind just wrote.
     pub fn record(&self, lock: NodeLock) {
-        self.locks().insert(lock.name_any(), lock);
+        {
+            let mut locks = self.locks();
+            let newer_known = locks.get(&lock.name_any()).is_some_and(|known| {
+                known.metadata.uid == lock.metadata.uid
+                    && super::resource_version(known) > super::resource_version(&lock)
+            });
+            if newer_known {
+                return;
+            }
+            locks.insert(lock.name_any(), lock);
+        }
         self.bump();
     }
 
@@ -69,20 +83,9 @@ impl LockTable {
         self.bump();
     }
 
-    /// When each lock was taken and when it lapses, for metrics.
-    pub fn times(&self) -> Vec<super::ages::LockTimes> {
-        self.locks()
-            .values()
-            .map(|l| super::ages::LockTimes {
-                acquired_at: l.spec.acquired_at.0,
-                expires_at: l.spec.expires_at.0,
-            })
-            .collect()
-    }
-
-    /// Whether `node` has a lock, as last seen.
-    pub fn contains(&self, node: &str) -> bool {
-        self.locks().contains_key(node)
+    /// Every lock, as last seen.
+    pub fn all(&self) -> Vec<NodeLock> {
+        self.locks().values().cloned().collect()
     }
 
     /// A receiver that wakes on the next change of any lock.
@@ -129,6 +132,28 @@ mod tests {
         );
         table.forget("n1", Some("new"));
         assert!(table.get("n1").is_none());
+    }
+
+    #[test]
+    fn an_older_version_of_the_same_lock_never_replaces_a_newer_one() {
+        let table = LockTable::default();
+        let version = |v: &str| {
+            let mut l = lock("n1", "same");
+            l.metadata.resource_version = Some(v.into());
+            l
+        };
+        table.record(version("20"));
+        table.record(version("10"));
+        let kept = |t: &LockTable| t.get("n1").and_then(|l| l.metadata.resource_version);
+        assert_eq!(kept(&table), Some("20".into()), "a late watch event");
+        table.record(version("30"));
+        assert_eq!(kept(&table), Some("30".into()));
+        // Another object of the same name (deleted and created again) is newer
+        // whatever its version says.
+        let mut recreated = lock("n1", "other");
+        recreated.metadata.resource_version = Some("5".into());
+        table.record(recreated);
+        assert_eq!(kept(&table), Some("5".into()));
     }
 
     #[test]

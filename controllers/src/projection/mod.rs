@@ -20,6 +20,7 @@
 mod agents;
 mod ages;
 mod convert;
+mod held;
 mod leases;
 mod ledger;
 mod locks;
@@ -103,6 +104,8 @@ pub struct AllocationSeen {
     pub held: bool,
     /// When Bind created it.
     pub created: Option<Timestamp>,
+    /// The pod it was written for.
+    pub pod_uid: String,
 }
 
 impl AllocationSeen {
@@ -114,6 +117,7 @@ impl AllocationSeen {
             phase: phase.filter(|p| !(held && *p == AllocationPhase::Bound)),
             held,
             created: allocation.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            pod_uid: allocation.spec.pod_uid.clone(),
         }
     }
 
@@ -406,11 +410,6 @@ impl Projection {
                 .filter_map(|seen| seen.created),
             now,
         )
-    }
-
-    /// The NodeLocks as last seen, summed up at `now`.
-    pub fn lock_ages(&self, now: Timestamp) -> LockAges {
-        lock_ages(self.shared.locks.times(), now)
     }
 
     /// Whether both watches have completed their first list.

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
-use tessera_api::v1alpha1::{GpuNode, NodeLock};
+use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
 
 /// Before exiting: the GpuNode says `AgentStopping` (so the extender sends
 /// no new pod here), then a pod already bound here gets served: wait, up to
-/// `limit` in all, until the GpuNode shows it and the node's NodeLock is gone.
+/// `limit` in all, until the GpuNode shows it and the node's NodeLock is
+/// gone or released (its holder's allocation left `Bound`).
 pub(super) async fn drain(client: &kube::Client, node: &str, limit: Duration) {
     let deadline = tokio::time::Instant::now() + limit;
     let nodes: kube::Api<GpuNode> = kube::Api::all(client.clone());
@@ -29,7 +30,11 @@ pub(super) async fn drain(client: &kube::Client, node: &str, limit: Duration) {
             .ok()
             .flatten()
             .is_some_and(|n| marked(&n));
-        let locked = !matches!(locks.get_opt(node).await, Ok(None));
+        let locked = match locks.get_opt(node).await {
+            Ok(None) => false,
+            Ok(Some(lock)) => !released(client, &lock).await,
+            Err(_) => true,
+        };
         if shown && !locked {
             tracing::info!(node, "drained");
             return;
@@ -41,4 +46,14 @@ pub(super) async fn drain(client: &kube::Client, node: &str, limit: Duration) {
         seconds = limit.as_secs(),
         "stopping before the node drained"
     );
+}
+
+/// Whether the lock's holder was served: its allocation released the lock.
+async fn released(client: &kube::Client, lock: &NodeLock) -> bool {
+    let allocations: kube::Api<VgpuAllocation> =
+        kube::Api::namespaced(client.clone(), &lock.spec.holder.namespace);
+    match allocations.get_opt(&lock.spec.allocation).await {
+        Ok(Some(a)) => lock.released_by(&a.spec.pod_uid, a.status.and_then(|s| s.phase)),
+        _ => false,
+    }
 }

@@ -3,7 +3,7 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::Api;
 use tessera_api::v1alpha1::{
     AllocationPhase, NodeLock, ServedMigInstance, VgpuAllocation, VgpuAllocationStatus,
 };
@@ -167,9 +167,11 @@ impl Service {
             .push(followup.grant.container.clone());
     }
 
-    /// Records the container as served and, after the pod's last one,
-    /// releases the lock; retried, because until it is done the node stays
-    /// locked (the lifecycle controller also releases it once the pod runs).
+    /// Records the container as served; after the pod's last one the
+    /// allocation's `Allocated` phase is what releases the node's lock
+    /// (`NodeLock::released_by`). Retried, because until it is done the node
+    /// stays locked (the lifecycle controller also marks the allocation
+    /// `Allocated` once the pod runs).
     async fn finish(&self, followup: &Followup) {
         let holder = &followup.lock.spec.holder.uid;
         let mut allocation = followup.allocation.clone();
@@ -180,22 +182,16 @@ impl Service {
                     Ok(Some(fresh)) if fresh.spec.pod_uid == *holder => allocation = fresh,
                     Ok(_) => {
                         // Deleted, or replaced by a new pod of the same name.
+                        // The lifecycle controller deletes the lock of a deleted holder.
                         tracing::info!(pod = %followup.grant.allocation, "allocation gone before it was recorded (pod deleted)");
-                        let _ = self.release(&followup.lock).await;
                         return;
                     }
                     Err(error) => tracing::warn!(%error, "re-reading the allocation failed"),
                 }
             }
-            let result = async {
-                self.record(&allocation, &followup.grant, &followup.mig_instances)
-                    .await?;
-                if followup.grant.last {
-                    self.release(&followup.lock).await?;
-                }
-                Ok::<_, Error>(())
-            }
-            .await;
+            let result = self
+                .record(&allocation, &followup.grant, &followup.mig_instances)
+                .await;
             match result {
                 Ok(()) => {
                     if followup.grant.last {
@@ -267,23 +263,6 @@ impl Service {
                 grant.container, grant.namespace, grant.allocation
             )))?;
         Ok(())
-    }
-
-    /// Deletes the node's lock, only the incarnation that was served.
-    async fn release(&self, lock: &NodeLock) -> Result<(), Error> {
-        let params = DeleteParams::default().preconditions(Preconditions {
-            uid: lock.metadata.uid.clone(),
-            resource_version: None,
-        });
-        match Api::<NodeLock>::all(self.view.client().clone())
-            .delete(self.view.node(), &params)
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Already released (the lifecycle controller saw the allocation served).
-            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(()),
-            Err(e) => Err(Error::kube("releasing the NodeLock")(e)),
-        }
     }
 }
 
