@@ -1,14 +1,16 @@
 //! Taking and releasing a node's NodeLock.
 //!
-//! A lock is taken by creating the NodeLock named after the node. When
-//! another pod holds it, Bind waits (bounded) for the watch to report it
-//! gone, and takes it over as soon as the lock has expired or its holder is
-//! gone, finished, or bound elsewhere. A takeover deletes exactly the version
-//! it judged (UID and resourceVersion preconditions) and then creates the
-//! lock again, so two waiters can never both win and a lock that changes
-//! hands always gets a new UID. Binds for the same
-//! node queue inside the process, so only the first of them writes: one
-//! create per pod instead of one per waiter each time a lock frees.
+//! The lock object of a node stays from one pod to the next. Bind takes it
+//! by creating it (the node's first GPU pod) or by updating it in place,
+//! conditional on the resourceVersion it judged free: its holder was served
+//! (the holder's allocation left `Bound`, which is the node agent's release),
+//! the lock expired, its holder is gone, finished or bound elsewhere, or it
+//! is this very pod's (a retry). So two waiters can never both win, and one
+//! request takes the lock where a create and a delete did before. While
+//! another pod holds it, Bind waits (bounded) for the watches to report the
+//! holder served or the lock gone. Binds for the same node queue inside the
+//! process, so only the first of them writes: one write per pod instead of
+//! one per waiter each time a lock frees.
 
 use std::{
     collections::HashMap,
@@ -23,7 +25,10 @@ use kube::{
 };
 use tessera_api::v1alpha1::{NodeLock, PodReference};
 
-use crate::{Error, projection::LockTable};
+use crate::{
+    Error,
+    projection::{LockTable, Projection},
+};
 
 /// How often a waiting Bind confirms the lock with the API server and checks
 /// whether its holder pod still needs it. The watch reports a released lock
@@ -37,8 +42,8 @@ const HOLDER_CHECK: Duration = Duration::from_secs(2);
 pub struct HeldLock {
     node: String,
     uid: String,
-    /// The lock's resourceVersion as created: every allocation written for
-    /// the node before this Bind took the lock is older.
+    /// The lock's resourceVersion as this Bind wrote it: every allocation
+    /// written for the node before this Bind took the lock is older.
     pub resource_version: Option<String>,
 }
 
@@ -54,11 +59,12 @@ pub fn lock_object(
 
 /// Takes NodeLocks for Bind: one Bind per node at a time inside this
 /// process (first come, first served), each waiting for the node's lock to
-/// go away by watching the projection's [`LockTable`] rather than polling,
-/// and writing only when the lock looks free or ours to take over.
+/// be released by watching the projection (its locks and allocations)
+/// rather than polling, and writing only when the lock looks free.
 #[derive(Clone)]
 pub struct Locker {
     client: Client,
+    projection: Projection,
     table: Arc<LockTable>,
     turns: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
@@ -74,11 +80,12 @@ pub struct Pending {
 pub type Turn = tokio::sync::OwnedMutexGuard<()>;
 
 impl Locker {
-    /// A locker writing through `client` and watching `table`.
-    pub fn new(client: Client, table: Arc<LockTable>) -> Self {
+    /// A locker writing through `client` and watching `projection`.
+    pub fn new(client: Client, projection: Projection) -> Self {
         Self {
             client,
-            table,
+            table: projection.locks(),
+            projection,
             turns: Arc::default(),
         }
     }
@@ -126,12 +133,14 @@ impl Locker {
     ) -> Result<HeldLock, Error> {
         let locks: Api<NodeLock> = Api::all(self.client.clone());
         let started = Instant::now();
-        let mut changes = self.table.subscribe();
+        let mut lock_changes = self.table.subscribe();
+        let mut allocation_changes = self.projection.allocation_changes();
         let mut last_check = Instant::now();
         loop {
-            changes.borrow_and_update();
+            lock_changes.borrow_and_update();
+            allocation_changes.borrow_and_update();
+            let wanted = lock_object(node, holder, allocation, ttl_seconds);
             let Some(mut current) = self.table.get(node) else {
-                let wanted = lock_object(node, holder, allocation, ttl_seconds);
                 match locks.create(&PostParams::default(), &wanted).await {
                     Ok(created) => return Ok(self.held(created)),
                     Err(kube::Error::Api(status)) if status.is_already_exists() => {
@@ -141,41 +150,46 @@ impl Locker {
                     Err(e) => return Err(Error::kube(format!("creating NodeLock {node}"))(e)),
                 }
             };
-            // A retry of this very pod, or a lock that has lapsed, is ours to take.
-            let mut takeover = current.spec.holder.uid == holder.uid
+            // Released by its holder's allocation (served), lapsed, or a
+            // retry of this very pod: ours to take.
+            let released = self.projection.lock_released(&current);
+            let mut free = released
+                || current.spec.holder.uid == holder.uid
                 || current.spec.expires_at.0 <= Timestamp::now();
-            if !takeover && last_check.elapsed() >= HOLDER_CHECK {
+            if !free && last_check.elapsed() >= HOLDER_CHECK {
                 // Now and then, confirm the lock still exists and still serves someone.
                 last_check = Instant::now();
                 let uid = current.metadata.uid.clone();
                 match self.refresh(&locks, node, uid.as_deref()).await? {
-                    Some(fresh) if fresh.metadata.uid == uid => {
-                        takeover = !holder_needs_lock(&self.client, &fresh).await?;
+                    Some(fresh)
+                        if fresh.metadata.resource_version == current.metadata.resource_version =>
+                    {
+                        free = !holder_needs_lock(&self.client, &fresh).await?;
                         current = fresh;
                     }
                     _ => continue,
                 }
             }
-            if takeover {
-                // Delete exactly the version judged, then create: a lock that
-                // changes hands gets a new UID, so a delete aimed at the old
-                // holder's lock (UID precondition) can never remove it.
-                let exact = DeleteParams::default().preconditions(Preconditions {
-                    uid: current.metadata.uid.clone(),
-                    resource_version: current.metadata.resource_version.clone(),
-                });
-                match locks.delete(node, &exact).await {
-                    Ok(_) => {
-                        tracing::info!(node, previous = %current.spec.holder.name, "took over NodeLock");
-                        self.table.forget(node, current.metadata.uid.as_deref());
+            if free {
+                // In place, conditional on the version judged free: of two
+                // Binds that judged the same version, one gets a conflict.
+                let mut taken = wanted;
+                taken.metadata.resource_version = current.metadata.resource_version.clone();
+                match locks.replace(node, &PostParams::default(), &taken).await {
+                    Ok(updated) => {
+                        if !released {
+                            tracing::info!(node, previous = %current.spec.holder.name, "took over NodeLock");
+                        }
+                        return Ok(self.held(updated));
                     }
-                    Err(kube::Error::Api(status))
-                        if status.is_conflict() || status.is_not_found() =>
-                    {
+                    Err(kube::Error::Api(status)) if status.is_conflict() => {
                         self.refresh(&locks, node, current.metadata.uid.as_deref())
                             .await?;
                     }
-                    Err(e) => return Err(Error::kube(format!("taking over NodeLock {node}"))(e)),
+                    Err(kube::Error::Api(status)) if status.is_not_found() => {
+                        self.table.forget(node, current.metadata.uid.as_deref());
+                    }
+                    Err(e) => return Err(Error::kube(format!("taking NodeLock {node}"))(e)),
                 }
                 continue;
             }
@@ -191,23 +205,28 @@ impl Locker {
                 .min(HOLDER_CHECK.saturating_sub(last_check.elapsed()))
                 .min(until_expiry);
             tokio::select! {
-                _ = changes.changed() => {}
+                _ = lock_changes.changed() => {}
+                _ = allocation_changes.changed() => {}
                 () = tokio::time::sleep(nap) => {}
             }
         }
     }
 
-    /// Releases a lock this Bind took (only that incarnation of it).
+    /// Releases a lock this Bind took and did not use (its Bind failed):
+    /// deletes exactly the version this Bind wrote, so a lock taken since
+    /// by another pod stays.
     pub async fn release(&self, lock: &HeldLock) {
         let locks: Api<NodeLock> = Api::all(self.client.clone());
         let params = DeleteParams::default().preconditions(Preconditions {
             uid: Some(lock.uid.clone()),
-            resource_version: None,
+            resource_version: lock.resource_version.clone(),
         });
-        if let Err(error) = locks.delete(&lock.node, &params).await {
-            tracing::debug!(%error, node = %lock.node, "NodeLock already gone");
+        match locks.delete(&lock.node, &params).await {
+            Ok(_) => self.table.forget(&lock.node, Some(&lock.uid)),
+            Err(error) => {
+                tracing::debug!(%error, node = %lock.node, "NodeLock already gone or taken");
+            }
         }
-        self.table.forget(&lock.node, Some(&lock.uid));
     }
 
     /// Reads the node's lock from the API server into the table; `gone` is
