@@ -270,6 +270,7 @@ pub fn node_lock(
             acquired_at: Time(acquired_at),
             ttl_seconds,
             expires_at: Time(expires_at),
+            draining: false,
         },
     )
 }

@@ -112,3 +112,38 @@ pub async fn run(client: &Client, batch: Vec<Pod>, limit: Duration) -> Result<Bu
         placed,
     })
 }
+
+/// Waits until `total` pods of burst `role` run (kwok's status write), at
+/// most `limit`: a burst's requests are counted until then, so the next
+/// burst's window does not carry this one's trailing status writes.
+pub async fn wait_running(
+    client: &Client,
+    role: &str,
+    total: usize,
+    limit: Duration,
+) -> Result<(), Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let config = watcher::Config::default().labels(&format!("{ROLE}={role}"));
+    let mut running = std::collections::BTreeSet::new();
+    let mut events = watcher(api, config).applied_objects().boxed();
+    let all_running = async {
+        while running.len() < total {
+            match events.next().await {
+                Some(Ok(pod)) => {
+                    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                    if phase == Some("Running") {
+                        running.insert(pod.name_any());
+                    }
+                }
+                Some(Err(error)) => tracing::warn!(%error, "running watch"),
+                None => return,
+            }
+        }
+    };
+    tokio::time::timeout(limit, all_running)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("{total} pods of burst {role} to run"),
+            seconds: limit.as_secs(),
+        })
+}

@@ -314,6 +314,7 @@ impl Running {
             options.burst_limit,
         )
         .await?;
+        burst::wait_running(&self.client, "plain", plain.pods, options.burst_limit).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = measure::apiserver(&self.client).await?;
         let plain_window = window.elapsed().as_secs_f64();

@@ -115,6 +115,13 @@ pub fn lock_action(
     allocation: Option<&VgpuAllocation>,
     now: Timestamp,
 ) -> LockAction {
+    if lock.spec.draining {
+        // The node's stopping agent holds it; its next start deletes it.
+        if lock.spec.expires_at.0 <= now {
+            return LockAction::Release("the stopping agent's lock expired".into());
+        }
+        return LockAction::KeepUntil(lock.spec.expires_at.0);
+    }
     let node = lock.metadata.name.as_deref().unwrap_or_default();
     let holder_uid = lock.spec.holder.uid.as_str();
     let allocation = allocation.filter(|a| a.spec.pod_uid == holder_uid);
@@ -536,6 +543,15 @@ mod tests {
                 now
             )),
             "the lock expired"
+        );
+        // A stopping agent's lock names no pod: kept until it expires.
+        let mut draining = lock("2026-11-22T10:01:00Z");
+        draining.spec.draining = true;
+        assert_eq!(lock_action(&draining, None, None, now), keep);
+        draining.spec.expires_at = Time("2026-11-22T10:00:10Z".parse().unwrap());
+        assert_eq!(
+            release(lock_action(&draining, None, None, now)),
+            "the stopping agent's lock expired"
         );
     }
 

@@ -162,8 +162,9 @@ async fn a_bind_confirms_from_its_own_watch_and_writes_no_status() {
 
     assert_eq!(sent.allocation_lists.load(Ordering::SeqCst), 0);
     assert_eq!(sent.allocation_status_writes.load(Ordering::SeqCst), 0);
-    // No agent pod is known here, so its GpuNode is read (see `agent_ready`).
-    assert_eq!(sent.gpu_node_reads.load(Ordering::SeqCst), 1);
+    // No GpuNode read: a stopping agent closes its node by taking the
+    // node's lock itself (see `agent_ready`).
+    assert_eq!(sent.gpu_node_reads.load(Ordering::SeqCst), 0);
     assert!(
         !metrics
             .render()

@@ -415,6 +415,56 @@ async fn a_bounded_wait_fails_cleanly_and_an_orphaned_lock_is_taken_over() {
     assert_eq!(now_held.spec.holder.name, "late");
 }
 
+/// A node whose stopping agent took its lock gets no pod: Bind says so at
+/// once instead of waiting for a holder that is not a pod, and leaves
+/// nothing behind.
+#[tokio::test]
+async fn a_stopping_agents_lock_closes_the_node_at_once() {
+    let Setup {
+        cluster, binder, ..
+    } = setup(20_000).await;
+    let agent = PodReference {
+        namespace: "tessera-system".into(),
+        name: format!("tessera-agent-{NODE}"),
+        uid: "agent-pod-uid".into(),
+    };
+    let closed = NodeLock::draining(
+        NODE,
+        &agent,
+        &agent.name,
+        300,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    Api::<NodeLock>::all(cluster.client.clone())
+        .create(&PostParams::default(), &closed)
+        .await
+        .unwrap();
+    tessera_testkit::eventually(
+        "the lock in the projection",
+        Duration::from_secs(10),
+        async || binder.bind_pending(NODE),
+    )
+    .await;
+    let args = pod(&cluster, "while-stopping").await;
+    let started = Instant::now();
+    let error = binder.bind(&args, None).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no wait for a lock no pod holds"
+    );
+    assert!(
+        error.to_string().contains("node agent not ready")
+            && error.to_string().contains("it is stopping"),
+        "{error}"
+    );
+    assert!(!allocation_exists(&cluster, "while-stopping").await);
+    let lock = Api::<NodeLock>::all(cluster.client.clone())
+        .get(NODE)
+        .await
+        .unwrap();
+    assert!(lock.spec.draining, "the agent's lock stays: {lock:?}");
+}
+
 /// A Bind that failed and could not delete its allocation (its rollback
 /// timed out on a loaded API server) left the pod's allocation on another
 /// node. The pod is still unbound and no Bind of it holds that node, so the

@@ -201,6 +201,11 @@ async fn pods_get_their_slice_through_the_real_device_plugin_protocol() {
         .get("agent-1")
         .await
         .unwrap();
+    // The stopped agent closed its node: it holds the node's lock.
+    let locks = Api::<NodeLock>::all(cluster.client.clone());
+    let closed = locks.get("agent-1").await.unwrap();
+    assert!(closed.spec.draining, "{closed:?}");
+    assert_eq!(closed.spec.holder.name, "tessera-agent-agent-1");
     host.start_agent(cluster.plane.kubeconfig());
     host.kubelet
         .wait_for("re-registration after an agent restart", WAIT, |s| {

@@ -74,6 +74,12 @@ pub struct NodeLockSpec {
     pub ttl_seconds: u32,
     /// `acquiredAt + ttlSeconds`: after this anyone may take the lock over.
     pub expires_at: Time,
+    /// Taken by the node's own agent as it stops (`holder` then names the
+    /// agent and its Lease, not a pod, and `allocation` is that Lease's
+    /// name): no GPU pod is bound here until the agent starts again, which
+    /// deletes the lock, or the lock expires.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 impl NodeLock {
@@ -121,8 +127,24 @@ impl NodeLock {
                 acquired_at: Time(now),
                 ttl_seconds,
                 expires_at: Time(expires),
+                draining: false,
             },
         }
+    }
+
+    /// The lock a stopping agent (`agent`, its Lease named `lease`) takes
+    /// on its own `node` at `now`, for `ttl_seconds` (see
+    /// [`NodeLockSpec::draining`]).
+    pub fn draining(
+        node: &str,
+        agent: &PodReference,
+        lease: &str,
+        ttl_seconds: u32,
+        now: Timestamp,
+    ) -> NodeLock {
+        let mut lock = NodeLock::held(node, agent, lease, ttl_seconds, now);
+        lock.spec.draining = true;
+        lock
     }
 }
 

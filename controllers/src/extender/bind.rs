@@ -2,8 +2,9 @@
 //! fit once this replica's watch has delivered it, bind the pod. Any
 //! failure undoes what was done.
 //!
-//! API writes per GPU pod: NodeLock create, VgpuAllocation create (which
-//! reads `Bound` by the CRD's default status), the binding: three.
+//! API requests per GPU pod: the NodeLock's in-place update (its create
+//! for a node's first GPU pod), the VgpuAllocation's create (which reads
+//! `Bound` by the CRD's default status), the binding: three.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use kube::{
 use serde_json::json;
 use tessera_api::{
     request::parse_pod,
-    v1alpha1::{GpuNode, NodeLock, PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec},
+    v1alpha1::{NodeLock, PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec},
 };
 
 use super::{filter::NOT_READY, lock, wire::ExtenderBindingArgs};
@@ -378,12 +379,11 @@ impl Binder {
     }
 
     /// Whether the node's agent can serve the pod, asked after taking the
-    /// node's lock: a stopping agent turns its `/readyz` to 503 before it
-    /// looks for a lock, so either it waits for this pod or this sees it
-    /// stopping. The agent is asked directly (`probe`); where its pod is not
-    /// known (agents not run as pods: `--agent-namespace` empty), its
-    /// GpuNode is read from the API server instead, which the stopping agent
-    /// marks before it looks for a lock.
+    /// node's lock. A stopping agent takes the node's lock itself once no
+    /// pod holds it (`NodeLockSpec::draining`), so a Bind that got the lock
+    /// has a pod the agent waits for; this catches an agent that died
+    /// without stopping: its pod, as watched, and the agent itself, asked
+    /// directly (`probe`) where its pod is known.
     async fn agent_ready(&self, args: &ExtenderBindingArgs) -> Result<(), Error> {
         let not_ready = |reason: String| Error::NoLongerFits {
             node: args.node.clone(),
@@ -405,17 +405,7 @@ impl Binder {
             Some(endpoint) => super::probe::agent_ready(&endpoint)
                 .await
                 .map_err(not_ready),
-            None => {
-                let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
-                let gpu_node = gpu_nodes
-                    .get_opt(&args.node)
-                    .await
-                    .map_err(Error::kube("reading the node's GpuNode"))?;
-                match gpu_node.as_ref().and_then(projection::not_ready) {
-                    Some(reason) => Err(not_ready(reason)),
-                    None => Ok(()),
-                }
-            }
+            None => Ok(()),
         }
     }
 

@@ -25,6 +25,7 @@ use kube::{
 };
 use tessera_api::v1alpha1::{NodeLock, PodReference};
 
+use super::filter::NOT_READY;
 use crate::{
     Error,
     projection::{LockTable, Projection},
@@ -150,6 +151,16 @@ impl Locker {
                     Err(e) => return Err(Error::kube(format!("creating NodeLock {node}"))(e)),
                 }
             };
+            // The node's agent is stopping: no pod may be bound here.
+            if current.spec.draining && current.spec.expires_at.0 > Timestamp::now() {
+                return Err(Error::NoLongerFits {
+                    node: node.to_owned(),
+                    reason: format!(
+                        "{NOT_READY}it is stopping (its NodeLock is held by {})",
+                        current.spec.holder.name
+                    ),
+                });
+            }
             // Released by its holder's allocation (served), lapsed, or a
             // retry of this very pod: ours to take.
             let released = self.projection.lock_released(&current);

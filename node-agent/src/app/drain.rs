@@ -1,17 +1,36 @@
-//! Before the agent exits: mark the node, serve what is already bound.
+//! Before the agent exits: mark the node, serve what is already bound, and
+//! keep the node closed until the agent starts again.
 
 use std::time::Duration;
 
-use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
+use k8s_openapi::jiff::Timestamp;
+use kube::{
+    Api,
+    api::{DeleteParams, PostParams, Preconditions},
+};
+use tessera_api::v1alpha1::{
+    GpuNode, MAX_LOCK_TTL_SECONDS, NodeLock, PodReference, VgpuAllocation,
+};
+
+/// Who holds a stopping agent's lock.
+pub(super) struct Agent {
+    /// The agent: its Lease's namespace and name, and its pod's UID (or
+    /// the Lease's name when it runs in no pod).
+    pub(super) reference: PodReference,
+    /// Its Lease's name (the lock's `allocation`).
+    pub(super) lease: String,
+}
 
 /// Before exiting: the GpuNode says `AgentStopping` (so the extender sends
-/// no new pod here), then a pod already bound here gets served: wait, up to
-/// `limit` in all, until the GpuNode shows it and the node's NodeLock is
-/// gone or released (its holder's allocation left `Bound`).
-pub(super) async fn drain(client: &kube::Client, node: &str, limit: Duration) {
+/// no new pod here), then a pod already bound here gets served, and the
+/// agent takes the node's NodeLock itself (`draining`), so that no Bind
+/// that missed the mark can bind a pod here after it: wait, up to `limit`
+/// in all, until the GpuNode shows the mark and the lock is the agent's.
+/// While a pod holds the lock (its holder's allocation still `Bound`) the
+/// agent serves it first.
+pub(super) async fn drain(client: &kube::Client, node: &str, agent: &Agent, limit: Duration) {
     let deadline = tokio::time::Instant::now() + limit;
-    let nodes: kube::Api<GpuNode> = kube::Api::all(client.clone());
-    let locks: kube::Api<NodeLock> = kube::Api::all(client.clone());
+    let nodes: Api<GpuNode> = Api::all(client.clone());
     let marked = |n: &GpuNode| {
         n.status.as_ref().is_some_and(|s| {
             s.conditions
@@ -30,14 +49,15 @@ pub(super) async fn drain(client: &kube::Client, node: &str, limit: Duration) {
             .ok()
             .flatten()
             .is_some_and(|n| marked(&n));
-        let locked = match locks.get_opt(node).await {
-            Ok(None) => false,
-            Ok(Some(lock)) => !released(client, &lock).await,
-            Err(_) => true,
-        };
-        if shown && !locked {
-            tracing::info!(node, "drained");
-            return;
+        if shown {
+            match close(client, node, agent).await {
+                Ok(true) => {
+                    tracing::info!(node, "drained: the node's NodeLock is the stopping agent's");
+                    return;
+                }
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, node, "taking the node's NodeLock"),
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -48,12 +68,72 @@ pub(super) async fn drain(client: &kube::Client, node: &str, limit: Duration) {
     );
 }
 
+/// Takes the node's lock for the stopping agent, conditional on the
+/// version judged free (none, released by its holder's allocation, or
+/// expired); false while a pod holds it.
+async fn close(client: &kube::Client, node: &str, agent: &Agent) -> Result<bool, kube::Error> {
+    let locks: Api<NodeLock> = Api::all(client.clone());
+    let mut wanted = NodeLock::draining(
+        node,
+        &agent.reference,
+        &agent.lease,
+        MAX_LOCK_TTL_SECONDS,
+        Timestamp::now(),
+    );
+    let current = locks.get_opt(node).await?;
+    let Some(current) = current else {
+        return match locks.create(&PostParams::default(), &wanted).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
+            Err(e) => Err(e),
+        };
+    };
+    if current.spec.draining {
+        return Ok(true); // an earlier stop of this agent left it
+    }
+    let free = current.spec.expires_at.0 <= Timestamp::now() || released(client, &current).await?;
+    if !free {
+        return Ok(false);
+    }
+    wanted.metadata.resource_version = current.metadata.resource_version;
+    match locks.replace(node, &PostParams::default(), &wanted).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether the lock's holder was served: its allocation released the lock.
-async fn released(client: &kube::Client, lock: &NodeLock) -> bool {
-    let allocations: kube::Api<VgpuAllocation> =
-        kube::Api::namespaced(client.clone(), &lock.spec.holder.namespace);
-    match allocations.get_opt(&lock.spec.allocation).await {
-        Ok(Some(a)) => lock.released_by(&a.spec.pod_uid, a.status.and_then(|s| s.phase)),
-        _ => false,
+async fn released(client: &kube::Client, lock: &NodeLock) -> Result<bool, kube::Error> {
+    let allocations: Api<VgpuAllocation> =
+        Api::namespaced(client.clone(), &lock.spec.holder.namespace);
+    Ok(allocations
+        .get_opt(&lock.spec.allocation)
+        .await?
+        .is_some_and(|a| lock.released_by(&a.spec.pod_uid, a.status.and_then(|s| s.phase))))
+}
+
+/// At start: deletes the lock an earlier stop of this node's agent took,
+/// exactly that version, so pods may be bound here again.
+pub(super) async fn reopen(client: &kube::Client, node: &str) {
+    let locks: Api<NodeLock> = Api::all(client.clone());
+    let Ok(Some(lock)) = locks.get_opt(node).await else {
+        return;
+    };
+    if !lock.spec.draining {
+        return;
+    }
+    let exact = DeleteParams::default().preconditions(Preconditions {
+        uid: lock.metadata.uid.clone(),
+        resource_version: lock.metadata.resource_version.clone(),
+    });
+    match locks.delete(node, &exact).await {
+        Ok(_) => tracing::info!(
+            node,
+            "reopened the node: deleted the NodeLock a stopping agent took"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, node, "could not delete the NodeLock a stopping agent took")
+        }
     }
 }

@@ -138,6 +138,8 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     // The device plugin offers nothing while the node serves through DRA.
     let plugin_offers = crate::door::gate(offers.clone(), doors);
     let lease_site = args.lease_site();
+    // A stop of this node's agent closed the node; this start opens it.
+    drain::reopen(&client, &args.node_name).await;
     // Owned apart: stopped and awaited before the Lease is deleted.
     let mut lease = tokio::spawn(lease::keep(
         client.clone(),
@@ -249,9 +251,18 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         return Err(ended);
     }
     stopping.send_replace(PluginState::Stopping);
+    let agent = drain::Agent {
+        reference: tessera_api::v1alpha1::PodReference {
+            namespace: lease_site.namespace.clone(),
+            name: lease_site.name(),
+            uid: args.pod_uid.clone().unwrap_or_else(|| lease_site.name()),
+        },
+        lease: lease_site.name(),
+    };
     drain::drain(
         &client,
         &args.node_name,
+        &agent,
         Duration::from_secs(args.drain_seconds),
     )
     .await;
