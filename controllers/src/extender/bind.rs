@@ -62,7 +62,7 @@ impl Binder {
         config: std::sync::Arc<Config>,
         metrics: super::metrics::ExtenderMetrics,
     ) -> Self {
-        let locker = lock::Locker::new(client.clone(), projection.clone());
+        let locker = lock::Locker::new(client.clone(), &projection);
         Self {
             client,
             projection,

@@ -60,12 +60,12 @@ pub fn lock_object(
 
 /// Takes NodeLocks for Bind: one Bind per node at a time inside this
 /// process (first come, first served), each waiting for the node's lock to
-/// be released by watching the projection (its locks and allocations)
-/// rather than polling, and writing only when the lock looks free.
+/// be released by watching the projection's [`LockTable`] (its locks and
+/// their holders' allocations) rather than polling, and writing only when
+/// the lock looks free.
 #[derive(Clone)]
 pub struct Locker {
     client: Client,
-    projection: Projection,
     table: Arc<LockTable>,
     turns: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
@@ -81,12 +81,11 @@ pub struct Pending {
 pub type Turn = tokio::sync::OwnedMutexGuard<()>;
 
 impl Locker {
-    /// A locker writing through `client` and watching `projection`.
-    pub fn new(client: Client, projection: Projection) -> Self {
+    /// A locker writing through `client` and watching `projection`'s locks.
+    pub fn new(client: Client, projection: &Projection) -> Self {
         Self {
             client,
             table: projection.locks(),
-            projection,
             turns: Arc::default(),
         }
     }
@@ -134,14 +133,12 @@ impl Locker {
     ) -> Result<HeldLock, Error> {
         let locks: Api<NodeLock> = Api::all(self.client.clone());
         let started = Instant::now();
-        let mut lock_changes = self.table.subscribe();
-        let mut allocation_changes = self.projection.allocation_changes();
+        let mut changes = self.table.subscribe();
         let mut last_check = Instant::now();
         loop {
-            lock_changes.borrow_and_update();
-            allocation_changes.borrow_and_update();
+            changes.borrow_and_update();
             let wanted = lock_object(node, holder, allocation, ttl_seconds);
-            let Some(mut current) = self.table.get(node) else {
+            let Some((mut current, released)) = self.table.judged(node) else {
                 match locks.create(&PostParams::default(), &wanted).await {
                     Ok(created) => return Ok(self.held(created)),
                     Err(kube::Error::Api(status)) if status.is_already_exists() => {
@@ -163,7 +160,6 @@ impl Locker {
             }
             // Released by its holder's allocation (served), lapsed, or a
             // retry of this very pod: ours to take.
-            let released = self.projection.lock_released(&current);
             let mut free = released
                 || current.spec.holder.uid == holder.uid
                 || current.spec.expires_at.0 <= Timestamp::now();
@@ -216,8 +212,7 @@ impl Locker {
                 .min(HOLDER_CHECK.saturating_sub(last_check.elapsed()))
                 .min(until_expiry);
             tokio::select! {
-                _ = lock_changes.changed() => {}
-                _ = allocation_changes.changed() => {}
+                _ = changes.changed() => {}
                 () = tokio::time::sleep(nap) => {}
             }
         }

@@ -79,7 +79,6 @@ struct Shared {
     /// The receiving end of `nudges`, until someone takes it.
     freed_nodes: Arc<std::sync::Mutex<Option<mpsc::UnboundedReceiver<String>>>>,
     agent_pods: Arc<std::sync::Mutex<AgentPods>>,
-    phases: Phases,
     quotas: Arc<RwLock<QuotaTable>>,
     /// The highest resourceVersion of a VgpuAllocation the ledger has
     /// applied (0 before any, or when versions are not etcd's integers).
@@ -131,9 +130,6 @@ impl AllocationSeen {
         }
     }
 }
-
-/// Every allocation the watch has seen, for metrics.
-type Phases = Arc<std::sync::Mutex<std::collections::HashMap<AllocationKey, AllocationSeen>>>;
 
 impl Projection {
     /// A projection kept current by `spawn`'s tasks, or by hand in tests
@@ -391,25 +387,27 @@ impl Projection {
 
     /// How many allocations are in each phase (`Pending` before any status).
     pub fn phase_counts(&self) -> std::collections::BTreeMap<String, usize> {
-        let phases = self.shared.phases.lock().unwrap_or_else(|e| e.into_inner());
-        let mut counts = std::collections::BTreeMap::new();
-        for seen in phases.values() {
-            *counts.entry(seen.phase_name()).or_default() += 1;
-        }
-        counts
+        self.shared.locks.with_phases(|phases| {
+            let mut counts = std::collections::BTreeMap::new();
+            for seen in phases.values() {
+                *counts.entry(seen.phase_name()).or_default() += 1;
+            }
+            counts
+        })
     }
 
     /// Seconds since the oldest allocation still in phase `Bound` was
     /// created (by Bind, just before the pod was bound); 0 when none is.
     pub fn bound_oldest_seconds(&self, now: Timestamp) -> f64 {
-        let phases = self.shared.phases.lock().unwrap_or_else(|e| e.into_inner());
-        oldest_age_seconds(
-            phases
-                .values()
-                .filter(|seen| seen.phase == Some(AllocationPhase::Bound))
-                .filter_map(|seen| seen.created),
-            now,
-        )
+        self.shared.locks.with_phases(|phases| {
+            oldest_age_seconds(
+                phases
+                    .values()
+                    .filter(|seen| seen.phase == Some(AllocationPhase::Bound))
+                    .filter_map(|seen| seen.created),
+                now,
+            )
+        })
     }
 
     /// Whether both watches have completed their first list.
@@ -660,20 +658,7 @@ impl Feeder {
     }
 
     fn record_phase(&self, event: &watcher::Event<VgpuAllocation>) {
-        let mut phases = self.shared.phases.lock().unwrap_or_else(|e| e.into_inner());
-        match event {
-            watcher::Event::Apply(a) => {
-                phases.insert(key(a), AllocationSeen::of(a));
-            }
-            watcher::Event::Delete(a) => {
-                phases.remove(&key(a));
-            }
-            watcher::Event::Init => phases.clear(),
-            watcher::Event::InitApply(a) => {
-                phases.insert(key(a), AllocationSeen::of(a));
-            }
-            watcher::Event::InitDone => {}
-        }
+        self.shared.locks.allocation_event(event);
     }
 
     /// An allocation released or deleted: its entry goes, unless the
