@@ -14,6 +14,7 @@
 pub mod burst;
 mod error;
 pub mod fleet;
+pub mod keepalive;
 pub mod measure;
 pub mod occupancy;
 pub mod pods;

@@ -277,8 +277,8 @@ pub struct RoundTrips {
 
 /// Times `calls` Filter+Prioritize round trips for `pod` against every
 /// node in `nodes`, from outside the controller, encoding and decoding as
-/// kube-scheduler does (typed, one connection per call as the timing's
-/// worst case).
+/// kube-scheduler does (typed, over one kept-alive connection, as its
+/// extender client keeps one).
 pub async fn filter_and_prioritize(
     addr: &str,
     pod: &Value,
@@ -290,6 +290,7 @@ pub async fn filter_and_prioritize(
         what: what.into(),
         why,
     };
+    let mut connection = crate::keepalive::Connection::open(addr).await?;
     for _ in 0..calls {
         let started = Instant::now();
         let body = serde_json::to_vec(&NamesArgs {
@@ -298,7 +299,7 @@ pub async fn filter_and_prioritize(
         })
         .map_err(|e| failed("Filter's arguments", e.to_string()))?;
         let mut client = started.elapsed();
-        let (status, answer) = post_bytes(addr, "/filter", &body).await?;
+        let (status, answer) = connection.post("/filter", &body).await?;
         let decoding = Instant::now();
         let answer: FilterAnswer = serde_json::from_slice(&answer)
             .map_err(|e| failed("Filter over HTTP", format!("status {status}: {e}")))?;
@@ -315,7 +316,7 @@ pub async fn filter_and_prioritize(
         })
         .map_err(|e| failed("Prioritize's arguments", e.to_string()))?;
         client += decoding.elapsed();
-        let (status, answer) = post_bytes(addr, "/prioritize", &body).await?;
+        let (status, answer) = connection.post("/prioritize", &body).await?;
         let decoding = Instant::now();
         let scores: Vec<HostScore> = serde_json::from_slice(&answer)
             .map_err(|e| failed("Prioritize over HTTP", format!("status {status}: {e}")))?;
