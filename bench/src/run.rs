@@ -298,6 +298,25 @@ impl Running {
         }))
     }
 
+    /// When profiled, writes the controller's heap profile (what is in use
+    /// now, sampled since start) to `<dir>/<name>` and says where.
+    async fn profile_heap(&self, name: &str) {
+        let Some(port) = self.profiling else {
+            return;
+        };
+        let path = self.plane.dir().join(name);
+        let fetched = measure::fetch(&format!("127.0.0.1:{port}"), "/debug/pprof/heap").await;
+        match fetched.and_then(|bytes| {
+            std::fs::write(&path, bytes).map_err(|e| Error::Measure {
+                what: path.display().to_string(),
+                why: e.to_string(),
+            })
+        }) {
+            Ok(()) => tracing::info!(path = %path.display(), "heap profile"),
+            Err(error) => tracing::warn!(%error, "no heap profile"),
+        }
+    }
+
     /// Runs every measurement once.
     pub async fn measure(&self) -> Result<Figures, Error> {
         let options = &self.options;
@@ -342,6 +361,7 @@ impl Running {
         }
         tracing::info!(rate = gpu.rate(), "GPU burst");
         self.wait_settled(Duration::from_secs(300)).await?;
+        self.profile_heap("heap-after-gpu-burst.pb").await;
         let cpu_after = measure::process(pid)?;
         let ours_after = measure::controller(&self.metrics_addr()).await?;
         let api_after = measure::apiserver(&self.client).await?;
