@@ -139,12 +139,13 @@ pub enum AllocateError {
         /// What is wrong.
         detail: String,
     },
-    /// Every container of the pod has been served already.
+    /// Every container of the lock's holder has been served already: the
+    /// lock is free, and no pod Tessera bound is waiting here.
     #[error(
-        "pod {pod}: every GPU container was already served ({served}); the kubelet asked again"
+        "the NodeLock is free: its last holder, pod {pod}, was served ({served}), and no GPU pod is waiting for devices here. Either the pod asking was not scheduled by Tessera's scheduler (schedulerName tessera-scheduler, which locks the node before binding), or its lock was released before the kubelet asked (it expired, or the pod was deleted), or the kubelet asked again for pod {pod}; delete the pod so it is scheduled again"
     )]
     AlreadyServed {
-        /// `namespace/name`.
+        /// `namespace/name` of the lock's last holder.
         pod: String,
         /// The containers served.
         served: String,
