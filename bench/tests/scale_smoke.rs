@@ -78,8 +78,8 @@ async fn one_hundred_simulated_nodes() {
     };
     let takes = per_pod("POST nodelocks") + per_pod("PUT nodelocks");
     assert!(
-        (0.99..=1.01).contains(&takes),
-        "one lock write per GPU pod: {:?}",
+        (0.99..=1.1).contains(&takes),
+        "one lock write per GPU pod (a retried Bind may add one): {:?}",
         figures.requests_per_gpu_pod
     );
     assert_eq!(per_pod("DELETE nodelocks"), 0.0);
