@@ -46,8 +46,7 @@ async fn allocations_and_locks_do_not_outlive_their_pods() {
             return false;
         };
         let allocation = allocations.get_opt(&lock.spec.allocation).await.unwrap();
-        !allocation
-            .is_some_and(|a| lock.released_by(&a.spec.pod_uid, a.status.and_then(|s| s.phase)))
+        lock.held_among(allocation.as_slice())
     };
 
     // (g) Deleted between bind and Allocate: no agent serves it, so the lock stays until the pod goes.

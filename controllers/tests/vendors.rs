@@ -199,7 +199,7 @@ async fn lock_free(cluster: &Cluster, node: &str) -> bool {
             .get_opt(&lock.spec.allocation)
             .await
             .unwrap();
-    !lock.held_among(&Vec::from_iter(holder))
+    !lock.held_among(holder.as_slice())
 }
 
 #[tokio::test]

@@ -60,13 +60,23 @@ async fn reconcile_lock(lock: Arc<NodeLock>, caches: Arc<Caches>) -> Result<Acti
         return Ok(Action::await_change());
     }
     let holder = &lock.spec.holder;
-    let pod = caches
-        .pod(&holder.namespace, &holder.name, &holder.uid)
-        .await?;
     let allocation = caches
         .allocations
         .store()
         .get(&ObjectRef::new(&lock.spec.allocation).within(&holder.namespace));
+    // A lock its holder's allocation released needs no pod to decide
+    // (`lock_action` answers `Free` first): the pod is not read, which for
+    // a pod the cache has not seen yet is a GET.
+    let released = allocation
+        .as_deref()
+        .is_some_and(|a| !lock.held_among(std::slice::from_ref(a)));
+    let pod = if released {
+        None
+    } else {
+        caches
+            .pod(&holder.namespace, &holder.name, &holder.uid)
+            .await?
+    };
     match lock_action(&lock, pod.as_ref(), allocation.as_deref(), Timestamp::now()) {
         LockAction::Free(reason) => {
             tracing::debug!(node = %lock.name_any(), holder = %holder.name, %reason, "NodeLock free");

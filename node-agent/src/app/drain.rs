@@ -107,10 +107,8 @@ async fn close(client: &kube::Client, node: &str, agent: &Agent) -> Result<bool,
 async fn released(client: &kube::Client, lock: &NodeLock) -> Result<bool, kube::Error> {
     let allocations: Api<VgpuAllocation> =
         Api::namespaced(client.clone(), &lock.spec.holder.namespace);
-    Ok(allocations
-        .get_opt(&lock.spec.allocation)
-        .await?
-        .is_some_and(|a| lock.released_by(&a.spec.pod_uid, a.status.and_then(|s| s.phase))))
+    let allocation = allocations.get_opt(&lock.spec.allocation).await?;
+    Ok(!lock.held_among(allocation.as_slice()))
 }
 
 /// At start: deletes the lock an earlier stop of this node's agent took,
