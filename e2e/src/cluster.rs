@@ -141,7 +141,7 @@ impl LocalCluster {
             .await?;
         let archives = images::build_all(&plane.dir().join("images"), artifacts)?;
         let mut running = Vec::new();
-        for wanted in nodes {
+        for (index, wanted) in nodes.iter().enumerate() {
             let mut labels = match &wanted.vendor {
                 None => BTreeMap::new(),
                 Some((vendor, _)) => vendor.node_labels(),
@@ -155,7 +155,13 @@ impl LocalCluster {
                 labels,
                 agent: AgentMode::Chart,
             };
-            let mut node = RealNode::start(&plane, &spec, artifacts, &archives).await?;
+            let mut node = RealNode::start(
+                &plane,
+                &spec,
+                artifacts,
+                &node_images(&archives, wanted, index),
+            )
+            .await?;
             if let Some((vendor, devices)) = &wanted.vendor {
                 node.start_vendor_plugin(vendor.clone(), devices.clone())?;
             }
@@ -289,8 +295,29 @@ impl LocalCluster {
     }
 }
 
+/// The label every kubelet sets to its node's name.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// What the `index`th node imports: every image on the first node (the
+/// scheduler's pod runs there, see [`values_for`]); elsewhere the demo
+/// images, and the agent's where the agent runs (`gpu=on`). Every image a
+/// node imports costs it two copies on disk (content and snapshot), and a
+/// cluster of eight nodes otherwise holds 5 GB of them.
+fn node_images(archives: &images::Archives, node: &NodeGpus, index: usize) -> images::Archives {
+    let mut skipped = Vec::new();
+    if index > 0 {
+        skipped.extend(["tessera-controller", "kube-scheduler"]);
+    }
+    if !node.serves_nvidia() {
+        skipped.push("tessera-node-agent");
+    }
+    archives.except(&skipped)
+}
+
 /// The chart values of the local cluster: fake GPUs per node and the locally
-/// built images. Everything else is the chart's defaults.
+/// built images, and the scheduler's pod on the first node (the only one
+/// its images are imported into, see [`node_images`]). Everything else is
+/// the chart's defaults.
 pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
     let fake: serde_json::Map<String, Value> = nodes
         .iter()
@@ -316,6 +343,7 @@ pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
             "replicas": 1,
             "kubeScheduler": {"image": image("kube-scheduler")},
             "controller": {"image": image("tessera-controller")},
+            "nodeSelector": nodes.first().map(|n| json!({HOSTNAME_LABEL: n.name})),
         },
         "agent": {
             "image": image("tessera-node-agent"),

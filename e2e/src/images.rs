@@ -41,6 +41,19 @@ impl Archives {
         }
     }
 
+    /// These archives without the images whose repository's last part is one
+    /// of `names`: what a node that never runs those images imports (every
+    /// imported image is a copy in the node's content store and another in
+    /// its snapshots).
+    pub fn except(&self, names: &[&str]) -> Self {
+        let kept = self.images.iter().filter(|image| {
+            split_reference(&image.reference)
+                .and_then(|(repository, _)| repository.rsplit('/').next())
+                .is_none_or(|last| !names.contains(&last))
+        });
+        Self::new(kept.cloned().collect())
+    }
+
     /// The repository and tag of the image whose repository's last part is
     /// `name` (`tessera-controller` → `("ghcr.io/tessera-gpu/tessera-controller",
     /// "0.1.0")`), for chart values.
@@ -124,6 +137,10 @@ mod tests {
             ))
         );
         assert_eq!(archives.reference("controller"), None);
+        let rest = archives.except(&["tessera-controller"]);
+        assert_eq!(rest.paths.len(), 1);
+        assert_eq!(rest.reference("tessera-controller"), None);
+        assert!(rest.reference("kube-scheduler").is_some());
         assert_eq!(split_reference("registry.local:5000/x"), None);
     }
 }
