@@ -6,7 +6,7 @@
 //! subtract on removal) and refolded when a node's devices change; so is
 //! what each namespace's allocations count against its quotas.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -93,6 +93,11 @@ pub struct Ledger {
     by_node: HashMap<String, BTreeSet<AllocationKey>>,
     /// What each namespace's live allocations count against its quotas.
     by_namespace: HashMap<String, Charge>,
+    /// How many healthy NVIDIA devices of each memory size (MiB) the nodes
+    /// have, kept as nodes change so that the largest is one lookup (the
+    /// webhook asks on every pod; scanning 40,000 devices under the read
+    /// lock took 15 % of the controller's CPU at 5,000 nodes).
+    nvidia_sizes: BTreeMap<u64, usize>,
 }
 
 impl Ledger {
@@ -145,12 +150,21 @@ impl Ledger {
     /// (the webhook refuses NVIDIA requests above it; other vendors'
     /// devices do not count: an Ascend card is no room for an NVIDIA pod).
     pub fn largest_device_mib(&self) -> Option<u64> {
-        self.nodes
-            .values()
-            .flat_map(|n| &n.devices)
-            .filter(|d| d.healthy && d.family.is_nvidia())
-            .map(|d| d.memory_mib)
-            .max()
+        self.nvidia_sizes.keys().next_back().copied()
+    }
+
+    /// Counts a node's healthy NVIDIA devices in or out of `nvidia_sizes`.
+    fn count_sizes(&mut self, devices: &[GpuDevice], direction: Direction) {
+        for device in devices.iter().filter(|d| d.healthy && d.family.is_nvidia()) {
+            let count = self.nvidia_sizes.entry(device.memory_mib).or_default();
+            match direction {
+                Direction::Add => *count += 1,
+                Direction::Remove => *count = count.saturating_sub(1),
+            }
+            if *count == 0 {
+                self.nvidia_sizes.remove(&device.memory_mib);
+            }
+        }
     }
 
     /// Sets a node's devices; refolds its usage only when they changed.
@@ -163,8 +177,10 @@ impl Ledger {
             charge(&mut node, &self.allocations[key], Direction::Add);
         }
         if let Some(old) = self.nodes.remove(name) {
+            self.count_sizes(&old.devices, Direction::Remove);
             node.placement_scores = old.placement_scores;
         }
+        self.count_sizes(&node.devices, Direction::Add);
         self.nodes.insert(name.to_owned(), node);
     }
 
@@ -178,7 +194,9 @@ impl Ledger {
 
     /// Forgets a node's devices (its allocations stay until their pods go).
     pub fn remove_node(&mut self, name: &str) {
-        self.nodes.remove(name);
+        if let Some(old) = self.nodes.remove(name) {
+            self.count_sizes(&old.devices, Direction::Remove);
+        }
         self.not_ready.remove(name);
     }
 
@@ -451,6 +469,44 @@ mod tests {
         };
         ledger.set_node("n1", vec![device("GPU-0"), npu]);
         assert_eq!(ledger.largest_device_mib(), Some(1000));
+    }
+
+    #[test]
+    fn the_largest_gpu_follows_every_node_change() {
+        let sized = |uuid: &str, mib: u64, healthy: bool| GpuDevice {
+            memory_mib: mib,
+            healthy,
+            ..device(uuid)
+        };
+        let mut ledger = Ledger::default();
+        assert_eq!(ledger.largest_device_mib(), None);
+        ledger.set_node(
+            "n1",
+            vec![sized("a", 80_000, true), sized("b", 80_000, true)],
+        );
+        ledger.set_node("n2", vec![sized("c", 40_000, true)]);
+        assert_eq!(ledger.largest_device_mib(), Some(80_000));
+        // One of two large GPUs turns unhealthy: the other still counts.
+        ledger.set_node(
+            "n1",
+            vec![sized("a", 80_000, false), sized("b", 80_000, true)],
+        );
+        assert_eq!(ledger.largest_device_mib(), Some(80_000));
+        ledger.set_node(
+            "n1",
+            vec![sized("a", 80_000, false), sized("b", 80_000, false)],
+        );
+        assert_eq!(ledger.largest_device_mib(), Some(40_000));
+        // The same devices again change nothing; a node that goes takes its GPUs.
+        ledger.set_node("n2", vec![sized("c", 40_000, true)]);
+        assert_eq!(ledger.largest_device_mib(), Some(40_000));
+        ledger.set_node("n1", vec![sized("a", 96_000, true)]);
+        assert_eq!(ledger.largest_device_mib(), Some(96_000));
+        ledger.remove_node("n1");
+        assert_eq!(ledger.largest_device_mib(), Some(40_000));
+        ledger.remove_node("n2");
+        ledger.remove_node("n2");
+        assert_eq!(ledger.largest_device_mib(), None);
     }
 
     fn alloc(uid: &str, node: &str, uuid: &str, mib: u64) -> LiveAllocation {
