@@ -345,7 +345,15 @@ impl Ledger {
     /// Replaces every node after a relist.
     pub fn replace_nodes(&mut self, nodes: impl IntoIterator<Item = (String, Vec<GpuDevice>)>) {
         let nodes: HashMap<String, Vec<GpuDevice>> = nodes.into_iter().collect();
-        self.nodes.retain(|name, _| nodes.contains_key(name));
+        let gone: Vec<String> = self
+            .nodes
+            .keys()
+            .filter(|name| !nodes.contains_key(*name))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.remove_node(&name);
+        }
         self.not_ready.retain(|name, _| nodes.contains_key(name));
         for (name, devices) in nodes {
             self.set_node(&name, devices);
@@ -507,6 +515,11 @@ mod tests {
         ledger.remove_node("n2");
         ledger.remove_node("n2");
         assert_eq!(ledger.largest_device_mib(), None);
+        // A relist keeps only what it listed.
+        ledger.set_node("n3", vec![sized("d", 141_000, true)]);
+        ledger.replace_nodes([("n4".to_owned(), vec![sized("e", 24_000, true)])]);
+        assert_eq!(ledger.largest_device_mib(), Some(24_000));
+        assert!(ledger.node("n3").is_none());
     }
 
     fn alloc(uid: &str, node: &str, uuid: &str, mib: u64) -> LiveAllocation {
