@@ -8,7 +8,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{AllocationPhase, VgpuAllocation};
+use super::vgpu_allocation::{AllocationPhase, VgpuAllocation};
 
 /// The longest a NodeLock may be held, in seconds.
 pub const MAX_LOCK_TTL_SECONDS: u32 = 300;

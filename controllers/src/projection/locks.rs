@@ -14,7 +14,12 @@ use kube::runtime::watcher;
 use tessera_api::v1alpha1::{NodeLock, VgpuAllocation};
 use tokio::sync::watch;
 
-use super::{AllocationKey, AllocationSeen, LockTimes, key};
+use super::{
+    ages::LockTimes,
+    convert::key,
+    ledger::AllocationKey,
+    seen::{AllocationSeen, resource_version},
+};
 
 /// Every NodeLock by node name with whether its holder's allocation has
 /// released it, the phase of every allocation seen (which decides that),
@@ -131,7 +136,7 @@ impl LockTable {
             let mut locks = self.locks();
             let newer_known = locks.by_node.get(&lock.name_any()).is_some_and(|known| {
                 known.lock.metadata.uid == lock.metadata.uid
-                    && super::resource_version(&known.lock) > super::resource_version(&lock)
+                    && resource_version(&known.lock) > resource_version(&lock)
             });
             if newer_known {
                 return;
