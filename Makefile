@@ -31,7 +31,7 @@ build: ## Build every crate and binary
 
 test: tools node-deps ## Run every test, including those against a real kube-apiserver and real nodes (builds what it needs)
 	$(CARGO) build --workspace
-	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) test --workspace
+	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) test --workspace --no-fail-fast
 
 test-unit: ## Run only the tests that need no control plane
 	$(CARGO) test --workspace --lib --bins --test crds
