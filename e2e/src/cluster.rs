@@ -85,9 +85,9 @@ pub struct LocalCluster {
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl LocalCluster {
-    /// Starts the control plane, kube-proxy and `nodes`, imports the images
-    /// into every node and installs the chart with `--wait`; returns once
-    /// every node advertises its GPUs.
+    /// Starts the control plane, kube-proxy and `nodes`, imports into each
+    /// node the images it runs ([`node_images`]) and installs the chart with
+    /// `--wait`; returns once every node advertises its GPUs.
     pub async fn start(
         dir: Option<PathBuf>,
         lifetime: Lifetime,
