@@ -86,7 +86,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 impl LocalCluster {
     /// Starts the control plane, kube-proxy and `nodes`, imports into each
-    /// node the images it runs ([`node_images`]) and installs the chart with
+    /// node the images it runs (`node_images`) and installs the chart with
     /// `--wait`; returns once every node advertises its GPUs.
     pub async fn start(
         dir: Option<PathBuf>,
@@ -316,7 +316,7 @@ fn node_images(archives: &images::Archives, node: &NodeGpus, index: usize) -> im
 
 /// The chart values of the local cluster: fake GPUs per node and the locally
 /// built images, and the scheduler's pod on the first node (the only one
-/// its images are imported into, see [`node_images`]). Everything else is
+/// its images are imported into, see `node_images`). Everything else is
 /// the chart's defaults.
 pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
     let fake: serde_json::Map<String, Value> = nodes
