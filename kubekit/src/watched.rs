@@ -206,7 +206,7 @@ impl<K: Watchable> Watched<K> {
         let behind = Arc::new(AtomicBool::new(false));
         lock(&self.hub).subscribe(tx, behind.clone());
         let store = self.store.clone();
-        let mut relist = Relist::default();
+        let mut relist: Relist<K> = Box::new(std::iter::empty());
         futures::stream::poll_fn(move |cx| {
             if let Some(event) = relist.next() {
                 return Poll::Ready(Some(event));
@@ -217,7 +217,7 @@ impl<K: Watchable> Watched<K> {
                     // now on, and the list covers what it dropped (an event
                     // both in the list and sent is seen twice, never lost).
                     behind.store(false, Ordering::SeqCst);
-                    relist = Relist::of(&store);
+                    relist = relist_of(&store);
                     Poll::Ready(relist.next())
                 }
                 other => other,
@@ -316,8 +316,9 @@ impl<K: Watchable> Hub<K> {
     }
 }
 
-/// `Init` and an `InitApply` of each object in `store`.
-fn list_of<K: Watchable>(store: &Store<K>) -> impl Iterator<Item = Event<K>> {
+/// `Init` and an `InitApply` of each object in `store`, each object cloned
+/// as the iterator reaches it.
+fn list_of<K: Watchable>(store: &Store<K>) -> impl Iterator<Item = Event<K>> + use<K> {
     std::iter::once(Event::Init).chain(
         store
             .state()
@@ -337,55 +338,16 @@ fn list_from<K: Watchable>(store: &Store<K>, to: &Subscriber<K>) {
     }
 }
 
-/// A list made of a store for a subscriber that fell behind (`Init`, an
-/// `InitApply` of each object, `InitDone`), handed out one event at a time:
-/// each object is cloned when it is read. Cloning them all into a queue up
-/// front held 45,000 pods twice over (and the queue's capacity for good):
-/// 500 MB of the controller's memory at 5,000 nodes.
-struct Relist<K> {
-    init: bool,
-    objects: std::vec::IntoIter<Arc<K>>,
-    done: bool,
-}
+/// A list made of a store for a subscriber that fell behind ([`list_of`],
+/// then `InitDone`), handed out one event at a time: each object is cloned
+/// when it is read. Cloning them all into a queue up front held 45,000 pods
+/// twice over (and the queue's capacity for good): 500 MB of the
+/// controller's memory at 5,000 nodes.
+type Relist<K> = Box<dyn Iterator<Item = Event<K>> + Send>;
 
-impl<K> Default for Relist<K> {
-    fn default() -> Self {
-        Self {
-            init: false,
-            objects: Vec::new().into_iter(),
-            done: false,
-        }
-    }
-}
-
-impl<K: Watchable> Relist<K> {
-    /// The objects in `store` now.
-    fn of(store: &Store<K>) -> Self {
-        Self {
-            init: true,
-            objects: store.state().into_iter(),
-            done: true,
-        }
-    }
-}
-
-impl<K: Watchable> Iterator for Relist<K> {
-    type Item = Event<K>;
-
-    fn next(&mut self) -> Option<Event<K>> {
-        if std::mem::take(&mut self.init) {
-            return Some(Event::Init);
-        }
-        if let Some(object) = self.objects.next() {
-            return Some(Event::InitApply((*object).clone()));
-        }
-        if std::mem::take(&mut self.done) {
-            // The snapshot's references go with the list.
-            self.objects = Vec::new().into_iter();
-            return Some(Event::InitDone);
-        }
-        None
-    }
+/// [`Relist`] of `store` as it is now.
+fn relist_of<K: Watchable>(store: &Store<K>) -> Relist<K> {
+    Box::new(list_of(store).chain(std::iter::once(Event::InitDone)))
 }
 
 fn lock<K: Watchable>(hub: &Mutex<Hub<K>>) -> MutexGuard<'_, Hub<K>> {
