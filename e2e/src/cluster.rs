@@ -193,7 +193,8 @@ impl LocalCluster {
     }
 
     /// `helm upgrade --install --wait` with the cluster's values plus `extra`
-    /// arguments, then waits until every node advertises its GPUs.
+    /// arguments, then waits until the webhook answers through its Service
+    /// and every node advertises its GPUs.
     pub async fn helm_install(&mut self, extra: &[&str]) -> Result<String, Error> {
         let mut command = helm::command(Some(self.plane.kubeconfig()))?;
         command
@@ -206,6 +207,7 @@ impl LocalCluster {
             .args(extra);
         let out = helm::run(&mut command).map_err(|e| self.explain(e))?;
         let client = self.plane.client().await?;
+        wait_webhook(&client).await?;
         for node in &mut self.nodes {
             node.wait_gpus(&client).await?;
         }
@@ -292,6 +294,46 @@ impl LocalCluster {
             }
         }
         Error::Config(format!("{error}\npods:\n{pods}{logs}"))
+    }
+}
+
+/// How long the webhook may take to answer after `helm install --wait`.
+const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Waits until the API server reaches the webhook through its Service.
+/// `helm --wait` returns once the controller pod is Ready, but its
+/// EndpointSlice and kube-proxy's rules follow a moment later; a GPU pod
+/// created in between is refused (`failurePolicy: Fail`) with "connection
+/// refused". A dry-run GPU pod goes through admission, webhook included,
+/// and is stored nowhere; any answer but "failed calling webhook" means the
+/// webhook was reached.
+async fn wait_webhook(client: &kube::Client) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let probe: Pod = serde_json::from_value(crate::testkit::gpu_pod(
+        "tessera-webhook-probe",
+        1,
+        None,
+        "true",
+    ))
+    .map_err(|e| Error::Config(e.to_string()))?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = tokio::time::Instant::now() + WEBHOOK_TIMEOUT;
+    loop {
+        match pods.create(&dry_run, &probe).await {
+            Err(kube::Error::Api(status)) if status.message.contains("failed calling webhook") => {
+                if tokio::time::Instant::now() > deadline {
+                    return Err(Error::Timeout {
+                        what: format!("the webhook to answer ({})", status.message),
+                        seconds: WEBHOOK_TIMEOUT.as_secs(),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => return Ok(()),
+        }
     }
 }
 
