@@ -28,6 +28,10 @@ pub struct Contract {
     pub mounts: Vec<MountSpec>,
     /// The MIG instances made for it (dynamic MIG), which the ledger records.
     pub mig_instances: Vec<ServedMigInstance>,
+    /// Files written for it that are in place but not yet on disk (the
+    /// limits file): the door syncs them ([`crate::install::sync_in_place`])
+    /// before it records the container as served.
+    pub unsynced: Vec<PathBuf>,
 }
 
 /// Where the interposer lives in a container.

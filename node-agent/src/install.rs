@@ -27,11 +27,16 @@ const LIMITS_MODE: u32 = 0o644;
 /// variables among `envs` (which the container only reads: it is mounted
 /// read-only, so the container cannot loosen its own limits). The file is
 /// replaced atomically; an existing region directory is kept.
+///
+/// The file is in place when this returns (a container started now reads
+/// it) but not yet on disk: two syncs cost milliseconds on the kubelet's
+/// Allocate path. Returns its path, for [`sync_in_place`] once the kubelet
+/// has its answer and before the container is recorded as served.
 pub fn prepare_container_dirs(
     paths: &crate::contract::HostPaths,
     region_dir: &Path,
     envs: &std::collections::BTreeMap<String, String>,
-) -> Result<(), Error> {
+) -> Result<PathBuf, Error> {
     fs::create_dir_all(region_dir).map_err(Error::io(format!(
         "creating the region directory {}",
         region_dir.display()
@@ -43,7 +48,18 @@ pub fn prepare_container_dirs(
         envs.iter()
             .map(|(name, value)| (name.as_str(), value.as_str())),
     );
-    replace(&file, text.as_bytes(), LIMITS_MODE)
+    put_in_place(&file, text.as_bytes(), LIMITS_MODE, false)
+        .map_err(|(action, source)| Error::io(format!("{action} {}", file.display()))(source))?;
+    Ok(file)
+}
+
+/// Makes a file [`prepare_container_dirs`] put in place durable: the file's
+/// contents, then its name in its directory.
+pub fn sync_in_place(file: &Path) -> Result<(), Error> {
+    File::open(file)
+        .and_then(|f| f.sync_all())
+        .map_err(Error::io(format!("syncing {}", file.display())))?;
+    sync_directory_of(file)
         .map_err(|(action, source)| Error::io(format!("{action} {}", file.display()))(source))
 }
 
@@ -85,25 +101,43 @@ pub(crate) fn replace(
     contents: &[u8],
     mode: u32,
 ) -> Result<(), (&'static str, std::io::Error)> {
-    let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) else {
-        return Err((
-            "finding the target's directory",
-            std::io::Error::other("the target has no directory"),
-        ));
-    };
+    put_in_place(to, contents, mode, true)?;
+    sync_directory_of(to)
+}
+
+/// Writes `contents` beside `to` (synced first when `synced`) and renames it
+/// over `to`, creating the directory when missing: readers see the old file
+/// or the new one, never part of one.
+fn put_in_place(
+    to: &Path,
+    contents: &[u8],
+    mode: u32,
+    synced: bool,
+) -> Result<(), (&'static str, std::io::Error)> {
+    let dir = directory_of(to)?;
     fs::create_dir_all(dir).map_err(|e| ("creating the target's directory", e))?;
     let temporary = temporary_path(to);
-    let written = write_synced(&temporary, contents, mode)
+    let written = write_new(&temporary, contents, mode, synced)
         .and_then(|()| fs::rename(&temporary, to))
         .map_err(|e| ("writing the new file and renaming it over the target", e));
     if written.is_err() {
         let _ = fs::remove_file(&temporary);
     }
-    written?;
-    // Make the rename itself durable.
-    File::open(dir)
+    written
+}
+
+/// Makes a rename into `to`'s directory durable.
+fn sync_directory_of(to: &Path) -> Result<(), (&'static str, std::io::Error)> {
+    File::open(directory_of(to)?)
         .and_then(|d| d.sync_all())
         .map_err(|e| ("syncing the target's directory", e))
+}
+
+fn directory_of(to: &Path) -> Result<&Path, (&'static str, std::io::Error)> {
+    to.parent().filter(|d| !d.as_os_str().is_empty()).ok_or((
+        "finding the target's directory",
+        std::io::Error::other("the target has no directory"),
+    ))
 }
 
 /// A name beside `to` that no other process uses: `.<name>.<pid>.tmp`.
@@ -112,7 +146,7 @@ fn temporary_path(to: &Path) -> PathBuf {
     to.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
-fn write_synced(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+fn write_new(path: &Path, contents: &[u8], mode: u32, synced: bool) -> std::io::Result<()> {
     let mut file = OpenOptions::new()
         .write(true)
         .create(true)
@@ -122,7 +156,10 @@ fn write_synced(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> 
     file.write_all(contents)?;
     // The umask may have narrowed the mode given at creation.
     file.set_permissions(fs::Permissions::from_mode(mode))?;
-    file.sync_all()
+    if synced {
+        file.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -152,9 +189,11 @@ mod tests {
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect()
         };
-        prepare_container_dirs(&paths, &region, &envs("4096m")).unwrap();
+        let placed = prepare_container_dirs(&paths, &region, &envs("4096m")).unwrap();
         assert!(region.is_dir());
         let file = dir.path().join("limits/uid-1_main/limits.env");
+        assert_eq!(placed, file);
+        sync_in_place(&placed).unwrap();
         assert_eq!(
             fs::read_to_string(&file).unwrap(),
             "CUDA_DEVICE_MEMORY_LIMIT_0=4096m\nCUDA_DEVICE_SM_LIMIT=30\n"

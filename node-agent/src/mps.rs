@@ -258,7 +258,7 @@ impl Serving for MpsManager {
             visible: vec![slice.uuid.clone()],
             envs,
             mounts,
-            mig_instances: Vec::new(),
+            ..Contract::default()
         })
     }
 }

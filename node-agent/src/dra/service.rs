@@ -100,6 +100,10 @@ impl DraService {
         {
             contracts.push((request, hami_core.serve(&container)?));
         }
+        // Before the claim is recorded as prepared, as the device plugin does.
+        for file in contracts.iter().flat_map(|(_, c)| &c.unsynced) {
+            crate::install::sync_in_place(file)?;
+        }
         let spec = cdi_spec_of(&claim.uid, &contracts);
         // Atomically: containerd never reads half a spec.
         crate::install::replace(&file, spec.to_string().as_bytes(), CDI_MODE).map_err(

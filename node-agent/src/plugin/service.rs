@@ -1,6 +1,6 @@
 //! The DevicePlugin gRPC service the kubelet calls.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
@@ -134,6 +134,7 @@ impl Service {
             allocation,
             lock,
             mig_instances: contract.mig_instances.clone(),
+            unsynced: contract.unsynced.clone(),
             grant,
         };
         Ok((
@@ -173,6 +174,24 @@ impl Service {
     /// stays locked (the lifecycle controller also marks the allocation
     /// `Allocated` once the pod runs).
     async fn finish(&self, followup: &Followup) {
+        // The files the container was given are on disk before it is
+        // recorded as served.
+        let unsynced = followup.unsynced.clone();
+        let synced = tokio::task::spawn_blocking(move || {
+            unsynced
+                .iter()
+                .try_for_each(|file| crate::install::sync_in_place(file))
+        })
+        .await;
+        match synced {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%error, pod = %followup.grant.allocation, "a served container's file may not survive a crash of the node");
+            }
+            Err(error) => {
+                tracing::error!(%error, pod = %followup.grant.allocation, "the task syncing a served container's files stopped");
+            }
+        }
         let holder = &followup.lock.spec.holder.uid;
         let mut allocation = followup.allocation.clone();
         for attempt in 0..5u32 {
@@ -411,6 +430,8 @@ struct Followup {
     allocation: VgpuAllocation,
     lock: NodeLock,
     grant: Grant,
+    /// The container's files in place but not yet on disk.
+    unsynced: Vec<PathBuf>,
     /// The MIG instances made for the container.
     mig_instances: Vec<ServedMigInstance>,
 }

@@ -53,8 +53,13 @@ impl HamiCore {
 
 impl Serving for HamiCore {
     fn serve(&self, container: &Container) -> Result<Contract, Error> {
-        let contract = contract(container, &self.paths);
-        crate::install::prepare_container_dirs(&self.paths, &container.region_dir, &contract.envs)?;
+        let mut contract = contract(container, &self.paths);
+        let limits = crate::install::prepare_container_dirs(
+            &self.paths,
+            &container.region_dir,
+            &contract.envs,
+        )?;
+        contract.unsynced.push(limits);
         Ok(contract)
     }
 }
@@ -70,5 +75,36 @@ pub fn contract(container: &Container, paths: &HostPaths) -> Contract {
         envs: slice_env(&memories, cores, container.priority, &container.settings),
         mounts: interposer_mounts(paths, &container.region_dir),
         mig_instances: Vec::new(),
+        unsynced: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_puts_the_limits_file_in_place_and_leaves_its_sync_to_the_door() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = HostPaths {
+            library: dir.path().join("lib.so"),
+            preload: dir.path().join("preload"),
+            regions: dir.path().join("containers"),
+            limits: dir.path().join("limits"),
+        };
+        let container = Container {
+            holder: "default/pod".into(),
+            name: "main".into(),
+            slices: vec![tessera_api::testing::slice("GPU-a", 0, 1024, 30)],
+            priority: None,
+            region_dir: paths.regions.join("uid-1_main"),
+            settings: NodeSettings::default(),
+        };
+        let contract = HamiCore::new(paths.clone()).serve(&container).unwrap();
+        let file = paths.limits.join("uid-1_main/limits.env");
+        assert_eq!(contract.unsynced, std::slice::from_ref(&file));
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains("CUDA_DEVICE_MEMORY_LIMIT_0=1024m"), "{text}");
+        crate::install::sync_in_place(&file).unwrap();
     }
 }

@@ -361,7 +361,7 @@ fn an_mps_container_gets_its_share_as_client_settings_and_no_interposer() {
             visible: vec!["GPU-a".into()],
             envs,
             mounts,
-            mig_instances: Vec::new(),
+            ..Contract::default()
         };
         answer(contract, &DeviceList::default(), "uid")
     };
@@ -444,8 +444,7 @@ fn the_answer_carries_cdi_devices_and_annotations() {
     let contract = Contract {
         visible: vec!["GPU-a".into()],
         envs: BTreeMap::from([("CUDA_DEVICE_SM_LIMIT".into(), "30".into())]),
-        mounts: Vec::new(),
-        mig_instances: Vec::new(),
+        ..Contract::default()
     };
     let list = DeviceList {
         strategies: vec![CdiCri, CdiAnnotations],
