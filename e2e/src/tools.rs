@@ -8,8 +8,9 @@ use std::{
 
 use crate::error::Error;
 
-/// Names of the binaries the harness runs.
-pub const BINARIES: [&str; 9] = [
+/// Names of the binaries every local cluster runs (`hack/tools.sh demo`
+/// builds them, for `make demo`).
+pub const BINARIES: [&str; 8] = [
     "etcd",
     "kube-apiserver",
     "kube-scheduler",
@@ -18,10 +19,14 @@ pub const BINARIES: [&str; 9] = [
     "kubelet",
     "kube-proxy",
     "helm",
-    "kwok",
 ];
 
-/// The directory holding [`BINARIES`]: etcd, the Kubernetes binaries, helm and kwok.
+/// Binaries only the tests and benchmarks run, which `hack/tools.sh demo`
+/// leaves out: looked for when asked for ([`binary`]).
+const TESTS_ONLY: [&str; 1] = ["kwok"];
+
+/// The directory holding [`BINARIES`] (etcd, the Kubernetes binaries,
+/// helm) and, once the tests' tools are built, kwok.
 ///
 /// `TESSERA_TOOLS_DIR` wins when set (the Makefile sets it). Otherwise
 /// `hack/tools.sh` is asked, which builds the binaries into the cache on first
@@ -51,7 +56,14 @@ pub fn binary(name: &str) -> Result<PathBuf, Error> {
     {
         return Ok(dir.join(name));
     }
-    Ok(bin_dir()?.join(name))
+    let dir = bin_dir()?;
+    if TESTS_ONLY.contains(&name) && !dir.join(name).is_file() {
+        return Err(Error::Tools(format!(
+            "{} has no {name}: `make demo` builds only the demo's tools; run hack/tools.sh",
+            dir.display()
+        )));
+    }
+    Ok(dir.join(name))
 }
 
 /// Makes this process's clusters run the oldest Kubernetes the docs claim
@@ -137,7 +149,7 @@ fn locate() -> Result<PathBuf, String> {
             PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
         }
     };
-    match BINARIES.iter().find(|b| !dir.join(b).is_file()) {
+    match missing(&dir) {
         Some(missing) => Err(format!(
             "{} has no {missing}; run hack/tools.sh",
             dir.display()
@@ -146,9 +158,26 @@ fn locate() -> Result<PathBuf, String> {
     }
 }
 
+/// The first of [`BINARIES`] that `dir` lacks.
+fn missing(dir: &Path) -> Option<&'static str> {
+    BINARIES.iter().find(|b| !dir.join(b).is_file()).copied()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::minor_of;
+    use super::*;
+
+    #[test]
+    fn the_demo_s_tools_are_enough_to_run_a_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in BINARIES {
+            assert_eq!(missing(dir.path()), Some(name));
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        // `hack/tools.sh demo` builds no kwok, and `make demo` runs none.
+        assert_eq!(missing(dir.path()), None);
+        assert!(!TESTS_ONLY.iter().any(|t| BINARIES.contains(t)));
+    }
 
     #[test]
     fn the_minor_version_is_read_from_the_kubelet_s_words() {
