@@ -11,7 +11,8 @@ filter_p50_ms,filter_p99_ms,prioritize_p50_ms,prioritize_p99_ms,bind_p50_ms,bind
 http_filter_prioritize_p50_ms,http_filter_prioritize_p99_ms,api_requests_per_gpu_pod,\
 api_requests_per_plain_pod,controller_rss_idle_mib,controller_rss_after_mib,controller_peak_rss_mib,\
 controller_cpu_ms_per_gpu_pod,restart_to_ready_s,restart_to_first_bind_s,lock_wait_p50_ms,\
-lock_wait_p90_ms,lock_wait_p99_ms,lock_waits";
+lock_wait_p90_ms,lock_wait_p99_ms,lock_waits,sent_nodes,http_filter_prioritize_sent_p50_ms,\
+http_filter_prioritize_sent_p99_ms";
 
 /// Total requests per pod.
 pub fn total(requests: &[(String, f64)]) -> f64 {
@@ -48,6 +49,9 @@ pub fn row(f: &Figures) -> String {
         f.lock_wait_ms.1,
         f.lock_wait_ms.2,
         f.lock_waits,
+        f.sent_nodes as f64,
+        f.http_sent_ms.0,
+        f.http_sent_ms.1,
     ];
     values
         .iter()
@@ -102,13 +106,16 @@ pub fn text(f: &Figures) -> String {
     );
     let _ = writeln!(
         out,
-        "  extender p50/p99 ms: filter {:.2}/{:.2}, prioritize {:.2}/{:.2}, bind {:.2}/{:.2}; over HTTP, filter+prioritize of all nodes {:.2}/{:.2} (of which the client's JSON {:.2}/{:.2})",
+        "  extender p50/p99 ms: filter {:.2}/{:.2}, prioritize {:.2}/{:.2}, bind {:.2}/{:.2}; over HTTP, filter+prioritize of the {} nodes kube-scheduler sends {:.2}/{:.2}, of all nodes {:.2}/{:.2} (of which the client's JSON {:.2}/{:.2})",
         f.filter_ms.0,
         f.filter_ms.1,
         f.prioritize_ms.0,
         f.prioritize_ms.1,
         f.bind_ms.0,
         f.bind_ms.1,
+        f.sent_nodes,
+        f.http_sent_ms.0,
+        f.http_sent_ms.1,
         f.http_ms.0,
         f.http_ms.1,
         f.http_client_ms.0,

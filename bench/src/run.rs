@@ -87,11 +87,19 @@ pub struct Figures {
     pub prioritize_ms: (f64, f64),
     /// See [`Figures::filter_ms`].
     pub bind_ms: (f64, f64),
-    /// Filter + Prioritize round trips over HTTP naming every node, p50/p99 ms.
+    /// Filter + Prioritize round trips over HTTP naming every node, p50/p99
+    /// ms: what kube-scheduler sends with `percentageOfNodesToScore: 100`.
     pub http_ms: (f64, f64),
     /// Of those round trips, the client's JSON encoding and decoding
     /// (kube-scheduler's side), p50 and p99 in ms.
     pub http_client_ms: (f64, f64),
+    /// How many names kube-scheduler sends in one Filter call with its
+    /// default `percentageOfNodesToScore`
+    /// ([`measure::names_kube_scheduler_sends`]).
+    pub sent_nodes: usize,
+    /// Filter + Prioritize round trips over HTTP naming that many nodes,
+    /// p50/p99 ms: what each GPU pod costs kube-scheduler by default.
+    pub http_sent_ms: (f64, f64),
     /// API requests per GPU pod during the GPU burst, by verb and resource.
     pub requests_per_gpu_pod: Vec<(String, f64)>,
     /// The same for the plain burst.
@@ -411,6 +419,14 @@ impl Running {
             options.probe_calls,
         )
         .await?;
+        let sent_nodes = measure::names_kube_scheduler_sends(self.nodes.len());
+        let sent = measure::filter_and_prioritize(
+            &self.metrics_addr(),
+            &probe,
+            &self.nodes[..sent_nodes],
+            options.probe_calls,
+        )
+        .await?;
 
         let (restart_ready_seconds, restart_bind_seconds) = self.restart_to_first_bind().await?;
         Ok(Figures {
@@ -432,6 +448,11 @@ impl Running {
             http_client_ms: (
                 measure::percentile_ms(&trips.client, 0.5),
                 measure::percentile_ms(&trips.client, 0.99),
+            ),
+            sent_nodes,
+            http_sent_ms: (
+                measure::percentile_ms(&sent.total, 0.5),
+                measure::percentile_ms(&sent.total, 0.99),
             ),
             requests_per_gpu_pod,
             requests_per_plain_pod,

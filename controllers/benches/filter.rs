@@ -12,6 +12,11 @@
 //! with NetworkIDs, half Kunlunxin whole XPUs, half their devices held):
 //! Filter, and Prioritize, which for these pods places the pod on every
 //! node to score its topology.
+//!
+//! And the wire: Filter then Prioritize through the extender's own router
+//! (axum: body, JSON decoding, decision, JSON encoding; no TCP), naming every
+//! node and naming the 500 kube-scheduler sends at 5,000 nodes by default,
+//! with the share of each call spent decoding and encoding.
 
 #![allow(missing_docs)]
 
@@ -168,7 +173,84 @@ fn main() {
         report(&format!("decision, GPU memory quota {what}"), &mut timings);
     }
     preemption(&projection);
+    wire(&projection);
     vendors(&mut rng);
+}
+
+/// Filter then Prioritize through the extender's router, as kube-scheduler
+/// calls them: the pod and `names` in, the feasible names out, the same pod
+/// and those names in, the scores out. Per call, how much of it is JSON.
+fn wire(projection: &Projection) {
+    use tessera_controllers::extender::{
+        Extender, ExtenderMetrics,
+        wire::{ExtenderFilterResult, HostPriority},
+    };
+    use tower::ServiceExt;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _entered = runtime.enter();
+    // Nothing here reaches an API server: Filter and Prioritize only read the ledger.
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let metrics = ExtenderMetrics::register(&mut prometheus_client::registry::Registry::default());
+    let config = std::sync::Arc::new(Config::default());
+    let router = Extender::new(client, projection.clone(), config, metrics).router();
+    let pod = json!({"metadata": {"name": "p", "namespace": "bench", "uid": "u"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30000", "nvidia.com/gpucores": "30"}}}]}});
+    let post = |path: &str, body: Vec<u8>| {
+        let request = http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        let router = router.clone();
+        runtime.block_on(async move {
+            let answer = router.oneshot(request).await.unwrap();
+            assert_eq!(answer.status(), 200);
+            axum::body::to_bytes(answer.into_body(), usize::MAX)
+                .await
+                .unwrap()
+        })
+    };
+    for sent in [NODES, 500] {
+        let names: Vec<String> = (0..sent).map(|n| format!("node-{n:05}")).collect();
+        let filter_body = serde_json::to_vec(&json!({"Pod": pod, "NodeNames": names})).unwrap();
+        let (mut filters, mut prioritizes, mut json_only) = (Vec::new(), Vec::new(), Vec::new());
+        let mut sizes = (0, 0, 0);
+        for _ in 0..ROUNDS {
+            let started = Instant::now();
+            let answer = post("/filter", filter_body.clone());
+            filters.push(started.elapsed());
+            let result: ExtenderFilterResult = serde_json::from_slice(&answer).unwrap();
+            let feasible = result.node_names.unwrap_or_default();
+            let body = serde_json::to_vec(&json!({"Pod": pod, "NodeNames": feasible})).unwrap();
+            let started = Instant::now();
+            let scores = post("/prioritize", body.clone());
+            prioritizes.push(started.elapsed());
+            sizes = (filter_body.len() + answer.len(), body.len(), scores.len());
+            // The extender's JSON alone: both requests decoded, both answers encoded.
+            let started = Instant::now();
+            let args: ExtenderArgs = serde_json::from_slice(&filter_body).unwrap();
+            let filtered: ExtenderFilterResult = serde_json::from_slice(&answer).unwrap();
+            std::hint::black_box(serde_json::to_vec(&filtered).unwrap());
+            let args2: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+            let scored: Vec<HostPriority> = serde_json::from_slice(&scores).unwrap();
+            std::hint::black_box(serde_json::to_vec(&scored).unwrap());
+            json_only.push(started.elapsed());
+            std::hint::black_box((args, args2));
+        }
+        println!(
+            "Filter then Prioritize through the extender's router, {sent} names sent (bodies in+out: Filter {} KB, Prioritize {} + {} KB)",
+            sizes.0 / 1000,
+            sizes.1 / 1000,
+            sizes.2 / 1000
+        );
+        report("  Filter (router: JSON, decision)", &mut filters);
+        report("  Prioritize (router: JSON, decision)", &mut prioritizes);
+        report("  of both, the extender's JSON", &mut json_only);
+    }
 }
 
 /// The preemption decision over every node for a pod of priority 8 asking
