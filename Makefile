@@ -24,7 +24,8 @@ demo: ## Run Tessera locally: control plane, controller, four real nodes with fa
 	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-demo -- up
 
 demo-down: ## Stop the demo and remove .tessera-demo
-	$(CARGO) run -q -p tessera-e2e --bin tessera-demo -- down
+	@# --path: stopping never builds tools (unset, the harness would build the tests' ones).
+	TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-demo -- down
 
 build: ## Build every crate and binary
 	$(CARGO) build --workspace --all-targets
@@ -85,7 +86,7 @@ cluster: tools ## Start a local control plane with the CRDs; writes .tessera/kub
 	@TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-cluster -- up
 
 cluster-down: ## Stop the local control plane and remove .tessera
-	@$(CARGO) run -q -p tessera-e2e --bin tessera-cluster -- down
+	@TESSERA_TOOLS_DIR="$$(hack/tools.sh --path)" $(CARGO) run -q -p tessera-e2e --bin tessera-cluster -- down
 
 clean: ## Remove build output (the tool cache in ~/.cache/tessera stays)
 	$(CARGO) clean
