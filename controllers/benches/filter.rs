@@ -198,7 +198,8 @@ fn wire(projection: &Projection) {
     let metrics = ExtenderMetrics::register(&mut prometheus_client::registry::Registry::default());
     let config = std::sync::Arc::new(Config::default());
     let router = Extender::new(client, projection.clone(), config, metrics).router();
-    let pod = json!({"metadata": {"name": "p", "namespace": "bench", "uid": "u"},
+    // A namespace without the quotas the section above put on "bench".
+    let pod = json!({"metadata": {"name": "p", "namespace": "wire", "uid": "u"},
         "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30000", "nvidia.com/gpucores": "30"}}}]}});
     let post = |path: &str, body: Vec<u8>| {
         let request = http::Request::post(path)
