@@ -123,8 +123,12 @@ pub fn text(f: &Figures) -> String {
     );
     let _ = writeln!(
         out,
-        "  controller: RSS {:.0} MiB idle, {:.0} MiB after, peak {:.0} MiB; {:.2} CPU ms per GPU pod",
-        f.idle.rss_mib, f.after.rss_mib, f.after.peak_rss_mib, f.cpu_ms_per_pod
+        "  controller: RSS {:.0} MiB idle (peak {:.0} MiB by then), {:.0} MiB after, peak {:.0} MiB; {:.2} CPU ms per GPU pod",
+        f.idle.rss_mib,
+        f.idle.peak_rss_mib,
+        f.after.rss_mib,
+        f.after.peak_rss_mib,
+        f.cpu_ms_per_pod
     );
     let _ = writeln!(
         out,

@@ -36,6 +36,18 @@ pub fn large_kind() -> watcher::Config {
     watcher::Config::default().page_size(LIST_PAGE)
 }
 
+/// Objects per page of the first list of the Pods and Nodes the lifecycle
+/// controllers keep pruned (`lifecycle/prune.rs`): a page arrives and is
+/// decoded whole, as full objects, before each is pruned, so pages of
+/// [`LIST_PAGE`] full pods made the start's memory peak. Nothing waits on
+/// these lists to answer kube-scheduler.
+pub const PRUNED_LIST_PAGE: u32 = 500;
+
+/// The watch configuration of a large kind kept pruned.
+pub fn large_pruned_kind() -> watcher::Config {
+    watcher::Config::default().page_size(PRUNED_LIST_PAGE)
+}
+
 /// What a replica watches beyond GpuNodes, VgpuAllocations and NodeLocks.
 #[derive(Clone, Debug, Default)]
 pub struct Watches {

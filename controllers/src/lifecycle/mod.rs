@@ -60,9 +60,15 @@ pub async fn run_with(
     let client = cache.client().clone();
     let everything = watcher::Config::default;
     // Every Pod and Node of the cluster, kept as the few fields read here.
-    let pods = Watch::new(Api::<Pod>::all(client.clone()), crate::cache::large_kind());
+    let pods = Watch::new(
+        Api::<Pod>::all(client.clone()),
+        crate::cache::large_pruned_kind(),
+    );
     let (pods, watch_pods) = pods.prune(prune::pod).start();
-    let nodes = Watch::new(Api::<Node>::all(client.clone()), crate::cache::large_kind());
+    let nodes = Watch::new(
+        Api::<Node>::all(client.clone()),
+        crate::cache::large_pruned_kind(),
+    );
     let (nodes, watch_nodes) = nodes.prune(prune::node).start();
     let (configs, watch_configs) =
         Watch::new(Api::<GpuNodeConfig>::all(client.clone()), everything()).start();
