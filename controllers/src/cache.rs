@@ -25,10 +25,10 @@ use kube::{Api, Client, runtime::watcher};
 use tessera_api::v1alpha1::{GpuNode, NodeLock, VgpuAllocation};
 use tessera_kubekit::{Watch, Watched};
 
-/// Objects per page of the first list of a kind with one object per node
-/// or per pod. kube-runtime's default of 500 made a start at 5,000 nodes
-/// and 40,000 pods 80 requests per kind, each a round trip the extender
-/// waited for; a page of 5,000 pods is a few MiB, read once.
+/// Objects per page of the first list of the ledger's kinds, one object
+/// per node or per pod (GpuNodes, VgpuAllocations). kube-runtime's default
+/// of 500 made a start at 5,000 nodes and 40,000 pods 80 requests per kind,
+/// each a round trip the extender waited for.
 pub const LIST_PAGE: u32 = 5_000;
 
 /// The watch configuration of a kind with one object per node or per pod.
