@@ -96,61 +96,11 @@ async fn one_leader_at_a_time_and_a_standby_takes_over() {
     b.abort();
 }
 
-/// A TCP proxy to `upstream` that stops forwarding (holding every
-/// connection open) while `frozen` is true: requests through it hang.
-async fn freezable_proxy(
-    upstream: std::net::SocketAddr,
-    frozen: tokio::sync::watch::Receiver<bool>,
-) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    async fn pipe(
-        mut from: tokio::net::tcp::OwnedReadHalf,
-        mut to: tokio::net::tcp::OwnedWriteHalf,
-        mut frozen: tokio::sync::watch::Receiver<bool>,
-    ) {
-        let mut buffer = vec![0u8; 16 * 1024];
-        loop {
-            let Ok(n) = from.read(&mut buffer).await else {
-                return;
-            };
-            if n == 0 || frozen.wait_for(|f| !*f).await.is_err() {
-                return;
-            }
-            if to.write_all(&buffer[..n]).await.is_err() {
-                return;
-            }
-        }
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((inbound, _)) = listener.accept().await {
-            let Ok(outbound) = tokio::net::TcpStream::connect(upstream).await else {
-                continue;
-            };
-            let (in_read, in_write) = inbound.into_split();
-            let (out_read, out_write) = outbound.into_split();
-            tokio::spawn(pipe(in_read, out_write, frozen.clone()));
-            tokio::spawn(pipe(out_read, in_write, frozen.clone()));
-        }
-    });
-    port
-}
-
 #[tokio::test]
 async fn a_leader_whose_renewals_hang_stops_before_a_standby_takes_over() {
     let plane = ControlPlane::start().await.unwrap();
     // replica-a reaches the API server through a proxy that can freeze.
-    let mut config = plane.client_config().await.unwrap();
-    let host = config.cluster_url.host().unwrap().to_owned();
-    let upstream: std::net::SocketAddr =
-        format!("{host}:{}", config.cluster_url.port_u16().unwrap())
-            .parse()
-            .unwrap();
-    let (freeze, frozen) = tokio::sync::watch::channel(false);
-    let port = freezable_proxy(upstream, frozen).await;
-    config.cluster_url = format!("https://{host}:{port}").parse().unwrap();
-    let through_proxy = kube::Client::try_from(config).unwrap();
+    let (through_proxy, freeze) = plane.freezable_client().await.unwrap();
     let direct = plane.client().await.unwrap();
 
     let events = Events::default();

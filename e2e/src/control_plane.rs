@@ -256,6 +256,25 @@ impl ControlPlane {
         Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
     }
 
+    /// An admin client whose connections go through a TCP proxy that stops
+    /// forwarding, holding every connection open, while the returned
+    /// sender says `true`: requests through it then hang, as they do when
+    /// the API server is overloaded or a network partition drops packets.
+    pub async fn freezable_client(
+        &self,
+    ) -> Result<(Client, tokio::sync::watch::Sender<bool>), Error> {
+        let mut config = self.client_config().await?;
+        let host = config.cluster_url.host().unwrap_or("127.0.0.1").to_owned();
+        let port = config.cluster_url.port_u16().unwrap_or(443);
+        let upstream = format!("{host}:{port}");
+        let (freeze, frozen) = tokio::sync::watch::channel(false);
+        let proxy = crate::net::freezable_proxy(upstream, frozen).await?;
+        config.cluster_url = format!("https://{host}:{proxy}")
+            .parse()
+            .map_err(|e| Error::Config(format!("the proxy's address: {e}")))?;
+        Ok((Client::try_from(config)?, freeze))
+    }
+
     /// A `kubectl` command (the v1.36 build) pointed at this control plane.
     pub fn kubectl(&self) -> Result<std::process::Command, Error> {
         let mut command = std::process::Command::new(tools::binary("kubectl")?);

@@ -86,3 +86,50 @@ fn random() -> u64 {
 pub fn free_port() -> Result<u16, Error> {
     Ok(free_ports::<1>()?[0])
 }
+
+/// A TCP proxy to `upstream` on a free port of 127.0.0.1 that stops
+/// forwarding (holding every connection open) while `frozen` is true;
+/// returns the port.
+pub async fn freezable_proxy(
+    upstream: String,
+    frozen: tokio::sync::watch::Receiver<bool>,
+) -> Result<u16, Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut frozen: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            let Ok(n) = from.read(&mut buffer).await else {
+                return;
+            };
+            if n == 0 || frozen.wait_for(|f| !*f).await.is_err() {
+                return;
+            }
+            if to.write_all(&buffer[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(Error::io("bind the proxy", "127.0.0.1:0"))?;
+    let port = listener
+        .local_addr()
+        .map_err(Error::io("read the proxy's address", "127.0.0.1:0"))?
+        .port();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let (in_read, in_write) = inbound.into_split();
+            let (out_read, out_write) = outbound.into_split();
+            tokio::spawn(pipe(in_read, out_write, frozen.clone()));
+            tokio::spawn(pipe(out_read, in_write, frozen.clone()));
+        }
+    });
+    Ok(port)
+}

@@ -123,6 +123,15 @@ impl NodeView {
             .map_err(Error::kube(format!("reading NodeLock {}", self.node)))
     }
 
+    /// The node's NodeLock, if any, read once: for advice that must not wait
+    /// through an outage.
+    pub async fn lock_once(&self) -> Result<Option<NodeLock>, Error> {
+        Api::<NodeLock>::all(self.client.clone())
+            .get_opt(&self.node)
+            .await
+            .map_err(Error::kube(format!("reading NodeLock {}", self.node)))
+    }
+
     /// The allocation a lock names: from the node-scoped watch when it has
     /// the holder's (the spec never changes), else from the API server.
     pub async fn allocation(&self, lock: &NodeLock) -> Result<Option<VgpuAllocation>, Error> {

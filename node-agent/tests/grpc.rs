@@ -234,3 +234,66 @@ async fn the_plugin_recovers_its_socket_removed_before_registration() {
         .await
         .unwrap();
 }
+
+/// The kubelet holds a pod's admission on GetPreferredAllocation, and an
+/// agent restarted during the call loses the pod for good: a preference,
+/// being only advice, is answered at once (without one) when the API server
+/// does not answer, not after the outage.
+#[tokio::test]
+async fn the_preference_does_not_wait_for_a_silent_api_server() {
+    let plane = tessera_e2e::shared().await.unwrap();
+    let (client, freeze) = plane.freezable_client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = dir.path().join("gpus.yaml");
+    std::fs::write(
+        &gpus,
+        "devices:\n- {uuid: GPU-silent-0, index: 0, model: NVIDIA A100-SXM4-80GB, memoryMiB: 81920}\n",
+    )
+    .unwrap();
+    let plugins = dir.path().join("device-plugins");
+    let kubelet = KubeletSim::start(
+        plane.client().await.unwrap(),
+        "silent-node",
+        &plugins,
+        "nvidia.com/gpu",
+    )
+    .await
+    .unwrap();
+    let (socket, _states) = run_plugin(client, "silent-node", dir.path(), &gpus, &plugins).await;
+    kubelet
+        .wait_for("devices", Duration::from_secs(30), |s| {
+            !s.devices.is_empty()
+        })
+        .await
+        .unwrap();
+    let mut plugin = DevicePluginClient::new(connect_unix(&socket).await.unwrap());
+
+    // Every request of the agent's hangs from now on.
+    freeze.send(true).unwrap();
+    let started = std::time::Instant::now();
+    let preferred = tokio::time::timeout(
+        Duration::from_secs(5),
+        plugin.get_preferred_allocation(PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: vec!["GPU-silent-0::0".into(), "GPU-silent-0::1".into()],
+                must_include_device_i_ds: vec![],
+                allocation_size: 1,
+            }],
+        }),
+    )
+    .await
+    .expect("GetPreferredAllocation answered while the API server is silent")
+    .unwrap()
+    .into_inner();
+    let waited = started.elapsed();
+    assert_eq!(
+        preferred.container_responses[0].device_i_ds,
+        ["GPU-silent-0::0"],
+        "without a lock to steer by, the first available device"
+    );
+    assert!(
+        waited < Duration::from_secs(3),
+        "the preference waited {waited:?} for a silent API server"
+    );
+    freeze.send(false).unwrap();
+}

@@ -46,6 +46,10 @@ pub struct Service {
 /// How long an Allocate waits for the previous one's writes.
 const TURN_WAIT: Duration = Duration::from_secs(10);
 
+/// How long GetPreferredAllocation looks for the lock before answering
+/// without a preference.
+const PREFERENCE_WAIT: Duration = Duration::from_secs(1);
+
 /// The options the agent registers with.
 pub fn options() -> DevicePluginOptions {
     DevicePluginOptions {
@@ -315,22 +319,34 @@ impl DevicePlugin for Service {
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        // Wait (briefly) for an Allocate's writes in flight: it may be this
-        // pod's previous container. Any failure only loses the preference.
-        let _turn = tokio::time::timeout(TURN_WAIT, self.serving.clone().lock_owned())
-            .await
-            .ok();
-        let (lock, allocation) = match self.view.lock().await {
-            Ok(Some(lock)) => {
-                let mut allocation = self.view.allocation(&lock).await.ok().flatten();
-                if let Some(allocation) = &mut allocation {
-                    self.overlay(allocation);
-                }
-                (Some(lock), allocation)
+        // A preference is only advice (Allocate serves the allocation's
+        // GPUs whatever the kubelet chose), so it waits neither for an
+        // Allocate's writes in flight (this pod's previous containers are
+        // already remembered, see `overlay`) nor through an API outage: the
+        // kubelet holds the pod's admission on this call, and an agent
+        // restarted meanwhile would lose the pod for good.
+        let looked_up = tokio::time::timeout(PREFERENCE_WAIT, async {
+            let Some(lock) = self.view.lock_once().await? else {
+                return Ok::<_, Error>((None, None));
+            };
+            let mut allocation = self.view.allocation(&lock).await.ok().flatten();
+            if let Some(allocation) = &mut allocation {
+                self.overlay(allocation);
             }
-            Ok(None) => (None, None),
-            Err(error) => {
+            Ok((Some(lock), allocation))
+        })
+        .await;
+        let (lock, allocation) = match looked_up {
+            Ok(Ok(found)) => found,
+            Ok(Err(error)) => {
                 tracing::warn!(%error, "GetPreferredAllocation without a preference");
+                (None, None)
+            }
+            Err(_) => {
+                tracing::warn!(
+                    waited_ms = PREFERENCE_WAIT.as_millis(),
+                    "GetPreferredAllocation without a preference: the API server is slow"
+                );
                 (None, None)
             }
         };
