@@ -17,6 +17,7 @@ pub mod engine;
 mod error;
 pub mod extender;
 pub mod leader;
+pub mod lean_pod;
 pub mod lifecycle;
 pub mod lifecycle_rules;
 pub mod metrics;

@@ -4,17 +4,18 @@
 //! them.
 
 use k8s_openapi::{
-    api::core::v1::Pod,
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::{SignedDuration, Timestamp},
 };
 use tessera_api::v1alpha1::{AllocationPhase, NodeLock, VgpuAllocation};
 
+use crate::lean_pod::LeanPod;
+
 /// Why an allocation's slices are free again, if they are. Never for a DRA
 /// mirror: its claim, not a pod, holds the slices (a claim may outlive its
 /// first pod or serve several); the node agent releases it when the kubelet
 /// unprepares the claim, and the garbage collector removes it with the claim.
-pub fn release_reason(allocation: &VgpuAllocation, pod: Option<&Pod>) -> Option<String> {
+pub fn release_reason(allocation: &VgpuAllocation, pod: Option<&LeanPod>) -> Option<String> {
     if !allocation.is_live() || allocation.spec.claim.is_some() {
         return None;
     }
@@ -23,7 +24,7 @@ pub fn release_reason(allocation: &VgpuAllocation, pod: Option<&Pod>) -> Option<
     else {
         return Some("the pod was deleted".into());
     };
-    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+    match pod.phase() {
         Some(phase @ ("Succeeded" | "Failed")) => Some(format!("the pod finished ({phase})")),
         _ => None,
     }
@@ -44,21 +45,17 @@ pub const HOLD_LAPSED: &str =
 /// Whether the kubelet has started the pod's containers. It does so only
 /// after Allocate, so such a pod was served even if the node agent could not
 /// record it (it died between answering the kubelet and writing back).
-pub fn admitted(pod: &Pod) -> bool {
-    pod.status.as_ref().is_some_and(|s| {
-        s.phase.as_deref() == Some("Running")
-            || s.container_statuses.as_ref().is_some_and(|c| !c.is_empty())
-            || s.init_container_statuses
-                .as_ref()
-                .is_some_and(|c| !c.is_empty())
-    })
+pub fn admitted(pod: &LeanPod) -> bool {
+    pod.phase() == Some("Running")
+        || pod.status.containers_reported
+        || pod.status.init_containers_reported
 }
 
 /// Whether another vendor's device plugin says it served the pod at
 /// Allocate (HAMi's `hami.io/bind-phase: success`). Only pods bound to a
 /// vendor's devices carry it: Bind writes `allocating`, the plugin
 /// `success` or `failed`.
-pub fn vendor_served(pod: &Pod) -> bool {
+pub fn vendor_served(pod: &LeanPod) -> bool {
     pod.metadata
         .annotations
         .as_ref()
@@ -71,7 +68,7 @@ pub fn vendor_served(pod: &Pod) -> bool {
 /// write-back was lost, or no Tessera agent serves the pod (another
 /// vendor's plugin did). A DRA mirror is written by the agent already
 /// served, so never.
-pub fn served_unrecorded(allocation: &VgpuAllocation, pod: Option<&Pod>) -> bool {
+pub fn served_unrecorded(allocation: &VgpuAllocation, pod: Option<&LeanPod>) -> bool {
     let phase = allocation.status.as_ref().and_then(|s| s.phase);
     allocation.spec.claim.is_none()
         && matches!(phase, None | Some(AllocationPhase::Bound))
@@ -111,7 +108,7 @@ pub enum LockAction {
 /// `allocation` is the one the lock names, if it exists.
 pub fn lock_action(
     lock: &NodeLock,
-    holder: Option<&Pod>,
+    holder: Option<&LeanPod>,
     allocation: Option<&VgpuAllocation>,
     now: Timestamp,
 ) -> LockAction {
@@ -145,30 +142,16 @@ pub fn lock_action(
     if pod.metadata.deletion_timestamp.is_some() {
         return LockAction::Release("the holder pod is being deleted".into());
     }
-    if let Some(phase @ ("Succeeded" | "Failed")) =
-        pod.status.as_ref().and_then(|s| s.phase.as_deref())
-    {
+    if let Some(phase @ ("Succeeded" | "Failed")) = pod.phase() {
         return LockAction::Release(format!("the holder pod finished ({phase})"));
     }
-    if let Some(other) = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .filter(|n| *n != node)
-    {
+    if let Some(other) = pod.node_name().filter(|n| *n != node) {
         return LockAction::Release(format!("the holder pod is bound to {other}"));
     }
     // The kubelet runs a pod's containers only after Allocate: a pod that
     // is running (or reports container states) was served, even if the
     // agent could not record it (it crashed between answering and writing).
-    let admitted = pod.status.as_ref().is_some_and(|s| {
-        s.phase.as_deref() == Some("Running")
-            || s.container_statuses.as_ref().is_some_and(|c| !c.is_empty())
-            || s.init_container_statuses
-                .as_ref()
-                .is_some_and(|c| !c.is_empty())
-    });
-    if admitted {
+    if admitted(pod) {
         return LockAction::Release("the holder pod's containers were started".into());
     }
     if vendor_served(pod) && !allocation.is_some_and(holds_nvidia) {
@@ -272,7 +255,7 @@ mod tests {
 
     use super::*;
 
-    fn pod(uid: &str, node: Option<&str>, phase: &str) -> Pod {
+    fn pod(uid: &str, node: Option<&str>, phase: &str) -> LeanPod {
         serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "d", "uid": uid}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": phase}})).unwrap()
     }
 

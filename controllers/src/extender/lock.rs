@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, PostParams, Preconditions},
@@ -28,6 +28,7 @@ use tessera_api::v1alpha1::{NodeLock, PodReference};
 use super::filter::NOT_READY;
 use crate::{
     Error,
+    lean_pod::LeanPod,
     projection::{LockTable, Projection},
 };
 
@@ -286,7 +287,7 @@ impl Locker {
 /// is not finishing, and is not bound to another node.
 pub async fn holder_needs_lock(client: &Client, lock: &NodeLock) -> Result<bool, Error> {
     let holder = &lock.spec.holder;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &holder.namespace);
+    let pods: Api<LeanPod> = Api::namespaced(client.clone(), &holder.namespace);
     let pod = pods
         .get_opt(&holder.name)
         .await

@@ -2,10 +2,11 @@
 //! deleted or finishes (the owner reference then deletes it with the pod),
 //! and `Allocated` when its pod runs but the node agent did not record it.
 
+use crate::lean_pod::LeanPod;
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
     Api, ResourceExt,
     runtime::{Controller, controller::Action, reflector::ObjectRef},
@@ -24,7 +25,7 @@ use crate::{
 const AGAIN: Duration = Duration::from_millis(200);
 
 /// Runs the controller on `allocations`, woken by their `pods`.
-pub(super) async fn run(caches: Arc<Caches>, pods: &Watched<Pod>) {
+pub(super) async fn run(caches: Arc<Caches>, pods: &Watched<LeanPod>) {
     let allocations = &caches.allocations;
     Controller::for_stream(allocations.touched(), allocations.store())
         .watches_stream(pods.touched(), |pod| {

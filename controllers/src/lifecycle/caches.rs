@@ -1,9 +1,9 @@
 //! What the lifecycle reconcilers share: the cached objects they decide
 //! from, the locks released lately, and how a failed reconcile retries.
 
+use crate::lean_pod::LeanPod;
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client,
     runtime::{
@@ -22,7 +22,7 @@ pub(super) const RETRY: Duration = Duration::from_secs(5);
 /// The cached objects a reconciler decides from: no API read per reconcile.
 pub(super) struct Caches {
     pub(super) client: Client,
-    pub(super) pods: Store<Pod>,
+    pub(super) pods: Store<LeanPod>,
     pub(super) allocations: Watched<VgpuAllocation>,
     /// Locks released lately (see [`Released`]).
     pub(super) released_locks: Released,
@@ -47,12 +47,12 @@ impl Caches {
         namespace: &str,
         name: &str,
         uid: &str,
-    ) -> Result<Option<Pod>, Error> {
+    ) -> Result<Option<LeanPod>, Error> {
         let cached = self.pods.get(&ObjectRef::new(name).within(namespace));
         if let Some(pod) = cached.filter(|p| p.metadata.uid.as_deref() == Some(uid)) {
             return Ok(Some((*pod).clone()));
         }
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
+        Api::<LeanPod>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await
             .map_err(Error::kube("reading the pod"))

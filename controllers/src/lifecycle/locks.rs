@@ -3,10 +3,11 @@
 //! whose holder is deleted, finished or bound elsewhere with no allocation
 //! to say so, or that expired unserved, is deleted.
 
+use crate::lean_pod::LeanPod;
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Preconditions},
@@ -23,10 +24,10 @@ use crate::{
 
 /// Runs the controller on `locks`, woken by their holders' `pods` and by
 /// the allocations.
-pub(super) async fn run(caches: Arc<Caches>, locks: &Watched<NodeLock>, pods: &Watched<Pod>) {
+pub(super) async fn run(caches: Arc<Caches>, locks: &Watched<NodeLock>, pods: &Watched<LeanPod>) {
     let by_holder = {
         let locks = locks.store();
-        move |pod: Pod| {
+        move |pod: LeanPod| {
             let uid = pod.metadata.uid.unwrap_or_default();
             locks
                 .state()

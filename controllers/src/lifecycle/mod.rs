@@ -21,10 +21,7 @@ mod quotas;
 
 use std::sync::Arc;
 
-use k8s_openapi::api::{
-    coordination::v1::Lease,
-    core::v1::{Node, Pod},
-};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{Api, runtime::watcher};
 use tessera_api::v1alpha1::GpuNodeConfig;
 use tessera_kubekit::Watch;
@@ -34,7 +31,7 @@ pub use crate::lifecycle_rules::{
     lease_lapsed_conditions, lease_verdict, lock_action, release_reason, served_unrecorded,
 };
 
-use crate::cache::Cache;
+use crate::{cache::Cache, lean_pod::LeanPod};
 use caches::Caches;
 
 /// Runs the controllers on `cache` until the process stops, with the
@@ -61,10 +58,10 @@ pub async fn run_with(
     let everything = watcher::Config::default;
     // Every Pod and Node of the cluster, kept as the few fields read here.
     let pods = Watch::new(
-        Api::<Pod>::all(client.clone()),
+        Api::<LeanPod>::all(client.clone()),
         crate::cache::large_pruned_kind(),
     );
-    let (pods, watch_pods) = pods.prune(prune::pod).start();
+    let (pods, watch_pods) = pods.prune(crate::lean_pod::prune).start();
     let nodes = Watch::new(
         Api::<Node>::all(client.clone()),
         crate::cache::large_pruned_kind(),
