@@ -178,44 +178,6 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_read_lean_and_pruned_decides_as_the_full_pod() {
-        use crate::lifecycle_rules::{admitted, lock_action, release_reason, served_unrecorded};
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let holder = tessera_api::testing::pod_ref("d", "p", "u1");
-        let lock = tessera_api::testing::node_lock("n1", holder, "p", now, 60);
-        let allocation = tessera_api::testing::allocation("p", "u1", "n1")
-            .namespace("d")
-            .build();
-        let started = json!([{"name": "main", "image": "i", "imageID": "", "ready": true,
-            "restartCount": 0, "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}}}]);
-        for status in [
-            json!({"phase": "Pending"}),
-            json!({"phase": "Pending", "containerStatuses": started}),
-            json!({"phase": "Running", "containerStatuses": started}),
-            json!({"phase": "Succeeded", "containerStatuses": started}),
-            json!({"phase": "Failed", "containerStatuses": []}),
-        ] {
-            let value = full(status.clone());
-            let mut lean: LeanPod = serde_json::from_value(value.clone()).unwrap();
-            prune(&mut lean);
-            let whole = LeanPod::of(&serde_json::from_value::<Pod>(value).unwrap());
-            assert_eq!(admitted(&lean), admitted(&whole), "{status}");
-            assert_eq!(
-                release_reason(&allocation, Some(&lean)),
-                release_reason(&allocation, Some(&whole))
-            );
-            assert_eq!(
-                served_unrecorded(&allocation, Some(&lean)),
-                served_unrecorded(&allocation, Some(&whole))
-            );
-            assert_eq!(
-                lock_action(&lock, Some(&lean), Some(&allocation), now),
-                lock_action(&lock, Some(&whole), Some(&allocation), now)
-            );
-        }
-    }
-
-    #[test]
     fn empty_null_and_absent_lists_and_fields_are_nothing_reported() {
         for status in [
             json!({"phase": "Pending", "containerStatuses": [], "initContainerStatuses": null}),

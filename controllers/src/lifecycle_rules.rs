@@ -259,6 +259,58 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "d", "uid": uid}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": phase}})).unwrap()
     }
 
+    /// A Pod's JSON as the API server sends it, with much that is not kept.
+    fn full_pod(status: serde_json::Value) -> serde_json::Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "d", "uid": "u1", "resourceVersion": "7",
+                         "annotations": {"big": "x".repeat(1000)},
+                         "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "main", "image": "i",
+                     "env": [{"name": "A", "value": "1"}]}]},
+            "status": status,
+        })
+    }
+
+    #[test]
+    fn a_pod_read_lean_and_pruned_decides_as_the_full_pod() {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let holder = tessera_api::testing::pod_ref("d", "p", "u1");
+        let lock = tessera_api::testing::node_lock("n1", holder, "p", now, 60);
+        let allocation = tessera_api::testing::allocation("p", "u1", "n1")
+            .namespace("d")
+            .build();
+        let started = json!([{"name": "main", "image": "i", "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}}}]);
+        for status in [
+            json!({"phase": "Pending"}),
+            json!({"phase": "Pending", "containerStatuses": started}),
+            json!({"phase": "Running", "containerStatuses": started}),
+            json!({"phase": "Succeeded", "containerStatuses": started}),
+            json!({"phase": "Failed", "containerStatuses": []}),
+        ] {
+            let value = full_pod(status.clone());
+            let mut lean: LeanPod = serde_json::from_value(value.clone()).unwrap();
+            crate::lean_pod::prune(&mut lean);
+            let whole = LeanPod::of(
+                &serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(value).unwrap(),
+            );
+            assert_eq!(admitted(&lean), admitted(&whole), "{status}");
+            assert_eq!(
+                release_reason(&allocation, Some(&lean)),
+                release_reason(&allocation, Some(&whole))
+            );
+            assert_eq!(
+                served_unrecorded(&allocation, Some(&lean)),
+                served_unrecorded(&allocation, Some(&whole))
+            );
+            assert_eq!(
+                lock_action(&lock, Some(&lean), Some(&allocation), now),
+                lock_action(&lock, Some(&whole), Some(&allocation), now)
+            );
+        }
+    }
+
     #[test]
     fn a_hold_lapses_at_its_time_unless_released_first() {
         let at: Timestamp = "2026-03-01T12:00:00Z".parse().unwrap();

@@ -310,13 +310,12 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(60);
 async fn wait_webhook(client: &kube::Client) -> Result<(), Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     // The webhook's match condition: a container asking for a GPU.
-    let probe: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "tessera-webhook-probe", "namespace": "default"},
-        "spec": {"containers": [{
-            "name": "probe", "image": images::CUDA_IMAGE,
-            "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1}},
-        }]},
-    }))
+    let probe: Pod = serde_json::from_value(crate::pods::gpu_pod(
+        "tessera-webhook-probe",
+        1,
+        None,
+        "true",
+    ))
     .map_err(|e| Error::Config(e.to_string()))?;
     let dry_run = PostParams {
         dry_run: true,

@@ -39,6 +39,7 @@ mod net;
 pub mod node;
 pub mod oci;
 pub mod pki;
+mod pods;
 pub mod process;
 pub mod stack;
 pub mod testkit;

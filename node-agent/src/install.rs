@@ -48,8 +48,7 @@ pub fn prepare_container_dirs(
         envs.iter()
             .map(|(name, value)| (name.as_str(), value.as_str())),
     );
-    put_in_place(&file, text.as_bytes(), LIMITS_MODE, false)
-        .map_err(|(action, source)| Error::io(format!("{action} {}", file.display()))(source))?;
+    put_in_place(&file, text.as_bytes(), LIMITS_MODE, false).map_err(step_failed(&file))?;
     Ok(file)
 }
 
@@ -59,8 +58,14 @@ pub fn sync_in_place(file: &Path) -> Result<(), Error> {
     File::open(file)
         .and_then(|f| f.sync_all())
         .map_err(Error::io(format!("syncing {}", file.display())))?;
-    sync_directory_of(file)
-        .map_err(|(action, source)| Error::io(format!("{action} {}", file.display()))(source))
+    sync_directory_of(file).map_err(step_failed(file))
+}
+
+/// The error of a failed step of [`replace`] or [`put_in_place`] on
+/// `file`, naming the step.
+pub(crate) fn step_failed(file: &Path) -> impl FnOnce((&'static str, std::io::Error)) -> Error {
+    let file = file.display().to_string();
+    move |(action, source)| Error::io(format!("{action} {file}"))(source)
 }
 
 /// What [`install_interposer`] did.

@@ -106,9 +106,8 @@ impl DraService {
         }
         let spec = cdi_spec_of(&claim.uid, &contracts);
         // Atomically: containerd never reads half a spec.
-        crate::install::replace(&file, spec.to_string().as_bytes(), CDI_MODE).map_err(
-            |(action, source)| Error::io(format!("{action} {}", file.display()))(source),
-        )?;
+        crate::install::replace(&file, spec.to_string().as_bytes(), CDI_MODE)
+            .map_err(crate::install::step_failed(&file))?;
         self.record(mirror(&object, node, &gpus)?).await?;
         tracing::info!(
             namespace = %claim.namespace,

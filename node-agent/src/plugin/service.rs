@@ -181,12 +181,17 @@ impl Service {
         // The files the container was given are on disk before it is
         // recorded as served.
         let unsynced = followup.unsynced.clone();
-        let synced = tokio::task::spawn_blocking(move || {
-            unsynced
-                .iter()
-                .try_for_each(|file| crate::install::sync_in_place(file))
-        })
-        .await;
+        let synced = match unsynced.is_empty() {
+            true => Ok(Ok(())),
+            false => {
+                tokio::task::spawn_blocking(move || {
+                    unsynced
+                        .iter()
+                        .try_for_each(|file| crate::install::sync_in_place(file))
+                })
+                .await
+            }
+        };
         match synced {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
