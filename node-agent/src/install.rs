@@ -19,7 +19,8 @@ use crate::Error;
 /// Permissions of the installed library: every container user reads it.
 const MODE: u32 = 0o755;
 
-/// Permissions of a container's limits file: every container user reads it.
+/// Permissions of a container's limits file and of the preload list: every
+/// container user reads them.
 const LIMITS_MODE: u32 = 0o644;
 
 /// Creates a hami-core container's region directory (which the container
@@ -68,7 +69,7 @@ pub(crate) fn step_failed(file: &Path) -> impl FnOnce((&'static str, std::io::Er
     move |(action, source)| Error::io(format!("{action} {file}"))(source)
 }
 
-/// What [`install_interposer`] did.
+/// What [`install_interposer`] or [`install_preload`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Installed {
     /// The file was written (it was missing or different).
@@ -94,6 +95,26 @@ pub fn install_interposer(from: &Path, to: &Path) -> Result<Installed, Error> {
         return Ok(Installed::AlreadyCurrent);
     }
     replace(to, &contents, MODE).map_err(|(action, source)| failed(action)(source))?;
+    Ok(Installed::Copied)
+}
+
+/// Puts the preload list the agent mounts into every served container
+/// (`/etc/ld.so.preload`: one line, [`crate::contract::CONTAINER_LIBRARY`])
+/// at `to`, unless it is already there.
+///
+/// Never rewritten in place: the file is bind-mounted into running
+/// containers, which share its inode, and a process that starts in any of
+/// them while it is empty (truncated, not yet written) runs without the
+/// interposer, with no memory or compute limit. An agent restarting next to
+/// running GPU containers did exactly that. Same contents: untouched; other
+/// contents: a new file renamed over it (containers already running keep
+/// the one they mounted).
+pub fn install_preload(to: &Path) -> Result<Installed, Error> {
+    let contents = format!("{}\n", crate::contract::CONTAINER_LIBRARY);
+    if fs::read(to).is_ok_and(|current| current == contents.as_bytes()) {
+        return Ok(Installed::AlreadyCurrent);
+    }
+    replace(to, contents.as_bytes(), LIMITS_MODE).map_err(step_failed(to))?;
     Ok(Installed::Copied)
 }
 
@@ -256,6 +277,34 @@ mod tests {
         open.read_to_string(&mut seen).unwrap();
         assert_eq!(seen, "old library", "the old file was not truncated");
         assert_eq!(fs::read(&to).unwrap(), b"new");
+    }
+
+    #[test]
+    fn the_preload_list_a_container_mounted_is_never_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let to = dir.path().join("state/ld.so.preload");
+        assert_eq!(install_preload(&to).unwrap(), Installed::Copied);
+        let line = format!("{}\n", crate::contract::CONTAINER_LIBRARY);
+        assert_eq!(fs::read_to_string(&to).unwrap(), line);
+        assert_eq!(fs::metadata(&to).unwrap().mode() & 0o777, 0o644);
+        // A container's bind mount is the inode: a restarted agent leaves it be.
+        let mounted = fs::metadata(&to).unwrap().ino();
+        for _ in 0..3 {
+            assert_eq!(install_preload(&to).unwrap(), Installed::AlreadyCurrent);
+        }
+        assert_eq!(fs::metadata(&to).unwrap().ino(), mounted);
+        // Other contents (an older agent's): replaced by a new file, while a
+        // container holding the old one still reads it whole.
+        fs::write(&to, "/old/libvgpu.so\n").unwrap();
+        let mut open = File::open(&to).unwrap();
+        assert_eq!(install_preload(&to).unwrap(), Installed::Copied);
+        let mut seen = String::new();
+        open.read_to_string(&mut seen).unwrap();
+        assert_eq!(
+            seen, "/old/libvgpu.so\n",
+            "the mounted file was not truncated"
+        );
+        assert_eq!(fs::read_to_string(&to).unwrap(), line);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::{
     backend::{self, Backend, FakeBackend, NvmlBackend},
     install, inventory, lease,
     mps::MpsManager,
-    plugin::{self, CONTAINER_LIBRARY, Endpoint, HostPaths, PluginState, Service},
+    plugin::{self, Endpoint, HostPaths, PluginState, Service},
     publish,
     supervise::{self, Loops},
     view::NodeView,
@@ -88,8 +88,8 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
     std::fs::create_dir_all(&args.state_dir)
         .map_err(Error::io(format!("creating {}", args.state_dir.display())))?;
     let preload = args.state_dir.join("ld.so.preload");
-    std::fs::write(&preload, format!("{CONTAINER_LIBRARY}\n"))
-        .map_err(Error::io(format!("writing {}", preload.display())))?;
+    let installed = install::install_preload(&preload)?;
+    tracing::info!(path = %preload.display(), ?installed, "preload list installed");
     let paths = HostPaths {
         library: args.interposer_library.clone(),
         preload,
