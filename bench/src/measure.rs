@@ -65,6 +65,24 @@ pub async fn apiserver(client: &Client) -> Result<Vec<Sample>, Error> {
     Ok(prom::parse(&text))
 }
 
+/// A CPU profile of the API server over the next `seconds` (Go's
+/// `/debug/pprof/profile`, which kube-apiserver serves to its admins), for
+/// `go tool pprof`.
+pub async fn apiserver_profile(client: &Client, seconds: u64) -> Result<Vec<u8>, Error> {
+    use futures::AsyncReadExt as _;
+    let path = format!("/debug/pprof/profile?seconds={seconds}");
+    let mut stream = client
+        .request_stream(http_get(&path)?)
+        .await
+        .map_err(Error::kube("profiling the API server"))?;
+    let mut bytes = Vec::new();
+    stream
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(Error::io("read", &path))?;
+    Ok(bytes)
+}
+
 fn http_get(path: &str) -> Result<http::Request<Vec<u8>>, Error> {
     http::Request::get(path)
         .body(Vec::new())

@@ -286,22 +286,36 @@ impl Running {
             .collect()
     }
 
-    /// With `cpu_profile_seconds`, starts taking the controller's CPU profile
-    /// and returns the task that writes it.
+    /// With `cpu_profile_seconds`, starts taking the controller's and the API
+    /// server's CPU profiles and returns the task that writes them.
     fn profile_cpu(&self) -> Option<tokio::task::JoinHandle<Result<std::path::PathBuf, Error>>> {
         let seconds = self.options.cpu_profile_seconds?;
         let port = self.profiling?;
         let path = self.plane.dir().join("cpu-gpu-burst.pb");
+        let apiserver_path = self.plane.dir().join("apiserver-cpu-gpu-burst.pb");
+        let client = self.client.clone();
         Some(tokio::spawn(async move {
-            let bytes = measure::fetch(
-                &format!("127.0.0.1:{port}"),
-                &format!("/debug/pprof/profile?seconds={seconds}"),
-            )
-            .await?;
-            std::fs::write(&path, bytes).map_err(|e| Error::Measure {
-                what: path.display().to_string(),
-                why: e.to_string(),
-            })?;
+            let write = |path: &std::path::Path, bytes: Vec<u8>| {
+                std::fs::write(path, bytes).map_err(|e| Error::Measure {
+                    what: path.display().to_string(),
+                    why: e.to_string(),
+                })
+            };
+            let (addr, profile) = (
+                format!("127.0.0.1:{port}"),
+                format!("/debug/pprof/profile?seconds={seconds}"),
+            );
+            let (ours, apiserver) = tokio::join!(
+                measure::fetch(&addr, &profile),
+                measure::apiserver_profile(&client, seconds),
+            );
+            write(&path, ours?)?;
+            match apiserver.and_then(|bytes| write(&apiserver_path, bytes)) {
+                Ok(()) => {
+                    tracing::info!(path = %apiserver_path.display(), "the API server's CPU profile of the GPU burst")
+                }
+                Err(error) => tracing::warn!(%error, "no CPU profile of the API server"),
+            }
             Ok(path)
         }))
     }
