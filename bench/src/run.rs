@@ -142,6 +142,11 @@ impl Running {
         }
         let plane = ControlPlane::start_with(tessera_e2e::Options {
             dir: options.dir.clone(),
+            // Profiled runs profile the API server too (the flag given last wins).
+            apiserver_args: match options.cpu_profile_seconds {
+                Some(_) => vec!["--profiling=true".to_owned()],
+                None => Vec::new(),
+            },
             ..tessera_e2e::Options::default()
         })
         .await?;
