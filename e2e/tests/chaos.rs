@@ -594,8 +594,14 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
     }
     eprintln!("chaos: per GPU (MiB, cores, slices) in use: {used:?}");
 
-    // No live allocation outlives its pod by more than 30 s; no NodeLock held.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // No live allocation outlives its pod by more than 30 s; no NodeLock held
+    // (I3). One exception, by design: a controller killed inside a Bind,
+    // after it took the node's lock and before it bound the pod, leaves a
+    // lock whose holder is still unbound, and nothing tells a slow Bind from
+    // a dead one but the lock's expiry (nodeLockTTL, 60 s). Such a lock is
+    // waited for until it expires; then it must be gone like any other.
+    let mut deadline = Instant::now() + Duration::from_secs(30);
+    let mut waited_for_expiry = false;
     loop {
         let pods_now: BTreeSet<String> = pods
             .list(&ListParams::default())
@@ -622,12 +628,51 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         if orphans.is_empty() && held.is_empty() {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "after 30 s: live allocations without a pod {orphans:?}, NodeLocks held {:?}",
-            held.iter().map(|l| &l.metadata.name).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        if Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        // Each held lock with its holder's allocation and pod, to say why.
+        let mut why = Vec::new();
+        let mut expiring = Vec::new();
+        for lock in &held {
+            let holder = &lock.spec.holder;
+            let allocation = listed.iter().find(|a| a.spec.pod_uid == holder.uid);
+            let pod = pods
+                .get_opt(&holder.name)
+                .await
+                .unwrap()
+                .filter(|p| p.metadata.uid.as_deref() == Some(holder.uid.as_str()));
+            let unbound = pod.as_ref().is_some_and(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.spec.as_ref().is_none_or(|s| s.node_name.is_none())
+            });
+            let left_in = lock.spec.expires_at.0.as_second()
+                - k8s_openapi::jiff::Timestamp::now().as_second();
+            if unbound && left_in > 0 && !waited_for_expiry {
+                expiring.push(left_in);
+            }
+            why.push(format!(
+                "{:?}: {lock_spec:?}; allocation status {:?}; pod {:?}",
+                lock.metadata.name,
+                allocation.map(|a| &a.status),
+                pod.as_ref().map(|p| (
+                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                    p.status.as_ref().and_then(|s| s.phase.clone()),
+                )),
+                lock_spec = lock.spec,
+            ));
+        }
+        if orphans.is_empty() && expiring.len() == held.len() {
+            let longest = expiring.iter().copied().max().unwrap_or(0);
+            eprintln!(
+                "chaos: waiting {longest} s for locks of unbound holders to expire (a Bind was killed midway): {why:#?}"
+            );
+            waited_for_expiry = true;
+            deadline = Instant::now() + Duration::from_secs(longest.unsigned_abs() + 15);
+            continue;
+        }
+        panic!("after 30 s: live allocations without a pod {orphans:?}, NodeLocks held: {why:#?}");
     }
 
     // Every Running container sees exactly its allocation.
