@@ -136,12 +136,14 @@ impl k8s_openapi::Metadata for LeanPod {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
 
-    fn full(status: serde_json::Value) -> serde_json::Value {
+    /// A Pod's JSON as the API server sends it, with much that is not kept,
+    /// and `status`.
+    pub(crate) fn full(status: serde_json::Value) -> serde_json::Value {
         json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "p", "namespace": "d", "uid": "u1", "resourceVersion": "7",

@@ -259,19 +259,6 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "d", "uid": uid}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": phase}})).unwrap()
     }
 
-    /// A Pod's JSON as the API server sends it, with much that is not kept.
-    fn full_pod(status: serde_json::Value) -> serde_json::Value {
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p", "namespace": "d", "uid": "u1", "resourceVersion": "7",
-                         "annotations": {"big": "x".repeat(1000)},
-                         "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
-            "spec": {"nodeName": "n1", "containers": [{"name": "main", "image": "i",
-                     "env": [{"name": "A", "value": "1"}]}]},
-            "status": status,
-        })
-    }
-
     #[test]
     fn a_pod_read_lean_and_pruned_decides_as_the_full_pod() {
         let now = k8s_openapi::jiff::Timestamp::now();
@@ -289,7 +276,7 @@ mod tests {
             json!({"phase": "Succeeded", "containerStatuses": started}),
             json!({"phase": "Failed", "containerStatuses": []}),
         ] {
-            let value = full_pod(status.clone());
+            let value = crate::lean_pod::tests::full(status.clone());
             let mut lean: LeanPod = serde_json::from_value(value.clone()).unwrap();
             crate::lean_pod::prune(&mut lean);
             let whole = LeanPod::of(
