@@ -587,9 +587,25 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         let (cap_mib, cap_cores, cap_slices) = capacity
             .get(uuid)
             .unwrap_or_else(|| panic!("allocation on unknown GPU {uuid}"));
+        let on_it: Vec<String> = live(&listed)
+            .iter()
+            .filter(|a| {
+                a.spec
+                    .containers
+                    .iter()
+                    .flat_map(|c| &c.devices)
+                    .any(|d| &d.uuid == uuid)
+            })
+            .map(|a| {
+                format!(
+                    "{} (pod {}, created {:?}, {:?})",
+                    a.spec.pod_name, a.spec.pod_uid, a.metadata.creation_timestamp, a.status
+                )
+            })
+            .collect();
         assert!(
             mib <= cap_mib && cores <= cap_cores && slices <= cap_slices,
-            "overcommitted {uuid}: {mib}/{cap_mib} MiB, {cores}/{cap_cores} cores, {slices}/{cap_slices} slices"
+            "overcommitted {uuid}: {mib}/{cap_mib} MiB, {cores}/{cap_cores} cores, {slices}/{cap_slices} slices; live allocations on it: {on_it:#?}"
         );
     }
     eprintln!("chaos: per GPU (MiB, cores, slices) in use: {used:?}");

@@ -10,7 +10,11 @@
 
 use std::path::PathBuf;
 
-use tessera_api::v1alpha1::{DeviceSlice, NodeLock, NodeSettings, VgpuAllocation};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tessera_api::v1alpha1::{
+    AllocationPhase, DeviceSlice, NodeLock, NodeSettings, ServedMigInstance, VgpuAllocation,
+    VgpuAllocationStatus,
+};
 use tessera_deviceplugin::v1beta1::{CdiDevice, ContainerAllocateResponse, Mount};
 
 use super::{device_list::DeviceList, ids::uuid_of};
@@ -171,6 +175,37 @@ pub fn grant(
         region_dir: paths.regions.join(region_name),
         last,
         mismatched,
+    })
+}
+
+/// The status that records `grant`'s container as served (with the MIG
+/// instances `made` for it, and `Allocated` at `now` after the pod's last
+/// container), or `None` when there is nothing to write: an earlier
+/// attempt recorded it, or the allocation was released meanwhile (its pod
+/// finished or was deleted while the write was retried). A released
+/// allocation is never made live again: its slices may already be another
+/// pod's.
+pub fn served_status(
+    allocation: &VgpuAllocation,
+    grant: &Grant,
+    made: &[ServedMigInstance],
+    now: Time,
+) -> Option<VgpuAllocationStatus> {
+    let current = allocation.status.clone().unwrap_or_default();
+    if current.served_containers.contains(&grant.container) || !allocation.is_live() {
+        return None;
+    }
+    let mut served_containers = current.served_containers;
+    served_containers.push(grant.container.clone());
+    let mut mig_instances = current.mig_instances;
+    mig_instances.extend(made.iter().cloned());
+    let last = grant.last;
+    Some(VgpuAllocationStatus {
+        served_containers,
+        mig_instances,
+        phase: last.then_some(AllocationPhase::Allocated),
+        allocated_at: last.then_some(now),
+        ..VgpuAllocationStatus::default()
     })
 }
 

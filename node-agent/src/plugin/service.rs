@@ -4,9 +4,7 @@ use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
-use tessera_api::v1alpha1::{
-    AllocationPhase, NodeLock, ServedMigInstance, VgpuAllocation, VgpuAllocationStatus,
-};
+use tessera_api::v1alpha1::{NodeLock, ServedMigInstance, VgpuAllocation};
 use tessera_deviceplugin::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, DevicePluginOptions, Empty, PreStartContainerRequest,
@@ -207,6 +205,13 @@ impl Service {
             if attempt > 0 {
                 // Read it again: the conflict may be a newer version than ours.
                 match self.view.allocation_from_api(&followup.lock).await {
+                    Ok(Some(fresh)) if fresh.spec.pod_uid == *holder && !fresh.is_live() => {
+                        // Released meanwhile (the pod finished or was deleted):
+                        // writing `Allocated` now would bring its slices back
+                        // into the ledger after they were handed out again.
+                        tracing::info!(pod = %followup.grant.allocation, "allocation released before it was recorded");
+                        return;
+                    }
                     Ok(Some(fresh)) if fresh.spec.pod_uid == *holder => allocation = fresh,
                     Ok(_) => {
                         // Deleted, or replaced by a new pod of the same name.
@@ -251,35 +256,15 @@ impl Service {
         grant: &Grant,
         made: &[ServedMigInstance],
     ) -> Result<(), Error> {
-        if allocation
-            .status
-            .as_ref()
-            .is_some_and(|s| s.served_containers.contains(&grant.container))
-        {
-            return Ok(()); // an earlier attempt got through
-        }
-        let mut served = allocation
-            .status
-            .as_ref()
-            .map(|s| s.served_containers.clone())
-            .unwrap_or_default();
-        served.push(grant.container.clone());
-        let mut mig_instances = allocation
-            .status
-            .as_ref()
-            .map(|s| s.mig_instances.clone())
-            .unwrap_or_default();
-        mig_instances.extend(made.iter().cloned());
-        let mut status = VgpuAllocationStatus {
-            served_containers: served,
-            mig_instances,
-            ..VgpuAllocationStatus::default()
+        let Some(status) = super::allocate::served_status(
+            allocation,
+            grant,
+            made,
+            Time(crate::whole_seconds_now()),
+        ) else {
+            // Recorded by an earlier attempt, or released meanwhile.
+            return Ok(());
         };
-        if grant.last {
-            status.phase = Some(AllocationPhase::Allocated);
-            let now = crate::whole_seconds_now();
-            status.allocated_at = Some(Time(now));
-        }
         // Guarded by the version read: the list is built from it.
         let api = Api::<VgpuAllocation>::namespaced(self.view.client().clone(), &grant.namespace);
         let version = allocation.metadata.resource_version.as_deref();

@@ -463,3 +463,39 @@ fn the_answer_carries_cdi_devices_and_annotations() {
         }]
     );
 }
+
+#[test]
+fn a_served_container_is_recorded_once_and_a_released_allocation_never_comes_back() {
+    let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
+    let two = vec![
+        ("init", vec![slice("GPU-a", 1024, 10)]),
+        ("main", vec![slice("GPU-a", 2048, 20)]),
+    ];
+    let made = [ServedMigInstance {
+        container: "init".into(),
+        gpu: "GPU-a".into(),
+        uuid: "MIG-1".into(),
+    }];
+    // The first of two containers: listed, not yet Allocated.
+    let fresh = allocation(two.clone(), &[]);
+    let first = serve(&fresh, &["GPU-a"]).unwrap();
+    let status = served_status(&fresh, &first, &made, now.clone()).unwrap();
+    assert_eq!(status.served_containers, ["init"]);
+    assert_eq!(status.mig_instances, made);
+    assert_eq!((status.phase, status.allocated_at), (None, None));
+    // The last one: Allocated at `now`, the earlier container kept.
+    let half = allocation(two.clone(), &["init"]);
+    let last = serve(&half, &["GPU-a"]).unwrap();
+    let status = served_status(&half, &last, &[], now.clone()).unwrap();
+    assert_eq!(status.served_containers, ["init", "main"]);
+    assert_eq!(status.phase, Some(AllocationPhase::Allocated));
+    assert_eq!(status.allocated_at, Some(now.clone()));
+    // A retry after an attempt got through writes nothing.
+    let whole = allocation(two.clone(), &["init", "main"]);
+    assert_eq!(served_status(&whole, &last, &[], now.clone()), None);
+    // Released while the write was retried (the pod was deleted): its
+    // slices may be another pod's by now, so it is never marked Allocated.
+    let mut released = allocation(two, &["init"]);
+    released.status.get_or_insert_with(Default::default).phase = Some(AllocationPhase::Released);
+    assert_eq!(served_status(&released, &last, &[], now), None);
+}
