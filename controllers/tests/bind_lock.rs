@@ -491,6 +491,23 @@ async fn a_failed_binds_leftover_allocation_does_not_strand_the_pod() {
         .create(&PostParams::default(), &leftover)
         .await
         .unwrap();
+    let key = tessera_controllers::projection::AllocationKey {
+        namespace: "default".into(),
+        name: "stranded".into(),
+    };
+    let leftover_in_ledger = || {
+        cluster
+            .projection
+            .read()
+            .allocation(&key)
+            .is_some_and(|a| a.node == "lock-2")
+    };
+    tessera_testkit::eventually(
+        "the leftover in the ledger",
+        Duration::from_secs(10),
+        async || leftover_in_ledger(),
+    )
+    .await;
 
     // A Bind of this pod holds lock-2: the leftover may be its, in flight.
     let held = lock_object(
@@ -511,6 +528,15 @@ async fn a_failed_binds_leftover_allocation_does_not_strand_the_pod() {
             .to_string()
             .contains("already has an allocation on node lock-2"),
         "{error}"
+    );
+    // The failed Bind's reservation (on NODE) replaced the leftover's entry
+    // in the ledger for a moment; the leftover still holds its slices on
+    // lock-2 and the ledger must say so again, or they are handed out twice
+    // (seen in the chaos test: 120 % of a GPU's cores).
+    assert!(
+        leftover_in_ledger(),
+        "the ledger lost the leftover: {:?}",
+        cluster.projection.read().allocation(&key)
     );
 
     // The other Bind is gone: the leftover is replaced and the pod bound.
