@@ -12,7 +12,10 @@
 //! - no live allocation outlives its pod by more than 30 s, no NodeLock is held;
 //! - every Running GPU container sees exactly its allocation's GPUs and memory;
 //! - every Deployment-owned pod Runs (or is Pending for lack of room, with
-//!   the extender's reason) and at most one bare pod is lost, its cause printed.
+//!   the extender's reason) and at most one bare pod is lost, its cause printed,
+//!   besides one per agent kill that the kubelet rejected at admission on that
+//!   agent's node (the plugin killed during the pod's admission: upstream
+//!   behaviour).
 //!
 //! Bounded for `make test` (48 bare pods and 3 Deployments of 4, one
 //! scaled to 6, over about 40 s); `make soak` runs it longer with more pods
@@ -201,6 +204,8 @@ struct Chaos {
     rng: Rng,
     /// What was done, in order, for the report.
     log: Vec<String>,
+    /// How many times each node's agent was killed.
+    agent_kills: BTreeMap<&'static str, usize>,
 }
 
 impl Chaos {
@@ -219,6 +224,7 @@ impl Chaos {
                     .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
                 let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
                 let killed = kill_in_pod(&uid, "tessera-node-agent").unwrap();
+                *self.agent_kills.entry(node).or_default() += 1;
                 self.log.push(format!(
                     "{when:6.1}s SIGKILL agent on {node}: pids {killed:?}"
                 ));
@@ -382,6 +388,7 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         client: client.clone(),
         rng: Rng(rng.next()),
         log: Vec::new(),
+        agent_kills: BTreeMap::new(),
     };
 
     // Faults at random points of the stream: kills of the agents and the
@@ -541,10 +548,33 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         lost_pods(true),
         lost_pods(false)
     );
+    // The kubelet rejects a pod for good when its admission meets the
+    // device plugin killed (the RPC in flight breaks, or the plugin's
+    // devices are already unhealthy): upstream behaviour no plugin can
+    // prevent, and each kill can cost the pod being admitted at that moment.
+    // So a bare pod lost that way on a node whose agent was killed is
+    // counted against that node's kills; any other loss against the one
+    // allowed before.
+    let mut excused: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut other = Vec::new();
+    for pod in all.iter().filter(|p| p.metadata.owner_references.is_none()) {
+        let Some(cause) = lost(pod) else { continue };
+        let node = node_of(pod);
+        let at_admission = cause.starts_with("UnexpectedAdmissionError")
+            && (cause.contains("device plugin") || cause.contains("unhealthy devices"));
+        let kills = chaos.agent_kills.get(node).copied().unwrap_or(0);
+        let counted = excused.entry(node).or_default();
+        if at_admission && *counted < kills {
+            *counted += 1;
+        } else {
+            other.push((pod.metadata.name.clone().unwrap_or_default(), cause));
+        }
+    }
     assert!(
-        lost_pods(true).len() <= 1,
-        "more than one bare pod lost: {:?}",
-        lost_pods(true)
+        other.len() <= 1,
+        "more than one bare pod lost beyond one per agent kill at admission on its node \
+         (kills {:?}, counted {excused:?}): {other:?}",
+        chaos.agent_kills
     );
 
     // No overcommit: live allocations folded against every device.
