@@ -37,10 +37,11 @@ pub fn large_kind() -> watcher::Config {
 }
 
 /// Objects per page of the first list of the Pods and Nodes the lifecycle
-/// controllers keep pruned (`lifecycle/prune.rs`): a page arrives and is
-/// decoded whole, as full objects, before each is pruned, so pages of
-/// [`LIST_PAGE`] full pods made the start's memory peak. Nothing waits on
-/// these lists to answer kube-scheduler.
+/// controllers keep pruned: a page arrives whole before any object of it
+/// is pruned (Nodes are decoded as full objects first, `lifecycle/prune.rs`;
+/// Pods as [`crate::lean_pod::LeanPod`]), so pages of [`LIST_PAGE`] full
+/// pods made the start's memory peak. Nothing waits on these lists to
+/// answer kube-scheduler.
 pub const PRUNED_LIST_PAGE: u32 = 500;
 
 /// The watch configuration of a large kind kept pruned.

@@ -65,8 +65,10 @@ impl LeanPod {
         self.status.phase.as_deref()
     }
 
-    /// What is kept of a full Pod (for a pod read as one).
-    pub fn of(pod: &Pod) -> Self {
+    /// What is kept of a full Pod, built field by field: what the tests
+    /// compare a pod read lean with.
+    #[cfg(test)]
+    pub(crate) fn of(pod: &Pod) -> Self {
         let status = pod.status.as_ref();
         let listed = |statuses: Option<&Vec<_>>| statuses.is_some_and(|s| !s.is_empty());
         Self {

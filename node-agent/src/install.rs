@@ -91,10 +91,20 @@ pub fn install_interposer(from: &Path, to: &Path) -> Result<Installed, Error> {
         }
     };
     let contents = fs::read(from).map_err(failed("reading the source"))?;
+    install(to, &contents, MODE).map_err(|(action, source)| failed(action)(source))
+}
+
+/// Replaces `to` with `contents` ([`replace`]) unless it already holds
+/// exactly them, in which case the file (and its inode) is left alone.
+fn install(
+    to: &Path,
+    contents: &[u8],
+    mode: u32,
+) -> Result<Installed, (&'static str, std::io::Error)> {
     if fs::read(to).is_ok_and(|current| current == contents) {
         return Ok(Installed::AlreadyCurrent);
     }
-    replace(to, &contents, MODE).map_err(|(action, source)| failed(action)(source))?;
+    replace(to, contents, mode)?;
     Ok(Installed::Copied)
 }
 
@@ -111,11 +121,7 @@ pub fn install_interposer(from: &Path, to: &Path) -> Result<Installed, Error> {
 /// the one they mounted).
 pub fn install_preload(to: &Path) -> Result<Installed, Error> {
     let contents = format!("{}\n", crate::contract::CONTAINER_LIBRARY);
-    if fs::read(to).is_ok_and(|current| current == contents.as_bytes()) {
-        return Ok(Installed::AlreadyCurrent);
-    }
-    replace(to, contents.as_bytes(), LIMITS_MODE).map_err(step_failed(to))?;
-    Ok(Installed::Copied)
+    install(to, contents.as_bytes(), LIMITS_MODE).map_err(step_failed(to))
 }
 
 /// Replaces `to` with `contents` (mode `mode`) atomically and durably:

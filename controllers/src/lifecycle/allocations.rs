@@ -2,7 +2,6 @@
 //! deleted or finishes (the owner reference then deletes it with the pod),
 //! and `Allocated` when its pod runs but the node agent did not record it.
 
-use crate::lean_pod::LeanPod;
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
@@ -17,6 +16,7 @@ use tessera_kubekit::Watched;
 use super::caches::{Caches, retry_cached};
 use crate::{
     Error,
+    lean_pod::LeanPod,
     lifecycle_rules::{HOLD_LAPSED, hold_expiry, release_reason, served_unrecorded},
 };
 

@@ -1,7 +1,6 @@
 //! What the lifecycle reconcilers share: the cached objects they decide
 //! from, the locks released lately, and how a failed reconcile retries.
 
-use crate::lean_pod::LeanPod;
 use std::{sync::Arc, time::Duration};
 
 use kube::{
@@ -14,7 +13,7 @@ use kube::{
 use tessera_api::v1alpha1::VgpuAllocation;
 use tessera_kubekit::Watched;
 
-use crate::{Error, cache::Cache};
+use crate::{Error, cache::Cache, lean_pod::LeanPod};
 
 /// How long a failed reconcile waits before trying again.
 pub(super) const RETRY: Duration = Duration::from_secs(5);

@@ -3,7 +3,6 @@
 //! whose holder is deleted, finished or bound elsewhere with no allocation
 //! to say so, or that expired unserved, is deleted.
 
-use crate::lean_pod::LeanPod;
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
@@ -19,6 +18,7 @@ use tessera_kubekit::Watched;
 use super::caches::{Caches, retry_cached};
 use crate::{
     Error,
+    lean_pod::LeanPod,
     lifecycle_rules::{LockAction, lock_action},
 };
 
