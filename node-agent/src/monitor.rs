@@ -30,6 +30,7 @@ use tessera_api::v1alpha1::VgpuAllocation;
 use crate::{backend::Backend, holders::live_allocations};
 
 pub mod arbiter;
+pub mod cores;
 pub mod hami;
 pub mod regions;
 mod scrape;
@@ -70,6 +71,7 @@ pub fn read_usage(regions: &Path) -> Usage {
                 Reading {
                     used: device.used,
                     launched_at,
+                    busy_ns: device.busy_ns,
                 },
             );
         }
@@ -92,6 +94,8 @@ pub struct Sources {
     pub legacy: bool,
     /// The device plugin's registration with the kubelet (`/readyz`).
     pub plugin: tokio::sync::watch::Receiver<crate::readiness::PluginState>,
+    /// Compute use between scrapes.
+    pub core_rates: Arc<cores::CoreRates>,
 }
 
 /// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (the
@@ -121,7 +125,13 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
     let metrics = move || {
         let sources = sources.clone();
         async move {
-            let devices = sources.offers.borrow().devices.clone();
+            let (devices, core_policy) = {
+                let offer = sources.offers.borrow();
+                (
+                    offer.devices.clone(),
+                    offer.resolved.settings.gpu_core_policy,
+                )
+            };
             let (regions, backend) = (sources.regions.clone(), sources.backend.clone());
             let (usage, host, refused) = tokio::task::spawn_blocking(move || {
                 let host = backend.usage().unwrap_or_else(|error| {
@@ -133,14 +143,18 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
             })
             .await
             .unwrap_or_default();
+            let now_ns = tessera_vgpu_region::priority::monotonic_now();
+            let core_use = sources.core_rates.observe(&usage, now_ns);
             let text = render(&Scrape {
                 node: sources.view.node(),
                 devices: &devices,
                 allocations: &sources.view.allocations(),
                 usage: &usage,
+                core_use: &core_use,
+                core_policy,
                 refused: &refused,
                 host: &host,
-                now_ns: tessera_vgpu_region::priority::monotonic_now(),
+                now_ns,
                 legacy: sources.legacy,
             });
             (
@@ -165,17 +179,9 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) {
 /// is shared with another live allocation (HAMi's `default` core policy
 /// limits compute only then). Keyed by region directory name.
 pub fn sharing_marks(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<bool>> {
-    let live: Vec<&VgpuAllocation> = live_allocations(allocations).collect();
-    let mut users: BTreeMap<&str, usize> = BTreeMap::new();
-    for allocation in &live {
-        for container in &allocation.spec.containers {
-            for slice in &container.devices {
-                *users.entry(slice.uuid.as_str()).or_default() += 1;
-            }
-        }
-    }
+    let users = users_per_gpu(allocations);
     let mut marks = BTreeMap::new();
-    for allocation in &live {
+    for allocation in live_allocations(allocations) {
         for container in &allocation.spec.containers {
             let shared = container
                 .devices
@@ -186,6 +192,19 @@ pub fn sharing_marks(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<boo
         }
     }
     marks
+}
+
+/// How many slices of live allocations each GPU (by UUID) holds.
+fn users_per_gpu(allocations: &[VgpuAllocation]) -> BTreeMap<&str, usize> {
+    let mut users: BTreeMap<&str, usize> = BTreeMap::new();
+    for allocation in live_allocations(allocations) {
+        for container in &allocation.spec.containers {
+            for slice in &container.devices {
+                *users.entry(slice.uuid.as_str()).or_default() += 1;
+            }
+        }
+    }
+    users
 }
 
 /// Writes the sharing marks into the regions that exist and are valid

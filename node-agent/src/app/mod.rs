@@ -187,6 +187,7 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
                 backend: backend.clone(),
                 legacy: args.legacy_metrics,
                 plugin: plugin_states.clone(),
+                core_rates: Default::default(),
             },
         ),
     );

@@ -6,7 +6,10 @@
 //! `prometheus.WrapRegistererWith({"zone": "vGPU"})`), and with
 //! `--legacy-metrics` the same values are exported a second time under the
 //! names and labels of HAMi before v2.9 (HAMi's `--legacy-metrics`, which also
-//! keeps the new names). Only what Tessera measures is exported; docs/node-agent.md
+//! keeps the new names). Two more, `hami_vgpu_core_used_percent` and
+//! `hami_vgpu_core_limit_percent`, are the ones HAMi's tuning guide queries
+//! (HAMi's monitor has no such series); they carry v2.9's container labels
+//! and have no legacy names. Only what Tessera measures is exported; docs/node-agent.md
 //! lists the HAMi series left out and why, and a test keeps that table and
 //! this module in step. Label fields are in alphabetical order, the order
 //! HAMi's Go client writes them.
@@ -73,6 +76,10 @@ struct Names {
     memory_used: [&'static str; 2],
     memory_limit: [&'static str; 2],
     last_kernel: [&'static str; 2],
+    /// The tuning guide's compute series (HAMi's tuning guide names them;
+    /// HAMi's monitor does not export them): only under v2.9's labels.
+    core_used: Option<[&'static str; 2]>,
+    core_limit: Option<[&'static str; 2]>,
 }
 
 /// HAMi v2.9's names and labels.
@@ -122,6 +129,14 @@ impl Scheme for Current {
             "hami_container_last_kernel_elapsed_seconds",
             "Seconds since last kernel execution in container",
         ],
+        core_used: Some([
+            "hami_vgpu_core_used_percent",
+            "vGPU compute use, percent of the GPU's SMs (the interposer's measured GPU time)",
+        ]),
+        core_limit: Some([
+            "hami_vgpu_core_limit_percent",
+            "vGPU compute limit, percent of the GPU's SMs (100 for none)",
+        ]),
     };
 
     fn host(key: &HostKey<'_>) -> HostLabels {
@@ -180,6 +195,8 @@ impl Scheme for Legacy {
             "Device_last_kernel_of_container",
             "Container device last kernel description",
         ],
+        core_used: None,
+        core_limit: None,
     };
 
     fn host(key: &HostKey<'_>) -> LegacyHostLabels {
@@ -221,6 +238,10 @@ pub enum ContainerSeries {
     MemoryLimit,
     /// Seconds since the container last launched a kernel on the device.
     LastKernel,
+    /// The container's compute use on the device, percent of its SMs.
+    CoreUsed,
+    /// The container's compute limit on the device, percent of its SMs.
+    CoreLimit,
 }
 
 /// One scheme's families in a registry.
@@ -230,6 +251,8 @@ struct Families<S: Scheme> {
     memory_used: Family<S::Container, Gauge>,
     memory_limit: Family<S::Container, Gauge>,
     last_kernel: Family<S::Container, Gauge>,
+    core_used: Option<Family<S::Container, Gauge>>,
+    core_limit: Option<Family<S::Container, Gauge>>,
 }
 
 impl<S: Scheme> Families<S> {
@@ -246,6 +269,8 @@ impl<S: Scheme> Families<S> {
             memory_used: family(registry, names.memory_used),
             memory_limit: family(registry, names.memory_limit),
             last_kernel: family(registry, names.last_kernel),
+            core_used: names.core_used.map(|n| family(registry, n)),
+            core_limit: names.core_limit.map(|n| family(registry, n)),
         }
     }
 
@@ -259,11 +284,15 @@ impl<S: Scheme> Families<S> {
 
     fn container(&self, key: &ContainerKey<'_>, series: ContainerSeries, value: i64) {
         let family = match series {
-            ContainerSeries::MemoryUsed => &self.memory_used,
-            ContainerSeries::MemoryLimit => &self.memory_limit,
-            ContainerSeries::LastKernel => &self.last_kernel,
+            ContainerSeries::MemoryUsed => Some(&self.memory_used),
+            ContainerSeries::MemoryLimit => Some(&self.memory_limit),
+            ContainerSeries::LastKernel => Some(&self.last_kernel),
+            ContainerSeries::CoreUsed => self.core_used.as_ref(),
+            ContainerSeries::CoreLimit => self.core_limit.as_ref(),
         };
-        family.get_or_create(&S::container(key)).set(value);
+        if let Some(family) = family {
+            family.get_or_create(&S::container(key)).set(value);
+        }
     }
 }
 

@@ -7,11 +7,13 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-use tessera_api::v1alpha1::{DeviceHealth, GpuDevice, VgpuAllocation};
+use tessera_api::v1alpha1::{CorePolicy, DeviceHealth, GpuDevice, VgpuAllocation};
 
 use super::{
+    cores::CoreUse,
     hami::{ContainerKey, ContainerSeries, Hami, HostKey, HostSeries},
     usage::Usage,
+    users_per_gpu,
 };
 use crate::{backend::HostUsage, holders::live_allocations};
 
@@ -48,6 +50,12 @@ pub struct Scrape<'a> {
     pub allocations: &'a [VgpuAllocation],
     /// What the containers' shared regions say.
     pub usage: &'a Usage,
+    /// Each container device's compute use over the last window
+    /// ([`super::cores::CoreRates`]).
+    pub core_use: &'a CoreUse,
+    /// The node's `gpuCorePolicy`: with the limits it decides where the
+    /// interposer enforces (and so measures) compute.
+    pub core_policy: CorePolicy,
     /// How many times each container's region was refused (by region
     /// directory name), since the agent started.
     pub refused: &'a HashMap<String, u64>,
@@ -107,6 +115,13 @@ pub fn render(scrape: &Scrape<'_>) -> String {
         "tessera_container_core_limit_percent",
         "A container's compute limit, percent of SMs",
     );
+    let core_used = container(
+        &mut registry,
+        "tessera_container_core_used_percent",
+        "A container's compute use over the last window of at least 5 s, percent of the GPU's \
+         SMs, from the GPU time its region records (only where the interposer enforces a compute \
+         limit; at most 100)",
+    );
     let used = container(
         &mut registry,
         "tessera_container_memory_used_bytes",
@@ -163,10 +178,14 @@ pub fn render(scrape: &Scrape<'_>) -> String {
         cores_allocated.get_or_create(l).set(0);
         slices_allocated.get_or_create(l).set(0);
     }
+    let users = users_per_gpu(scrape.allocations);
     for allocation in live_allocations(scrape.allocations) {
         let namespace = allocation.metadata.namespace.as_deref().unwrap_or_default();
         for c in &allocation.spec.containers {
             let dir = allocation.region_name(&c.name);
+            // The one SM limit the container's interposer gets (its largest
+            // share, as Allocate hands it out).
+            let enforced = c.devices.iter().map(|s| s.cores).max().unwrap_or(0);
             for (i, slice) in c.devices.iter().enumerate() {
                 if let Some(l) = labels.get(slice.uuid.as_str()) {
                     memory_allocated
@@ -195,6 +214,19 @@ pub fn render(scrape: &Scrape<'_>) -> String {
                 limit.get_or_create(&ours).set(bytes);
                 hami.container(&theirs, ContainerSeries::MemoryLimit, bytes);
                 core_limit.get_or_create(&ours).set(i64::from(slice.cores));
+                // HAMi's reading of a limit: no limit is every SM.
+                let hami_limit = match slice.cores {
+                    0 => 100,
+                    cores => cores.min(100),
+                };
+                hami.container(&theirs, ContainerSeries::CoreLimit, i64::from(hami_limit));
+                let shared = users.get(slice.uuid.as_str()).copied().unwrap_or(0) > 1;
+                let measured = limits_compute(enforced, scrape.core_policy, shared);
+                if let Some(&percent) = scrape.core_use.get(&(dir.clone(), i)).filter(|_| measured)
+                {
+                    core_used.get_or_create(&ours).set(i64::from(percent));
+                    hami.container(&theirs, ContainerSeries::CoreUsed, i64::from(percent));
+                }
                 if let Some(&count) = scrape.refused.get(&dir) {
                     refused.get_or_create(&ours).inc_by(count);
                 }
@@ -222,6 +254,19 @@ pub fn render(scrape: &Scrape<'_>) -> String {
     // Writing into a String cannot fail.
     let _ = encode(&mut text, &registry);
     text
+}
+
+/// Whether the interposer limits (and so measures) a container's compute
+/// on a GPU: an SM limit under 100 %, a policy that applies it, and for the
+/// `default` policy a GPU shared with another live allocation (its limiter
+/// is `policy/compute/limiter.rs`).
+fn limits_compute(cores: u32, policy: CorePolicy, shared: bool) -> bool {
+    (1..100).contains(&cores)
+        && match policy {
+            CorePolicy::Disable => false,
+            CorePolicy::Force => true,
+            CorePolicy::Default => shared,
+        }
 }
 
 fn gauge(value: u64) -> i64 {

@@ -39,12 +39,13 @@ fn has(text: &str, line: &str) -> bool {
 fn reading(used: u64) -> Reading {
     Reading {
         used,
-        launched_at: None,
+        ..Reading::default()
     }
 }
 
 static NO_REFUSALS: std::sync::LazyLock<std::collections::HashMap<String, u64>> =
     std::sync::LazyLock::new(Default::default);
+static NO_CORE_USE: cores::CoreUse = cores::CoreUse::new();
 
 fn scrape<'a>(
     devices: &'a [GpuDevice],
@@ -56,6 +57,8 @@ fn scrape<'a>(
         devices,
         allocations,
         usage,
+        core_use: &NO_CORE_USE,
+        core_policy: tessera_api::v1alpha1::CorePolicy::Default,
         refused: &NO_REFUSALS,
         host: &[],
         now_ns: 0,
@@ -92,6 +95,7 @@ fn devices_and_live_allocations_become_series() {
             3000i64 << 20
         ),
         r#"tessera_container_core_limit_percent{namespace="ml",pod="a",container="main",uuid="GPU-0",device_index="0"} 30"#.to_owned(),
+        r#"hami_vgpu_core_limit_percent{container="main",device_uuid="GPU-0",namespace="ml",pod="a",vdevice_index="0",zone="vGPU"} 30"#.to_owned(),
         format!(
             r#"tessera_container_memory_used_bytes{{namespace="ml",pod="a",container="main",uuid="GPU-0",device_index="0"}} {}"#,
             512i64 << 20
@@ -112,14 +116,15 @@ fn devices_and_live_allocations_become_series() {
         "no usage is invented before the container's first CUDA call"
     );
     for absent in [
-        "hami_vgpu_core_limit_percent",
+        "hami_vgpu_core_used_percent{",
+        "tessera_container_core_used_percent{",
         "hami_host_gpu_memory_used_bytes",
         "hami_container_last_kernel_elapsed_seconds{",
         "vGPU_device_memory_limit_in_bytes",
     ] {
         assert!(
             !text.contains(absent),
-            "{absent}: not in HAMi, not measured, or legacy\n{text}"
+            "{absent}: not in HAMi, not measured (no compute use read yet), or legacy\n{text}"
         );
     }
 }
@@ -168,6 +173,7 @@ fn usage_is_read_from_the_containers_regions() {
     region.try_reserve(slot, 0, 300 << 20).unwrap();
     let before = tessera_vgpu_region::priority::monotonic_now();
     region.record_launch(slot, 1, before);
+    region.record_compute(1, 7_000_000, 1_000);
     let usage = read_usage(root.path());
     assert_eq!(
         usage.get(&("uid-a_main".into(), 0)),
@@ -178,7 +184,8 @@ fn usage_is_read_from_the_containers_regions() {
         usage.get(&("uid-a_main".into(), 1)),
         Some(&Reading {
             used: 0,
-            launched_at: Some(before)
+            launched_at: Some(before),
+            busy_ns: 7_000_000,
         })
     );
     assert!(!usage.keys().any(|(dir, _)| dir == "uid-b_main"));
@@ -504,4 +511,85 @@ mod hostile {
         );
         assert!(logged.len() <= 1, "rate-limited: {logged:#?}");
     }
+}
+
+#[test]
+fn compute_use_is_exported_where_the_interposer_limits_compute() {
+    use tessera_api::v1alpha1::CorePolicy;
+    let devices = [
+        device("GPU-0", 0, DeviceHealth::Healthy),
+        device("GPU-1", 1, DeviceHealth::Healthy),
+    ];
+    let on = |pod: &str, uid: &str, gpu: &str, cores: u32| {
+        testing::allocation(pod, uid, "n1")
+            .namespace("ml")
+            .container(testing::container(
+                "main",
+                vec![testing::slice(gpu, 0, 1000, cores)],
+            ))
+            .build()
+    };
+    // a and b share GPU-0 (30 % each); c is alone on GPU-1 (40 %); d holds
+    // GPU-0 with no compute limit.
+    let allocations = [
+        on("a", "uid-a", "GPU-0", 30),
+        on("b", "uid-b", "GPU-0", 30),
+        on("c", "uid-c", "GPU-1", 40),
+        on("d", "uid-d", "GPU-0", 0),
+    ];
+    let usage: Usage = ["uid-a_main", "uid-b_main", "uid-c_main", "uid-d_main"]
+        .into_iter()
+        .map(|dir| ((dir.to_owned(), 0), reading(0)))
+        .collect();
+    let core_use: cores::CoreUse = [("uid-a_main", 29), ("uid-c_main", 41), ("uid-d_main", 0)]
+        .into_iter()
+        .map(|(dir, percent)| ((dir.to_owned(), 0), percent))
+        .collect();
+    let hami = |pod: &str, gpu: &str| {
+        format!(
+            r#"{{container="main",device_uuid="{gpu}",namespace="ml",pod="{pod}",vdevice_index="0",zone="vGPU"}}"#
+        )
+    };
+    let render_with = |policy| {
+        render(&Scrape {
+            core_use: &core_use,
+            core_policy: policy,
+            ..scrape(&devices, &allocations, &usage)
+        })
+    };
+
+    let text = render_with(CorePolicy::Default);
+    for line in [
+        format!("hami_vgpu_core_used_percent{} 29", hami("a", "GPU-0")),
+        format!("hami_vgpu_core_limit_percent{} 30", hami("a", "GPU-0")),
+        format!("hami_vgpu_core_limit_percent{} 40", hami("c", "GPU-1")),
+        // No compute limit is every SM, as HAMi reads a limit of 0.
+        format!("hami_vgpu_core_limit_percent{} 100", hami("d", "GPU-0")),
+        r#"tessera_container_core_used_percent{namespace="ml",pod="a",container="main",uuid="GPU-0",device_index="0"} 29"#.to_owned(),
+    ] {
+        assert!(has(&text, &line), "missing {line}\n{text}");
+    }
+    for absent in [
+        // b's rate is not known yet; c is alone on its GPU, so `default`
+        // does not limit it and nothing measures it; d has no limit.
+        format!("hami_vgpu_core_used_percent{}", hami("b", "GPU-0")),
+        format!("hami_vgpu_core_used_percent{}", hami("c", "GPU-1")),
+        format!("hami_vgpu_core_used_percent{}", hami("d", "GPU-0")),
+    ] {
+        assert!(!text.contains(&absent), "{absent} is not measured\n{text}");
+    }
+
+    let text = render_with(CorePolicy::Force);
+    let line = format!("hami_vgpu_core_used_percent{} 41", hami("c", "GPU-1"));
+    assert!(has(&text, &line), "force limits c alone too\n{text}");
+
+    let text = render_with(CorePolicy::Disable);
+    assert!(
+        !text.contains("hami_vgpu_core_used_percent{"),
+        "disable limits (and measures) nothing\n{text}"
+    );
+    assert!(has(
+        &text,
+        &format!("hami_vgpu_core_limit_percent{} 30", hami("a", "GPU-0"))
+    ));
 }

@@ -12,6 +12,10 @@ pub struct Reading {
     /// not recorded (the interposer records them for containers with a
     /// compute limit or high priority).
     pub launched_at: Option<u64>,
+    /// GPU time the container's limited launches took on the device since
+    /// its region was created, ns (the interposer measures it only while it
+    /// enforces a compute limit there).
+    pub busy_ns: u64,
 }
 
 /// Readings per container and CUDA ordinal, read from region files.

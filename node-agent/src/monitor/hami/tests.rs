@@ -211,8 +211,10 @@ fn everything(legacy: bool) -> String {
         Reading {
             used: 300 << 20,
             launched_at: Some(1_000_000_000),
+            busy_ns: 0,
         },
     );
+    let core_use = [(("uid-a_main".to_owned(), 0), 25)].into_iter().collect();
     let host = [HostUsage {
         uuid: "GPU-0".into(),
         index: 0,
@@ -225,6 +227,8 @@ fn everything(legacy: bool) -> String {
         devices: &devices,
         allocations: &allocations,
         usage: &usage,
+        core_use: &core_use,
+        core_policy: tessera_api::v1alpha1::CorePolicy::Force,
         refused: &Default::default(),
         host: &host,
         now_ns: 4_500_000_000,
@@ -246,12 +250,15 @@ fn the_docs_table_is_what_the_agent_exports() {
     let table = |legacy: bool| -> Series {
         documented
             .iter()
-            .filter(|(_, _, scheme)| legacy || scheme == "v2.9")
+            .filter(|(_, _, scheme)| legacy || scheme != "legacy")
             .map(|(name, labels, _)| (name.clone(), labels.clone()))
             .collect()
     };
     for (_, _, scheme) in &documented {
-        assert!(["v2.9", "legacy"].contains(&scheme.as_str()), "{scheme}");
+        assert!(
+            ["v2.9", "legacy", "guide"].contains(&scheme.as_str()),
+            "{scheme}"
+        );
     }
     assert_eq!(hami_only(encoded(&everything(false))), table(false));
     assert_eq!(hami_only(encoded(&everything(true))), table(true));
@@ -268,7 +275,27 @@ fn every_series_has_hamis_name_and_labels() {
             )
         })
         .collect();
+    // The tuning guide's series are not the monitor's: they take v2.9's
+    // container labels.
+    let guide: Series = docs_table("### HAMi-compatible series")
+        .into_iter()
+        .filter(|(_, _, scheme)| scheme == "guide")
+        .map(|(name, labels, _)| (name, labels))
+        .collect();
+    assert_eq!(
+        guide.keys().collect::<Vec<_>>(),
+        [
+            "hami_vgpu_core_limit_percent",
+            "hami_vgpu_core_used_percent"
+        ]
+    );
+    for labels in guide.values() {
+        assert_eq!(labels, &hami["hami_vgpu_memory_used_bytes"]);
+    }
     for (name, labels) in hami_only(encoded(&everything(true))) {
+        if guide.contains_key(&name) {
+            continue;
+        }
         assert_eq!(
             hami.get(&name),
             Some(&labels),
@@ -280,6 +307,7 @@ fn every_series_has_hamis_name_and_labels() {
     let documented: Series = docs_table("### HAMi-compatible series")
         .into_iter()
         .chain(docs_table("### HAMi series not exported"))
+        .filter(|(_, _, scheme)| scheme != "guide")
         .map(|(name, labels, _)| (name, labels))
         .collect();
     assert_eq!(documented, hami);
@@ -317,6 +345,8 @@ fn values_are_hamis_and_legacy_repeats_them() {
         // Launched at 1 s, scraped at 4.5 s: 3 whole seconds, as HAMi rounds.
         format!("hami_container_last_kernel_elapsed_seconds{{{container}}} 3"),
         format!("Device_last_kernel_of_container{{{legacy}}} 3"),
+        format!("hami_vgpu_core_used_percent{{{container}}} 25"),
+        format!("hami_vgpu_core_limit_percent{{{container}}} 30"),
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
     }
