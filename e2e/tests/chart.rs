@@ -328,6 +328,13 @@ fn every_option_reaches_the_objects() {
     assert_eq!(config["spec"]["deviceSplitCount"], 7);
     let pdb = find(&objects, "PodDisruptionBudget", "tessera-scheduler");
     assert_eq!(pdb["spec"]["minAvailable"], 2);
+
+    // Per-pod series keep the workload's `pod` and `namespace` labels
+    // (HAMi's dashboards and the tuning guide read them).
+    for monitor in ["tessera-node-agent", "tessera-controller"] {
+        let monitor = find(&objects, "ServiceMonitor", monitor);
+        assert_eq!(monitor["spec"]["endpoints"][0]["honorLabels"], true);
+    }
 }
 
 #[test]

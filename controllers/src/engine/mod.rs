@@ -28,6 +28,7 @@ pub mod quota;
 mod reason;
 mod score;
 mod topology;
+pub mod tuning;
 mod wings;
 
 #[cfg(test)]
@@ -49,6 +50,6 @@ pub use placement::{
     ContainerPlacement, EXCLUSIVE_CORES, MAX_CORE_INDEXES, MigCut, Placement, Slice, core_indexes,
     core_mask,
 };
-pub use reason::Rejection;
+pub use reason::{Lack, Rejection};
 pub use score::{device_score, node_score, prioritized_score};
 pub use topology::{normalize as normalize_topology, topology_score};

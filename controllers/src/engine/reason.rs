@@ -121,7 +121,10 @@ impl Census {
         let noun = noun(container);
         if total == 0 {
             let _ = write!(message, ": the node has no {noun}s");
-            return Rejection { message };
+            return Rejection {
+                message,
+                lack: None,
+            };
         }
         let keys = FilterKeys::of(container);
         let mut parts = Vec::new();
@@ -249,7 +252,50 @@ impl Census {
         if !parts.is_empty() {
             let _ = write!(message, ": {}", parts.join("; "));
         }
-        Rejection { message }
+        let lack = self.lack();
+        Rejection { message, lack }
+    }
+
+    /// What the devices lacked most, of what the tuning guide acts on:
+    /// free slices, memory or cores (ties in that order).
+    fn lack(&self) -> Option<Lack> {
+        let count =
+            |causes: &[Cause]| -> u32 { causes.iter().map(|&c| self.counts[c as usize]).sum() };
+        [
+            (Lack::Slice, count(&[Cause::NoFreeSlice])),
+            (Lack::Memory, count(&[Cause::Memory])),
+            (Lack::Cores, count(&[Cause::Cores, Cause::CoresExhausted])),
+        ]
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .fold(None::<(Lack, u32)>, |best, (lack, n)| match best {
+            Some((_, m)) if m >= n => best,
+            _ => Some((lack, n)),
+        })
+        .map(|(lack, _)| lack)
+    }
+}
+
+/// What a node's devices lacked for a pod, as the tuning guide's decision
+/// tree reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lack {
+    /// Every device held its split count of pods.
+    Slice,
+    /// No device had the memory free.
+    Memory,
+    /// No device had the cores free.
+    Cores,
+}
+
+impl Lack {
+    /// The label value: `slice`, `memory` or `cores`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Slice => "slice",
+            Self::Memory => "memory",
+            Self::Cores => "cores",
+        }
     }
 }
 
@@ -276,12 +322,19 @@ fn app_class_rule(container: &ContainerRequest) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejection {
     message: String,
+    lack: Option<Lack>,
 }
 
 impl Rejection {
     /// The explanation.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// What the node's devices lacked most, when it was slices, memory or
+    /// cores.
+    pub fn lack(&self) -> Option<Lack> {
+        self.lack
     }
 
     /// A pod asking for NVIDIA GPUs and another family's devices: Tessera's
@@ -315,6 +368,7 @@ impl Rejection {
             message: format!(
                 "{asks}: a pod gets NVIDIA GPUs from Tessera's node agent or another family's devices from its vendor's plugin, not both (docs/vendors.md, mixed nodes)"
             ),
+            lack: None,
         })
     }
 
@@ -337,7 +391,10 @@ impl Rejection {
             if whole == 1 { "has" } else { "have" },
             container.count / 2
         );
-        Self { message }
+        Self {
+            message,
+            lack: None,
+        }
     }
 
     pub(super) fn wings(container: &ContainerRequest, fitting: &[u32], total: usize) -> Self {
@@ -349,7 +406,10 @@ impl Rejection {
             container.count,
             listed.join(", ")
         );
-        Self { message }
+        Self {
+            message,
+            lack: None,
+        }
     }
 
     pub(super) fn consecutive(
@@ -365,7 +425,10 @@ impl Rejection {
                 ": AWS Neuron places 1, 4, 8 or 16 devices on a Trainium node, not {}",
                 container.count
             );
-            return Self { message };
+            return Self {
+                message,
+                lack: None,
+            };
         }
         let rule = if ring {
             "on consecutive free devices (Inferentia's ring)".to_owned()
@@ -382,7 +445,10 @@ impl Rejection {
             container.count,
             listed.join(", ")
         );
-        Self { message }
+        Self {
+            message,
+            lack: None,
+        }
     }
 
     pub(super) fn numa(
@@ -398,7 +464,10 @@ impl Rejection {
             annotations::NUMA_BIND,
             container.count
         );
-        Self { message }
+        Self {
+            message,
+            lack: None,
+        }
     }
 }
 

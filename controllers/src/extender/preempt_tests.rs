@@ -428,3 +428,42 @@ fn a_hold_replaced_by_bind_leaves_the_new_reservation_and_comes_back_if_bind_fai
     feeder.allocation_event(Event::Apply(lapsed), &mut relist);
     assert_eq!(entry(&projection), None);
 }
+
+#[test]
+fn filter_records_the_pods_it_finds_no_gpu_for_until_one_fits() {
+    let (projection, feeder) = cluster();
+    let config = Config::default();
+    let ask = |pod: &Pod| {
+        filter(
+            &projection,
+            &config,
+            &ExtenderArgs {
+                pod: pod.clone(),
+                nodes: None,
+                node_names: Some(vec!["n1".into(), "n2".into()]),
+            },
+        )
+    };
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let waiting = |projection: &Projection| -> Vec<String> {
+        projection
+            .waiting()
+            .at(now, |_| false)
+            .into_iter()
+            .map(|w| format!("{}/{} {:?}", w.namespace, w.name, w.lack))
+            .collect()
+    };
+    // 30,000 MiB fits nowhere (every GPU holds 60,000 of 80,000); 10,000 does.
+    let big = pod("big", 30_000);
+    assert!(ask(&big).node_names.unwrap().is_empty());
+    assert!(!ask(&pod("small", 10_000)).node_names.unwrap().is_empty());
+    // Every GPU lacked the memory.
+    assert_eq!(waiting(&projection), ["team/big Some(Memory)"]);
+    // n2's pods go: big fits, and waits no longer.
+    {
+        let mut ledger = feeder.write();
+        ledger.remove_allocation(&key("n2-a"), None);
+    }
+    assert_eq!(ask(&big).node_names.unwrap(), ["n2"]);
+    assert!(waiting(&projection).is_empty());
+}

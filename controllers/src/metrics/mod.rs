@@ -51,6 +51,18 @@ pub struct NodeLabels {
     pub node: String,
 }
 
+/// Labels of a per-pod series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodLabels {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// What the nodes lacked most for it: `slice`, `memory`, `cores`, or
+    /// `other` (a type, a quota, a node not ready, ...).
+    pub lack: &'static str,
+}
+
 /// Labels of HAMi's quota limit gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QuotaLabels {
@@ -105,6 +117,9 @@ pub struct Metrics {
     pub node_locks_expired: Gauge,
     /// Seconds since the oldest held NodeLock was taken.
     pub node_lock_oldest: Seconds,
+    /// Per GPU pod Filter found no node for, seconds since its first such
+    /// answer (set at scrape time).
+    pub gpu_pod_waiting: Family<PodLabels, Seconds>,
     /// Per namespace and device resource, what its pods hold, in the
     /// resource's unit (HAMi's `hami_resource_quota_used`).
     pub quota_used: Family<QuotaUsedLabels, Gauge>,
@@ -173,6 +188,12 @@ impl Metrics {
             "Seconds since the oldest held NodeLock was taken (0 when none is held)",
             node_lock_oldest.clone(),
         );
+        let gpu_pod_waiting = Family::<PodLabels, Seconds>::default();
+        registry.register(
+            "gpu_pod_waiting_seconds",
+            "Per GPU pod this replica's Filter found no GPU for: seconds since the first such answer (gone once it fits, is placed, or has not been asked about for 10 minutes)",
+            gpu_pod_waiting.clone(),
+        );
         let mut hami = Registry::default();
         let quota_used = Family::<QuotaUsedLabels, Gauge>::default();
         hami.register(
@@ -200,6 +221,7 @@ impl Metrics {
             node_locks,
             node_locks_expired,
             node_lock_oldest,
+            gpu_pod_waiting,
             quota_used,
             quota_limit,
             projection,
@@ -276,6 +298,21 @@ impl Metrics {
         self.node_locks.set(count(locks.count));
         self.node_locks_expired.set(count(locks.expired));
         self.node_lock_oldest.set(locks.oldest_age_seconds);
+        let placed = self.projection.placed_pods();
+        self.gpu_pod_waiting.clear();
+        for wait in self
+            .projection
+            .waiting()
+            .at(now, |uid| placed.contains(uid))
+        {
+            self.gpu_pod_waiting
+                .get_or_create(&PodLabels {
+                    namespace: wait.namespace,
+                    pod: wait.name,
+                    lack: wait.lack.map_or("other", crate::engine::Lack::as_str),
+                })
+                .set(seconds_since(wait.since, now));
+        }
         self.quota_used.clear();
         self.quota_limit.clear();
         for (namespace, limits, used) in self.projection.quota_usage(&self.request) {

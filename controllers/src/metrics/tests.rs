@@ -292,3 +292,45 @@ fn webhook_reviews_are_counted_by_outcome() {
         ],
     );
 }
+
+#[test]
+fn a_gpu_pod_waits_until_it_has_an_allocation() {
+    let (metrics, feeder) = setup();
+    let waiting = metrics.projection.waiting();
+    // Filter found no GPU for a (since 15 minutes) and b (since 1 minute),
+    // and for c, whose preemption holds slices for it (not placed yet).
+    waiting.unfit(
+        "uid-a",
+        "ns",
+        "a",
+        Some(crate::engine::Lack::Memory),
+        at(900),
+    );
+    waiting.unfit(
+        "uid-a",
+        "ns",
+        "a",
+        Some(crate::engine::Lack::Memory),
+        at(60),
+    );
+    waiting.unfit("uid-b", "ns", "b", None, at(60));
+    waiting.unfit("uid-c", "ns", "c", Some(crate::engine::Lack::Slice), at(60));
+    let mut relist = crate::projection::AllocationRelist::default();
+    feeder.allocation_event(Event::Apply(held("c", 30)), &mut relist);
+    assert_lines(
+        &render(&metrics),
+        &[
+            r#"tessera_gpu_pod_waiting_seconds{namespace="ns",pod="a",lack="memory"} 900.0"#,
+            r#"tessera_gpu_pod_waiting_seconds{namespace="ns",pod="b",lack="other"} 60.0"#,
+            r#"tessera_gpu_pod_waiting_seconds{namespace="ns",pod="c",lack="slice"} 60.0"#,
+        ],
+    );
+    // a is placed (through whichever replica: its allocation is watched).
+    feeder.allocation_event(Event::Apply(allocation("a", 1, Some("Bound"))), &mut relist);
+    let text = render(&metrics);
+    assert!(!text.contains(r#"pod="a""#), "{text}");
+    assert_lines(
+        &text,
+        &[r#"tessera_gpu_pod_waiting_seconds{namespace="ns",pod="b",lack="other"} 60.0"#],
+    );
+}

@@ -27,6 +27,7 @@ mod locks;
 mod nudge;
 mod quotas;
 mod seen;
+pub mod waiting;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -77,6 +78,7 @@ struct Shared {
     locks: Arc<LockTable>,
     leases: Arc<AgentLeases>,
     waiters: Arc<Waiters>,
+    waiting: Arc<waiting::Waiting>,
     nudges: Option<mpsc::UnboundedSender<String>>,
     /// The receiving end of `nudges`, until someone takes it.
     freed_nodes: Arc<std::sync::Mutex<Option<mpsc::UnboundedReceiver<String>>>>,
@@ -202,6 +204,29 @@ impl Projection {
     /// on them. Filter records into it while holding [`Projection::read`].
     pub fn waiters(&self) -> &Waiters {
         &self.shared.waiters
+    }
+
+    /// The GPU pods Filter found no node for (see [`waiting`]).
+    pub fn waiting(&self) -> &waiting::Waiting {
+        &self.shared.waiting
+    }
+
+    /// The UIDs of pods with an allocation that places them (not one held
+    /// for a preemptor, not released or failed).
+    pub fn placed_pods(&self) -> std::collections::HashSet<String> {
+        self.shared.locks.with_phases(|phases| {
+            phases
+                .values()
+                .filter(|seen| !seen.held)
+                .filter(|seen| {
+                    !matches!(
+                        seen.phase,
+                        Some(AllocationPhase::Released | AllocationPhase::Failed)
+                    )
+                })
+                .map(|seen| seen.pod_uid.clone())
+                .collect()
+        })
     }
 
     /// The node agents' Leases as last seen, by node name (empty unless
