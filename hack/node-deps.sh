@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Installs what Tessera's real nodes (make demo, the real-node tests) need:
 # runc (containerd 2 comes from hack/tools.sh), the CNI plugins, iptables for kube-proxy and a static
-# busybox for the demo image; and promtool (Debian's prometheus package) for the
-# chart's alerting-rule tests. Debian/Ubuntu packages; needs root. Does nothing
+# busybox for the demo image; and Debian's prometheus package (prometheus for
+# the demo, promtool for the alerting-rule tests). Debian/Ubuntu packages; needs root. Does nothing
 # when all are present.
 set -euo pipefail
 
 missing=()
-# `hack/node-deps.sh demo`: only what the demo's real nodes need (no promtool,
-# which only the tests run).
-[[ "${1:-}" == demo ]] || command -v promtool >/dev/null || missing+=(prometheus)
+# Debian's prometheus package: the demo runs prometheus, the tests promtool.
+{ command -v promtool && command -v prometheus; } >/dev/null || missing+=(prometheus)
 if [[ -n "${TESSERA_SKIP_REAL_NODES:-}" ]]; then
   echo "hack/node-deps.sh: TESSERA_SKIP_REAL_NODES is set; not checking real-node packages" >&2
 else

@@ -41,6 +41,7 @@ pub mod oci;
 pub mod pki;
 mod pods;
 pub mod process;
+pub mod prometheus;
 pub mod stack;
 pub mod testkit;
 pub mod tools;

@@ -1,7 +1,9 @@
 //! Tessera's alerting rules and Grafana dashboard (charts/tessera/files/)
 //! against promtool and against what the components really export:
 //!
-//! - `promtool check rules` and `promtool test rules` (e2e/prometheus/);
+//! - `promtool check rules` and `promtool test rules` (e2e/prometheus/), for
+//!   the chart's rules and for HAMi's tuning guide's queries and alerts on
+//!   series recorded from `make demo`'s node agents;
 //! - every dashboard query parses (promtool checks it as a recording rule)
 //!   and uses only `tessera_*` series, with the `datasource` and `node`
 //!   variables;
@@ -42,6 +44,12 @@ use tessera_e2e::{
 
 const RULES: &str = "charts/tessera/files/prometheus-rules.yaml";
 const RULE_TESTS: &str = "e2e/prometheus/rules_test.yaml";
+const GUIDE_RULES: &str = "e2e/prometheus/tuning-guide-rules.yaml";
+const GUIDE_TESTS: &str = "e2e/prometheus/tuning_guide_test.yaml";
+/// kube-state-metrics' series, which the tuning guide's Pending alert reads
+/// and no Tessera component exports (docs/observability.md says so and
+/// gives Tessera's equivalent).
+const KUBE_STATE_METRICS: &str = "kube_";
 const DASHBOARD: &str = "charts/tessera/files/dashboards/tessera.json";
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -297,7 +305,22 @@ fn metric_names_are_found_wherever_promql_puts_them() {
 
 /// Every `expr` of the rules file, with the alert or record it belongs to.
 fn rule_exprs() -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(repo_root().join(RULES)).unwrap();
+    let mut exprs = rule_file_exprs(RULES);
+    exprs.extend(rule_file_exprs(GUIDE_RULES));
+    // The guide's queries, as its tests run them.
+    let text = std::fs::read_to_string(repo_root().join(GUIDE_TESTS)).unwrap();
+    let file: Value = serde_yaml_ng::from_str(&text).unwrap();
+    for test in file["tests"].as_array().expect("tests") {
+        for query in test["promql_expr_test"].as_array().into_iter().flatten() {
+            let expr = query["expr"].as_str().expect("expr");
+            exprs.push((format!("{GUIDE_TESTS}: {expr}"), expr.to_owned()));
+        }
+    }
+    exprs
+}
+
+fn rule_file_exprs(path: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(repo_root().join(path)).unwrap();
     let file: Value = serde_yaml_ng::from_str(&text).unwrap();
     let mut exprs = Vec::new();
     for group in file["groups"].as_array().expect("groups") {
@@ -373,11 +396,30 @@ fn used_metrics() -> BTreeMap<String, Vec<String>> {
         .chain(variable_names(&dashboard));
     for (place, names) in exprs {
         assert!(!names.is_empty(), "{place} reads no metric");
-        for name in names {
+        for name in names
+            .into_iter()
+            .filter(|n| !n.starts_with(KUBE_STATE_METRICS))
+        {
             used.entry(name).or_default().push(place.clone());
         }
     }
     used
+}
+
+/// The promtool tests `tests` (read from `path`) make `alert` fire and
+/// check that it stays quiet.
+#[track_caller]
+fn assert_fires_and_stays_quiet(tests: &str, path: &str, alert: &str) {
+    assert!(
+        tests.contains(&format!(
+            "alertname: {alert}\n        exp_alerts:\n          - exp_labels"
+        )),
+        "{path} never makes {alert} fire"
+    );
+    assert!(
+        tests.contains(&format!("alertname: {alert}\n        exp_alerts: []")),
+        "{path} never checks that {alert} stays quiet"
+    );
 }
 
 #[test]
@@ -386,6 +428,27 @@ fn promtool_checks_and_tests_the_alerting_rules() {
     assert!(checked.contains("SUCCESS"), "{checked}");
     let tested = run_promtool(&["test", "rules", RULE_TESTS]);
     assert!(tested.contains("SUCCESS"), "{tested}");
+    let checked = run_promtool(&["check", "rules", GUIDE_RULES]);
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    let tested = run_promtool(&["test", "rules", GUIDE_TESTS]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+
+    // The guide's tests read series recorded from the demo's agents, and
+    // make both of its alerts fire and stay quiet.
+    let guide = std::fs::read_to_string(repo_root().join(GUIDE_TESTS)).unwrap();
+    let recorded = guide
+        .split_once("# BEGIN recorded\n")
+        .and_then(|(_, rest)| rest.split_once("# END recorded"))
+        .map(|(block, _)| block)
+        .expect("a recorded block");
+    let series = recorded
+        .lines()
+        .filter(|l| l.trim_start().starts_with("- series: 'hami_vgpu_"))
+        .count();
+    assert!(series >= 10, "{GUIDE_TESTS}: {series} recorded HAMi series");
+    for alert in ["HAMiGPUMemoryHigh", "HAMiGPUPodPending"] {
+        assert_fires_and_stays_quiet(&guide, GUIDE_TESTS, alert);
+    }
 
     // Every alert is exercised by the rule tests, and says how bad it is.
     let tests = std::fs::read_to_string(repo_root().join(RULE_TESTS)).unwrap();
@@ -400,16 +463,7 @@ fn promtool_checks_and_tests_the_alerting_rules() {
         let Some(alert) = rule["alert"].as_str() else {
             continue;
         };
-        assert!(
-            tests.contains(&format!(
-                "alertname: {alert}\n        exp_alerts:\n          - exp_labels"
-            )),
-            "{RULE_TESTS} never makes {alert} fire"
-        );
-        assert!(
-            tests.contains(&format!("alertname: {alert}\n        exp_alerts: []")),
-            "{RULE_TESTS} never checks that {alert} stays quiet"
-        );
+        assert_fires_and_stays_quiet(&tests, RULE_TESTS, alert);
         assert!(
             matches!(
                 rule["labels"]["severity"].as_str(),
@@ -483,8 +537,10 @@ fn dashboard_queries_parse_and_read_only_tessera_series() {
         );
     }
     // Only Tessera's own series: the agent's HAMi-named ones may change.
-    let foreign: Vec<String> = used_metrics()
-        .into_keys()
+    let foreign: Vec<String> = panel_exprs(&dashboard)
+        .iter()
+        .flat_map(|(_, expr)| metric_names(expr))
+        .chain(variable_names(&dashboard).into_iter().flat_map(|(_, n)| n))
         .filter(|name| !name.starts_with("tessera_"))
         .collect();
     assert!(foreign.is_empty(), "not tessera_* series: {foreign:?}");
@@ -631,8 +687,10 @@ async fn start_controller(plane: &ControlPlane, artifacts: &Artifacts) -> (u16, 
 }
 
 /// A GPU node: its Node, a kubelet simulator, and the agent with two fake
-/// GPUs (one unhealthy). Returns the simulator, the agent's metrics and
-/// profiling ports and its log.
+/// GPUs (one unhealthy) and `gpuCorePolicy: force` (so a container's compute
+/// limit is enforced, and its use measured, on a GPU it has to itself).
+/// Returns the simulator, the agent's metrics and profiling ports and its
+/// log.
 async fn start_node(
     plane: &ControlPlane,
     artifacts: &Artifacts,
@@ -665,6 +723,8 @@ async fn start_node(
         ),
     )
     .unwrap();
+    let defaults = host.join("defaults.yaml");
+    std::fs::write(&defaults, "gpuCorePolicy: force\n").unwrap();
     let metrics = free_port().unwrap();
     let profiling = free_port().unwrap();
     let log = host.join("agent.log");
@@ -673,6 +733,7 @@ async fn start_node(
         format!("--node-name={node}"),
         "--backend=fake".to_owned(),
         format!("--fake-gpus-file={}", gpus.display()),
+        format!("--defaults={}", defaults.display()),
         "--gpu-poll-millis=100".to_owned(),
         format!("--device-plugin-dir={}", kubelet.dir().display()),
         "--interposer-library=/opt/tessera/libtessera_vgpu.so".to_owned(),
@@ -714,6 +775,8 @@ fn use_gpu_memory(served: &Served, bytes: u64) -> tessera_vgpu_region::Region {
         .claim_slot(me, tessera_vgpu_region::process_start_time(me).unwrap_or(0))
         .unwrap();
     region.try_reserve(slot, 0, bytes).unwrap();
+    // 20 ms of GPU time, as the interposer's limiter records its launches.
+    region.record_compute(0, 20_000_000, 0);
     region
 }
 
@@ -747,7 +810,7 @@ async fn rules_and_dashboard_use_only_metrics_the_components_export() {
     let pod = serde_json::from_value(json!({
         "metadata": {"name": POD},
         "spec": {"containers": [{"name": "main", "image": "example.invalid/cuda",
-            "resources": {"limits": {"nvidia.com/gpumem": "1000"}}}]},
+            "resources": {"limits": {"nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "30"}}}]},
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -765,6 +828,14 @@ async fn rules_and_dashboard_use_only_metrics_the_components_export() {
     assert!(state.failures.is_empty(), "{:?}", state.failures);
     let served = state.served.iter().find(|c| c.pod == POD).unwrap();
     let _region = use_gpu_memory(served, 300 << 20);
+    // And one no GPU has room for beside it (81,000 of 81,920 MiB): it waits.
+    let big = serde_json::from_value(json!({
+        "metadata": {"name": "obs-too-big"},
+        "spec": {"containers": [{"name": "main", "image": "example.invalid/cuda",
+            "resources": {"limits": {"nvidia.com/gpumem": "81000"}}}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &big).await.unwrap();
 
     let agent_text = wait_for_body(
         agent,
@@ -772,10 +843,12 @@ async fn rules_and_dashboard_use_only_metrics_the_components_export() {
         "the agent's GPU and container series",
         &agent_log,
         |text| {
+            // The compute use needs two reads 5 s apart.
             text.contains("tessera_gpu_healthy{")
                 && text.contains(&format!(
                     "tessera_container_memory_used_bytes{{namespace=\"default\",pod=\"{POD}\""
                 ))
+                && text.contains("hami_vgpu_core_used_percent{")
         },
     )
     .await;
@@ -785,8 +858,11 @@ async fn rules_and_dashboard_use_only_metrics_the_components_export() {
         "the controller's counts of the GPU pod",
         &controller_log,
         |text| {
-            text.contains("tessera_webhook_requests_total{outcome=\"mutated\"} 1")
+            text.contains("tessera_webhook_requests_total{outcome=\"mutated\"} 2")
                 && text.contains("tessera_extender_request_duration_seconds_count{verb=\"bind\",outcome=\"ok\"} 1")
+                && text.contains(
+                    "tessera_gpu_pod_waiting_seconds{namespace=\"default\",pod=\"obs-too-big\",lack=\"memory\"}",
+                )
         },
     )
     .await;

@@ -23,6 +23,7 @@ use tessera_e2e::artifacts::Artifacts;
 use tessera_e2e::cluster::{LocalCluster, NAMESPACE, NodeGpus};
 use tessera_e2e::mock_vendor::{self, Vendor};
 use tessera_e2e::node::{self, FakeGpu};
+use tessera_e2e::prometheus::{Prometheus, Targets};
 use tessera_e2e::{Lifetime, helm, kube_proxy, tools};
 
 /// The demo's node in dynamic MIG mode.
@@ -31,6 +32,9 @@ const MIG_NODE: &str = "gpu-mig";
 const DRA_NODE: &str = "gpu-dra";
 /// The node of Ascend NPUs, served by a mock of HAMi's Ascend device plugin.
 const NPU_NODE: &str = "npu-ascend";
+
+/// Where the demo's Prometheus address is written, under the demo's directory.
+const PROMETHEUS_ADDR_FILE: &str = "prometheus/addr";
 
 /// Runs Tessera with four real nodes of fake GPUs on this machine.
 #[derive(Parser, Debug)]
@@ -57,6 +61,20 @@ enum Command {
     Up,
     /// Stop the demo and remove its directory.
     Down,
+    /// Write what the demo's Prometheus recorded of the node agents' HAMi
+    /// series (`hami_vgpu_*`), their GPUs' health and slices held, and the
+    /// controller's waiting GPU pods (`tessera_gpu_pod_waiting_seconds`)
+    /// over the last minutes as promtool
+    /// `input_series`, into the block between `# BEGIN recorded` and
+    /// `# END recorded` of a `promtool test rules` file.
+    Record {
+        /// How many minutes back to read.
+        #[arg(long, default_value_t = 8)]
+        minutes: u64,
+        /// The test file whose recorded block is replaced.
+        #[arg(long, default_value = "e2e/prometheus/tuning_guide_test.yaml")]
+        into: PathBuf,
+    },
 }
 
 /// The demo's nodes: two models, GPUs on different NUMA nodes, an A100 in
@@ -118,7 +136,57 @@ async fn main() -> anyhow::Result<()> {
             eprintln!("demo stopped; removed {}", dir.display());
             Ok(())
         }
+        Command::Record { minutes, into } => record(&dir, minutes, &into).await,
     }
+}
+
+/// Replaces the recorded block of `into` with the last `minutes` of the
+/// agents' HAMi series, one sample per scrape interval.
+async fn record(dir: &Path, minutes: u64, into: &Path) -> anyhow::Result<()> {
+    let addr_file = dir.join(PROMETHEUS_ADDR_FILE);
+    let addr = std::fs::read_to_string(&addr_file)
+        .with_context(|| format!("reading {} (is the demo up?)", addr_file.display()))?;
+    let prometheus = Prometheus::at(addr.trim());
+    let step = tessera_e2e::prometheus::SCRAPE_INTERVAL;
+    let end = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let end = end - end % step.as_secs();
+    let start = end - minutes * 60;
+    let series = prometheus
+        .query_range(
+            r#"{__name__=~"hami_vgpu_.*|tessera_gpu_pod_waiting_seconds|tessera_gpu_slices_allocated|tessera_gpu_healthy"}"#,
+            start,
+            end,
+            step,
+        )
+        .await?;
+    anyhow::ensure!(
+        !series.is_empty(),
+        "the demo's Prometheus has no hami_vgpu_* series in the last {minutes} minutes"
+    );
+    let steps = usize::try_from((end - start) / step.as_secs() + 1)?;
+    let block = tessera_e2e::prometheus::input_series(&series, start, steps, step);
+    let text =
+        std::fs::read_to_string(into).with_context(|| format!("reading {}", into.display()))?;
+    let (head, rest) = text
+        .split_once("# BEGIN recorded\n")
+        .with_context(|| format!("{} has no `# BEGIN recorded` line", into.display()))?;
+    let (_, tail) = rest
+        .split_once("# END recorded")
+        .with_context(|| format!("{} has no `# END recorded` line", into.display()))?;
+    let indent = head.rsplit('\n').next().unwrap_or_default();
+    std::fs::write(
+        into,
+        format!("{head}# BEGIN recorded\n{block}{indent}# END recorded{tail}"),
+    )?;
+    eprintln!(
+        "wrote {} series × {steps} samples every {} s ({minutes} min) into {}",
+        series.len(),
+        step.as_secs(),
+        into.display()
+    );
+    Ok(())
 }
 
 fn down(dir: &Path) -> anyhow::Result<()> {
@@ -213,7 +281,20 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
     let mut helm_list = helm::command(Some(plane.kubeconfig()))?;
     helm_list.args(["list", "--namespace", NAMESPACE]);
     let releases = helm::run(&mut helm_list)?;
+    step("prometheus (scraping the controller and the node agents)");
+    let targets = Targets {
+        agents: metrics.clone(),
+        controllers: controller_endpoints(&Api::namespaced(plane.client().await?, NAMESPACE))
+            .await?,
+    };
+    let prometheus = Prometheus::start(plane, &targets).await?;
+    std::fs::write(dir.join(PROMETHEUS_ADDR_FILE), prometheus.addr())?;
     tour(&kubectl, &metrics, &releases)?;
+    guide_query(
+        &prometheus,
+        targets.agents.len() + targets.controllers.len(),
+    )
+    .await?;
     cluster.detach()?;
     println!(
         "\nReady in {:.0} s. The cluster keeps running:\n\n  export KUBECONFIG={}\n  export PATH={}:$PATH   # kubectl and helm\n\nLogs: kubectl -n {NAMESPACE} logs …; {}/*.log, {}/nodes/*/*.log\nStop it with: make demo-down",
@@ -223,6 +304,67 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         dir.display(),
         dir.display(),
     );
+    Ok(())
+}
+
+/// The controller replicas' metrics endpoints, by pod.
+async fn controller_endpoints(pods: &Api<Pod>) -> anyhow::Result<Vec<(String, String)>> {
+    let list = pods.list(&Default::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .is_some_and(|s| s.containers.iter().any(|c| c.name == "controller"))
+        })
+        .filter_map(|p| {
+            let ip = p.status?.pod_ip?;
+            Some((p.metadata.name?, format!("{ip}:9395")))
+        })
+        .collect())
+}
+
+/// The tuning guide's memory query (§5.3), answered by the demo's
+/// Prometheus once it has scraped every target.
+async fn guide_query(prometheus: &Prometheus, targets: usize) -> anyhow::Result<()> {
+    const QUERY: &str = "hami_vgpu_memory_used_bytes / hami_vgpu_memory_limit_bytes * 100";
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut samples = Vec::new();
+    loop {
+        if prometheus.targets_up().await? >= targets {
+            samples = prometheus.query(QUERY).await?;
+        }
+        if !samples.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    println!(
+        "\nPrometheus: http://{}   (scrapes every agent and the controller; the tuning guide's queries and alerts: docs/observability.md)",
+        prometheus.addr()
+    );
+    println!("\n$ promql '{QUERY}'    # the tuning guide's memory use per container (§5.3)");
+    samples.sort_by(|a, b| a.labels.get("pod").cmp(&b.labels.get("pod")));
+    println!(
+        "{:<12} {:<10} {:<26} {:>8}",
+        "POD", "CONTAINER", "GPU", "USED %"
+    );
+    for sample in &samples {
+        let label = |k: &str| sample.labels.get(k).map_or("", String::as_str);
+        println!(
+            "{:<12} {:<10} {:<26} {:>8.1}",
+            label("pod"),
+            label("container"),
+            label("device_uuid"),
+            sample.value
+        );
+    }
+    if samples.is_empty() {
+        println!(
+            "(no answer yet: Prometheus has not scraped every target; ask it again in a minute)"
+        );
+    }
     Ok(())
 }
 
@@ -342,6 +484,9 @@ fn tour(
     );
     println!(
         "Traces: every Bind and Allocate is a span; install with --set otel.endpoint=http://<collector>:4317 to export them over OTLP."
+    );
+    println!(
+        "Compute: share-a runs kernels under its 50 % limit (hami_vgpu_core_used_percent) and holds 37,500 of its 40,960 MiB, so the guide's HAMiGPUMemoryHigh alert fires after 5 minutes."
     );
     Ok(())
 }
