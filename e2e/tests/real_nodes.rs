@@ -381,8 +381,14 @@ async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metric
     .await;
     let pods = [("share-1", 1024, 600 * MIB), ("share-2", 2048, 1500 * MIB)];
     for (name, limit, hold) in pods {
+        // share-1 also launches kernels without pause, under its 20 %.
+        let launch = if name == "share-1" {
+            " & cuda-probe launch kernel 3600 10000 >/dev/null"
+        } else {
+            ""
+        };
         let script = format!(
-            "echo '--- meminfo'; cuda-probe meminfo 0; echo '--- hold'; cuda-probe hold {hold}"
+            "echo '--- meminfo'; cuda-probe meminfo 0; echo '--- hold'; cuda-probe hold {hold}{launch}"
         );
         stack.create(gpu_pod(name, limit, Some(20), &script)).await;
     }
@@ -429,6 +435,27 @@ async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metric
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     stack.assert_no_locks().await;
+
+    // Compute use, from the GPU time the interposer measured (the GPU is
+    // shared, so HAMi's `default` policy limits both): share-1 runs at its
+    // 20 % (the limiter lets a moment of saved-up time through, so a
+    // window may read a little over), share-2 sits idle.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let metrics = stack.metrics(0).await;
+        let used = |pod| sample(&metrics, "hami_vgpu_core_used_percent", pod);
+        let limit = |pod| sample(&metrics, "hami_vgpu_core_limit_percent", pod);
+        let seen = [used("share-1"), used("share-2")];
+        if seen[0].is_some_and(|u| (15.0..=23.0).contains(&u)) && seen[1] == Some(0.0) {
+            assert_eq!([limit("share-1"), limit("share-2")], [Some(20.0); 2]);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "compute use (share-1, share-2) never read 15-23 % and 0: {seen:?}\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // The quota is full: a third pod is refused, naming it, and the quota's
     // status shows the usage beside kube-controller-manager's own fields.
