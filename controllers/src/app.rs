@@ -61,6 +61,32 @@ pub struct Args {
         default_value = "app.kubernetes.io/component=node-agent"
     )]
     pub agent_selector: String,
+    /// How often the leader reads every node agent's `/metrics` for the
+    /// tuning advice, seconds.
+    #[arg(
+        long,
+        env = "TESSERA_TUNING_INTERVAL_SECONDS",
+        default_value_t = 300,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub tuning_interval_seconds: u64,
+    /// How far back the tuning advice looks, seconds (6 hours).
+    #[arg(
+        long,
+        env = "TESSERA_TUNING_WINDOW_SECONDS",
+        default_value_t = 21_600,
+        value_parser = clap::value_parser!(u64).range(60..=604_800)
+    )]
+    pub tuning_window_seconds: u64,
+    /// How long a pool of nodes must have been seen before any advice,
+    /// seconds (1 hour); at most the window.
+    #[arg(
+        long,
+        env = "TESSERA_TUNING_MIN_OBSERVED_SECONDS",
+        default_value_t = 3_600,
+        value_parser = clap::value_parser!(u64).range(0..=604_800)
+    )]
+    pub tuning_min_observed_seconds: u64,
     /// This replica's identity in the election (in a pod: its name).
     #[arg(long, env = "POD_NAME", default_value = "tessera-controller")]
     pub identity: String,
@@ -73,6 +99,24 @@ pub struct Args {
 }
 
 impl Args {
+    /// The tuning advice's settings from the `--tuning-*` flags.
+    pub fn tuning(&self) -> Result<crate::tuning::Settings, Error> {
+        if self.tuning_min_observed_seconds > self.tuning_window_seconds {
+            return Err(Error::Config(format!(
+                "--tuning-min-observed-seconds ({}) must not exceed --tuning-window-seconds ({}): no pool could ever be observed that long",
+                self.tuning_min_observed_seconds, self.tuning_window_seconds
+            )));
+        }
+        Ok(crate::tuning::Settings {
+            interval: std::time::Duration::from_secs(self.tuning_interval_seconds),
+            window: std::time::Duration::from_secs(self.tuning_window_seconds),
+            thresholds: crate::engine::tuning::Thresholds {
+                min_span: std::time::Duration::from_secs(self.tuning_min_observed_seconds),
+                ..Default::default()
+            },
+        })
+    }
+
     /// Reads the configuration file, or the defaults without one.
     pub fn load_config(&self) -> Result<Config, Error> {
         let Some(path) = &self.config else {
@@ -105,7 +149,11 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         identity,
         profiling,
         log: _,
+        tuning_interval_seconds: _,
+        tuning_window_seconds: _,
+        tuning_min_observed_seconds: _,
     } = &args;
+    let tuning = args.tuning()?;
     let config = Arc::new(config);
     let agent_lease_namespace =
         Some(agent_lease_namespace.clone()).filter(|namespace| !namespace.is_empty());
@@ -126,6 +174,7 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         election,
         agent_lease_namespace,
         config.request.clone(),
+        tuning,
     );
     let metrics = Metrics::new(projection.clone(), config.request.clone());
     let webhook = std::net::TcpListener::bind(webhook_addr).map_err(Error::serve(format!(
@@ -193,6 +242,7 @@ pub fn start_loops(
     election: crate::leader::Election,
     agent_lease_namespace: Option<String>,
     request: tessera_api::request::RequestConfig,
+    tuning: crate::tuning::Settings,
 ) -> (Projection, tokio::task::JoinHandle<()>) {
     let cache = Cache::spawn(client.clone(), watches);
     let projection = Projection::spawn_on(&cache);
@@ -201,6 +251,7 @@ pub fn start_loops(
     if let Some(freed) = projection.take_freed_nodes() {
         tokio::spawn(crate::extender::nudge_nodes(client.clone(), freed));
     }
+    let leader_projection = projection.clone();
     let election = tokio::spawn(async move {
         election
             .run(client, move || {
@@ -208,6 +259,7 @@ pub fn start_loops(
                     cache.clone(),
                     agent_lease_namespace.clone(),
                     request.clone(),
+                    Some((leader_projection.clone(), tuning)),
                 )
             })
             .await
@@ -244,6 +296,45 @@ pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tuning_flags_default_to_every_five_minutes_over_six_hours_and_refuse_nonsense() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec![
+                "tessera-controller",
+                "--tls-cert-file=c",
+                "--tls-key-file=k",
+            ];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv)
+        };
+        let tuning = parse(&[]).unwrap().tuning().unwrap();
+        assert_eq!(tuning.interval.as_secs(), 300);
+        assert_eq!(tuning.window.as_secs(), 6 * 3600);
+        assert_eq!(tuning.thresholds.min_span.as_secs(), 3600);
+        let error = parse(&["--tuning-interval-seconds=0"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--tuning-interval-seconds"), "{error}");
+        let error = parse(&["--tuning-window-seconds=10"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--tuning-window-seconds"), "{error}");
+        let error = parse(&[
+            "--tuning-window-seconds=600",
+            "--tuning-min-observed-seconds=601",
+        ])
+        .unwrap()
+        .tuning()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains(
+                "--tuning-min-observed-seconds (601) must not exceed --tuning-window-seconds (600)"
+            ),
+            "{error}"
+        );
+    }
 
     #[test]
     fn metrics_listen_apart_from_the_loopback_extender() {

@@ -23,6 +23,7 @@ pub mod lifecycle_rules;
 pub mod metrics;
 pub mod projection;
 pub mod telemetry;
+pub mod tuning;
 pub mod vendors;
 pub mod webhook;
 

@@ -109,6 +109,7 @@ async fn the_leader_lists_and_watches_each_kind_once() {
         election,
         lease,
         Default::default(),
+        Default::default(),
     );
     projection.wait_synced().await;
     // Leadership, then every lifecycle watch's list and first watch.

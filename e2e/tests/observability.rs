@@ -33,6 +33,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
+use tessera_api::v1alpha1::GpuNodeConfig;
 use tessera_e2e::{
     ControlPlane,
     artifacts::Artifacts,
@@ -626,8 +627,10 @@ fn exported_series_follow_the_openmetrics_suffixes() {
 
 /// Starts `tessera-controller` as the chart runs it: the extender on
 /// loopback, metrics and probes on `--metrics-addr`, the agents' Leases
-/// watched in `kube-node-lease`. Registers its webhook and starts
-/// kube-scheduler with the extender. Returns the metrics port and the log.
+/// watched in `kube-node-lease`, the agents' pods in `default`; the tuning
+/// advice every second over a minute, after 3 s of observation. Registers
+/// its webhook and starts kube-scheduler with the extender. Returns the
+/// metrics port and the log.
 async fn start_controller(plane: &ControlPlane, artifacts: &Artifacts) -> (u16, u16, PathBuf) {
     let metrics = free_port().unwrap();
     let profiling = free_port().unwrap();
@@ -643,6 +646,10 @@ async fn start_controller(plane: &ControlPlane, artifacts: &Artifacts) -> (u16, 
         format!("--tls-key-file={}", pki.serving_key.display()),
         "--lease-namespace=kube-system".to_owned(),
         "--agent-lease-namespace=kube-node-lease".to_owned(),
+        "--agent-namespace=default".to_owned(),
+        "--tuning-interval-seconds=1".to_owned(),
+        "--tuning-window-seconds=60".to_owned(),
+        "--tuning-min-observed-seconds=3".to_owned(),
         "--profiling".to_owned(),
         format!("--profiling-addr=127.0.0.1:{profiling}"),
     ];
@@ -804,6 +811,41 @@ async fn rules_and_dashboard_use_only_metrics_the_components_export() {
     )
     .await;
 
+    // The agent as the controller finds it in a cluster: its DaemonSet pod on
+    // the node, Ready, serving on its metrics port; and a GpuNodeConfig
+    // selecting the node, which the tuning advice is written into.
+    let client = plane.client().await.unwrap();
+    let agent_pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let agent_pod = serde_json::from_value(json!({
+        "metadata": {"name": "tessera-node-agent-obs", "labels": {"app.kubernetes.io/component": "node-agent"}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "node-agent", "image": "example.invalid/agent",
+            "ports": [{"name": "http-metrics", "containerPort": agent}]}]},
+    }))
+    .unwrap();
+    agent_pods
+        .create(&PostParams::default(), &agent_pod)
+        .await
+        .unwrap();
+    let running = json!({"status": {"phase": "Running", "podIP": "127.0.0.1",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "node-agent", "ready": true, "restartCount": 0,
+            "image": "example.invalid/agent", "imageID": "", "state": {"running": {}}}]}});
+    agent_pods
+        .patch_status(
+            "tessera-node-agent-obs",
+            &PatchParams::default(),
+            &Patch::Merge(running),
+        )
+        .await
+        .unwrap();
+    let configs: Api<GpuNodeConfig> = Api::all(client.clone());
+    let pool = serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNodeConfig",
+        "metadata": {"name": "obs-pool"}, "spec": {"nodeNames": [NODE]},
+    }))
+    .unwrap();
+    configs.create(&PostParams::default(), &pool).await.unwrap();
+
     // A HAMi-style GPU pod: admitted by the webhook, placed and bound by the
     // extender, served by the agent; its container then uses GPU memory.
     let pods: Api<Pod> = Api::namespaced(plane.client().await.unwrap(), "default");
@@ -880,6 +922,55 @@ async fn rules_and_dashboard_use_only_metrics_the_components_export() {
         missing.join("\n  "),
         known.keys().collect::<Vec<_>>()
     );
+
+    // The tuning advice, from the agent's metrics: the pod holds 300 of its
+    // 1000 MiB (30 %: the guide raises the scaling toward 60 %, at most
+    // double) and runs no kernel under its 30 % compute limit.
+    let text = wait_for_body(
+        controller,
+        "/metrics",
+        "the tuning advice for obs-pool",
+        &controller_log,
+        |text| {
+            text.contains(r#"tessera_tuning_advice{pool="obs-pool",setting="deviceMemoryScaling",from="1.0",to="2.0"} 1"#)
+                && text.contains(r#"tessera_tuning_advice{pool="obs-pool",setting="gpucores",from="",to=""} 1"#)
+        },
+    )
+    .await;
+    assert!(
+        text.contains(r#"tessera_tuning_compute_used_p95_percent{pool="obs-pool"} 0"#),
+        "{text}"
+    );
+    // Written once: the advice as it stood then (the compute use may not
+    // have been measured yet; the next write comes 10 minutes later).
+    let deadline = Instant::now() + WAIT;
+    let tuning = loop {
+        let config = configs.get("obs-pool").await.unwrap();
+        if let Some(tuning) = config.status.and_then(|s| s.tuning) {
+            break tuning;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "obs-pool's status.tuning never written; controller log:\n{}",
+            tessera_e2e::process::log_tail(&controller_log, 40)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!((tuning.gpus, tuning.window_seconds), (2, 60), "{tuning:?}");
+    assert!(
+        tuning.advice[0]
+            .message
+            .starts_with("deviceMemoryScaling 1.0 → 2.0: p95 memory use"),
+        "{tuning:?}"
+    );
+    assert_eq!(
+        tuning.advice.get(1).map(|a| a.setting.as_str()),
+        tuning.compute_used_p95_percent.map(|_| "gpucores"),
+        "compute advice exactly when compute was measured: {tuning:?}"
+    );
+    // The configs controller's own status fields stand beside it.
+    let status = configs.get("obs-pool").await.unwrap().status.unwrap();
+    assert_eq!(status.matched_nodes, [NODE]);
 
     // Both serve profiles `go tool pprof` reads, as HAMi's `--profiling`.
     profiles_read_by_go_tool_pprof(controller_pprof, "tessera_controllers", controller).await;

@@ -209,6 +209,75 @@ pub struct GpuNodeConfigStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// Tuning advice from what the selected nodes were seen doing (HAMi's
+    /// tuning guide's decision tree), with its evidence. Advice only: the
+    /// controller never changes the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<TuningStatus>,
+}
+
+/// Tuning advice for the nodes a config selects, and what it rests on.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TuningStatus {
+    /// When the advice was computed (RFC 3339).
+    pub computed_at: String,
+    /// The observation window, seconds.
+    pub window_seconds: u64,
+    /// How much of the window the nodes were observed, seconds.
+    pub observed_seconds: u64,
+    /// GPUs on the selected nodes.
+    pub gpus: u32,
+    /// The 95th percentile over the window of the memory the containers
+    /// held over their limits, percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_p95_percent: Option<u32>,
+    /// The 95th percentile over the window of the compute the containers
+    /// used over their compute limits, percent (containers whose compute is
+    /// measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_used_p95_percent: Option<u32>,
+    /// Pods that waited over 10 minutes for a GPU on these nodes, by what
+    /// the nodes lacked (`slice`, `memory`, `cores`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub waited: Vec<TuningWait>,
+    /// The advice, each with the numbers behind it; empty when the guide
+    /// advises nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub advice: Vec<TuningAdvice>,
+}
+
+/// Pods that waited for a GPU, for one reason.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TuningWait {
+    /// What the nodes lacked: `slice`, `memory` or `cores`.
+    pub lack: String,
+    /// How many pods waited.
+    pub pods: u32,
+    /// The longest wait, seconds.
+    pub longest_seconds: u64,
+}
+
+/// One piece of tuning advice.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TuningAdvice {
+    /// What to change: `deviceMemoryScaling`, `deviceSplitCount`,
+    /// `gpucores` (the pods' compute limits, or `gpuCorePolicy`), or
+    /// `nodes` (more GPU nodes).
+    pub setting: String,
+    /// The current value, where the advice is a setting's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// The advised value, where the advice is a setting's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The advice in words, with its evidence, e.g. `deviceMemoryScaling
+    /// 1.0 → 1.9: p95 memory use 31 % of limits over 6h across 16 GPUs`.
+    pub message: String,
 }
 
 /// Two or more configs of equal priority set one key to different values on one node.

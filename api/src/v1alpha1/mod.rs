@@ -31,6 +31,7 @@ pub use gpu_node::{
 };
 pub use gpu_node_config::{
     ConfigConflict, FilterDevices, GpuNodeConfig, GpuNodeConfigSpec, GpuNodeConfigStatus,
+    TuningAdvice, TuningStatus, TuningWait,
 };
 pub use mig::{MigInstance, MigLayout, MigPlacement, MigProfile, MigSlice, ServedMigInstance};
 pub use node_lock::{MAX_LOCK_TTL_SECONDS, NodeLock, NodeLockSpec, PodReference};

@@ -76,7 +76,7 @@ pub fn filter(
     };
     let mut feasible = Vec::new();
     // What the rejecting nodes' devices lacked (the tuning guide's reasons).
-    let mut lacks = std::collections::BTreeMap::<engine::Lack, usize>::new();
+    let mut lacking = Vec::new();
     let mut failed = std::collections::BTreeMap::new();
     let mut unresolvable = std::collections::BTreeMap::new();
     for name in candidates {
@@ -110,7 +110,7 @@ pub fn filter(
                     },
                     Err(rejection) => {
                         if let Some(lack) = rejection.lack() {
-                            *lacks.entry(lack).or_default() += 1;
+                            lacking.push((name.to_owned(), lack));
                         }
                         failed.insert(name.to_owned(), rejection.to_string());
                     }
@@ -121,17 +121,11 @@ pub fn filter(
     if let Some(uid) = args.pod.metadata.uid.as_deref() {
         if feasible.is_empty() {
             let name = args.pod.metadata.name.as_deref().unwrap_or_default();
-            // The most nodes' lack (ties: slice, memory, cores).
-            let lack = lacks
-                .iter()
-                .rev()
-                .max_by_key(|&(_, n)| *n)
-                .map(|(&lack, _)| lack);
             projection.waiting().unfit(
                 uid,
                 namespace,
                 name,
-                lack,
+                lacking,
                 k8s_openapi::jiff::Timestamp::now(),
             );
         } else {

@@ -101,14 +101,16 @@ async fn reconcile_config(
             .as_ref()
             .map(|s| s.conditions.clone())
             .unwrap_or_default(),
+        tuning: config.status.as_ref().and_then(|s| s.tuning.clone()),
     };
     if config.status.as_ref() != Some(&status) {
         let api: Api<GpuNodeConfig> = Api::all(ctx.client.clone());
-        // All of it but the conditions, which are not this controller's
-        // (left out, they are neither claimed nor changed). A field it
-        // leaves empty now is removed.
+        // All of it but the conditions and the tuning advice, which are
+        // not this controller's (left out, they are neither claimed nor
+        // changed). A field it leaves empty now is removed.
         let ours = GpuNodeConfigStatus {
             conditions: Vec::new(),
+            tuning: None,
             ..status
         };
         crate::STATUS

@@ -37,12 +37,20 @@ use caches::Caches;
 /// Runs the controllers on `cache` until the process stops, with the
 /// agents' Leases in `kube-node-lease` and the vendor sources of `request`.
 pub async fn run(cache: Cache, request: &tessera_api::request::RequestConfig) {
-    run_with(cache, Some("kube-node-lease".to_owned()), request.clone()).await;
+    run_with(
+        cache,
+        Some("kube-node-lease".to_owned()),
+        request.clone(),
+        None,
+    )
+    .await;
 }
 
 /// Runs the controllers on `cache` until the process stops (or the future
 /// is dropped: leadership lost); the agents' Leases are watched in
-/// `agent_lease_namespace` (`None`: not watched).
+/// `agent_lease_namespace` (`None`: not watched). With `tuning`, the
+/// tuning advice runs too ([`crate::tuning`]), reading the projection's
+/// agent endpoints and waiting pods.
 ///
 /// VgpuAllocations and NodeLocks come from `cache`'s watches, and so do
 /// the Leases when `cache` watches that namespace. Every Pod, Node and
@@ -52,6 +60,7 @@ pub async fn run_with(
     cache: Cache,
     agent_lease_namespace: Option<String>,
     request: tessera_api::request::RequestConfig,
+    tuning: Option<(crate::projection::Projection, crate::tuning::Settings)>,
 ) {
     let vendors = crate::vendors::Sources::of(&request);
     let client = cache.client().clone();
@@ -113,6 +122,18 @@ pub async fn run_with(
         async {
             if let Some(leases) = leases {
                 leases::run(client.clone(), leases).await;
+            }
+        },
+        async {
+            if let Some((projection, settings)) = tuning {
+                crate::tuning::run(
+                    client.clone(),
+                    projection,
+                    cache.gpu_nodes().store(),
+                    configs.store(),
+                    settings,
+                )
+                .await;
             }
         },
     );

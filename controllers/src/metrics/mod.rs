@@ -63,6 +63,27 @@ pub struct PodLabels {
     pub lack: &'static str,
 }
 
+/// Labels of a tuning advice.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdviceLabels {
+    /// The pool: a GpuNodeConfig's name, or `node/<name>`.
+    pub pool: String,
+    /// What to change: `deviceMemoryScaling`, `deviceSplitCount`,
+    /// `gpucores` or `nodes`.
+    pub setting: String,
+    /// The current value ("" where none).
+    pub from: String,
+    /// The advised value ("" where none).
+    pub to: String,
+}
+
+/// Labels of a per-pool series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The pool: a GpuNodeConfig's name, or `node/<name>`.
+    pub pool: String,
+}
+
 /// Labels of HAMi's quota limit gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QuotaLabels {
@@ -85,6 +106,8 @@ pub struct QuotaUsedLabels {
 
 /// A gauge of seconds.
 type Seconds = Gauge<f64, AtomicU64>;
+/// A percentage gauge.
+type Percent = Gauge<f64, AtomicU64>;
 
 /// The allocation phases, each exported (0 when none is in it).
 const PHASES: [&str; 5] = ["Pending", "Bound", "Allocated", "Released", "Failed"];
@@ -120,6 +143,12 @@ pub struct Metrics {
     /// Per GPU pod Filter found no node for, seconds since its first such
     /// answer (set at scrape time).
     pub gpu_pod_waiting: Family<PodLabels, Seconds>,
+    /// Per pool and advice, 1 (the leader's last advice).
+    pub tuning_advice: Family<AdviceLabels, Gauge>,
+    /// Per pool, the window's p95 of memory use over limits, percent.
+    pub tuning_memory_p95: Family<PoolLabels, Percent>,
+    /// Per pool, the window's p95 of compute use over limits, percent.
+    pub tuning_compute_p95: Family<PoolLabels, Percent>,
     /// Per namespace and device resource, what its pods hold, in the
     /// resource's unit (HAMi's `hami_resource_quota_used`).
     pub quota_used: Family<QuotaUsedLabels, Gauge>,
@@ -194,6 +223,24 @@ impl Metrics {
             "Per GPU pod this replica's Filter found no GPU for: seconds since the first such answer (gone once it fits, is placed, or has not been asked about for 10 minutes)",
             gpu_pod_waiting.clone(),
         );
+        let tuning_advice = Family::<AdviceLabels, Gauge>::default();
+        registry.register(
+            "tuning_advice",
+            "1 per piece of the tuning guide's advice for a pool of GPU nodes (a GpuNodeConfig's, or one node's), from the leader's last round; its evidence is in the config's status.tuning",
+            tuning_advice.clone(),
+        );
+        let tuning_memory_p95 = Family::<PoolLabels, Percent>::default();
+        registry.register(
+            "tuning_memory_used_p95_percent",
+            "Per pool, the 95th percentile over the tuning window of the memory its containers held over their limits, percent (the leader's)",
+            tuning_memory_p95.clone(),
+        );
+        let tuning_compute_p95 = Family::<PoolLabels, Percent>::default();
+        registry.register(
+            "tuning_compute_used_p95_percent",
+            "Per pool, the 95th percentile over the tuning window of the compute its measured containers used over their limits, percent (the leader's)",
+            tuning_compute_p95.clone(),
+        );
         let mut hami = Registry::default();
         let quota_used = Family::<QuotaUsedLabels, Gauge>::default();
         hami.register(
@@ -222,6 +269,9 @@ impl Metrics {
             node_locks_expired,
             node_lock_oldest,
             gpu_pod_waiting,
+            tuning_advice,
+            tuning_memory_p95,
+            tuning_compute_p95,
             quota_used,
             quota_limit,
             projection,
@@ -312,6 +362,30 @@ impl Metrics {
                     lack: wait.lack.map_or("other", crate::engine::Lack::as_str),
                 })
                 .set(seconds_since(wait.since, now));
+        }
+        self.tuning_advice.clear();
+        self.tuning_memory_p95.clear();
+        self.tuning_compute_p95.clear();
+        for pool in self.projection.tuning() {
+            let name = pool.pool.name.clone();
+            for advice in &pool.advice {
+                let advice = crate::tuning::describe(advice, &pool);
+                self.tuning_advice
+                    .get_or_create(&AdviceLabels {
+                        pool: name.clone(),
+                        setting: advice.setting,
+                        from: advice.from.unwrap_or_default(),
+                        to: advice.to.unwrap_or_default(),
+                    })
+                    .set(1);
+            }
+            let labels = PoolLabels { pool: name };
+            if let Some(p95) = pool.observed.memory_p95 {
+                self.tuning_memory_p95.get_or_create(&labels).set(p95);
+            }
+            if let Some(p95) = pool.observed.compute_p95 {
+                self.tuning_compute_p95.get_or_create(&labels).set(p95);
+            }
         }
         self.quota_used.clear();
         self.quota_limit.clear();

@@ -303,18 +303,24 @@ fn a_gpu_pod_waits_until_it_has_an_allocation() {
         "uid-a",
         "ns",
         "a",
-        Some(crate::engine::Lack::Memory),
+        vec![("n1".into(), crate::engine::Lack::Memory)],
         at(900),
     );
     waiting.unfit(
         "uid-a",
         "ns",
         "a",
-        Some(crate::engine::Lack::Memory),
+        vec![("n1".into(), crate::engine::Lack::Memory)],
         at(60),
     );
-    waiting.unfit("uid-b", "ns", "b", None, at(60));
-    waiting.unfit("uid-c", "ns", "c", Some(crate::engine::Lack::Slice), at(60));
+    waiting.unfit("uid-b", "ns", "b", vec![], at(60));
+    waiting.unfit(
+        "uid-c",
+        "ns",
+        "c",
+        vec![("n1".into(), crate::engine::Lack::Slice)],
+        at(60),
+    );
     let mut relist = crate::projection::AllocationRelist::default();
     feeder.allocation_event(Event::Apply(held("c", 30)), &mut relist);
     assert_lines(

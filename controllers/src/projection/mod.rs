@@ -79,6 +79,9 @@ struct Shared {
     leases: Arc<AgentLeases>,
     waiters: Arc<Waiters>,
     waiting: Arc<waiting::Waiting>,
+    /// The pools' tuning advice as the leader last computed it (empty in
+    /// other replicas).
+    tuning: Arc<std::sync::Mutex<Vec<crate::tuning::PoolAdvice>>>,
     nudges: Option<mpsc::UnboundedSender<String>>,
     /// The receiving end of `nudges`, until someone takes it.
     freed_nodes: Arc<std::sync::Mutex<Option<mpsc::UnboundedReceiver<String>>>>,
@@ -209,6 +212,20 @@ impl Projection {
     /// The GPU pods Filter found no node for (see [`waiting`]).
     pub fn waiting(&self) -> &waiting::Waiting {
         &self.shared.waiting
+    }
+
+    /// Publishes the pools' tuning advice (for `/metrics`).
+    pub fn set_tuning(&self, advice: Vec<crate::tuning::PoolAdvice>) {
+        *self.shared.tuning.lock().unwrap_or_else(|e| e.into_inner()) = advice;
+    }
+
+    /// The pools' tuning advice as last computed here.
+    pub fn tuning(&self) -> Vec<crate::tuning::PoolAdvice> {
+        self.shared
+            .tuning
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The UIDs of pods with an allocation that places them (not one held

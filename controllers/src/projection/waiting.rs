@@ -14,6 +14,9 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::engine::Lack;
 
+/// The most nodes remembered per waiting pod.
+pub const MAX_NODES: usize = 256;
+
 /// How long a pod Filter no longer asks about is remembered.
 pub const FORGET_AFTER: SignedDuration = SignedDuration::from_secs(10 * 60);
 
@@ -30,6 +33,10 @@ pub struct Wait {
     /// `None` when it was something else (a type, a quota, a node not
     /// ready).
     pub lack: Option<Lack>,
+    /// The nodes that lacked slices, memory or cores at Filter's last
+    /// answer, and which (at most [`MAX_NODES`]): the tuning advice counts
+    /// the pod against those nodes.
+    pub lacking: Vec<(String, Lack)>,
     /// Filter's last answer without a node.
     seen: Timestamp,
 }
@@ -46,26 +53,39 @@ impl Waiting {
         self.pods.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Filter found no node for pod `uid` at `now`, the nodes lacking
-    /// `lack` most.
+    /// Filter found no node for pod `uid` at `now`, `lacking` saying which
+    /// nodes lacked slices, memory or cores; the pod's lack is the one most
+    /// of them had (ties: slice, memory, cores).
     pub fn unfit(
         &self,
         uid: &str,
         namespace: &str,
         name: &str,
-        lack: Option<Lack>,
+        mut lacking: Vec<(String, Lack)>,
         now: Timestamp,
     ) {
+        let mut counts = std::collections::BTreeMap::<Lack, usize>::new();
+        for (_, lack) in &lacking {
+            *counts.entry(*lack).or_default() += 1;
+        }
+        let lack = counts
+            .iter()
+            .rev()
+            .max_by_key(|&(_, n)| *n)
+            .map(|(&lack, _)| lack);
+        lacking.truncate(MAX_NODES);
         let mut pods = self.pods();
         let wait = pods.entry(uid.to_owned()).or_insert_with(|| Wait {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             since: now,
             lack,
+            lacking: Vec::new(),
             seen: now,
         });
         wait.seen = now;
         wait.lack = lack;
+        wait.lacking = lacking;
     }
 
     /// Filter found a node for pod `uid`: it waits no longer.
@@ -100,9 +120,9 @@ mod tests {
     #[test]
     fn a_pod_waits_from_its_first_unfit_answer_until_it_fits() {
         let waiting = Waiting::default();
-        waiting.unfit("u1", "ml", "a", None, t(0));
-        waiting.unfit("u1", "ml", "a", None, t(300));
-        waiting.unfit("u2", "ml", "b", Some(Lack::Slice), t(10));
+        waiting.unfit("u1", "ml", "a", vec![], t(0));
+        waiting.unfit("u1", "ml", "a", vec![], t(300));
+        waiting.unfit("u2", "ml", "b", vec![("n1".into(), Lack::Slice)], t(10));
         assert_eq!(
             names(&waiting.at(t(400), |_| false)),
             [("a", t(0)), ("b", t(10))]
@@ -110,17 +130,47 @@ mod tests {
         waiting.fit("u1");
         assert_eq!(names(&waiting.at(t(400), |_| false)), [("b", t(10))]);
         // Unfit again later: a new wait.
-        waiting.unfit("u1", "ml", "a", None, t(500));
+        waiting.unfit("u1", "ml", "a", vec![], t(500));
         assert_eq!(names(&waiting.at(t(500), |_| false))[0], ("a", t(500)));
+    }
+
+    #[test]
+    fn a_pods_lack_is_what_most_nodes_lacked() {
+        let waiting = Waiting::default();
+        let nodes = |lacks: &[Lack]| -> Vec<(String, Lack)> {
+            lacks
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (format!("n{i}"), *l))
+                .collect()
+        };
+        waiting.unfit(
+            "u",
+            "ml",
+            "a",
+            nodes(&[Lack::Cores, Lack::Memory, Lack::Memory]),
+            t(0),
+        );
+        assert_eq!(waiting.at(t(0), |_| false)[0].lack, Some(Lack::Memory));
+        // A tie goes to the slice, then memory.
+        waiting.unfit("u", "ml", "a", nodes(&[Lack::Cores, Lack::Slice]), t(1));
+        let wait = &waiting.at(t(1), |_| false)[0];
+        assert_eq!(wait.lack, Some(Lack::Slice));
+        assert_eq!(wait.lacking.len(), 2);
+        waiting.unfit("u", "ml", "a", vec![], t(2));
+        assert_eq!(waiting.at(t(2), |_| false)[0].lack, None);
+        let many = nodes(&[Lack::Memory; MAX_NODES + 10]);
+        waiting.unfit("u", "ml", "a", many, t(3));
+        assert_eq!(waiting.at(t(3), |_| false)[0].lacking.len(), MAX_NODES);
     }
 
     #[test]
     fn placed_pods_and_pods_filter_forgot_are_not_waiting() {
         let waiting = Waiting::default();
-        waiting.unfit("u1", "ml", "a", None, t(0));
-        waiting.unfit("u2", "ml", "b", Some(Lack::Slice), t(0));
-        waiting.unfit("u3", "ml", "c", Some(Lack::Memory), t(0));
-        waiting.unfit("u3", "ml", "c", Some(Lack::Memory), t(400));
+        waiting.unfit("u1", "ml", "a", vec![], t(0));
+        waiting.unfit("u2", "ml", "b", vec![("n1".into(), Lack::Slice)], t(0));
+        waiting.unfit("u3", "ml", "c", vec![("n1".into(), Lack::Memory)], t(0));
+        waiting.unfit("u3", "ml", "c", vec![("n1".into(), Lack::Memory)], t(400));
         // b was placed through another replica; a was not asked about for
         // 10 minutes (deleted); c was asked about 4 minutes ago.
         let waits = waiting.at(t(600), |uid| uid == "u2");
