@@ -87,6 +87,24 @@ pub struct Args {
         value_parser = clap::value_parser!(u64).range(0..=604_800)
     )]
     pub tuning_min_observed_seconds: u64,
+    /// How long a pod must have waited for a GPU to count in the tuning
+    /// advice, seconds (10 minutes: the tuning guide's Pending alert).
+    #[arg(
+        long,
+        env = "TESSERA_TUNING_WAIT_SECONDS",
+        default_value_t = 600,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub tuning_wait_seconds: u64,
+    /// The least time between two writes of one GpuNodeConfig's tuning
+    /// advice, seconds (10 minutes).
+    #[arg(
+        long,
+        env = "TESSERA_TUNING_WRITE_GAP_SECONDS",
+        default_value_t = 600,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub tuning_write_gap_seconds: u64,
     /// This replica's identity in the election (in a pod: its name).
     #[arg(long, env = "POD_NAME", default_value = "tessera-controller")]
     pub identity: String,
@@ -112,8 +130,10 @@ impl Args {
             window: std::time::Duration::from_secs(self.tuning_window_seconds),
             thresholds: crate::engine::tuning::Thresholds {
                 min_span: std::time::Duration::from_secs(self.tuning_min_observed_seconds),
+                wait: std::time::Duration::from_secs(self.tuning_wait_seconds),
                 ..Default::default()
             },
+            write_gap: std::time::Duration::from_secs(self.tuning_write_gap_seconds),
         })
     }
 
@@ -152,6 +172,8 @@ pub async fn run(args: Args, config: Config, client: kube::Client) -> Result<(),
         tuning_interval_seconds: _,
         tuning_window_seconds: _,
         tuning_min_observed_seconds: _,
+        tuning_wait_seconds: _,
+        tuning_write_gap_seconds: _,
     } = &args;
     let tuning = args.tuning()?;
     let config = Arc::new(config);
@@ -312,6 +334,8 @@ mod tests {
         assert_eq!(tuning.interval.as_secs(), 300);
         assert_eq!(tuning.window.as_secs(), 6 * 3600);
         assert_eq!(tuning.thresholds.min_span.as_secs(), 3600);
+        assert_eq!(tuning.thresholds.wait.as_secs(), 600);
+        assert_eq!(tuning.write_gap.as_secs(), 600);
         let error = parse(&["--tuning-interval-seconds=0"])
             .unwrap_err()
             .to_string();

@@ -237,7 +237,15 @@ fn every_option_reaches_the_objects() {
         "registry.example.com/tessera-controller:dev"
     );
     let controller_args = args(container(deployment, "controller"));
-    for expected in ["--profiling", "--profiling-addr=127.0.0.1:6070"] {
+    for expected in [
+        "--profiling",
+        "--profiling-addr=127.0.0.1:6070",
+        "--tuning-interval-seconds=60",
+        "--tuning-window-seconds=86400",
+        "--tuning-min-observed-seconds=7200",
+        "--tuning-wait-seconds=300",
+        "--tuning-write-gap-seconds=1800",
+    ] {
         assert!(
             controller_args.contains(&expected.to_owned()),
             "{controller_args:?}"
@@ -340,7 +348,11 @@ fn every_option_reaches_the_objects() {
 #[test]
 fn bad_values_are_refused_naming_the_key() {
     // helm names the key as a JSON pointer (`/nodeDefaults/deviceSplitCount`).
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
+        (
+            &["--set", "scheduler.tuning.intervalSeconds=0"],
+            "/scheduler/tuning/intervalSeconds",
+        ),
         (
             &["--set", "nodeDefaults.deviceSplitCount=0"],
             "/nodeDefaults/deviceSplitCount",

@@ -12,7 +12,7 @@
 //! that waited for a GPU over 10 minutes on the pool's nodes (the
 //! extender's record, [`crate::projection::waiting`]). A config's status is
 //! written when its advice or evidence changed, at most once per
-//! [`MIN_WRITE_GAP`].
+//! [`Settings::write_gap`] (10 minutes).
 
 pub mod history;
 pub mod usage;
@@ -40,8 +40,6 @@ use crate::{
 };
 use history::History;
 
-/// The least time between two writes of one config's advice.
-pub const MIN_WRITE_GAP: Duration = Duration::from_secs(600);
 /// The field manager of the advice in a config's status.
 const MANAGER: &str = "tessera-tuning";
 
@@ -55,6 +53,8 @@ pub struct Settings {
     /// Where the tree's branches are cut (its `min_span`: how long a pool
     /// must have been seen before any advice).
     pub thresholds: Thresholds,
+    /// The least time between two writes of one config's advice.
+    pub write_gap: Duration,
 }
 
 impl Default for Settings {
@@ -64,6 +64,7 @@ impl Default for Settings {
             interval: Duration::from_secs(300),
             window: Duration::from_secs(6 * 3600),
             thresholds: Thresholds::default(),
+            write_gap: Duration::from_secs(600),
         }
     }
 }
@@ -294,8 +295,8 @@ pub fn status(pool: &PoolAdvice, window: Duration, now: Timestamp) -> TuningStat
 
 /// Whether `new` should replace `old` at `now`: when the advice or its
 /// numbers changed (how long the pool was seen, and the words carrying it,
-/// do not count), and not within [`MIN_WRITE_GAP`] of the last write.
-pub fn due(old: Option<&TuningStatus>, new: &TuningStatus, now: Timestamp) -> bool {
+/// do not count), and not within `gap` of the last write.
+pub fn due(old: Option<&TuningStatus>, new: &TuningStatus, now: Timestamp, gap: Duration) -> bool {
     let Some(old) = old else {
         return true;
     };
@@ -318,9 +319,9 @@ pub fn due(old: Option<&TuningStatus>, new: &TuningStatus, now: Timestamp) -> bo
     if gist(old) == gist(new) {
         return false;
     }
-    old.computed_at.parse::<Timestamp>().map_or(true, |at| {
-        now.duration_since(at).unsigned_abs() >= MIN_WRITE_GAP
-    })
+    old.computed_at
+        .parse::<Timestamp>()
+        .map_or(true, |at| now.duration_since(at).unsigned_abs() >= gap)
 }
 
 /// Everything the advice reads, for one round: the pools' advice.
@@ -428,7 +429,7 @@ pub async fn run(
             now,
         );
         // A pool not seen long enough has nothing to say yet: writing that
-        // would hold its first real advice back by MIN_WRITE_GAP.
+        // would hold its first real advice back by the write gap.
         let ready = |p: &&PoolAdvice| {
             p.pool.config.is_some() && p.observed.span >= settings.thresholds.min_span
         };
@@ -440,7 +441,7 @@ pub async fn run(
                 .find(|c| &c.name_any() == name)
                 .and_then(|c| c.status.as_ref())
                 .and_then(|s| s.tuning.as_ref());
-            if !due(old, &new, now) {
+            if !due(old, &new, now, settings.write_gap) {
                 continue;
             }
             // Replaced whole (a merge patch would keep numbers the new
