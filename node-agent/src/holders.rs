@@ -6,6 +6,19 @@ use std::collections::HashMap;
 use kube::ResourceExt;
 use tessera_api::v1alpha1::{MigPlacement, VgpuAllocation};
 
+/// How many slices of live allocations each GPU (by UUID) holds.
+pub fn users_per_gpu(allocations: &[VgpuAllocation]) -> std::collections::BTreeMap<&str, usize> {
+    let mut users = std::collections::BTreeMap::<&str, usize>::new();
+    for allocation in live_allocations(allocations) {
+        for container in &allocation.spec.containers {
+            for slice in &container.devices {
+                *users.entry(slice.uuid.as_str()).or_default() += 1;
+            }
+        }
+    }
+    users
+}
+
 /// The allocations that still hold their slices (not Released or Failed).
 pub fn live_allocations(allocations: &[VgpuAllocation]) -> impl Iterator<Item = &VgpuAllocation> {
     allocations.iter().filter(|a| a.is_live())

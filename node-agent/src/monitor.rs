@@ -27,7 +27,10 @@ use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use tessera_api::v1alpha1::VgpuAllocation;
 
-use crate::{backend::Backend, holders::live_allocations};
+use crate::{
+    backend::Backend,
+    holders::{live_allocations, users_per_gpu},
+};
 
 pub mod arbiter;
 pub mod cores;
@@ -192,19 +195,6 @@ pub fn sharing_marks(allocations: &[VgpuAllocation]) -> BTreeMap<String, Vec<boo
         }
     }
     marks
-}
-
-/// How many slices of live allocations each GPU (by UUID) holds.
-fn users_per_gpu(allocations: &[VgpuAllocation]) -> BTreeMap<&str, usize> {
-    let mut users: BTreeMap<&str, usize> = BTreeMap::new();
-    for allocation in live_allocations(allocations) {
-        for container in &allocation.spec.containers {
-            for slice in &container.devices {
-                *users.entry(slice.uuid.as_str()).or_default() += 1;
-            }
-        }
-    }
-    users
 }
 
 /// Writes the sharing marks into the regions that exist and are valid

@@ -17,6 +17,7 @@
 //! allocation's phase and creation time, and the node agents' Leases
 //! ([`AgentLeases`], watched only when asked for).
 
+pub mod advice;
 mod agents;
 mod ages;
 mod convert;
@@ -81,7 +82,7 @@ struct Shared {
     waiting: Arc<waiting::Waiting>,
     /// The pools' tuning advice as the leader last computed it (empty in
     /// other replicas).
-    tuning: Arc<std::sync::Mutex<Vec<crate::tuning::PoolAdvice>>>,
+    tuning: Arc<std::sync::Mutex<Vec<advice::PoolAdvice>>>,
     nudges: Option<mpsc::UnboundedSender<String>>,
     /// The receiving end of `nudges`, until someone takes it.
     freed_nodes: Arc<std::sync::Mutex<Option<mpsc::UnboundedReceiver<String>>>>,
@@ -215,12 +216,12 @@ impl Projection {
     }
 
     /// Publishes the pools' tuning advice (for `/metrics`).
-    pub fn set_tuning(&self, advice: Vec<crate::tuning::PoolAdvice>) {
+    pub fn set_tuning(&self, advice: Vec<advice::PoolAdvice>) {
         *self.shared.tuning.lock().unwrap_or_else(|e| e.into_inner()) = advice;
     }
 
     /// The pools' tuning advice as last computed here.
-    pub fn tuning(&self) -> Vec<crate::tuning::PoolAdvice> {
+    pub fn tuning(&self) -> Vec<advice::PoolAdvice> {
         self.shared
             .tuning
             .lock()

@@ -31,6 +31,7 @@ use kube::{
 use serde_json::json;
 use tessera_api::v1alpha1::{GpuNode, GpuNodeConfig, TuningAdvice, TuningStatus, TuningWait};
 
+pub use crate::projection::advice::{Pool, PoolAdvice};
 use crate::{
     engine::{
         Lack,
@@ -67,22 +68,6 @@ impl Default for Settings {
             write_gap: Duration::from_secs(600),
         }
     }
-}
-
-/// A pool of GPU nodes the advice is about.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Pool {
-    /// The GpuNodeConfig that selects the nodes; `None` for a node no
-    /// config selects.
-    pub config: Option<String>,
-    /// The config's name, or `node/<name>`.
-    pub name: String,
-    /// Its nodes.
-    pub nodes: BTreeSet<String>,
-    /// GPUs on those nodes.
-    pub gpus: u32,
-    /// The settings the nodes run with (the first node's).
-    pub current: Current,
 }
 
 /// The pools of `nodes`: one per config with matched GPU nodes, one per GPU
@@ -163,17 +148,6 @@ pub fn waited(waits: &[Wait], nodes: &BTreeSet<String>, over: Duration, now: Tim
         }
     }
     waited
-}
-
-/// A pool's advice and the evidence behind it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PoolAdvice {
-    /// The pool.
-    pub pool: Pool,
-    /// What it was seen doing.
-    pub observed: Observed,
-    /// The guide's advice.
-    pub advice: Vec<Advice>,
 }
 
 /// `seconds` as `6h`, `45m` or `30s`: the largest whole unit.

@@ -83,7 +83,7 @@ fn percent(busy: Option<u64>, window: u64) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::Reading;
+    use crate::monitor::usage::Reading;
 
     const S: u64 = 1_000_000_000;
 

@@ -13,9 +13,11 @@ use super::{
     cores::CoreUse,
     hami::{ContainerKey, ContainerSeries, Hami, HostKey, HostSeries},
     usage::Usage,
-    users_per_gpu,
 };
-use crate::{backend::HostUsage, holders::live_allocations};
+use crate::{
+    backend::HostUsage,
+    holders::{live_allocations, users_per_gpu},
+};
 
 /// Labels of a per-GPU Tessera series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
