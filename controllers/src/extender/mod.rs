@@ -16,7 +16,7 @@ mod placed;
 mod preempt;
 #[cfg(test)]
 mod preempt_tests;
-mod probe;
+pub(crate) mod probe;
 mod seen;
 pub mod victims;
 pub mod wire;

@@ -35,18 +35,27 @@ pub async fn agent_ready(endpoint: &str) -> Result<(), String> {
 }
 
 async fn readyz(endpoint: &str) -> std::io::Result<u16> {
+    Ok(get(endpoint, "/readyz", READ_LIMIT).await?.0)
+}
+
+/// `GET http://<endpoint><path>` over plain HTTP/1.0 (the agent's
+/// `/readyz` and `/metrics`), reading at most `limit` bytes of the answer:
+/// its status code (0 when the status line is not HTTP's) and what follows
+/// the headers.
+pub async fn get(endpoint: &str, path: &str, limit: u64) -> std::io::Result<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(endpoint).await?;
-    let request = format!("GET /readyz HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut answer = Vec::new();
-    stream.take(READ_LIMIT).read_to_end(&mut answer).await?;
+    stream.take(limit).read_to_end(&mut answer).await?;
+    let answer = String::from_utf8_lossy(&answer);
     // "HTTP/1.1 200 OK"
     let status = answer
         .get(9..12)
-        .and_then(|code| std::str::from_utf8(code).ok())
         .and_then(|code| code.parse().ok())
         .unwrap_or(0);
-    Ok(status)
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    Ok((status, body.to_owned()))
 }
 
 #[cfg(test)]

@@ -334,27 +334,13 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// `GET /metrics` from an agent at `endpoint` (`ip:port`).
 async fn scrape(endpoint: &str) -> Result<String, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let read = async {
-        let mut stream = tokio::net::TcpStream::connect(endpoint).await?;
-        let request = format!("GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut answer = Vec::new();
-        stream.take(READ_LIMIT).read_to_end(&mut answer).await?;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
-    };
-    let answer = tokio::time::timeout(SCRAPE_TIMEOUT, read)
-        .await
-        .map_err(|_| format!("no answer within {} s", SCRAPE_TIMEOUT.as_secs()))?
-        .map_err(|e| e.to_string())?;
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    if head.get(9..12) != Some("200") {
-        return Err(format!(
-            "answered {}",
-            head.lines().next().unwrap_or_default()
-        ));
+    let get = crate::extender::probe::get(endpoint, "/metrics", READ_LIMIT);
+    match tokio::time::timeout(SCRAPE_TIMEOUT, get).await {
+        Ok(Ok((200, body))) => Ok(body),
+        Ok(Ok((status, _))) => Err(format!("answered with status {status}")),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {} s", SCRAPE_TIMEOUT.as_secs())),
     }
-    Ok(body.to_owned())
 }
 
 /// Runs the advice until the future is dropped (leadership lost): reads the
