@@ -10,7 +10,7 @@
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -25,23 +25,6 @@ pub const SCRAPE_INTERVAL: Duration = Duration::from_secs(15);
 #[derive(Clone, Debug)]
 pub struct Prometheus {
     addr: String,
-}
-
-/// The `prometheus` binary: on `PATH`, or Debian's `/usr/bin/prometheus`.
-pub fn binary() -> Result<PathBuf, Error> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .chain([PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join("prometheus"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            Error::Tools(
-                "prometheus not found (on PATH or /usr/bin): install Debian's prometheus package \
-                 (hack/node-deps.sh does)"
-                    .into(),
-            )
-        })
 }
 
 /// What Prometheus scrapes: `(instance, host:port)` per node agent (the
@@ -109,7 +92,7 @@ impl Prometheus {
         let addr = format!("127.0.0.1:{}", free_port()?);
         plane.spawn(
             "prometheus",
-            &binary()?,
+            &crate::tools::system_program("prometheus", "prometheus")?,
             &[
                 format!("--config.file={}", config_path.display()),
                 format!("--storage.tsdb.path={}", dir.join("data").display()),

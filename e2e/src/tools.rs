@@ -122,6 +122,24 @@ fn minor_of(version: &str) -> Option<u32> {
     version.split('.').next()?.parse().ok()
 }
 
+/// A program from the system's packages (promtool, prometheus, busybox):
+/// on `PATH`, or in `/usr/bin` where Debian puts it; the error names the
+/// Debian `package` that installs it.
+pub fn system_program(name: &str, package: &str) -> Result<PathBuf, Error> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::Tools(format!(
+                "{name} not found (on PATH or /usr/bin): install Debian's {package} package, for \
+                 example with `sudo hack/node-deps.sh`"
+            ))
+        })
+}
+
 /// The repository root (the workspace containing this crate).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

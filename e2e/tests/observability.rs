@@ -56,18 +56,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// promtool, or a failure that says how to install it.
 fn promtool() -> PathBuf {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .chain([PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join("promtool"))
-        .find(|p| p.is_file());
-    found.unwrap_or_else(|| {
-        panic!(
-            "promtool not found (on PATH or /usr/bin): install Debian's prometheus package, \
-             for example with `sudo hack/node-deps.sh`"
-        )
-    })
+    tessera_e2e::tools::system_program("promtool", "prometheus").unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs promtool with `args` in the repository root, failing with its output.

@@ -49,7 +49,7 @@ fn cuda_image(artifacts: &Artifacts, probe: &Path) -> Result<Image, Error> {
     rootfs::base(&mut image, Account::ROOT, "/bin/sh");
     image.dir("/etc").dir("/proc").dir("/sys").dir("/dev");
 
-    let busybox = which("busybox")?;
+    let busybox = tools::system_program("busybox", "busybox-static")?;
     rootfs::program(&mut image, "/usr/bin/busybox", &busybox)?;
     for applet in busybox_applets(&busybox)? {
         if applet != "busybox" {
@@ -73,19 +73,6 @@ fn cuda_image(artifacts: &Artifacts, probe: &Path) -> Result<Image, Error> {
     }
     image.command(&["/bin/sh"]);
     Ok(image)
-}
-
-fn which(program: &str) -> Result<PathBuf, Error> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|path| path.is_file())
-        .ok_or_else(|| {
-            Error::Config(format!(
-                "{program} is not installed (Debian: apt-get install busybox-static)"
-            ))
-        })
 }
 
 fn busybox_applets(busybox: &Path) -> Result<Vec<String>, Error> {
