@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes, etcd, helm, kwok, containerd and Kueue binaries Tessera's tests run, from
-# the Go modules pinned in e2e/tools/*/go.mod, into a cache outside the work tree.
+# Builds the Kubernetes, etcd, helm, kwok, containerd, Kueue and Jaeger binaries Tessera's tests
+# run, from the Go modules pinned in e2e/tools/*/go.mod (Jaeger: its own module, below), into a
+# cache outside the work tree.
 #
 #   hack/tools.sh          build what is missing for the tests, print the bin directory
-#   hack/tools.sh demo     build only what `make demo` runs (etcd, Kubernetes, helm, containerd)
+#   hack/tools.sh demo     build only what `make demo` runs (etcd, Kubernetes, helm, containerd, Jaeger)
 #   hack/tools.sh --path   print the bin directory only (no build)
 #
 # The oldest Kubernetes the docs claim (docs/install.md) is built beside them,
 # into <bin>/oldest, from e2e/tools/k8s-oldest: the install smoke test
 # (e2e/tests/oldest_kubernetes.rs) runs on it. Kueue's controller manager and
 # its CRDs go into <bin>/kueue, from e2e/tools/kueue (e2e/tests/real_nodes.rs).
+# Jaeger (the demo's trace store, e2e/tests/traces.rs) goes into <bin>/jaeger,
+# built inside its own module at $JAEGER_MODULE_VERSION: its go.mod has replace
+# directives, which Go ignores in a dependency, so it cannot be pinned from a
+# go.mod of ours like the others; the module's checksum is still verified.
 #
 # A build goes into a temporary directory and is moved into place whole, with a
 # stamp written last, so a half-finished build never counts as cached.
@@ -22,6 +27,8 @@ KWOK_VERSION=v0.8.0
 CONTAINERD_VERSION=v2.4.2
 OLDEST_K8S_VERSION=v1.30.14
 KUEUE_VERSION=v0.17.0
+# The Go module v1.76.0 is Jaeger v2.13.0 (the v2 binary lives in the v1 module path).
+JAEGER_MODULE_VERSION=v1.76.0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${TESSERA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
 # The key changes whenever the pinned modules change, so an edit to
@@ -37,6 +44,7 @@ oldest_stamp="$OLDEST_K8S_VERSION-$(cat "$root"/e2e/tools/k8s-oldest/go.mod "$ro
 kueue_stamp="$KUEUE_VERSION-$(cat "$root"/e2e/tools/kueue/go.mod "$root"/e2e/tools/kueue/go.sum | sha256sum | cut -c1-12)"
 oldest_built() { [[ "$(cat "$bin/oldest/.complete" 2>/dev/null)" == "$oldest_stamp" ]]; }
 kueue_built() { [[ "$(cat "$bin/kueue/.complete" 2>/dev/null)" == "$kueue_stamp" ]]; }
+jaeger_built() { [[ "$(cat "$bin/jaeger/.complete" 2>/dev/null)" == "$JAEGER_MODULE_VERSION" ]]; }
 # kwok is moved into place whole (a rename), so its presence is its stamp;
 # its version and module are in the bin directory's name.
 kwok_built() { [[ -x "$bin/kwok" ]]; }
@@ -47,7 +55,7 @@ case "${1:-}" in
   "") only_demo= ;;
   *) echo "hack/tools.sh: unknown argument ${1}; use --path, demo or nothing" >&2; exit 2 ;;
 esac
-if [[ -f "$bin/.complete" ]] && { [[ -n "$only_demo" ]] || { kwok_built && oldest_built && kueue_built; }; }; then
+if [[ -f "$bin/.complete" ]] && jaeger_built && { [[ -n "$only_demo" ]] || { kwok_built && oldest_built && kueue_built; }; }; then
   echo "$bin"
   exit 0
 fi
@@ -115,6 +123,22 @@ build_kueue() {
   echo "hack/tools.sh: built Kueue $KUEUE_VERSION in $((SECONDS - start)) s" >&2
 }
 
+# Jaeger v2 (OTLP receiver, in-memory store, query API) into $bin/jaeger,
+# stamped last.
+build_jaeger() {
+  local jtmp start=$SECONDS dir
+  jtmp=$(mktemp -d "$bin/.jaeger.XXXXXX")
+  echo "hack/tools.sh: building Jaeger (module $JAEGER_MODULE_VERSION; cold: about 6 minutes on 2 cores)" >&2
+  dir=$(go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_MODULE_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])') || { rm -rf "$jtmp"; return 1; }
+  (cd "$dir" && go build -ldflags "-s -w" -o "$jtmp/jaeger" ./cmd/jaeger) || { rm -rf "$jtmp"; return 1; }
+  chmod 755 "$jtmp"
+  rm -rf "$bin/jaeger"
+  mv "$jtmp" "$bin/jaeger"
+  echo "$JAEGER_MODULE_VERSION" >"$bin/jaeger/.complete"
+  echo "hack/tools.sh: built Jaeger in $((SECONDS - start)) s" >&2
+}
+
 # What the tests need beyond the demo's tools.
 build_test_tools() {
   kwok_built || build_kwok
@@ -123,7 +147,8 @@ build_test_tools() {
 }
 
 if [[ -f "$bin/.complete" ]]; then
-  build_test_tools
+  jaeger_built || build_jaeger
+  [[ -n "$only_demo" ]] || build_test_tools
   echo "$bin"
   exit 0
 fi
@@ -172,5 +197,6 @@ mv "$tmp" "$bin"
 trap - EXIT
 date -u +%FT%TZ >"$bin/.complete"
 echo "hack/tools.sh: built in $((SECONDS - start)) s" >&2
+build_jaeger
 [[ -n "$only_demo" ]] || build_test_tools
 echo "$bin"

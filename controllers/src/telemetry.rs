@@ -1,10 +1,11 @@
 //! Logs and OpenTelemetry traces of the controller (see `tessera_telemetry`):
-//! every filter, prioritize and bind is a span, and Bind stores its W3C trace
-//! context on the allocation so the node agent's Allocate joins the trace.
+//! the webhook's `admit` span starts each GPU pod's trace; every filter,
+//! prioritize and bind of the pod is a span in it, and Bind stores its W3C
+//! trace context on the allocation so the node agent's Allocate joins it.
 
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
-pub use tessera_telemetry::trace_context;
+pub use tessera_telemetry::{DECISIONS, TRACEPARENT_ANNOTATION, join, pod_parent, trace_context};
 
 use crate::Error;
 

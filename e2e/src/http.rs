@@ -44,6 +44,20 @@ pub async fn get_body(addr: &str, path: &str) -> Result<String, String> {
     }
 }
 
+/// Percent-encodes a query parameter.
+pub(crate) fn encode(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len() * 3);
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
 /// Whether `GET http://<addr><path>` answers 200 within 2 s.
 pub(crate) async fn get_ok(addr: &str, path: &str) -> bool {
     tokio::time::timeout(std::time::Duration::from_secs(2), get(addr, path))

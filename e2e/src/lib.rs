@@ -29,6 +29,7 @@ mod error;
 pub mod helm;
 pub mod http;
 pub mod images;
+pub mod jaeger;
 pub mod kube_proxy;
 mod kubeconfig;
 pub mod kubelet;

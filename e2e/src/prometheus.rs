@@ -132,7 +132,7 @@ impl Prometheus {
 
     /// An instant query's samples.
     pub async fn query(&self, promql: &str) -> Result<Vec<Sample>, Error> {
-        let path = format!("/api/v1/query?query={}", encode(promql));
+        let path = format!("/api/v1/query?query={}", http::encode(promql));
         let data: Data<InstantSeries> = self.api(&path).await?;
         data.result
             .into_iter()
@@ -156,7 +156,7 @@ impl Prometheus {
     ) -> Result<Vec<Series>, Error> {
         let path = format!(
             "/api/v1/query_range?query={}&start={start}&end={end}&step={}s",
-            encode(promql),
+            http::encode(promql),
             step.as_secs().max(1)
         );
         let data: Data<RangeSeries> = self.api(&path).await?;
@@ -241,19 +241,6 @@ struct RangeSeries {
 fn number(text: &str) -> Result<f64, Error> {
     text.parse()
         .map_err(|e| Error::Config(format!("prometheus sample {text:?}: {e}")))
-}
-
-/// Percent-encodes a query parameter.
-fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() * 3);
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
-            out.push(char::from(byte));
-        } else {
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
-    out
 }
 
 /// `series` as promtool's `input_series`, one sample per `step` from
@@ -351,6 +338,9 @@ mod tests {
 
     #[test]
     fn queries_are_percent_encoded() {
-        assert_eq!(encode("a{b=\"c\"} * 100"), "a%7Bb%3D%22c%22%7D%20%2A%20100");
+        assert_eq!(
+            http::encode("a{b=\"c\"} * 100"),
+            "a%7Bb%3D%22c%22%7D%20%2A%20100"
+        );
     }
 }

@@ -66,6 +66,19 @@ pub fn binary(name: &str) -> Result<PathBuf, Error> {
     Ok(dir.join(name))
 }
 
+/// Jaeger (`hack/tools.sh` builds it into `<bin>/jaeger`, for the demo
+/// and the trace test).
+pub fn jaeger() -> Result<PathBuf, Error> {
+    let path = bin_dir()?.join("jaeger/jaeger");
+    if !path.is_file() {
+        return Err(Error::Tools(format!(
+            "{} is missing; run hack/tools.sh",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
 /// Makes this process's clusters run the oldest Kubernetes the docs claim
 /// (`hack/tools.sh` builds it into `<bin>/oldest`): its API server,
 /// scheduler, controller manager, kubelet and kube-proxy. Call it before

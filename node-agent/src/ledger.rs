@@ -9,10 +9,20 @@ use kube::{
     api::{DeleteParams, PostParams, Preconditions},
 };
 use tessera_api::v1alpha1::{
-    AllocationPhase, ServedMigInstance, VgpuAllocation, VgpuAllocationStatus,
+    AllocationPhase, ServedMigInstance, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
 };
 
 use crate::Error;
+
+/// Whether two specs record the same holding; the trace context differs
+/// between repeats of one preparation and says nothing of what is held.
+fn same_holder(a: &VgpuAllocationSpec, b: &VgpuAllocationSpec) -> bool {
+    let untraced = |spec: &VgpuAllocationSpec| VgpuAllocationSpec {
+        trace_context: None,
+        ..spec.clone()
+    };
+    untraced(a) == untraced(b)
+}
 
 /// Creates `record` (or finds it from an earlier pass with the same spec)
 /// and marks it Allocated, saying `why`, with the MIG instances it holds.
@@ -42,7 +52,7 @@ pub async fn record(
         else {
             continue;
         };
-        if found.spec == record.spec {
+        if same_holder(&found.spec, &record.spec) {
             break found;
         }
         tracing::info!(

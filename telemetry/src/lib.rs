@@ -2,10 +2,19 @@
 //!
 //! Traces are exported over OTLP/gRPC when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the exporter reads the other
-//! standard `OTEL_EXPORTER_OTLP_*` variables itself. The scheduler extender
-//! stores the W3C trace context of its Bind span on each VgpuAllocation
-//! ([`trace_context`]); the node agent's Allocate span continues that trace
-//! ([`join`]).
+//! standard `OTEL_EXPORTER_OTLP_*` variables itself.
+//!
+//! One trace per pod: the admission webhook's span is its root and the
+//! webhook writes that span's W3C context on the pod
+//! ([`TRACEPARENT_ANNOTATION`]); the extender's Filter, Prioritize and Bind
+//! spans are its children ([`pod_parent`], [`join`]); Bind stores its own
+//! context on the VgpuAllocation ([`trace_context`]) and the node agent's
+//! Allocate span continues from there.
+//!
+//! Logs and traces are filtered apart: `--log` decides what is printed,
+//! while the exporter gets Tessera's own spans and events at INFO and the
+//! decision details ([`DECISIONS`], e.g. each node Filter rejected) at
+//! DEBUG, whatever is printed.
 
 #![forbid(unsafe_code)]
 
@@ -17,7 +26,21 @@ use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
 use tessera_api::v1alpha1::TraceContext;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::{EnvFilter, Registry, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{
+    EnvFilter, Layer, Registry,
+    filter::{LevelFilter, Targets},
+    layer::SubscriberExt,
+    util::SubscriberInitExt,
+};
+
+/// The pod annotation carrying the W3C `traceparent` of the pod's admission
+/// span, which every later scheduling span of the pod continues.
+pub const TRACEPARENT_ANNOTATION: &str = "tessera.dev/traceparent";
+
+/// The target of decision details that go to traces, not to logs: events
+/// at DEBUG under this target become span events (e.g. "rejected", with
+/// the node and the reason) without printing a line per node.
+pub const DECISIONS: &str = "tessera::decision";
 
 /// Why telemetry could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +77,8 @@ pub fn otlp_provider(
         .build())
 }
 
-/// The tracing layer that turns spans into OpenTelemetry spans of `service`.
+/// The tracing layer that turns spans into OpenTelemetry spans of
+/// `service`, filtered by [`exported`].
 pub fn layer<S>(
     provider: &SdkTracerProvider,
     service: &'static str,
@@ -62,7 +86,9 @@ pub fn layer<S>(
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
-    tracing_opentelemetry::layer().with_tracer(provider.tracer(service))
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer(service))
+        .with_filter(exported())
 }
 
 /// Installs logging (and OTLP export when configured) for `service`;
@@ -81,14 +107,50 @@ pub fn init(service: &'static str, log_filter: &str) -> Result<Option<SdkTracerP
     let provider = configured
         .then(|| otlp_provider(service, None))
         .transpose()?;
-    let registry = Registry::default()
-        .with(filter)
-        .with(tracing_subscriber::fmt::layer());
+    let registry = Registry::default().with(tracing_subscriber::fmt::layer().with_filter(filter));
     match &provider {
         Some(provider) => registry.with(layer(provider, service)).init(),
         None => registry.init(),
     }
     Ok(provider)
+}
+
+/// What goes to the exporter: Tessera's spans and events at INFO, its
+/// decision details at DEBUG, nothing of its libraries (kube, hyper, tonic),
+/// whatever `--log` prints.
+pub fn exported() -> Targets {
+    Targets::new()
+        .with_default(LevelFilter::OFF)
+        .with_target("tessera", LevelFilter::INFO)
+        .with_target(DECISIONS, LevelFilter::DEBUG)
+}
+
+/// The trace context a pod's annotations carry ([`TRACEPARENT_ANNOTATION`]),
+/// when it is one W3C `traceparent` (a tenant can write any annotation:
+/// anything else is ignored, and a valid one only makes the pod's spans
+/// children of a span it names).
+pub fn pod_parent(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<TraceContext> {
+    let traceparent = annotations?.get(TRACEPARENT_ANNOTATION)?;
+    let context = TraceContext {
+        traceparent: traceparent.clone(),
+        tracestate: String::new(),
+    };
+    parent_context(&context)
+        .span()
+        .span_context()
+        .is_valid()
+        .then_some(context)
+}
+
+fn parent_context(stored: &TraceContext) -> opentelemetry::Context {
+    let mut carrier = std::collections::HashMap::new();
+    carrier.insert("traceparent".to_owned(), stored.traceparent.clone());
+    if !stored.tracestate.is_empty() {
+        carrier.insert("tracestate".to_owned(), stored.tracestate.clone());
+    }
+    TraceContextPropagator::new().extract(&carrier)
 }
 
 /// The current span's W3C trace context, when it is being traced.
@@ -109,14 +171,10 @@ pub fn trace_context() -> Option<TraceContext> {
 
 /// Makes `span` a child of the span a stored trace context names, so work
 /// done elsewhere (the node agent's Allocate) joins the scheduler's trace.
-/// An unparsable context leaves the span a root.
+/// An unparsable context leaves the span a root. Call it before the span is
+/// first entered: a started span keeps the parent it started with.
 pub fn join(span: &tracing::Span, stored: &TraceContext) {
-    let mut carrier = std::collections::HashMap::new();
-    carrier.insert("traceparent".to_owned(), stored.traceparent.clone());
-    if !stored.tracestate.is_empty() {
-        carrier.insert("tracestate".to_owned(), stored.tracestate.clone());
-    }
-    let parent = TraceContextPropagator::new().extract(&carrier);
+    let parent = parent_context(stored);
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);
     }

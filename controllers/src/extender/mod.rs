@@ -25,6 +25,7 @@ use std::{sync::Arc, time::Instant};
 
 use axum::{Json, Router, extract::State, routing::post};
 use kube::Client;
+use tracing::Instrument;
 
 pub use bind::{Binder, Bound};
 pub use filter::{NO_GPU_NODE, OVER_QUOTA, filter, prioritize};
@@ -37,6 +38,10 @@ use wire::{
 };
 
 use crate::{config::Config, projection::Projection};
+
+/// How many rejected nodes a Filter span lists as events (the rest are
+/// counted): the OpenTelemetry SDK keeps at most 128 events per span.
+const REJECTIONS_TRACED: usize = 100;
 
 /// How long Filter waits for the first lists of a starting replica.
 const LOADING_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -92,11 +97,27 @@ impl Extender {
     }
 }
 
-#[tracing::instrument(name = "filter", skip_all, fields(pod = %pod_name(&args), candidates = args.candidate_names().len(), feasible, rejected, top_reason))]
 async fn filter_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderArgs>,
 ) -> Json<ExtenderFilterResult> {
+    let span = pod_span(
+        tracing::info_span!(
+            "filter",
+            k8s.namespace.name = args.pod.metadata.namespace.as_deref().unwrap_or_default(),
+            k8s.pod.name = args.pod.metadata.name.as_deref().unwrap_or_default(),
+            k8s.pod.uid = args.pod.metadata.uid.as_deref().unwrap_or_default(),
+            candidates = args.candidate_names().len(),
+            feasible = tracing::field::Empty,
+            rejected = tracing::field::Empty,
+            top_reason = tracing::field::Empty,
+        ),
+        &args.pod,
+    );
+    filter_answer(extender, args).instrument(span).await
+}
+
+async fn filter_answer(extender: Extender, args: ExtenderArgs) -> Json<ExtenderFilterResult> {
     let started = Instant::now();
     if !extender.projection.is_synced() {
         // Just started: wait a little for the first lists rather than
@@ -123,13 +144,24 @@ async fn filter_handler(
         "rejected",
         result.failed_nodes.len() + result.failed_and_unresolvable_nodes.len(),
     );
-    if let Some(reason) = result
+    let mut rejections = result
         .failed_nodes
-        .values()
-        .chain(result.failed_and_unresolvable_nodes.values())
-        .next()
-    {
+        .iter()
+        .chain(&result.failed_and_unresolvable_nodes);
+    if let Some((_, reason)) = rejections.clone().next() {
         span.record("top_reason", reason.as_str());
+    }
+    // Each rejected node's reason, for the trace only (the target is
+    // `crate::telemetry::DECISIONS`; a macro needs it literal); bounded below the
+    // SDK's 128 events per span.
+    if tracing::enabled!(target: "tessera::decision", tracing::Level::DEBUG) {
+        for (node, reason) in rejections.by_ref().take(REJECTIONS_TRACED) {
+            tracing::event!(target: "tessera::decision", tracing::Level::DEBUG, k8s.node.name = %node, %reason, "rejected");
+        }
+        let unlisted = rejections.count();
+        if unlisted > 0 {
+            tracing::debug!(target: "tessera::decision", unlisted, "more nodes rejected");
+        }
     }
     if !result.error.is_empty() {
         tracing::info!(error = %result.error, "filter refused the pod");
@@ -138,20 +170,35 @@ async fn filter_handler(
     Json(result)
 }
 
-#[tracing::instrument(name = "prioritize", skip_all, fields(pod = %pod_name(&args)))]
 async fn prioritize_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderArgs>,
 ) -> Json<Vec<HostPriority>> {
+    let span = pod_span(
+        tracing::info_span!(
+            "prioritize",
+            k8s.namespace.name = args.pod.metadata.namespace.as_deref().unwrap_or_default(),
+            k8s.pod.name = args.pod.metadata.name.as_deref().unwrap_or_default(),
+            k8s.pod.uid = args.pod.metadata.uid.as_deref().unwrap_or_default(),
+            candidates = args.candidate_names().len(),
+            best = tracing::field::Empty,
+            best_score = tracing::field::Empty,
+        ),
+        &args.pod,
+    );
+    let _entered = span.enter();
     let started = Instant::now();
     let binder = &extender.binder;
     let scores = prioritize(&extender.projection, &extender.config, &args, |node| {
         binder.bind_pending(node)
     });
+    if let Some(best) = scores.iter().max_by_key(|h| h.score) {
+        span.record("best", best.host.as_str());
+        span.record("best_score", best.score);
+    }
     extender.observe("prioritize", true, started);
     Json(scores)
 }
-
 async fn preempt_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderPreemptionArgs>,
@@ -166,11 +213,28 @@ async fn preempt_handler(
     }))
 }
 
-#[tracing::instrument(name = "bind", skip_all, fields(pod = %args.pod_name, namespace = %args.pod_namespace, node = %args.node, devices, error))]
 async fn bind_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderBindingArgs>,
 ) -> Json<ExtenderBindingResult> {
+    let span = tracing::info_span!(
+        "bind",
+        k8s.namespace.name = %args.pod_namespace,
+        k8s.pod.name = %args.pod_name,
+        k8s.pod.uid = %args.pod_uid,
+        k8s.node.name = %args.node,
+        devices = tracing::field::Empty,
+        error = tracing::field::Empty,
+    );
+    // The pod Filter saw carries its trace; one it did not (another replica
+    // filtered it) is bound in a trace of its own.
+    if let Some(parent) = extender.binder.seen().trace_parent(&args.pod_uid) {
+        crate::telemetry::join(&span, &parent);
+    }
+    bind_answer(extender, args).instrument(span).await
+}
+
+async fn bind_answer(extender: Extender, args: ExtenderBindingArgs) -> Json<ExtenderBindingResult> {
     let started = Instant::now();
     let result = extender
         .binder
@@ -179,7 +243,7 @@ async fn bind_handler(
     extender.observe("bind", result.is_ok(), started);
     match result {
         Ok(bound) => {
-            tracing::Span::current().record("devices", format!("{:?}", bound.devices));
+            tracing::Span::current().record("devices", devices_attribute(&bound.devices));
             tracing::info!(devices = ?bound.devices, "bound");
             Json(ExtenderBindingResult::default())
         }
@@ -193,11 +257,20 @@ async fn bind_handler(
     }
 }
 
-fn pod_name(args: &ExtenderArgs) -> String {
-    let meta = &args.pod.metadata;
-    format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default()
-    )
+/// Bind's `devices` attribute: `container=UUID,UUID;container=UUID`.
+fn devices_attribute(devices: &[(String, Vec<String>)]) -> String {
+    devices
+        .iter()
+        .map(|(container, uuids)| format!("{container}={}", uuids.join(",")))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// `span`, made a child of the pod's admission span when the pod carries
+/// its context ([`crate::telemetry::TRACEPARENT_ANNOTATION`]).
+fn pod_span(span: tracing::Span, pod: &k8s_openapi::api::core::v1::Pod) -> tracing::Span {
+    if let Some(parent) = crate::telemetry::pod_parent(pod.metadata.annotations.as_ref()) {
+        crate::telemetry::join(&span, &parent);
+    }
+    span
 }

@@ -40,6 +40,13 @@ impl SeenPods {
         }
     }
 
+    /// The trace the pod with this UID continues, if Filter saw it and it
+    /// carries one ([`crate::telemetry::pod_parent`]).
+    pub fn trace_parent(&self, uid: &str) -> Option<tessera_api::v1alpha1::TraceContext> {
+        let guard = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        crate::telemetry::pod_parent(guard.0.get(uid)?.metadata.annotations.as_ref())
+    }
+
     /// The pod with this UID, if Filter saw it; forgets it.
     pub fn take(&self, uid: &str) -> Option<Pod> {
         let mut guard = self.pods.lock().unwrap_or_else(|e| e.into_inner());

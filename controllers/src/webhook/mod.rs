@@ -55,9 +55,14 @@ impl Webhook {
             .with_state(self)
     }
 
-    /// Answers one review, counting the answer.
+    /// Answers one review, counting the answer, in the pod's first span
+    /// (`admit`): the root of the pod's trace, whose context a mutated pod
+    /// carries on ([`crate::telemetry::TRACEPARENT_ANNOTATION`]). A pod that
+    /// already names a valid parent (its creator's trace) continues it.
     pub fn review(&self, review: AdmissionReview<Pod>) -> AdmissionReview<DynamicObject> {
-        let (outcome, answer) = self.answer(review);
+        let span = admit_span(&review);
+        let (outcome, answer) = span.in_scope(|| self.answer(review));
+        span.record("outcome", outcome.label());
         self.metrics.count(outcome);
         answer
     }
@@ -109,7 +114,14 @@ impl Webhook {
                 tracing::info!(namespace = ?request.namespace, pod = name, reason = %message, "denied GPU pod");
                 (Outcome::Denied, response.deny(message).into_review())
             }
-            Verdict::Mutated(mutated) => {
+            Verdict::Mutated(mut mutated) => {
+                // Only when the span is exported (a context is valid).
+                if let Some(context) = crate::telemetry::trace_context() {
+                    mutated.metadata.annotations.get_or_insert_default().insert(
+                        crate::telemetry::TRACEPARENT_ANNOTATION.to_owned(),
+                        context.traceparent,
+                    );
+                }
                 let before = serde_json::to_value(pod).unwrap_or_default();
                 let after = serde_json::to_value(&*mutated).unwrap_or_default();
                 match response.with_patch(json_patch::diff(&before, &after)) {
@@ -125,6 +137,32 @@ impl Webhook {
             }
         }
     }
+}
+
+/// The `admit` span of the pod a review is about, a child of the span the
+/// pod's own annotation names, if any. The API server gives a pod its UID
+/// after admission, so the span has the pod's namespace and name (or the
+/// prefix a generated name will start with), not its UID.
+fn admit_span(review: &AdmissionReview<Pod>) -> tracing::Span {
+    let pod = review.request.as_ref().and_then(|r| r.object.as_ref());
+    let meta = pod.map(|p| &p.metadata);
+    let span = tracing::info_span!(
+        "admit",
+        k8s.namespace.name = review
+            .request
+            .as_ref()
+            .and_then(|r| r.namespace.as_deref())
+            .unwrap_or_default(),
+        k8s.pod.name = meta.and_then(|m| m.name.as_deref()).unwrap_or_default(),
+        k8s.pod.generate_name = meta
+            .and_then(|m| m.generate_name.as_deref())
+            .unwrap_or_default(),
+        outcome = tracing::field::Empty,
+    );
+    if let Some(parent) = crate::telemetry::pod_parent(meta.and_then(|m| m.annotations.as_ref())) {
+        crate::telemetry::join(&span, &parent);
+    }
+    span
 }
 
 /// Reads the body itself, so an unreadable review is answered (and counted)

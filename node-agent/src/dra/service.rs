@@ -22,6 +22,7 @@ use tessera_draplugin::dra::v1::{
 };
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::{
     claim_gpus, mirror, mirror_name,
@@ -90,9 +91,22 @@ impl DraService {
                 ),
             ));
         }
+        let span = prepare_span(self.view.node(), &object);
+        self.prepare_in(claim, &file, &object)
+            .instrument(span)
+            .await
+    }
+
+    /// [`Self::prepare`] with the claim read and checked, in its span.
+    async fn prepare_in(
+        &self,
+        claim: &Claim,
+        file: &std::path::Path,
+        object: &ResourceClaim,
+    ) -> Result<NodePrepareResourceResponse, Error> {
         let node = self.view.node();
         let offer = self.offers.borrow().clone();
-        let gpus = claim_gpus(&object, node, &offer.devices)?;
+        let gpus = claim_gpus(object, node, &offer.devices)?;
         let hami_core = HamiCore::new(self.paths.clone());
         let mut contracts = Vec::new();
         for (request, container) in
@@ -106,9 +120,11 @@ impl DraService {
         }
         let spec = cdi_spec_of(&claim.uid, &contracts);
         // Atomically: containerd never reads half a spec.
-        crate::install::replace(&file, spec.to_string().as_bytes(), CDI_MODE)
-            .map_err(crate::install::step_failed(&file))?;
-        self.record(mirror(&object, node, &gpus)?).await?;
+        crate::install::replace(file, spec.to_string().as_bytes(), CDI_MODE)
+            .map_err(crate::install::step_failed(file))?;
+        let mut mirror = mirror(object, node, &gpus)?;
+        mirror.spec.trace_context = tessera_telemetry::trace_context();
+        self.record(mirror).await?;
         tracing::info!(
             namespace = %claim.namespace,
             claim = %claim.name,
@@ -212,6 +228,27 @@ impl DraService {
             }
         }
     }
+}
+
+/// The `prepare` span of a claim: the root of its pod's trace (kube-scheduler
+/// allocated the claim itself; Tessera first sees the pod here), with the
+/// claim and the first pod it is reserved for. Its context is stored on the
+/// claim's mirror allocation, as Bind's is on a device-plugin pod's.
+fn prepare_span(node: &str, claim: &ResourceClaim) -> tracing::Span {
+    let pod = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .and_then(|r| r.iter().find(|c| c.resource == "pods"));
+    tracing::info_span!(
+        "prepare",
+        k8s.node.name = node,
+        k8s.namespace.name = claim.metadata.namespace.as_deref().unwrap_or_default(),
+        k8s.pod.name = pod.map(|p| p.name.as_str()).unwrap_or_default(),
+        k8s.pod.uid = pod.map(|p| p.uid.as_str()).unwrap_or_default(),
+        k8s.resourceclaim.name = claim.metadata.name.as_deref().unwrap_or_default(),
+        k8s.resourceclaim.uid = claim.metadata.uid.as_deref().unwrap_or_default(),
+    )
 }
 
 /// Permissions of a CDI spec: containerd reads it, only root writes it.

@@ -89,7 +89,6 @@ impl Service {
         &self,
         requested: &[String],
     ) -> Result<(ContainerAllocateResponse, Followup), Error> {
-        let node = self.view.node();
         let lock = self.view.lock().await?;
         let mut allocation = match &lock {
             Some(lock) => self.view.allocation(lock).await?,
@@ -97,11 +96,21 @@ impl Service {
         };
         if let Some(allocation) = &mut allocation {
             self.overlay(allocation);
-            // Continue the trace the scheduler's Bind started for this pod.
-            if let Some(stored) = &allocation.spec.trace_context {
-                tessera_telemetry::join(&tracing::Span::current(), stored);
-            }
         }
+        let span = allocate_span(self.view.node(), requested, allocation.as_ref());
+        self.serve_in(requested, lock, allocation)
+            .instrument(span)
+            .await
+    }
+
+    /// [`Self::serve`] with the node's lock and the allocation it names read.
+    async fn serve_in(
+        &self,
+        requested: &[String],
+        lock: Option<NodeLock>,
+        allocation: Option<VgpuAllocation>,
+    ) -> Result<(ContainerAllocateResponse, Followup), Error> {
+        let node = self.view.node();
         let grant = grant(
             node,
             lock.as_ref(),
@@ -393,15 +402,10 @@ impl DevicePlugin for Service {
         let count = requests.len();
         let mut container_responses = Vec::new();
         for (i, container) in requests.into_iter().enumerate() {
-            let span = tracing::info_span!("allocate", node = self.view.node(), devices = ?container.devices_ids);
-            let (answer, followup) = self
-                .serve(&container.devices_ids)
-                .instrument(span)
-                .await
-                .map_err(|error| {
-                    tracing::warn!(%error, "Allocate refused");
-                    status(&error)
-                })?;
+            let (answer, followup) = self.serve(&container.devices_ids).await.map_err(|error| {
+                tracing::warn!(%error, "Allocate refused");
+                status(&error)
+            })?;
             self.remember(&followup);
             if i + 1 < count {
                 self.finish(&followup).await;
@@ -440,4 +444,27 @@ struct Followup {
     unsynced: Vec<PathBuf>,
     /// The MIG instances made for the container.
     mig_instances: Vec<ServedMigInstance>,
+}
+
+/// The `allocate` span of one container, in the trace the scheduler's Bind
+/// started for its pod (the context stored on the allocation), with the
+/// pod's namespace, name and UID when the allocation is found. Joined
+/// before it is entered: a started span keeps the parent it started with.
+fn allocate_span(
+    node: &str,
+    requested: &[String],
+    allocation: Option<&VgpuAllocation>,
+) -> tracing::Span {
+    let span = tracing::info_span!(
+        "allocate",
+        k8s.node.name = node,
+        k8s.namespace.name = allocation.and_then(|a| a.metadata.namespace.as_deref()).unwrap_or_default(),
+        k8s.pod.name = allocation.and_then(|a| a.metadata.name.as_deref()).unwrap_or_default(),
+        k8s.pod.uid = allocation.map(|a| a.spec.pod_uid.as_str()).unwrap_or_default(),
+        devices = %requested.join(","),
+    );
+    if let Some(stored) = allocation.and_then(|a| a.spec.trace_context.as_ref()) {
+        tessera_telemetry::join(&span, stored);
+    }
+    span
 }
