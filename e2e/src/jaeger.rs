@@ -325,8 +325,8 @@ impl Trace {
     }
 
     /// The spans named `name`, in the order they started.
-    pub fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Span> + 'a {
-        self.spans.iter().filter(move |s| s.name == name)
+    pub fn named(&self, name: &str) -> Vec<&Span> {
+        self.spans.iter().filter(|s| s.name == name).collect()
     }
 
     /// The trace as an indented tree: each span's service, name, offset

@@ -5,7 +5,9 @@
 //! routed by a real kube-proxy, and the API server reaches the webhook through
 //! its Service. One cluster goes through a user's whole cycle:
 //!
-//! 1. `helm install --wait`: a GPU pod gets its slice, enforced in its container;
+//! 1. `helm install --wait`: a GPU pod gets its slice, enforced in its container,
+//!    and its placement is one trace in Jaeger (admit → filter, bind →
+//!    the agent's allocate), read back from Jaeger's query API;
 //! 2. `helm upgrade` changing the split count keeps running pods and their
 //!    allocations, and the new count reaches the GpuNodes;
 //! 3. the webhook down: GPU pods are refused naming the webhook, other pods
@@ -34,6 +36,7 @@ use tessera_e2e::{
     artifacts::Artifacts,
     cluster::{LocalCluster, NAMESPACE, NodeGpus},
     images,
+    jaeger::{self, Jaeger},
     node::FakeGpu,
 };
 
@@ -74,6 +77,64 @@ fn refusal(result: Result<Pod, kube::Error>) -> String {
     }
 }
 
+/// The pod's placement is one trace in Jaeger: the webhook's `admit` is
+/// its root; `filter` and `bind` (kube-scheduler asks no `prioritize` when
+/// one node fits) its children, in order; the node agent's `allocate` is
+/// bind's child; each with the pod's identity and its own attributes.
+async fn check_trace(jaeger: &Jaeger, uid: &str, pod: &str, node: &str) {
+    // The exporters send every 5 s, Jaeger stores every 1 s.
+    let trace = wait_for("the pod's whole trace in Jaeger", async || {
+        jaeger
+            .pod_trace(uid)
+            .await
+            .unwrap()
+            .filter(|t| !t.named("allocate").is_empty())
+    })
+    .await;
+    let tree = trace.tree();
+    let only = |name: &str| {
+        let spans = trace.named(name);
+        assert_eq!(spans.len(), 1, "one {name} span:\n{tree}");
+        spans[0]
+    };
+    let admit = only("admit");
+    assert_eq!(admit.service, jaeger::CONTROLLER_SERVICE, "{tree}");
+    assert!(admit.parent.is_none(), "admit is the root:\n{tree}");
+    assert_eq!(admit.tag("outcome"), Some("mutated"), "{tree}");
+    let filter = only("filter");
+    let bind = only("bind");
+    let allocate = only("allocate");
+    for span in [filter, bind] {
+        assert_eq!(span.service, jaeger::CONTROLLER_SERVICE, "{tree}");
+        assert_eq!(span.parent.as_deref(), Some(admit.id.as_str()), "{tree}");
+    }
+    assert_eq!(allocate.service, "tessera-node-agent", "{tree}");
+    assert_eq!(allocate.parent.as_deref(), Some(bind.id.as_str()), "{tree}");
+    assert!(admit.start_us <= filter.start_us, "{tree}");
+    assert!(filter.start_us <= bind.start_us, "{tree}");
+    assert!(bind.start_us <= allocate.start_us, "{tree}");
+    for span in &trace.spans {
+        assert_eq!(span.tag("k8s.namespace.name"), Some("default"), "{tree}");
+        assert_eq!(span.tag("k8s.pod.name"), Some(pod), "{tree}");
+        if span.name != "admit" {
+            // The API server gives the pod its UID after admission.
+            assert_eq!(span.tag("k8s.pod.uid"), Some(uid), "{}:\n{tree}", span.name);
+        }
+    }
+    assert_eq!(filter.tag("feasible"), Some("1"), "{tree}");
+    assert_eq!(bind.tag("k8s.node.name"), Some(node), "{tree}");
+    assert_eq!(allocate.tag("k8s.node.name"), Some(node), "{tree}");
+    let devices = bind.tag("devices").unwrap_or_default();
+    assert!(devices.starts_with(&format!("cuda=GPU-{node}-")), "{tree}");
+    assert!(
+        bind.events
+            .iter()
+            .any(|e| e.get("event").map(String::as_str) == Some("bound")),
+        "{tree}"
+    );
+    eprintln!("trace {} of {pod}:\n{tree}", trace.id);
+}
+
 /// Every GpuNode's devices have `split` slices.
 async fn split_count(client: &Client) -> Vec<u32> {
     let nodes = Api::<GpuNode>::all(client.clone())
@@ -100,9 +161,18 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
         gpus: FakeGpu::many("chart-node", 2, "NVIDIA A100-SXM4-80GB", 81920, 1),
         ..Default::default()
     }];
-    let mut cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
-        .await
-        .unwrap();
+    // Traces go to a Jaeger on this machine, as in the demo.
+    let ports = jaeger::Ports::choose(&tessera_e2e::host_ip().unwrap()).unwrap();
+    let mut cluster = LocalCluster::start_with(
+        None,
+        Lifetime::Tied,
+        &nodes,
+        &artifacts,
+        json!({"otel": {"endpoint": ports.endpoint()}}),
+    )
+    .await
+    .unwrap();
+    let jaeger = Jaeger::start(&cluster.plane, &ports).await.unwrap();
     let client = cluster.plane.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
 
@@ -147,6 +217,9 @@ async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
         text.contains("tessera_gpu_memory_allocated_bytes"),
         "{text}"
     );
+
+    let uid = pods.get("sliced").await.unwrap().metadata.uid.unwrap();
+    check_trace(&jaeger, &uid, "sliced", "chart-node").await;
 
     // A GPU pod may not lift its own limit through its env: the kubelet
     // puts the container's env after the device plugin's.

@@ -21,6 +21,7 @@ use kube::Api;
 use tessera_api::v1alpha1::GpuNodeConfig;
 use tessera_e2e::artifacts::Artifacts;
 use tessera_e2e::cluster::{LocalCluster, NAMESPACE, NodeGpus};
+use tessera_e2e::jaeger::{self, Jaeger};
 use tessera_e2e::mock_vendor::{self, Vendor};
 use tessera_e2e::node::{self, FakeGpu};
 use tessera_e2e::prometheus::{Prometheus, Targets};
@@ -35,6 +36,10 @@ const NPU_NODE: &str = "npu-ascend";
 
 /// Where the demo's Prometheus address is written, under the demo's directory.
 const PROMETHEUS_ADDR_FILE: &str = "prometheus/addr";
+/// Where the demo's Jaeger query address is written, under the demo's directory.
+const JAEGER_ADDR_FILE: &str = "jaeger/addr";
+/// The demo pod whose trace the tour prints.
+const TRACED_POD: &str = "share-a";
 
 /// Runs Tessera with four real nodes of fake GPUs on this machine.
 #[derive(Parser, Debug)]
@@ -241,18 +246,26 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         "metadata": {"name": "dra-pool"},
         "spec": {"nodeNames": [DRA_NODE], "frontDoor": "dra"},
     }))?;
+    // Ascend NPUs as HAMi's hami-scheduler-device configures them, and
+    // traces to the demo's Jaeger (started once the plane runs; spans sent
+    // before are dropped by the exporters, and no pod is scheduled before).
+    let jaeger_ports = jaeger::Ports::choose(&tessera_e2e::host_ip()?)?;
+    let mut values = mock_vendor::chart_values();
+    values["otel"] = serde_json::json!({"endpoint": jaeger_ports.endpoint()});
     let cluster = LocalCluster::start_with_configs(
         Some(dir.to_owned()),
         Lifetime::Detached,
         &nodes,
         &artifacts,
-        // Ascend NPUs as HAMi's hami-scheduler-device configures them.
-        mock_vendor::chart_values(),
+        values,
         &[mig_pool, dra_pool],
     )
     .await
     .context("starting the cluster and installing Tessera")?;
     let plane = &cluster.plane;
+    step("jaeger (OTLP from the controller and the node agents, in-memory)");
+    let jaeger = Jaeger::start(plane, &jaeger_ports).await?;
+    std::fs::write(dir.join(JAEGER_ADDR_FILE), jaeger.addr())?;
     step(&format!("examples from {}", examples.display()));
     let kubectl = |args: &[&str]| -> anyhow::Result<String> {
         let output = plane.kubectl()?.args(args).output()?;
@@ -295,6 +308,7 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
         targets.agents.len() + targets.controllers.len(),
     )
     .await?;
+    pod_trace(&jaeger, &Api::namespaced(plane.client().await?, "default")).await?;
     cluster.detach()?;
     println!(
         "\nReady in {:.0} s. The cluster keeps running:\n\n  export KUBECONFIG={}\n  export PATH={}:$PATH   # kubectl and helm\n\nLogs: kubectl -n {NAMESPACE} logs …; {}/*.log, {}/nodes/*/*.log\nStop it with: make demo-down",
@@ -364,6 +378,48 @@ async fn guide_query(prometheus: &Prometheus, targets: usize) -> anyhow::Result<
         println!(
             "(no answer yet: Prometheus has not scraped every target; ask it again in a minute)"
         );
+    }
+    Ok(())
+}
+
+/// The trace of [`TRACED_POD`]'s placement, read back from Jaeger's query
+/// API and printed as a tree.
+async fn pod_trace(jaeger: &Jaeger, pods: &Api<Pod>) -> anyhow::Result<()> {
+    let uid = pods
+        .get(TRACED_POD)
+        .await?
+        .metadata
+        .uid
+        .context("a pod without a UID")?;
+    // The exporters send in batches (every 5 s) and Jaeger stores in
+    // batches (every 1 s): the Allocate span is the last to arrive.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut trace = None;
+    while Instant::now() < deadline {
+        trace = jaeger.pod_trace(&uid).await?;
+        if trace
+            .as_ref()
+            .is_some_and(|t| !t.named("allocate").is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    println!(
+        "\nJaeger: http://{}   (query API: /api/services, /api/traces?service={}&tags={{\"k8s.pod.uid\":\"…\"}}; built from its Go module, so its UI page is a placeholder)",
+        jaeger.addr(),
+        jaeger::CONTROLLER_SERVICE,
+    );
+    match trace {
+        Some(trace) => {
+            println!(
+                "\n$ curl http://{}/api/traces/{}    # the placement of pod {TRACED_POD}, as a tree",
+                jaeger.addr(),
+                trace.id
+            );
+            print!("{}", trace.tree());
+        }
+        None => println!("(no trace of {TRACED_POD} in Jaeger yet; ask it again in a minute)"),
     }
     Ok(())
 }
@@ -483,7 +539,7 @@ fn tour(
         "Dashboard: charts/tessera/files/dashboards/tessera.json, also in ConfigMap {NAMESPACE}/tessera-dashboard (label grafana_dashboard=1)"
     );
     println!(
-        "Traces: every Bind and Allocate is a span; install with --set otel.endpoint=http://<collector>:4317 to export them over OTLP."
+        "Traces: one per GPU pod, from the webhook through Filter, Prioritize and Bind to the node agent's Allocate (chart value otel.endpoint; here the demo's Jaeger, below)."
     );
     println!(
         "Compute: share-a runs kernels under its 50 % limit (hami_vgpu_core_used_percent) and holds 37,500 of its 40,960 MiB, so the guide's HAMiGPUMemoryHigh alert fires after 5 minutes."
