@@ -19,6 +19,8 @@ use crate::{ControlPlane, error::Error, http, net::free_ports};
 
 /// The service name of the controller's spans (webhook and extender).
 pub const CONTROLLER_SERVICE: &str = "tessera-controller";
+/// The service name of the node agents' spans.
+pub const AGENT_SERVICE: &str = "tessera-node-agent";
 
 /// Where a Jaeger listens: OTLP/gRPC on the host's address (pods reach it
 /// there), the query API and the health check on loopback.
@@ -145,12 +147,14 @@ impl Jaeger {
         &self.query
     }
 
-    /// The most recent trace holding a span of the controller tagged with
-    /// the pod's UID (`k8s.pod.uid`), if Jaeger has one.
-    pub async fn pod_trace(&self, uid: &str) -> Result<Option<Trace>, Error> {
+    /// The most recent trace holding a span of `service` tagged with the
+    /// pod's UID (`k8s.pod.uid`), if Jaeger has one: [`CONTROLLER_SERVICE`]
+    /// for a pod Tessera schedules, [`AGENT_SERVICE`] for one whose DRA claim
+    /// an agent prepared.
+    pub async fn pod_trace(&self, service: &str, uid: &str) -> Result<Option<Trace>, Error> {
         let tags = serde_json::json!({"k8s.pod.uid": uid}).to_string();
         let path = format!(
-            "/api/traces?service={CONTROLLER_SERVICE}&tags={}&lookback=6h&limit=5",
+            "/api/traces?service={service}&tags={}&lookback=6h&limit=5",
             http::encode(&tags)
         );
         let body = http::get_body(&self.query, &path)
@@ -366,19 +370,29 @@ impl Trace {
             shown.join(" "),
             indent = depth * 2
         );
-        for event in span.events.iter().take(3) {
-            let what: Vec<String> = event
+        for event in span.events.iter().take(EVENTS_SHOWN) {
+            let fields: Vec<String> = event
                 .iter()
                 .filter(|(k, _)| {
-                    !k.starts_with("level") && !k.starts_with("target") && !k.starts_with("code.")
+                    !["event", "level", "target"].contains(&k.as_str()) && !k.starts_with("code.")
                 })
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
+            let message = event.get("event").map_or("", String::as_str);
             let _ = writeln!(
                 out,
-                "{:indent$}· {}",
+                "{:indent$}· {message}: {}",
                 "",
-                what.join(" "),
+                fields.join(" "),
+                indent = depth * 2 + 2
+            );
+        }
+        if span.events.len() > EVENTS_SHOWN {
+            let _ = writeln!(
+                out,
+                "{:indent$}· ({} more events)",
+                "",
+                span.events.len() - EVENTS_SHOWN,
                 indent = depth * 2 + 2
             );
         }
@@ -391,6 +405,9 @@ impl Trace {
         }
     }
 }
+
+/// How many of a span's events [`Trace::tree`] shows.
+const EVENTS_SHOWN: usize = 4;
 
 /// The attributes [`Trace::tree`] shows, where a span has them.
 const SHOWN: [&str; 9] = [

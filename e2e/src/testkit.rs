@@ -28,6 +28,17 @@ pub async fn one_gpu_node(
     model: &str,
     memory_mib: u64,
 ) -> (crate::cluster::LocalCluster, String) {
+    one_gpu_node_with(name, model, memory_mib, serde_json::json!({})).await
+}
+
+/// [`one_gpu_node`] with `extra` chart values (see
+/// [`crate::cluster::LocalCluster::start_with`]).
+pub async fn one_gpu_node_with(
+    name: &str,
+    model: &str,
+    memory_mib: u64,
+    extra: serde_json::Value,
+) -> (crate::cluster::LocalCluster, String) {
     crate::remove_stale_dirs();
     let artifacts = crate::artifacts::Artifacts::locate().unwrap();
     let gpus = crate::node::FakeGpu::many(name, 1, model, memory_mib, 1);
@@ -37,11 +48,12 @@ pub async fn one_gpu_node(
         gpus,
         ..Default::default()
     }];
-    let cluster = crate::cluster::LocalCluster::start(
+    let cluster = crate::cluster::LocalCluster::start_with(
         None,
         crate::process::Lifetime::Tied,
         &nodes,
         &artifacts,
+        extra,
     )
     .await
     .unwrap();

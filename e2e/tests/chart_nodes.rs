@@ -85,7 +85,7 @@ async fn check_trace(jaeger: &Jaeger, uid: &str, pod: &str, node: &str) {
     // The exporters send every 5 s, Jaeger stores every 1 s.
     let trace = wait_for("the pod's whole trace in Jaeger", async || {
         jaeger
-            .pod_trace(uid)
+            .pod_trace(jaeger::CONTROLLER_SERVICE, uid)
             .await
             .unwrap()
             .filter(|t| !t.named("allocate").is_empty())
@@ -108,7 +108,7 @@ async fn check_trace(jaeger: &Jaeger, uid: &str, pod: &str, node: &str) {
         assert_eq!(span.service, jaeger::CONTROLLER_SERVICE, "{tree}");
         assert_eq!(span.parent.as_deref(), Some(admit.id.as_str()), "{tree}");
     }
-    assert_eq!(allocate.service, "tessera-node-agent", "{tree}");
+    assert_eq!(allocate.service, jaeger::AGENT_SERVICE, "{tree}");
     assert_eq!(allocate.parent.as_deref(), Some(bind.id.as_str()), "{tree}");
     assert!(admit.start_us <= filter.start_us, "{tree}");
     assert!(filter.start_us <= bind.start_us, "{tree}");

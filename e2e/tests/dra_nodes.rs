@@ -31,9 +31,15 @@ use kube::{
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{AllocationPhase, FrontDoor, GpuNode, GpuNodeConfig, VgpuAllocation};
 use tessera_e2e::testkit::{
-    gpu_pod, number, one_gpu_node, phase, scheduling_failure, section, skip_real_nodes, wait_for,
+    gpu_pod, number, one_gpu_node_with, phase, scheduling_failure, section, skip_real_nodes,
+    wait_for,
 };
-use tessera_e2e::{chaos::kill_in_pod, cluster::LocalCluster, images};
+use tessera_e2e::{
+    chaos::kill_in_pod,
+    cluster::LocalCluster,
+    images,
+    jaeger::{self, Jaeger},
+};
 
 const NODE: &str = "dra-node";
 const MIB: u64 = 1 << 20;
@@ -267,7 +273,16 @@ async fn claims_share_a_gpu_through_the_dra_door_on_the_same_ledger() {
     if skip_real_nodes("real-node DRA test") {
         return;
     }
-    let (mut cluster, uuid) = one_gpu_node(NODE, "NVIDIA L40S", 24576).await;
+    // Traces go to a Jaeger on this machine, as in the demo.
+    let ports = jaeger::Ports::choose(&tessera_e2e::host_ip().unwrap()).unwrap();
+    let (mut cluster, uuid) = one_gpu_node_with(
+        NODE,
+        "NVIDIA L40S",
+        24576,
+        json!({"otel": {"endpoint": ports.endpoint()}}),
+    )
+    .await;
+    let jaeger = Jaeger::start(&cluster.plane, &ports).await.unwrap();
     cluster.helm_install(&[]).await.unwrap();
     let client = cluster.plane.client().await.unwrap();
     let dra = Dra { cluster, client };
@@ -389,6 +404,45 @@ async fn claims_share_a_gpu_through_the_dra_door_on_the_same_ledger() {
         mirror.spec.claim.as_ref().map(|c| c.name.as_str()),
         Some(claim_a.name_any().as_str())
     );
+    // The pod's trace starts at the agent's prepare (kube-scheduler
+    // allocated the claim), with the pod and the claim; the mirror holds
+    // its context.
+    let pod_uid = Api::<Pod>::namespaced(dra.client.clone(), "default")
+        .get("dra-a")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let trace = wait_for("dra-a's prepare span in Jaeger", MINUTE, async || {
+        jaeger
+            .pod_trace(jaeger::AGENT_SERVICE, &pod_uid)
+            .await
+            .unwrap()
+            .filter(|t| !t.named("prepare").is_empty())
+    })
+    .await;
+    let tree = trace.tree();
+    let prepare = trace.named("prepare")[0];
+    assert!(prepare.parent.is_none(), "prepare is the root:\n{tree}");
+    assert_eq!(prepare.tag("k8s.pod.name"), Some("dra-a"), "{tree}");
+    assert_eq!(prepare.tag("k8s.namespace.name"), Some("default"), "{tree}");
+    assert_eq!(prepare.tag("k8s.node.name"), Some(NODE), "{tree}");
+    assert_eq!(
+        prepare.tag("k8s.resourceclaim.name"),
+        Some(claim_a.name_any().as_str()),
+        "{tree}"
+    );
+    assert_eq!(
+        mirror
+            .spec
+            .trace_context
+            .as_ref()
+            .map(|c| c.traceparent.as_str()),
+        Some(format!("00-{}-{}-01", trace.id, prepare.id).as_str()),
+        "the mirror holds prepare's context:\n{tree}"
+    );
+    println!("trace {} of dra-a:\n{tree}", trace.id);
 
     // 3. Three claims fill the GPU's 24 GiB; the fourth waits.
     // One after the other: kube-scheduler v1.36.3 once left the second of

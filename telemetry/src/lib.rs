@@ -244,4 +244,61 @@ mod tests {
             opentelemetry::trace::SpanId::INVALID
         );
     }
+
+    #[test]
+    fn a_pod_names_its_parent_only_with_one_valid_traceparent() {
+        let annotations = |value: &str| {
+            std::collections::BTreeMap::from([(
+                TRACEPARENT_ANNOTATION.to_owned(),
+                value.to_owned(),
+            )])
+        };
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(
+            pod_parent(Some(&annotations(valid))).map(|c| c.traceparent),
+            Some(valid.to_owned())
+        );
+        for hostile in [
+            "",
+            "garbage",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01, 00-1-2-01",
+            &"0".repeat(100_000),
+        ] {
+            assert!(
+                pod_parent(Some(&annotations(hostile))).is_none(),
+                "{:?}",
+                &hostile[..hostile.len().min(80)]
+            );
+        }
+        assert!(pod_parent(None).is_none());
+        assert!(pod_parent(Some(&Default::default())).is_none());
+    }
+
+    #[test]
+    fn the_exporter_gets_tesseras_spans_and_decisions_but_not_its_libraries() {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = Registry::default().with(layer(&provider, "test"));
+        tracing::subscriber::with_default(subscriber, || {
+            let filter = tracing::info_span!(target: "tessera_controllers::extender", "filter");
+            filter.in_scope(|| {
+                // The literal the extender uses must be this crate's target.
+                tracing::event!(target: "tessera::decision", tracing::Level::DEBUG, node = "n1", "rejected");
+                tracing::debug!(target: "tessera_controllers::extender", "a debug line");
+            });
+            drop(tracing::info_span!(target: "hyper::client", "connect").entered());
+            drop(tracing::debug_span!(target: "tessera_node_agent", "chatty").entered());
+        });
+        assert_eq!(DECISIONS, "tessera::decision");
+        let spans = exporter.get_finished_spans().unwrap();
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(names, ["filter"], "libraries and DEBUG spans stay out");
+        let events: Vec<&str> = spans[0].events.iter().map(|e| e.name.as_ref()).collect();
+        assert_eq!(events, ["rejected"], "decisions in, other DEBUG events out");
+    }
 }

@@ -396,7 +396,7 @@ async fn pod_trace(jaeger: &Jaeger, pods: &Api<Pod>) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut trace = None;
     while Instant::now() < deadline {
-        trace = jaeger.pod_trace(&uid).await?;
+        trace = jaeger.pod_trace(jaeger::CONTROLLER_SERVICE, &uid).await?;
         if trace
             .as_ref()
             .is_some_and(|t| !t.named("allocate").is_empty())
