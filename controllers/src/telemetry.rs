@@ -20,7 +20,7 @@ pub fn otlp_provider(endpoint: Option<&str>) -> Result<SdkTracerProvider, Error>
 }
 
 /// The tracing layer that turns spans into OpenTelemetry spans.
-pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
+pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S> + use<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {

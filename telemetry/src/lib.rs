@@ -82,7 +82,7 @@ pub fn otlp_provider(
 pub fn layer<S>(
     provider: &SdkTracerProvider,
     service: &'static str,
-) -> impl tracing_subscriber::Layer<S>
+) -> impl tracing_subscriber::Layer<S> + use<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
@@ -187,13 +187,24 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_joined_span_continues_the_stored_trace_and_hands_its_context_on() {
+    /// A subscriber exporting through [`layer`] into memory, the memory,
+    /// and the provider (dropping it shuts the exporter down).
+    fn recording() -> (
+        InMemorySpanExporter,
+        SdkTracerProvider,
+        impl tracing::Subscriber,
+    ) {
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(exporter.clone())
             .build();
         let subscriber = Registry::default().with(layer(&provider, "test"));
+        (exporter, provider, subscriber)
+    }
+
+    #[test]
+    fn a_joined_span_continues_the_stored_trace_and_hands_its_context_on() {
+        let (exporter, _provider, subscriber) = recording();
         let stored = TraceContext {
             traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
             tracestate: "vendor=value".into(),
@@ -221,11 +232,7 @@ mod tests {
         assert_eq!(spans[0].parent_span_id.to_string(), "00f067aa0ba902b7");
 
         // A malformed context leaves the span a root of its own trace.
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let subscriber = Registry::default().with(layer(&provider, "test"));
+        let (exporter, _provider, subscriber) = recording();
         tracing::subscriber::with_default(subscriber, || {
             let span = tracing::info_span!("allocate");
             join(
@@ -279,11 +286,7 @@ mod tests {
 
     #[test]
     fn the_exporter_gets_tesseras_spans_and_decisions_but_not_its_libraries() {
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let subscriber = Registry::default().with(layer(&provider, "test"));
+        let (exporter, _provider, subscriber) = recording();
         tracing::subscriber::with_default(subscriber, || {
             let filter = tracing::info_span!(target: "tessera_controllers::extender", "filter");
             filter.in_scope(|| {

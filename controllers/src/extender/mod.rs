@@ -97,22 +97,35 @@ impl Extender {
     }
 }
 
+/// The INFO span `$name` of one verb about the pod of `$args` (an
+/// [`ExtenderArgs`]): the pod's identity, the candidates' count and
+/// `$fields`, in the pod's trace ([`in_pod_trace`]).
+macro_rules! pod_span {
+    ($name:literal, $args:expr, $($fields:tt)*) => {
+        in_pod_trace(
+            tracing::info_span!(
+                $name,
+                k8s.namespace.name = $args.pod.metadata.namespace.as_deref().unwrap_or_default(),
+                k8s.pod.name = $args.pod.metadata.name.as_deref().unwrap_or_default(),
+                k8s.pod.uid = $args.pod.metadata.uid.as_deref().unwrap_or_default(),
+                candidates = $args.candidate_names().len(),
+                $($fields)*
+            ),
+            &$args.pod,
+        )
+    };
+}
+
 async fn filter_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderArgs>,
 ) -> Json<ExtenderFilterResult> {
-    let span = pod_span(
-        tracing::info_span!(
-            "filter",
-            k8s.namespace.name = args.pod.metadata.namespace.as_deref().unwrap_or_default(),
-            k8s.pod.name = args.pod.metadata.name.as_deref().unwrap_or_default(),
-            k8s.pod.uid = args.pod.metadata.uid.as_deref().unwrap_or_default(),
-            candidates = args.candidate_names().len(),
-            feasible = tracing::field::Empty,
-            rejected = tracing::field::Empty,
-            top_reason = tracing::field::Empty,
-        ),
-        &args.pod,
+    let span = pod_span!(
+        "filter",
+        args,
+        feasible = tracing::field::Empty,
+        rejected = tracing::field::Empty,
+        top_reason = tracing::field::Empty,
     );
     filter_answer(extender, args).instrument(span).await
 }
@@ -174,17 +187,11 @@ async fn prioritize_handler(
     State(extender): State<Extender>,
     Json(args): Json<ExtenderArgs>,
 ) -> Json<Vec<HostPriority>> {
-    let span = pod_span(
-        tracing::info_span!(
-            "prioritize",
-            k8s.namespace.name = args.pod.metadata.namespace.as_deref().unwrap_or_default(),
-            k8s.pod.name = args.pod.metadata.name.as_deref().unwrap_or_default(),
-            k8s.pod.uid = args.pod.metadata.uid.as_deref().unwrap_or_default(),
-            candidates = args.candidate_names().len(),
-            best = tracing::field::Empty,
-            best_score = tracing::field::Empty,
-        ),
-        &args.pod,
+    let span = pod_span!(
+        "prioritize",
+        args,
+        best = tracing::field::Empty,
+        best_score = tracing::field::Empty,
     );
     let _entered = span.enter();
     let started = Instant::now();
@@ -268,7 +275,7 @@ fn devices_attribute(devices: &[(String, Vec<String>)]) -> String {
 
 /// `span`, made a child of the pod's admission span when the pod carries
 /// its context ([`crate::telemetry::TRACEPARENT_ANNOTATION`]).
-fn pod_span(span: tracing::Span, pod: &k8s_openapi::api::core::v1::Pod) -> tracing::Span {
+fn in_pod_trace(span: tracing::Span, pod: &k8s_openapi::api::core::v1::Pod) -> tracing::Span {
     if let Some(parent) = crate::telemetry::pod_parent(pod.metadata.annotations.as_ref()) {
         crate::telemetry::join(&span, &parent);
     }
