@@ -21,14 +21,14 @@
 
 use std::time::{Duration, Instant};
 
-use kube::{Api, api::PostParams};
+use kube::{Api, ResourceExt, api::PostParams};
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{GpuNodeConfig, TuningStatus};
 use tessera_e2e::testkit::{gpu_pod, skip_real_nodes};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
-    cluster::{LocalCluster, NodeGpus},
+    cluster::{LocalCluster, NAMESPACE, NodeGpus},
     node::FakeGpu,
 };
 
@@ -134,16 +134,48 @@ async fn each_case_of_the_tuning_guide_shows_as_advice_with_its_evidence() {
         if expected.iter().all(|line| text.lines().any(|l| l == *line)) {
             break text;
         }
-        assert!(
-            Instant::now() < deadline,
-            "not every advice within {WAIT:?}; the controller's tuning series:\n{}",
-            text.lines()
-                .filter(
-                    |l| l.starts_with("tessera_tuning") || l.starts_with("tessera_gpu_pod_waiting")
-                )
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
+        if Instant::now() >= deadline {
+            // What the controller saw: the configs' matches as the API
+            // server has them, and its log about configs and leadership.
+            let configs = Api::<GpuNodeConfig>::all(client.clone())
+                .list(&Default::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .map(|c| {
+                            format!(
+                                "{}: matched {:?}",
+                                c.name_any(),
+                                c.status.as_ref().map(|s| &s.matched_nodes)
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            let name = controller.metadata.name.clone().unwrap_or_default();
+            let logs = cluster
+                .plane
+                .kubectl()
+                .unwrap()
+                .args(["logs", "-n", NAMESPACE, &name, "-c", "controller"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            let logs: Vec<&str> = logs
+                .lines()
+                .filter(|l| l.contains("onfig") || l.contains("leader") || l.contains("tuning"))
+                .collect();
+            panic!(
+                "not every advice within {WAIT:?}; the controller's tuning series:\n{}\nconfigs: {configs:#?}\ncontroller {name}'s log:\n{}",
+                text.lines()
+                    .filter(|l| l.starts_with("tessera_tuning")
+                        || l.starts_with("tessera_gpu_pod_waiting"))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                logs.join("\n")
+            );
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     let tuning_lines: Vec<&str> = text

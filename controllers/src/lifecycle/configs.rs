@@ -117,6 +117,7 @@ async fn reconcile_config(
             .apply_at(&api, &name, None, &ours)
             .await
             .map_err(Error::kube("writing GpuNodeConfig status"))?;
+        tracing::info!(config = %name, matched = ?ours.matched_nodes, conflicts = ours.conflicts.len(), "GpuNodeConfig status written");
     }
     Ok(Action::await_change())
 }
