@@ -379,11 +379,14 @@ impl Trace {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             let message = event.get("event").map_or("", String::as_str);
+            let fields = match fields.is_empty() {
+                true => String::new(),
+                false => format!(": {}", fields.join(" ")),
+            };
             let _ = writeln!(
                 out,
-                "{:indent$}· {message}: {}",
+                "{:indent$}· {message}{fields}",
                 "",
-                fields.join(" "),
                 indent = depth * 2 + 2
             );
         }
@@ -421,3 +424,82 @@ const SHOWN: [&str; 9] = [
     "devices",
     "error",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Jaeger's legacy answer, shaped as its query API returns it.
+    const ANSWER: &str = r#"{"data": [{
+        "traceID": "4bf92f3577b34da6a3ce929d0e0e4736",
+        "spans": [
+            {"traceID": "4bf92f3577b34da6a3ce929d0e0e4736", "spanID": "b2", "operationName": "bind",
+             "references": [{"refType": "CHILD_OF", "traceID": "4bf92f3577b34da6a3ce929d0e0e4736", "spanID": "a1"}],
+             "startTime": 1000030000, "duration": 25000, "processID": "p1",
+             "tags": [{"key": "k8s.node.name", "type": "string", "value": "gpu-a"},
+                      {"key": "devices", "type": "string", "value": "cuda=GPU-0"}],
+             "logs": [{"timestamp": 1000031000, "fields": [
+                 {"key": "event", "type": "string", "value": "bound"},
+                 {"key": "level", "type": "string", "value": "INFO"},
+                 {"key": "code.line.number", "type": "int64", "value": 12}]}]},
+            {"traceID": "4bf92f3577b34da6a3ce929d0e0e4736", "spanID": "a1", "operationName": "admit",
+             "references": [], "startTime": 1000000000, "duration": 1000, "processID": "p1",
+             "tags": [{"key": "k8s.pod.name", "type": "string", "value": "share-a"},
+                      {"key": "outcome", "type": "string", "value": "mutated"}]},
+            {"traceID": "4bf92f3577b34da6a3ce929d0e0e4736", "spanID": "c3", "operationName": "allocate",
+             "references": [{"refType": "CHILD_OF", "traceID": "4bf92f3577b34da6a3ce929d0e0e4736", "spanID": "b2"}],
+             "startTime": 1000090000, "duration": 2000, "processID": "p2",
+             "tags": [{"key": "feasible", "type": "int64", "value": 1}]}
+        ],
+        "processes": {"p1": {"serviceName": "tessera-controller", "tags": []},
+                      "p2": {"serviceName": "tessera-node-agent", "tags": []}}
+    }]}"#;
+
+    fn trace() -> Trace {
+        let answer: Answer = serde_json::from_str(ANSWER).unwrap();
+        answer.data.into_iter().map(Trace::from).next().unwrap()
+    }
+
+    #[test]
+    fn spans_are_ordered_linked_and_named_by_service() {
+        let trace = trace();
+        assert_eq!(trace.id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        let names: Vec<&str> = trace.spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["admit", "bind", "allocate"], "by start time");
+        let allocate = trace.named("allocate")[0];
+        assert_eq!(allocate.service, AGENT_SERVICE);
+        assert_eq!(allocate.parent.as_deref(), Some("b2"));
+        assert_eq!(allocate.tag("feasible"), Some("1"), "numbers as text");
+        assert_eq!(trace.named("admit")[0].parent, None);
+        assert_eq!(trace.named("bind")[0].events[0]["event"], "bound");
+    }
+
+    #[test]
+    fn the_tree_nests_children_with_offsets_and_telling_attributes() {
+        let tree = trace().tree();
+        let lines: Vec<&str> = tree.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "tessera-controller admit  +0.0 ms  1.0 ms  k8s.pod.name=share-a outcome=mutated",
+                "  tessera-controller bind  +30.0 ms  25.0 ms  k8s.node.name=gpu-a devices=cuda=GPU-0",
+                "    · bound",
+                "    tessera-node-agent allocate  +90.0 ms  2.0 ms  feasible=1",
+            ],
+            "{tree}"
+        );
+    }
+
+    #[test]
+    fn the_receiver_listens_where_pods_reach_it() {
+        let ports = Ports::choose("10.0.0.7").unwrap();
+        assert!(ports.endpoint().starts_with("http://10.0.0.7:"));
+        let config = config(&ports);
+        assert!(config.contains(&format!("endpoint: {}", ports.otlp)));
+        assert!(config.contains(&format!("endpoint: {}", ports.query)));
+        assert!(
+            ports.query.starts_with("127.0.0.1:"),
+            "the query API stays on loopback"
+        );
+    }
+}
