@@ -115,8 +115,24 @@ async fn each_case_of_the_tuning_guide_shows_as_advice_with_its_evidence() {
         .unwrap();
     }
 
-    // Every piece of advice, from the controller's /metrics.
-    let controller = cluster.pods("scheduler").await.unwrap().remove(0);
+    // Every piece of advice, from the controller's /metrics: the pod the
+    // upgrade made, once the one it replaced is gone (listed by name, a
+    // terminating pod may come first, and it was once read instead).
+    let deadline = Instant::now() + WAIT;
+    let controller = loop {
+        let mut pods = cluster.pods("scheduler").await.unwrap();
+        if let [pod] = pods.as_slice()
+            && pod.metadata.deletion_timestamp.is_none()
+        {
+            break pods.remove(0);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the upgrade's scheduler pod alone within {WAIT:?}: {:?}",
+            pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
     let ip = controller.status.and_then(|s| s.pod_ip).unwrap();
     let metrics = format!("{ip}:9395");
     let expected = [
