@@ -5,7 +5,9 @@
 
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
-pub use tessera_telemetry::{DECISIONS, TRACEPARENT_ANNOTATION, join, pod_parent, trace_context};
+pub use tessera_telemetry::{
+    DECISIONS, TRACEPARENT_ANNOTATION, join, join_pod, pod_parent, trace_context,
+};
 
 use crate::Error;
 

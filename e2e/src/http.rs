@@ -58,6 +58,19 @@ pub(crate) fn encode(text: &str) -> String {
     out
 }
 
+/// Polls `GET http://<addr><path>` every 300 ms until it answers 200;
+/// false if it has not within `within`.
+pub(crate) async fn wait_ok(addr: &str, path: &str, within: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while !get_ok(addr, path).await {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    true
+}
+
 /// Whether `GET http://<addr><path>` answers 200 within 2 s.
 pub(crate) async fn get_ok(addr: &str, path: &str) -> bool {
     tokio::time::timeout(std::time::Duration::from_secs(2), get(addr, path))

@@ -7,11 +7,7 @@
 //! Built from the module, Jaeger has no UI assets (they come from a separate
 //! JavaScript build): its query API answers, its UI page is a placeholder.
 
-use std::{
-    collections::BTreeMap,
-    fmt::Write as _,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
 use serde::Deserialize;
 
@@ -121,16 +117,12 @@ impl Jaeger {
             &crate::tools::jaeger()?,
             &[format!("--config=file:{}", config_path.display())],
         )?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !http::get_ok(&ports.health, "/status").await {
-            if Instant::now() > deadline {
-                return Err(Error::Config(format!(
-                    "jaeger not healthy on {} within 60 s (see {}/jaeger.log)",
-                    ports.health,
-                    plane.dir().display()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
+        if !http::wait_ok(&ports.health, "/status", Duration::from_secs(60)).await {
+            return Err(Error::Config(format!(
+                "jaeger not healthy on {} within 60 s (see {}/jaeger.log)",
+                ports.health,
+                plane.dir().display()
+            )));
         }
         Ok(Self {
             query: ports.query.clone(),

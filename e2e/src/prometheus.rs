@@ -7,12 +7,7 @@
 //! discovery files when it starts ([`Targets`]), as the chart's
 //! ServiceMonitors select them (the `http-metrics` port).
 
-use std::{
-    collections::BTreeMap,
-    fmt::Write as _,
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, fmt::Write as _, path::Path, time::Duration};
 
 use serde::Deserialize;
 
@@ -100,15 +95,11 @@ impl Prometheus {
                 "--storage.tsdb.retention.time=2d".into(),
             ],
         )?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !http::get_ok(&addr, "/-/ready").await {
-            if Instant::now() > deadline {
-                return Err(Error::Config(format!(
-                    "prometheus on {addr} not ready within 60 s (see {}/prometheus.log)",
-                    plane.dir().display()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        if !http::wait_ok(&addr, "/-/ready", Duration::from_secs(60)).await {
+            return Err(Error::Config(format!(
+                "prometheus on {addr} not ready within 60 s (see {}/prometheus.log)",
+                plane.dir().display()
+            )));
         }
         Ok(Self { addr })
     }

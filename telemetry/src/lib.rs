@@ -144,6 +144,17 @@ pub fn pod_parent(
         .then_some(context)
 }
 
+/// Makes `span` a child of the span a pod's annotations name
+/// ([`pod_parent`]); a pod naming none leaves it as it is.
+pub fn join_pod(
+    span: &tracing::Span,
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) {
+    if let Some(parent) = pod_parent(annotations) {
+        join(span, &parent);
+    }
+}
+
 fn parent_context(stored: &TraceContext) -> opentelemetry::Context {
     let mut carrier = std::collections::HashMap::new();
     carrier.insert("traceparent".to_owned(), stored.traceparent.clone());

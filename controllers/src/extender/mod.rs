@@ -276,8 +276,6 @@ fn devices_attribute(devices: &[(String, Vec<String>)]) -> String {
 /// `span`, made a child of the pod's admission span when the pod carries
 /// its context ([`crate::telemetry::TRACEPARENT_ANNOTATION`]).
 fn in_pod_trace(span: tracing::Span, pod: &k8s_openapi::api::core::v1::Pod) -> tracing::Span {
-    if let Some(parent) = crate::telemetry::pod_parent(pod.metadata.annotations.as_ref()) {
-        crate::telemetry::join(&span, &parent);
-    }
+    crate::telemetry::join_pod(&span, pod.metadata.annotations.as_ref());
     span
 }

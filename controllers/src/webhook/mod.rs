@@ -159,9 +159,7 @@ fn admit_span(review: &AdmissionReview<Pod>) -> tracing::Span {
             .unwrap_or_default(),
         outcome = tracing::field::Empty,
     );
-    if let Some(parent) = crate::telemetry::pod_parent(meta.and_then(|m| m.annotations.as_ref())) {
-        crate::telemetry::join(&span, &parent);
-    }
+    crate::telemetry::join_pod(&span, meta.and_then(|m| m.annotations.as_ref()));
     span
 }
 
