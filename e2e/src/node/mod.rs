@@ -255,6 +255,7 @@ impl RealNode {
         for (sub, target) in PRIVATE_PATHS.iter().chain(agent_paths) {
             node.namespace()?.bind(&dir.join(sub), Path::new(target))?;
         }
+        node.namespace()?.share(&dir.join("kubelet"))?;
         node.start_containerd(images).await?;
         node.start_kubelet().await?;
         if spec.agent == AgentMode::Host {

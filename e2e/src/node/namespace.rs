@@ -63,25 +63,36 @@ impl MountNamespace {
     /// Bind-mounts `source` on `target` inside the namespace.
     pub(crate) fn bind(&self, source: &Path, target: &Path) -> Result<(), Error> {
         std::fs::create_dir_all(target).map_err(Error::io("create directory", target))?;
-        let args = self.enter_args(
-            Path::new("mount"),
-            &[
-                "--bind".to_owned(),
-                source.display().to_string(),
-                target.display().to_string(),
-            ],
-        );
+        self.mount(target, &["--bind", &source.display().to_string()])
+    }
+
+    /// Makes `path` a mount point of its own with shared propagation, as
+    /// the kubelet wants its root directory. On a real node `/` is shared
+    /// (systemd), so the kubelet finds its root shared and leaves it be;
+    /// in this private namespace it would bind the root on itself while
+    /// its pod-resources server creates and renames its socket there, and
+    /// a rename whose two paths are looked up on either side of that mount
+    /// fails ("invalid cross-device link").
+    pub(crate) fn share(&self, path: &Path) -> Result<(), Error> {
+        let path_text = path.display().to_string();
+        self.mount(path, &["--bind", &path_text])?;
+        self.mount(path, &["--make-rshared"])
+    }
+
+    /// Runs `mount <args> <target>` inside the namespace.
+    fn mount(&self, target: &Path, args: &[&str]) -> Result<(), Error> {
+        let mut all: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
+        all.push(target.display().to_string());
         let output = Command::new("nsenter")
-            .args(&args)
+            .args(self.enter_args(Path::new("mount"), &all))
             .output()
             .map_err(Error::io("run nsenter", target))?;
         if output.status.success() {
             Ok(())
         } else {
             Err(Error::Config(format!(
-                "bind mount of {} on {} failed: {}",
-                source.display(),
-                target.display(),
+                "mount {} failed: {}",
+                all.join(" "),
                 String::from_utf8_lossy(&output.stderr).trim()
             )))
         }
