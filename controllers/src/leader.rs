@@ -7,8 +7,11 @@
 //!   **as this candidate observed it, on its own monotonic clock**: the
 //!   holder's `renewTime` is written for people, never compared with
 //!   another replica's clock.
-//! - Every write carries the resourceVersion it read, so two candidates can
+//! - Every write carries the resourceVersion it read (or, for the leader's
+//!   renewal, the one its own last write returned), so two candidates can
 //!   never both win, and a candidate can only take over a record it has seen.
+//!   The leader renews with that one write and no read; a conflict sends it
+//!   back to reading the Lease as a candidate would.
 //! - The leader renews every [`Election::retry_period`] and stops its work
 //!   when no renewal has succeeded for [`Election::renew_deadline`] (two
 //!   thirds of the duration), even while a renewal hangs. A rival waits a
@@ -104,16 +107,16 @@ impl Election {
             );
             let started = Instant::now();
             match attempt.await {
-                Ok(Ok(true)) => {
+                Ok(Ok(Some(held))) => {
                     tracing::info!(lease = %self.name, identity = %self.identity, "became leader");
                     // Dropped (and so cancelled) on losing leadership, and also
                     // if this election itself is cancelled.
                     let task = AbortOnDrop(tokio::spawn(work()));
-                    self.keep(&leases, &mut observed, started).await;
+                    self.keep(&leases, &mut observed, started, held).await;
                     drop(task);
                     tracing::warn!(lease = %self.name, identity = %self.identity, "lost leadership; work stopped");
                 }
-                Ok(Ok(false)) => {}
+                Ok(Ok(None)) => {}
                 Ok(Err(error)) => {
                     tracing::warn!(%error, lease = %self.name, "leader election failed; retrying")
                 }
@@ -128,8 +131,14 @@ impl Election {
     /// Renews while leading; returns when another holds the Lease or when
     /// no renewal has succeeded for the renew deadline (a renewal in
     /// flight then is abandoned). `renewed`: when the last successful
-    /// write was sent.
-    async fn keep(&self, leases: &Api<Lease>, observed: &mut Observed, mut renewed: Instant) {
+    /// write was sent; `held`: the Lease as that write left it.
+    async fn keep(
+        &self,
+        leases: &Api<Lease>,
+        observed: &mut Observed,
+        mut renewed: Instant,
+        mut held: Lease,
+    ) {
         loop {
             let deadline = renewed + self.renew_deadline();
             tokio::time::sleep_until((Instant::now() + self.retry_period()).min(deadline)).await;
@@ -138,9 +147,9 @@ impl Election {
                 return;
             }
             let sent = Instant::now();
-            match tokio::time::timeout_at(deadline, self.try_acquire(leases, observed)).await {
-                Ok(Ok(true)) => renewed = sent,
-                Ok(Ok(false)) => return,
+            match tokio::time::timeout_at(deadline, self.renew(leases, observed, &held)).await {
+                Ok(Ok(Some(written))) => (renewed, held) = (sent, written),
+                Ok(Ok(None)) => return,
                 Ok(Err(error)) => {
                     tracing::warn!(%error, lease = %self.name, "renewing the leader Lease failed; retrying until the renew deadline");
                 }
@@ -152,13 +161,50 @@ impl Election {
         }
     }
 
-    /// Takes or renews the Lease; `Ok(false)` while someone else holds it.
+    /// Renews the Lease this leader last wrote, `held`, with one write and
+    /// no read, as client-go's leader does: the write carries `held`'s
+    /// resourceVersion, so it only succeeds if nobody wrote the Lease
+    /// since. Anything else (a conflict, an error) falls back to reading
+    /// the Lease and deciding as a candidate does.
+    async fn renew(
+        &self,
+        leases: &Api<Lease>,
+        observed: &mut Observed,
+        held: &Lease,
+    ) -> Result<Option<Lease>, Error> {
+        let mut lease = held.clone();
+        lease.spec = Some(self.spec(held.spec.as_ref(), Timestamp::now(), self.seconds()));
+        match leases
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => {
+                observed.saw(
+                    written.resource_version().as_deref().unwrap_or_default(),
+                    Instant::now(),
+                );
+                Ok(Some(written))
+            }
+            Err(error) => {
+                tracing::debug!(%error, lease = %self.name, "renewing without a read failed; reading the Lease");
+                self.try_acquire(leases, observed).await
+            }
+        }
+    }
+
+    /// The Lease's duration as written in it.
+    fn seconds(&self) -> i32 {
+        i32::try_from(self.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
+    }
+
+    /// Takes or renews the Lease after reading it: the Lease as written
+    /// when this candidate holds it, `None` while someone else does.
     async fn try_acquire(
         &self,
         leases: &Api<Lease>,
         observed: &mut Observed,
-    ) -> Result<bool, Error> {
-        let seconds = i32::try_from(self.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    ) -> Result<Option<Lease>, Error> {
+        let seconds = self.seconds();
         let existing = leases
             .get_opt(&self.name)
             .await
@@ -173,8 +219,8 @@ impl Election {
                 spec: Some(self.spec(None, now, seconds)),
             };
             return match leases.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
+                Ok(created) => Ok(Some(created)),
+                Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(None),
                 Err(e) => Err(Error::kube("creating the leader Lease")(e)),
             };
         };
@@ -190,7 +236,7 @@ impl Election {
             .and_then(|s| u64::try_from(s).ok())
             .map_or(self.lease_duration, Duration::from_secs);
         if !ours && !free && !observed.lapsed(duration, Instant::now()) {
-            return Ok(false);
+            return Ok(None);
         }
         let mut lease = existing.clone();
         lease.spec = Some(self.spec(Some(&spec), now, seconds));
@@ -203,9 +249,9 @@ impl Election {
                     written.resource_version().as_deref().unwrap_or_default(),
                     Instant::now(),
                 );
-                Ok(true)
+                Ok(Some(written))
             }
-            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(false),
+            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(None),
             Err(e) => Err(Error::kube("renewing the leader Lease")(e)),
         }
     }

@@ -122,3 +122,81 @@ async fn a_leader_whose_renewals_hang_stops_before_a_standby_takes_over() {
     a.abort();
     b.abort();
 }
+
+/// `verb` requests on Leases the API server has answered so far (every
+/// client, every code), from its `/metrics`.
+async fn lease_requests(client: &Client, verb: &str) -> u64 {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    let verb = format!("verb=\"{verb}\"");
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| l.contains("resource=\"leases\"") && l.contains(&verb))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test]
+async fn a_leader_renews_with_one_write_and_no_read() {
+    let plane = ControlPlane::start().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let events = Events::default();
+    let a = candidate(client.clone(), "a", "tessera-renew", &events);
+    seen(&events, "a started").await;
+    let (puts, gets) = (
+        lease_requests(&client, "PUT").await,
+        lease_requests(&client, "GET").await,
+    );
+    // Six renewals (a 3 s Lease renews every 0.5 s; the API server's own
+    // identity Lease adds one write every 10 s at most).
+    tessera_testkit::eventually("six renewals", Duration::from_secs(20), async || {
+        lease_requests(&client, "PUT").await >= puts + 6
+    })
+    .await;
+    let read = lease_requests(&client, "GET").await - gets;
+    assert!(
+        read <= 1,
+        "the leader read its Lease {read} times in six renewals"
+    );
+    assert_eq!(position(&events, "a stopped"), None, "the leader stopped");
+    a.abort();
+}
+
+#[tokio::test]
+async fn a_leader_whose_lease_another_wrote_stops_and_takes_it_back_once_it_lapses() {
+    let plane = ControlPlane::start().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let events = Events::default();
+    let a = candidate(client.clone(), "a", "tessera-taken", &events);
+    seen(&events, "a started").await;
+    // Someone else writes the Lease as its holder: the leader's next
+    // renewal carries a stale resourceVersion and must not overwrite it.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let mut lease = leases.get("tessera-taken").await.unwrap();
+    let spec = lease.spec.as_mut().unwrap();
+    spec.holder_identity = Some("intruder".into());
+    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    leases
+        .replace("tessera-taken", &Default::default(), &lease)
+        .await
+        .unwrap();
+    seen(&events, "a stopped").await;
+    // The intruder never renews: after a whole duration `a` leads again.
+    tessera_testkit::eventually("a leads again", Duration::from_secs(20), async || {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| *e == "a started")
+            .count()
+            == 2
+    })
+    .await;
+    let holder = leases.get("tessera-taken").await.unwrap().spec.unwrap();
+    assert_eq!(holder.holder_identity.as_deref(), Some("a"));
+    a.abort();
+}
