@@ -17,8 +17,7 @@ node-deps: ## Install what real nodes need (containerd, runc, CNI plugins, busyb
 
 demo: ## Run Tessera locally: control plane, controller, four real nodes with fake GPUs (one behind the DRA door), examples, a tour
 	@# The first run builds only the demo's Go tools, beside the Rust build and the
-	@# node packages' download; the demo builds Jaeger beside the cluster's start
-	@# (README: what the first run takes).
+	@# node packages' download (README: what the first run takes).
 	@hack/node-deps.sh demo & deps=$$!; hack/tools.sh demo >/dev/null & tools=$$!; \
 	  $(CARGO) build -p tessera-controllers -p tessera-node-agent -p tessera-interposer -p tessera-fake-cuda -p tessera-fake-nvml -p tessera-e2e; built=$$?; \
 	  wait $$deps || exit 1; wait $$tools || exit 1; exit $$built

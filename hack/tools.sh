@@ -4,9 +4,7 @@
 # cache outside the work tree.
 #
 #   hack/tools.sh          build what is missing for the tests, print the bin directory
-#   hack/tools.sh demo     build only what `make demo` needs first (etcd, Kubernetes, helm, containerd)
-#   hack/tools.sh jaeger   build Jaeger once those are built (`tessera-demo up` runs this beside
-#                          the cluster's start; one build at a time, a second caller waits for it)
+#   hack/tools.sh demo     build only what `make demo` runs (etcd, Kubernetes, helm, containerd, Jaeger)
 #   hack/tools.sh --path   print the bin directory only (no build)
 #
 # The oldest Kubernetes the docs claim (docs/install.md) is built beside them,
@@ -51,20 +49,13 @@ jaeger_built() { [[ "$(cat "$bin/jaeger/.complete" 2>/dev/null)" == "$JAEGER_MOD
 # its version and module are in the bin directory's name.
 kwok_built() { [[ -x "$bin/kwok" ]]; }
 
-only_demo= only_jaeger=
 case "${1:-}" in
   --path) echo "$bin"; exit 0 ;;
   demo) only_demo=1 ;;
-  jaeger) only_jaeger=1 ;;
-  "") ;;
-  *) echo "hack/tools.sh: unknown argument ${1}; use --path, demo, jaeger or nothing" >&2; exit 2 ;;
+  "") only_demo= ;;
+  *) echo "hack/tools.sh: unknown argument ${1}; use --path, demo or nothing" >&2; exit 2 ;;
 esac
-if [[ -n "$only_jaeger" ]] && ! [[ -f "$bin/.complete" ]]; then
-  echo "hack/tools.sh: Jaeger goes into $bin, which is not built yet; run hack/tools.sh demo first" >&2
-  exit 1
-fi
-if [[ -f "$bin/.complete" ]] && { [[ -n "$only_demo" ]] || jaeger_built; } &&
-  { [[ -n "$only_demo" || -n "$only_jaeger" ]] || { kwok_built && oldest_built && kueue_built; }; }; then
+if [[ -f "$bin/.complete" ]] && jaeger_built && { [[ -n "$only_demo" ]] || { kwok_built && oldest_built && kueue_built; }; }; then
   echo "$bin"
   exit 0
 fi
@@ -133,16 +124,8 @@ build_kueue() {
 }
 
 # Jaeger v2 (OTLP receiver, in-memory store, query API) into $bin/jaeger,
-# stamped last; under a lock, so that a second caller waits for the build
-# under way and then finds it done.
+# stamped last.
 build_jaeger() {
-  exec {lock}>"$bin/.jaeger.lock"
-  flock "$lock"
-  jaeger_built || build_jaeger_locked
-  flock -u "$lock"
-}
-
-build_jaeger_locked() {
   local jtmp start=$SECONDS dir
   jtmp=$(mktemp -d "$bin/.jaeger.XXXXXX")
   echo "hack/tools.sh: building Jaeger (module $JAEGER_MODULE_VERSION; cold: about 6 minutes on 2 cores)" >&2
@@ -164,8 +147,8 @@ build_test_tools() {
 }
 
 if [[ -f "$bin/.complete" ]]; then
-  [[ -n "$only_demo" ]] || jaeger_built || build_jaeger
-  [[ -n "$only_demo" || -n "$only_jaeger" ]] || build_test_tools
+  jaeger_built || build_jaeger
+  [[ -n "$only_demo" ]] || build_test_tools
   echo "$bin"
   exit 0
 fi
@@ -214,6 +197,6 @@ mv "$tmp" "$bin"
 trap - EXIT
 date -u +%FT%TZ >"$bin/.complete"
 echo "hack/tools.sh: built in $((SECONDS - start)) s" >&2
-[[ -n "$only_demo" ]] || build_jaeger
+build_jaeger
 [[ -n "$only_demo" ]] || build_test_tools
 echo "$bin"

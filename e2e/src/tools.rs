@@ -79,57 +79,6 @@ pub fn jaeger() -> Result<PathBuf, Error> {
     Ok(path)
 }
 
-/// Jaeger's build from its Go module (`hack/tools.sh jaeger`), running
-/// beside whatever the caller does meanwhile ([`build_jaeger`]).
-#[derive(Debug)]
-pub struct JaegerBuild {
-    child: tokio::process::Child,
-    log: PathBuf,
-}
-
-/// Starts building Jaeger when it is not built yet (`make demo` leaves it
-/// to the demo, which starts the cluster meanwhile: a cold build is about
-/// 3 minutes of the first run), its output in `log`; `None` when it is
-/// built. `hack/tools.sh` builds it once at a time, so a second caller
-/// waits for the first one's build.
-pub fn build_jaeger(log: &Path) -> Result<Option<JaegerBuild>, Error> {
-    if jaeger().is_ok() {
-        return Ok(None);
-    }
-    let script = repo_root().join("hack/tools.sh");
-    let output = std::fs::File::create(log).map_err(Error::io("create", log))?;
-    let child = tokio::process::Command::new("bash")
-        .arg(&script)
-        .arg("jaeger")
-        .stdout(std::process::Stdio::null())
-        .stderr(output)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(Error::io("run", &script))?;
-    Ok(Some(JaegerBuild {
-        child,
-        log: log.to_owned(),
-    }))
-}
-
-impl JaegerBuild {
-    /// Waits for the build to end; Jaeger's path once it succeeded.
-    pub async fn finish(mut self) -> Result<PathBuf, Error> {
-        let status = self
-            .child
-            .wait()
-            .await
-            .map_err(Error::io("wait for", &self.log))?;
-        if !status.success() {
-            return Err(Error::Tools(format!(
-                "building Jaeger (hack/tools.sh jaeger) failed with {status}; its output: {}",
-                self.log.display()
-            )));
-        }
-        jaeger()
-    }
-}
-
 /// Makes this process's clusters run the oldest Kubernetes the docs claim
 /// (`hack/tools.sh` builds it into `<bin>/oldest`): its API server,
 /// scheduler, controller manager, kubelet and kube-proxy. Call it before

@@ -231,12 +231,6 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
             (None, None) => step(&format!("node {}: containerd, kubelet", node.name)),
         }
     }
-    // The first run builds Jaeger meanwhile; it is needed once the cluster runs.
-    std::fs::create_dir_all(dir)?;
-    let jaeger_build = tools::build_jaeger(&dir.join("jaeger-build.log"))?;
-    if jaeger_build.is_some() {
-        step("jaeger: building it from its Go module beside the cluster's start (first run only)");
-    }
     step(
         "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy v1.36), images, helm install tessera charts/tessera",
     );
@@ -269,9 +263,6 @@ async fn up(dir: &Path, examples: &Path) -> anyhow::Result<()> {
     .await
     .context("starting the cluster and installing Tessera")?;
     let plane = &cluster.plane;
-    if let Some(build) = jaeger_build {
-        build.finish().await?;
-    }
     step("jaeger (OTLP from the controller and the node agents, in-memory)");
     let jaeger = Jaeger::start(plane, &jaeger_ports).await?;
     std::fs::write(dir.join(JAEGER_ADDR_FILE), jaeger.addr())?;
