@@ -172,19 +172,8 @@ impl Election {
         observed: &mut Observed,
         held: &Lease,
     ) -> Result<Option<Lease>, Error> {
-        let mut lease = held.clone();
-        lease.spec = Some(self.spec(held.spec.as_ref(), Timestamp::now(), self.seconds()));
-        match leases
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(written) => {
-                observed.saw(
-                    written.resource_version().as_deref().unwrap_or_default(),
-                    Instant::now(),
-                );
-                Ok(Some(written))
-            }
+        match self.write(leases, observed, held, Timestamp::now()).await {
+            Ok(written) => Ok(Some(written)),
             Err(error) => {
                 tracing::debug!(%error, lease = %self.name, "renewing without a read failed; reading the Lease");
                 self.try_acquire(leases, observed).await
@@ -238,22 +227,32 @@ impl Election {
         if !ours && !free && !observed.lapsed(duration, Instant::now()) {
             return Ok(None);
         }
-        let mut lease = existing.clone();
-        lease.spec = Some(self.spec(Some(&spec), now, seconds));
-        match leases
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(written) => {
-                observed.saw(
-                    written.resource_version().as_deref().unwrap_or_default(),
-                    Instant::now(),
-                );
-                Ok(Some(written))
-            }
+        match self.write(leases, observed, &existing, now).await {
+            Ok(written) => Ok(Some(written)),
             Err(kube::Error::Api(s)) if s.is_conflict() => Ok(None),
             Err(e) => Err(Error::kube("renewing the leader Lease")(e)),
         }
+    }
+
+    /// Writes `read` back as held by this candidate and renewed at `now`,
+    /// on condition of `read`'s resourceVersion; notes what was written.
+    async fn write(
+        &self,
+        leases: &Api<Lease>,
+        observed: &mut Observed,
+        read: &Lease,
+        now: Timestamp,
+    ) -> Result<Lease, kube::Error> {
+        let mut lease = read.clone();
+        lease.spec = Some(self.spec(read.spec.as_ref(), now, self.seconds()));
+        let written = leases
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await?;
+        observed.saw(
+            written.resource_version().as_deref().unwrap_or_default(),
+            Instant::now(),
+        );
+        Ok(written)
     }
 
     fn spec(&self, previous: Option<&LeaseSpec>, now: Timestamp, seconds: i32) -> LeaseSpec {
