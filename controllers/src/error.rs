@@ -32,6 +32,14 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// An API call or a wait did not end in time.
+    #[error("{what} did not end within {seconds} s")]
+    TimedOut {
+        /// What was being done.
+        what: String,
+        /// How long it had.
+        seconds: u64,
+    },
     /// Bind could not take the node's lock in time.
     #[error(
         "node {node} is locked by pod {holder} (waiting for its device allocation); gave up after {waited_ms} ms"
@@ -100,7 +108,7 @@ impl Error {
             | Self::Serve { .. }
             | Self::Profiling(_)
             | Self::LoopEnded { .. } => "config",
-            Self::Kube { .. } => "api",
+            Self::Kube { .. } | Self::TimedOut { .. } => "api",
             Self::LockBusy { .. } => "lock_busy",
             Self::NoLongerFits { .. } => "no_longer_fits",
             Self::OverQuota { .. } => "over_quota",

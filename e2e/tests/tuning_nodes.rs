@@ -152,7 +152,8 @@ async fn each_case_of_the_tuning_guide_shows_as_advice_with_its_evidence() {
         }
         if Instant::now() >= deadline {
             // What the controller saw: the configs' matches as the API
-            // server has them, and its log about configs and leadership.
+            // server has them, and its log about configs, leadership and
+            // anything that went wrong.
             let configs = Api::<GpuNodeConfig>::all(client.clone())
                 .list(&Default::default())
                 .await
@@ -180,7 +181,11 @@ async fn each_case_of_the_tuning_guide_shows_as_advice_with_its_evidence() {
                 .unwrap_or_default();
             let logs: Vec<&str> = logs
                 .lines()
-                .filter(|l| l.contains("onfig") || l.contains("leader") || l.contains("tuning"))
+                .filter(|l| {
+                    ["onfig", "leader", "tuning", "WARN", "ERROR", "panicked"]
+                        .iter()
+                        .any(|word| l.contains(word))
+                })
                 .collect();
             panic!(
                 "not every advice within {WAIT:?}; the controller's tuning series:\n{}\nconfigs: {configs:#?}\ncontroller {name}'s log:\n{}",

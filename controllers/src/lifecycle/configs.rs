@@ -22,6 +22,14 @@ use tessera_kubekit::Watched;
 use super::caches::RETRY;
 use crate::Error;
 
+/// How often every config is looked at again without a change: a match or
+/// a write lost to anything (a request that hung, a wake-up missed) is
+/// mended within it. A look that finds the status right writes nothing.
+const RESYNC: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long a reconcile waits for the node list or for its status write.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Runs the controller on `configs`, woken by every change of `nodes`.
 pub(super) async fn run(client: Client, configs: &Watched<GpuNodeConfig>, nodes: &Watched<Node>) {
     let every_config = |store: Store<GpuNodeConfig>| {
@@ -47,8 +55,8 @@ pub(super) async fn run(client: Client, configs: &Watched<GpuNodeConfig>, nodes:
         .watches_stream(configs.touched(), move |_| on_config())
         .run(
             reconcile_config,
-            |_, error, _| {
-                tracing::warn!(%error, "GpuNodeConfig status failed; retrying");
+            |config, error, _| {
+                tracing::warn!(config = %config.name_any(), %error, "GpuNodeConfig status failed; retrying");
                 Action::requeue(RETRY)
             },
             context,
@@ -67,11 +75,19 @@ async fn reconcile_config(
     config: Arc<GpuNodeConfig>,
     ctx: Arc<ConfigContext>,
 ) -> Result<Action, Error> {
-    // Matching against a half-filled node cache would publish wrong matches.
-    if ctx.nodes.wait_until_ready().await.is_err() {
-        return Ok(Action::requeue(RETRY));
-    }
     let name = config.name_any();
+    tracing::debug!(config = %name, "reconciling GpuNodeConfig");
+    // Matching against a half-filled node cache would publish wrong matches.
+    match tokio::time::timeout(PATIENCE, ctx.nodes.wait_until_ready()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return Ok(Action::requeue(RETRY)),
+        Err(_) => {
+            return Err(Error::TimedOut {
+                what: "listing the Nodes".into(),
+                seconds: PATIENCE.as_secs(),
+            });
+        }
+    }
     let all: Vec<GpuNodeConfig> = ctx.configs.state().iter().map(|c| (**c).clone()).collect();
     let mut matched = Vec::new();
     let mut conflicts = Vec::new();
@@ -113,11 +129,14 @@ async fn reconcile_config(
             tuning: None,
             ..status
         };
-        crate::STATUS
-            .apply_at(&api, &name, None, &ours)
+        tokio::time::timeout(PATIENCE, crate::STATUS.apply_at(&api, &name, None, &ours))
             .await
+            .map_err(|_| Error::TimedOut {
+                what: "writing GpuNodeConfig status".into(),
+                seconds: PATIENCE.as_secs(),
+            })?
             .map_err(Error::kube("writing GpuNodeConfig status"))?;
         tracing::info!(config = %name, matched = ?ours.matched_nodes, conflicts = ours.conflicts.len(), "GpuNodeConfig status written");
     }
-    Ok(Action::await_change())
+    Ok(Action::requeue(RESYNC))
 }
