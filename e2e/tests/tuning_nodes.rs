@@ -100,8 +100,28 @@ async fn each_case_of_the_tuning_guide_shows_as_advice_with_its_evidence() {
     let client = cluster.plane.client().await.unwrap();
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
     let hold = |mib: u64| format!("cuda-probe hold {}; sleep 3600", mib * MIB);
+    // tune-a has one slice: lean-1 (the compute limit the advice is about)
+    // must hold it and lean-2 wait for one, so lean-1 is bound first (made
+    // together, either could win the slice, and once lean-2 did).
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(on("tune-a", "lean-1", 8000, Some(50), &hold(800))).unwrap(),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while pods
+        .get("lean-1")
+        .await
+        .ok()
+        .and_then(|p| p.spec)
+        .and_then(|s| s.node_name)
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "lean-1 bound within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     for pod in [
-        on("tune-a", "lean-1", 8000, Some(50), &hold(800)),
         on("tune-a", "lean-2", 1000, None, "sleep 3600"),
         on("tune-b", "tight-1", 4000, None, &hold(3800)),
         // tune-b offers 163,840 MiB at scaling 2.0; 4,000 are taken.
