@@ -124,29 +124,14 @@ build_kueue() {
   echo "hack/tools.sh: built Kueue $KUEUE_VERSION in $((SECONDS - start)) s" >&2
 }
 
-# Jaeger's module, downloaded; prints its directory.
-jaeger_dir() {
-  go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_MODULE_VERSION" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
-}
-
-# Fetches, in the background, the modules `go build $2...` needs in module
-# directory $1 (`go list -deps` downloads what the build would). Go's module
-# cache may be filled by several commands at once; a build that needs a
-# module being fetched waits for it. Errors are left to the build to report.
-prefetch() {
-  local dir=$1
-  shift
-  (cd "$dir" && go list -deps "$@" >/dev/null 2>&1 &)
-}
-
 # Jaeger v2 (OTLP receiver, in-memory store, query API) into $bin/jaeger,
 # stamped last.
 build_jaeger() {
   local jtmp start=$SECONDS dir
   jtmp=$(mktemp -d "$bin/.jaeger.XXXXXX")
   echo "hack/tools.sh: building Jaeger (module $JAEGER_MODULE_VERSION; cold: about 6 minutes on 2 cores)" >&2
-  dir=$(jaeger_dir) || { rm -rf "$jtmp"; return 1; }
+  dir=$(go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_MODULE_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])') || { rm -rf "$jtmp"; return 1; }
   (cd "$dir" && go build -ldflags "-s -w" -o "$jtmp/jaeger" ./cmd/jaeger) || { rm -rf "$jtmp"; return 1; }
   chmod 755 "$jtmp"
   rm -rf "$bin/jaeger"
@@ -175,16 +160,6 @@ minor=$(echo "$K8S_VERSION" | cut -d. -f2)
 tmp=$(mktemp -d "$cache/tools/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
-
-# Every module the builds below need is fetched at once, while etcd builds:
-# otherwise each build waits for its own downloads in turn (Jaeger's alone
-# take about 17 s), with the cores idle once the Rust build beside a first
-# `make demo` has ended.
-prefetch "$root/e2e/tools/k8s" -tags selinux,notest,grpcnotrace ./cmd/kube
-prefetch "$root/e2e/tools/helm" helm.sh/helm/v3/cmd/helm
-prefetch "$root/e2e/tools/containerd" -tags no_btrfs,no_devmapper,no_zfs github.com/containerd/containerd/v2/cmd/containerd \
-  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
-jaeger_built || (dir=$(jaeger_dir 2>/dev/null) && prefetch "$dir" ./cmd/jaeger) || true
 
 echo "hack/tools.sh: building etcd $ETCD_VERSION" >&2
 (cd "$root/e2e/tools/etcd" && go build -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
