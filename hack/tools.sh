@@ -38,7 +38,6 @@ pinned=()
 for kind in mod sum; do
   for tool in containerd etcd helm k8s kwok; do pinned+=("$root/e2e/tools/$tool/go.$kind"); done
 done
-pinned+=("$root/e2e/tools/k8s/cmd/kube/main.go")
 key=$(cat "${pinned[@]}" | sha256sum | cut -c1-12)
 bin="$cache/tools/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-kwok-$KWOK_VERSION-containerd-$CONTAINERD_VERSION-$key/bin"
 oldest_stamp="$OLDEST_K8S_VERSION-$(cat "$root"/e2e/tools/k8s-oldest/go.mod "$root"/e2e/tools/k8s-oldest/go.sum | sha256sum | cut -c1-12)"
@@ -165,14 +164,10 @@ echo "hack/tools.sh: building etcd $ETCD_VERSION" >&2
 (cd "$root/e2e/tools/etcd" && go build -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
 
 echo "hack/tools.sh: building Kubernetes $K8S_VERSION (cold: about 10 minutes on 2 cores)" >&2
-# One binary for the six (e2e/tools/k8s/cmd/kube), linked once instead of six
-# times, under each command's name (hard links: a process shows the name it
-# was started as).
-(cd "$root/e2e/tools/k8s" && go build -p "$(nproc)" -tags selinux,notest,grpcnotrace -ldflags "$ldf" -o "$tmp/kube" ./cmd/kube)
-for name in kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy; do
-  ln "$tmp/kube" "$tmp/$name"
-done
-rm "$tmp/kube"
+(cd "$root/e2e/tools/k8s" && go build -p "$(nproc)" -tags selinux,notest,grpcnotrace -ldflags "$ldf" -o "$tmp/" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
 
 # helm v3 reports Kubernetes v1.20 as the cluster version of `helm template` and
 # `helm lint` unless told otherwise at link time (its Makefile derives it).
