@@ -22,9 +22,11 @@ use tessera_kubekit::Watched;
 use super::caches::RETRY;
 use crate::Error;
 
-/// How often every config is looked at again without a change: a match or
-/// a write lost to anything (a request that hung, a wake-up missed) is
-/// mended within it. A look that finds the status right writes nothing.
+/// How often every config in the store is looked at again without a change:
+/// a match or a write lost to anything (a request that hung, a wake-up
+/// missed, a reconcile request the runtime dropped) is mended within it,
+/// whether or not the config's last reconcile ran. A look that finds the
+/// status right writes nothing.
 const RESYNC: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long a reconcile waits for the node list or for its status write.
@@ -53,6 +55,16 @@ pub(super) async fn run(client: Client, configs: &Watched<GpuNodeConfig>, nodes:
         // only where a status changes, so this settles at once).
         .watches_stream(nodes.touched(), move |_: Node| on_node())
         .watches_stream(configs.touched(), move |_| on_config())
+        // Not a requeue per config: one that never reconciled (kube-runtime
+        // drops a request whose object it cannot find in the store, and
+        // requeues nothing for it) would never be looked at again.
+        .reconcile_all_on(futures::stream::unfold(
+            tokio::time::interval(RESYNC),
+            |mut every| async move {
+                every.tick().await;
+                Some(((), every))
+            },
+        ))
         .run(
             reconcile_config,
             |config, error, _| {
@@ -138,5 +150,5 @@ async fn reconcile_config(
             .map_err(Error::kube("writing GpuNodeConfig status"))?;
         tracing::info!(config = %name, matched = ?ours.matched_nodes, conflicts = ours.conflicts.len(), "GpuNodeConfig status written");
     }
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::await_change())
 }
