@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use kube::{Api, ResourceExt, api::PostParams};
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{GpuNodeConfig, TuningStatus};
-use tessera_e2e::testkit::{gpu_pod, skip_real_nodes};
+use tessera_e2e::testkit::{gpu_pod, skip_real_nodes, wait_for};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -109,18 +109,10 @@ async fn each_case_of_the_tuning_guide_shows_as_advice_with_its_evidence() {
     )
     .await
     .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while pods
-        .get("lean-1")
-        .await
-        .ok()
-        .and_then(|p| p.spec)
-        .and_then(|s| s.node_name)
-        .is_none()
-    {
-        assert!(Instant::now() < deadline, "lean-1 bound within {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for("lean-1 to be bound", WAIT, async || {
+        pods.get("lean-1").await.ok()?.spec?.node_name
+    })
+    .await;
     for pod in [
         on("tune-a", "lean-2", 1000, None, "sleep 3600"),
         on("tune-b", "tight-1", 4000, None, &hold(3800)),

@@ -58,8 +58,9 @@ pub(super) async fn run(client: Client, configs: &Watched<GpuNodeConfig>, nodes:
         // Not a requeue per config: one that never reconciled (kube-runtime
         // drops a request whose object it cannot find in the store, and
         // requeues nothing for it) would never be looked at again.
+        // The first tick is a minute in: the first list reconciles them all.
         .reconcile_all_on(futures::stream::unfold(
-            tokio::time::interval(RESYNC),
+            tokio::time::interval_at(tokio::time::Instant::now() + RESYNC, RESYNC),
             |mut every| async move {
                 every.tick().await;
                 Some(((), every))
@@ -90,15 +91,11 @@ async fn reconcile_config(
     let name = config.name_any();
     tracing::debug!(config = %name, "reconciling GpuNodeConfig");
     // Matching against a half-filled node cache would publish wrong matches.
-    match tokio::time::timeout(PATIENCE, ctx.nodes.wait_until_ready()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => return Ok(Action::requeue(RETRY)),
-        Err(_) => {
-            return Err(Error::TimedOut {
-                what: "listing the Nodes".into(),
-                seconds: PATIENCE.as_secs(),
-            });
-        }
+    if within("listing the Nodes", ctx.nodes.wait_until_ready())
+        .await?
+        .is_err()
+    {
+        return Ok(Action::requeue(RETRY));
     }
     let all: Vec<GpuNodeConfig> = ctx.configs.state().iter().map(|c| (**c).clone()).collect();
     let mut matched = Vec::new();
@@ -141,14 +138,23 @@ async fn reconcile_config(
             tuning: None,
             ..status
         };
-        tokio::time::timeout(PATIENCE, crate::STATUS.apply_at(&api, &name, None, &ours))
-            .await
-            .map_err(|_| Error::TimedOut {
-                what: "writing GpuNodeConfig status".into(),
-                seconds: PATIENCE.as_secs(),
-            })?
-            .map_err(Error::kube("writing GpuNodeConfig status"))?;
+        within(
+            "writing GpuNodeConfig status",
+            crate::STATUS.apply_at(&api, &name, None, &ours),
+        )
+        .await?
+        .map_err(Error::kube("writing GpuNodeConfig status"))?;
         tracing::info!(config = %name, matched = ?ours.matched_nodes, conflicts = ours.conflicts.len(), "GpuNodeConfig status written");
     }
     Ok(Action::await_change())
+}
+
+/// `work`'s output, or [`Error::TimedOut`] naming `what` after [`PATIENCE`].
+async fn within<T>(what: &str, work: impl std::future::Future<Output = T>) -> Result<T, Error> {
+    tokio::time::timeout(PATIENCE, work)
+        .await
+        .map_err(|_| Error::TimedOut {
+            what: what.into(),
+            seconds: PATIENCE.as_secs(),
+        })
 }
