@@ -123,29 +123,20 @@ build_kueue() {
   echo "hack/tools.sh: built Kueue $KUEUE_VERSION in $((SECONDS - start)) s" >&2
 }
 
-# Jaeger v2 (OTLP receiver, in-memory store, query API) into the directory $1.
-compile_jaeger() {
-  local dir start=$SECONDS
+# Jaeger v2 (OTLP receiver, in-memory store, query API) into $bin/jaeger,
+# stamped last.
+build_jaeger() {
+  local jtmp start=$SECONDS dir
+  jtmp=$(mktemp -d "$bin/.jaeger.XXXXXX")
   echo "hack/tools.sh: building Jaeger (module $JAEGER_MODULE_VERSION; cold: about 6 minutes on 2 cores)" >&2
   dir=$(go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_MODULE_VERSION" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])') || return 1
-  (cd "$dir" && go build -ldflags "-s -w" -o "$1/jaeger" ./cmd/jaeger) || return 1
-  echo "hack/tools.sh: built Jaeger in $((SECONDS - start)) s" >&2
-}
-
-# Moves a Jaeger built into $1 to $bin/jaeger, stamped last.
-install_jaeger() {
-  chmod 755 "$1"
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])') || { rm -rf "$jtmp"; return 1; }
+  (cd "$dir" && go build -ldflags "-s -w" -o "$jtmp/jaeger" ./cmd/jaeger) || { rm -rf "$jtmp"; return 1; }
+  chmod 755 "$jtmp"
   rm -rf "$bin/jaeger"
-  mv "$1" "$bin/jaeger"
+  mv "$jtmp" "$bin/jaeger"
   echo "$JAEGER_MODULE_VERSION" >"$bin/jaeger/.complete"
-}
-
-build_jaeger() {
-  local jtmp
-  jtmp=$(mktemp -d "$bin/.jaeger.XXXXXX")
-  compile_jaeger "$jtmp" || { rm -rf "$jtmp"; return 1; }
-  install_jaeger "$jtmp"
+  echo "hack/tools.sh: built Jaeger in $((SECONDS - start)) s" >&2
 }
 
 # What the tests need beyond the demo's tools.
@@ -166,22 +157,7 @@ ldf=$(k8s_ldflags "$K8S_VERSION")
 minor=$(echo "$K8S_VERSION" | cut -d. -f2)
 
 tmp=$(mktemp -d "$cache/tools/.build.XXXXXX")
-# Jaeger builds beside the others, not after them: each `go build` ends in
-# steps that keep one core busy (the largest packages, the link), which the
-# other fills (docs/benchmarks.md, "A newcomer's first `make demo`").
-# It runs in a process group of its own (set -m), so that a failed or
-# interrupted build stops all of it.
-jtmp=$(mktemp -d "$cache/tools/.jaeger.XXXXXX")
-set -m
-compile_jaeger "$jtmp" &
-jaeger=$!
-set +m
-stop_build() {
-  kill -- -"$jaeger" 2>/dev/null || true
-  wait "$jaeger" 2>/dev/null || true
-  rm -rf "$tmp" "$jtmp"
-}
-trap stop_build EXIT
+trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
 
 echo "hack/tools.sh: building etcd $ETCD_VERSION" >&2
@@ -217,11 +193,10 @@ echo "hack/tools.sh: building containerd $CONTAINERD_VERSION" >&2
 chmod 755 "$tmp"
 rm -rf "$bin"
 mkdir -p "$(dirname "$bin")"
-wait "$jaeger"
 mv "$tmp" "$bin"
-install_jaeger "$jtmp"
 trap - EXIT
 date -u +%FT%TZ >"$bin/.complete"
-echo "hack/tools.sh: built in $((SECONDS - start)) s, Jaeger included" >&2
+echo "hack/tools.sh: built in $((SECONDS - start)) s" >&2
+build_jaeger
 [[ -n "$only_demo" ]] || build_test_tools
 echo "$bin"
