@@ -91,10 +91,12 @@ async fn allocations_and_locks_do_not_outlive_their_pods() {
         a.status.and_then(|s| s.phase) == Some(AllocationPhase::Released)
     })
     .await;
-    assert!(
-        cluster.projection.read().node("life-1").unwrap().usage[0].slices == 0,
-        "released slices are free in the projection"
-    );
+    // The projection learns of the release from its own watch, which may
+    // deliver the event after the GET above has seen it.
+    eventually("released slices are free in the projection", async || {
+        cluster.projection.read().node("life-1").unwrap().usage[0].slices == 0
+    })
+    .await;
     assert_eq!(
         lock_holder().await.as_deref(),
         Some("served"),
@@ -141,10 +143,11 @@ async fn allocations_and_locks_do_not_outlive_their_pods() {
                 == Some(tessera_controllers::lifecycle_rules::HOLD_LAPSED)
     })
     .await;
-    assert_eq!(
-        cluster.projection.read().node("life-1").unwrap().usage[0].memory_mib,
-        0
-    );
+    eventually(
+        "the lapsed hold's memory is free in the projection",
+        async || cluster.projection.read().node("life-1").unwrap().usage[0].memory_mib == 0,
+    )
+    .await;
 }
 
 #[tokio::test]
