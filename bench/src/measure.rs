@@ -195,6 +195,53 @@ pub fn requests_between(before: &[Sample], after: &[Sample]) -> Vec<(String, f64
     totals.into_iter().filter(|(_, n)| *n > 0.5).collect()
 }
 
+/// Writes the API server has answered so far (`apiserver_request_total`
+/// for every verb but reads and watches), whatever their outcome.
+pub fn writes(samples: &[Sample]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == "apiserver_request_total")
+        .filter(|s| {
+            !matches!(
+                s.labels.get("verb").map(String::as_str),
+                Some("GET" | "LIST" | "WATCH" | "CONNECT")
+            )
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+/// Waits until the API server answers fewer than `per_second` writes a
+/// second, over two seconds in a row, at most `limit`; returns how long it
+/// waited, or `None` when it never got that quiet. kwok keeps writing the
+/// background pods' status (retries and repeated stage plays) for a while
+/// after every one of them reads Running, and a burst timed during that
+/// shares the two cores with it.
+pub async fn wait_quiet(
+    client: &Client,
+    per_second: f64,
+    limit: Duration,
+) -> Result<Option<Duration>, Error> {
+    let started = Instant::now();
+    let mut last = writes(&apiserver(client).await?);
+    let mut quiet_since: Option<Instant> = None;
+    while started.elapsed() < limit {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = writes(&apiserver(client).await?);
+        let rate = now - last;
+        last = now;
+        if rate < per_second {
+            let since = *quiet_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= Duration::from_secs(1) {
+                return Ok(Some(started.elapsed()));
+            }
+        } else {
+            quiet_since = None;
+        }
+    }
+    Ok(None)
+}
+
 /// The counters of the controller's extender that say something failed,
 /// between two scrapes: `<verb> error` for each verb that answered an
 /// error, and `rollback <reason>` for each Bind undone.
@@ -410,6 +457,21 @@ mod tests {
         assert_eq!(percentile_ms(&times, 0.5), 50.0);
         assert_eq!(percentile_ms(&times, 0.99), 99.0);
         assert_eq!(percentile_ms(&times, 1.0), 100.0);
+    }
+
+    #[test]
+    fn writes_count_every_verb_but_reads_and_watches() {
+        let scrape = crate::prom::parse(concat!(
+            "# TYPE apiserver_request_total counter\n",
+            "apiserver_request_total{code=\"201\",resource=\"pods\",verb=\"POST\"} 10\n",
+            "apiserver_request_total{code=\"200\",resource=\"pods\",subresource=\"status\",verb=\"PATCH\"} 7\n",
+            "apiserver_request_total{code=\"409\",resource=\"nodelocks\",verb=\"PUT\"} 2\n",
+            "apiserver_request_total{code=\"200\",resource=\"pods\",verb=\"LIST\"} 100\n",
+            "apiserver_request_total{code=\"200\",resource=\"pods\",verb=\"GET\"} 100\n",
+            "apiserver_request_total{code=\"200\",resource=\"pods\",verb=\"WATCH\"} 100\n",
+            "apiserver_request_duration_seconds_count{verb=\"POST\"} 1000\n",
+        ));
+        assert_eq!(writes(&scrape), 19.0);
     }
 
     #[test]

@@ -110,6 +110,18 @@ pub fn text(f: &Figures) -> String {
         f.gpu_rate,
         100.0 * f.gpu_rate / f.plain_rate
     );
+    let quiet = |waited: Option<f64>| {
+        waited.map_or_else(
+            || "still busy after 120 s".to_owned(),
+            |s| format!("{s:.0} s"),
+        )
+    };
+    let _ = writeln!(
+        out,
+        "  waited for the API server to be quiet (< 20 writes/s): {} before the plain burst, {} before the GPU burst",
+        quiet(f.quiet_seconds.0),
+        quiet(f.quiet_seconds.1)
+    );
     let _ = writeln!(
         out,
         "  created in {:.1} s (GPU, through the webhook) and {:.1} s (plain); GPU pods went to {} nodes, at most {} on one",

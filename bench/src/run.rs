@@ -125,6 +125,9 @@ pub struct Figures {
     pub cpu_by_component: Vec<(String, f64, f64)>,
     /// Wall seconds of the plain and the GPU burst windows those cover.
     pub windows: (f64, f64),
+    /// Seconds waited for the API server to be quiet before the plain and
+    /// the GPU burst (`None`: still busy after 2 minutes).
+    pub quiet_seconds: (Option<f64>, Option<f64>),
     /// Extender calls that failed and Binds undone during the GPU burst.
     pub failures: Vec<(String, f64)>,
 }
@@ -243,6 +246,21 @@ impl Running {
         }
     }
 
+    /// Waits, at most 2 minutes, until the API server is answering fewer
+    /// than 20 writes a second (Lease renewals are about 6 a second at
+    /// 5,000 nodes), so a burst does not share the cores with kwok's
+    /// trailing status writes; returns how long that took.
+    async fn wait_quiet(&self) -> Result<Option<f64>, Error> {
+        let waited = measure::wait_quiet(&self.client, 20.0, Duration::from_secs(120)).await?;
+        match waited {
+            Some(waited) => tracing::info!(seconds = waited.as_secs_f64(), "API server quiet"),
+            None => tracing::warn!(
+                "the API server was still busy after 2 minutes; timing the burst anyway"
+            ),
+        }
+        Ok(waited.map(|w| w.as_secs_f64()))
+    }
+
     /// Waits until no NodeLock is held and no allocation is left `Bound`
     /// (every GPU pod of a burst is Running and its allocation Allocated).
     pub async fn wait_settled(&self, limit: Duration) -> Result<(), Error> {
@@ -351,6 +369,7 @@ impl Running {
         let pid = self.controller_pid()?;
         let idle = measure::process(pid)?;
 
+        let quiet_plain = self.wait_quiet().await?;
         let cpu0 = self.cpu_by_component();
         let window = Instant::now();
         let before = measure::apiserver(&self.client).await?;
@@ -364,12 +383,13 @@ impl Running {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = measure::apiserver(&self.client).await?;
         let plain_window = window.elapsed().as_secs_f64();
-        let cpu1 = self.cpu_by_component();
-        let window = Instant::now();
         let requests_per_plain_pod =
             per_pod(measure::requests_between(&before, &after), plain.pods);
         tracing::info!(rate = plain.rate(), "plain burst");
+        let quiet_gpu = self.wait_quiet().await?;
 
+        let cpu1 = self.cpu_by_component();
+        let window = Instant::now();
         let api_before = measure::apiserver(&self.client).await?;
         let ours_before = measure::controller(&self.metrics_addr()).await?;
         let cpu_before = measure::process(pid)?;
@@ -487,6 +507,7 @@ impl Running {
             failures: measure::failures_between(&ours_before, &ours_after),
             cpu_by_component,
             windows: (plain_window, gpu_window),
+            quiet_seconds: (quiet_plain, quiet_gpu),
         })
     }
 
