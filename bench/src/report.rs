@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::run::Figures;
+use crate::run::{Figures, QUIET_LIMIT, QUIET_WRITES_PER_SECOND};
 
 /// The CSV header.
 pub const HEADER: &str = "nodes,gpus,background_pods,fleet_s,background_s,plain_pods_per_s,gpu_pods_per_s,\
@@ -112,13 +112,13 @@ pub fn text(f: &Figures) -> String {
     );
     let quiet = |waited: Option<f64>| {
         waited.map_or_else(
-            || "still busy after 120 s".to_owned(),
+            || format!("still busy after {} s", QUIET_LIMIT.as_secs()),
             |s| format!("{s:.0} s"),
         )
     };
     let _ = writeln!(
         out,
-        "  waited for the API server to be quiet (< 20 writes/s): {} before the plain burst, {} before the GPU burst",
+        "  waited for the API server to be quiet (< {QUIET_WRITES_PER_SECOND} writes/s): {} before the plain burst, {} before the GPU burst",
         quiet(f.quiet_seconds.0),
         quiet(f.quiet_seconds.1)
     );

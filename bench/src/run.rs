@@ -18,6 +18,13 @@ use crate::{
     rng::Rng,
 };
 
+/// Writes a second below which the API server counts as quiet before a
+/// burst (Lease renewals are about 6 a second at 5,000 nodes).
+pub const QUIET_WRITES_PER_SECOND: f64 = 20.0;
+
+/// How long a burst waits for the API server to be quiet at most.
+pub const QUIET_LIMIT: Duration = Duration::from_secs(120);
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -126,7 +133,7 @@ pub struct Figures {
     /// Wall seconds of the plain and the GPU burst windows those cover.
     pub windows: (f64, f64),
     /// Seconds waited for the API server to be quiet before the plain and
-    /// the GPU burst (`None`: still busy after 2 minutes).
+    /// the GPU burst (`None`: still busy after [`QUIET_LIMIT`]).
     pub quiet_seconds: (Option<f64>, Option<f64>),
     /// Extender calls that failed and Binds undone during the GPU burst.
     pub failures: Vec<(String, f64)>,
@@ -246,16 +253,18 @@ impl Running {
         }
     }
 
-    /// Waits, at most 2 minutes, until the API server is answering fewer
-    /// than 20 writes a second (Lease renewals are about 6 a second at
-    /// 5,000 nodes), so a burst does not share the cores with kwok's
-    /// trailing status writes; returns how long that took.
+    /// Waits, at most [`QUIET_LIMIT`], until the API server is answering
+    /// fewer than [`QUIET_WRITES_PER_SECOND`], so a burst does not share
+    /// the cores with kwok's trailing status writes; returns how long that
+    /// took.
     async fn wait_quiet(&self) -> Result<Option<f64>, Error> {
-        let waited = measure::wait_quiet(&self.client, 20.0, Duration::from_secs(120)).await?;
+        let waited =
+            measure::wait_quiet(&self.client, QUIET_WRITES_PER_SECOND, QUIET_LIMIT).await?;
         match waited {
             Some(waited) => tracing::info!(seconds = waited.as_secs_f64(), "API server quiet"),
             None => tracing::warn!(
-                "the API server was still busy after 2 minutes; timing the burst anyway"
+                limit_seconds = QUIET_LIMIT.as_secs(),
+                "the API server was still busy; timing the burst anyway"
             ),
         }
         Ok(waited.map(|w| w.as_secs_f64()))
@@ -383,12 +392,13 @@ impl Running {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after = measure::apiserver(&self.client).await?;
         let plain_window = window.elapsed().as_secs_f64();
+        let cpu1 = self.cpu_by_component();
         let requests_per_plain_pod =
             per_pod(measure::requests_between(&before, &after), plain.pods);
         tracing::info!(rate = plain.rate(), "plain burst");
         let quiet_gpu = self.wait_quiet().await?;
 
-        let cpu1 = self.cpu_by_component();
+        let cpu_gpu_start = self.cpu_by_component();
         let window = Instant::now();
         let api_before = measure::apiserver(&self.client).await?;
         let ours_before = measure::controller(&self.metrics_addr()).await?;
@@ -422,7 +432,7 @@ impl Running {
                         .find(|(n, _)| n == name)
                         .map_or(*c0, |(_, c)| *c)
                 };
-                (name.clone(), at(&cpu1) - c0, at(&cpu2) - at(&cpu1))
+                (name.clone(), at(&cpu1) - c0, at(&cpu2) - at(&cpu_gpu_start))
             })
             .collect();
         let requests_per_gpu_pod =
