@@ -52,15 +52,26 @@ pub fn admitted(pod: &LeanPod) -> bool {
 }
 
 /// Whether another vendor's device plugin says it served the pod at
-/// Allocate (HAMi's `hami.io/bind-phase: success`). Only pods bound to a
-/// vendor's devices carry it: Bind writes `allocating`, the plugin
-/// `success` or `failed`.
-pub fn vendor_served(pod: &LeanPod) -> bool {
-    pod.metadata
+/// Allocate (HAMi's `hami.io/bind-phase: success`), for `allocation`, the
+/// pod's own. Only a pod bound to a vendor's devices has a plugin that
+/// answers: Bind writes `allocating` before it binds the pod, the plugin
+/// `success` or `failed` after. So the answer counts only where the pod is
+/// bound to the allocation's node and the allocation holds no NVIDIA slice
+/// (the node agent serves those and records it itself): a value the pod's
+/// creator wrote (the webhook refuses it, but a pod admitted without the
+/// webhook may carry it) never frees a NodeLock before the holder's
+/// Allocate (review 2026-12-01, H1).
+pub fn vendor_served(pod: &LeanPod, allocation: &VgpuAllocation) -> bool {
+    let says_success = pod
+        .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(crate::vendors::handoff::BIND_PHASE))
-        .is_some_and(|phase| phase == "success")
+        .is_some_and(|phase| phase == "success");
+    says_success
+        && pod.metadata.uid.as_deref() == Some(allocation.spec.pod_uid.as_str())
+        && pod.node_name() == Some(allocation.spec.node_name.as_str())
+        && !holds_nvidia(allocation)
 }
 
 /// Whether an allocation still says `Bound` (or nothing) although its pod's
@@ -74,7 +85,7 @@ pub fn served_unrecorded(allocation: &VgpuAllocation, pod: Option<&LeanPod>) -> 
         && matches!(phase, None | Some(AllocationPhase::Bound))
         && pod.is_some_and(|p| {
             p.metadata.uid.as_deref() == Some(allocation.spec.pod_uid.as_str())
-                && (admitted(p) || (vendor_served(p) && !holds_nvidia(allocation)))
+                && (admitted(p) || vendor_served(p, allocation))
         })
 }
 
@@ -154,7 +165,7 @@ pub fn lock_action(
     if admitted(pod) {
         return LockAction::Release("the holder pod's containers were started".into());
     }
-    if vendor_served(pod) && !allocation.is_some_and(holds_nvidia) {
+    if allocation.is_some_and(|a| vendor_served(pod, a)) {
         return LockAction::Release(
             "the vendor's device plugin served the holder (hami.io/bind-phase: success)".into(),
         );
@@ -397,6 +408,63 @@ mod tests {
         assert!(!served_unrecorded(
             &mirror,
             Some(&pod("u1", Some("n1"), "Running"))
+        ));
+    }
+
+    /// `p` as its creator may write it: HAMi's vendor answer set already.
+    fn says_served(node: Option<&str>) -> LeanPod {
+        let mut pod = pod("u1", node, "Pending");
+        pod.metadata.annotations = Some(
+            [(
+                crate::vendors::handoff::BIND_PHASE.to_owned(),
+                "success".to_owned(),
+            )]
+            .into(),
+        );
+        pod
+    }
+
+    /// Review 2026-12-01, H1: a pod created with `hami.io/bind-phase:
+    /// success` freed its node's lock before its Allocate (with its
+    /// allocation not known yet, or holding NVIDIA slices), and the next
+    /// pod's slice was served to it.
+    #[test]
+    fn a_bind_phase_the_pod_was_created_with_frees_no_lock() {
+        let now: Timestamp = "2026-11-22T10:00:30Z".parse().unwrap();
+        let live = lock("2026-11-22T10:01:00Z");
+        let keep = LockAction::KeepUntil("2026-11-22T10:01:00Z".parse().unwrap());
+        let nvidia = allocation("u1", Some("Bound"));
+        let mut vendor = allocation("u1", Some("Bound"));
+        vendor.spec.containers[0].devices[0].family = tessera_api::v1alpha1::DeviceFamily::Hygon;
+        for (holder, allocation, what) in [
+            (
+                says_served(None),
+                None,
+                "allocation not known yet, pod unbound",
+            ),
+            (says_served(Some("n1")), None, "allocation not known yet"),
+            (says_served(Some("n1")), Some(&nvidia), "an NVIDIA slice"),
+            (
+                says_served(None),
+                Some(&vendor),
+                "a vendor slice, pod not bound",
+            ),
+        ] {
+            assert_eq!(
+                lock_action(&live, Some(&holder), allocation, now),
+                keep,
+                "{what}"
+            );
+            if let Some(allocation) = allocation {
+                assert!(!served_unrecorded(allocation, Some(&holder)), "{what}");
+            }
+        }
+        // The vendor plugin's answer for a bound vendor pod frees it.
+        let bound = says_served(Some("n1"));
+        assert!(served_unrecorded(&vendor, Some(&bound)));
+        assert!(matches!(
+            lock_action(&live, Some(&bound), Some(&vendor), now),
+            LockAction::Free(_)
         ));
     }
 

@@ -23,7 +23,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, PostParams, Preconditions},
 };
-use tessera_api::v1alpha1::{NodeLock, PodReference};
+use tessera_api::v1alpha1::{NodeLock, PodReference, VgpuAllocation};
 
 use super::filter::NOT_READY;
 use crate::{
@@ -283,16 +283,32 @@ impl Locker {
 
 /// Whether the lock's holder still waits for its devices on the lock's node,
 /// decided exactly as the lifecycle controller decides it
-/// ([`crate::lifecycle_rules::lock_action`]): the holder exists with the same UID,
-/// is not finishing, and is not bound to another node.
+/// ([`crate::lifecycle_rules::lock_action`]), from the holder pod and the
+/// allocation the lock names, both read now: the holder exists with the same
+/// UID, is not finishing, is not bound to another node, and was not served.
 pub async fn holder_needs_lock(client: &Client, lock: &NodeLock) -> Result<bool, Error> {
     let holder = &lock.spec.holder;
     let pods: Api<LeanPod> = Api::namespaced(client.clone(), &holder.namespace);
-    let pod = pods
-        .get_opt(&holder.name)
-        .await
-        .map_err(Error::kube("reading the NodeLock holder"))?;
-    let action = crate::lifecycle_rules::lock_action(lock, pod.as_ref(), None, Timestamp::now());
+    let allocations: Api<VgpuAllocation> = Api::namespaced(client.clone(), &holder.namespace);
+    let (pod, allocation) = tokio::try_join!(
+        async {
+            pods.get_opt(&holder.name)
+                .await
+                .map_err(Error::kube("reading the NodeLock holder"))
+        },
+        async {
+            allocations
+                .get_opt(&lock.spec.allocation)
+                .await
+                .map_err(Error::kube("reading the NodeLock holder's allocation"))
+        },
+    )?;
+    let action = crate::lifecycle_rules::lock_action(
+        lock,
+        pod.as_ref(),
+        allocation.as_ref(),
+        Timestamp::now(),
+    );
     Ok(matches!(
         action,
         crate::lifecycle_rules::LockAction::KeepUntil(_)

@@ -11,6 +11,7 @@
 pub mod certificate;
 mod metrics;
 mod mutate;
+pub mod owned;
 mod vendors;
 
 use std::sync::Arc;

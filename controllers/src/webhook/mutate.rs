@@ -39,6 +39,9 @@ pub fn mutate(
         Ok(Some(request)) => request,
         Err(error) => return Verdict::Denied(error.to_string()),
     };
+    if let Some(refusal) = super::owned::refusal(pod) {
+        return Verdict::Denied(refusal);
+    }
     let spec = pod.spec.clone().unwrap_or_default();
     if let Some(node) = &spec.node_name {
         return Verdict::Denied(format!(
