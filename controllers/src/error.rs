@@ -66,6 +66,24 @@ pub enum Error {
         /// The quota, the limit, what is used and what the pod asks.
         reason: String,
     },
+    /// The API server did not say whether it bound the pod (a timeout, a
+    /// 5xx, a dropped connection after the request was sent) and reading the
+    /// pod back did not tell either. Bind never guesses: the pod's
+    /// allocation and the node's lock stay, so no other pod is served on the
+    /// node meanwhile; a pod that turns out bound is served as usual, and one
+    /// that is not is bound again by kube-scheduler's retry.
+    #[error(
+        "binding pod {pod} to node {node}: the API server did not say whether it was bound ({source}); its allocation and the node's lock are kept"
+    )]
+    BindingUnknown {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The node.
+        node: String,
+        /// The last error the binding or its read-back got.
+        #[source]
+        source: kube::Error,
+    },
     /// The request refers to a pod that is not the one the scheduler meant.
     #[error("{0}")]
     Stale(String),
@@ -90,9 +108,10 @@ pub enum Error {
 impl Error {
     /// Every value [`Error::metric_label`] returns, so counters by reason
     /// can start at zero.
-    pub const METRIC_LABELS: [&'static str; 7] = [
+    pub const METRIC_LABELS: [&'static str; 8] = [
         "config",
         "api",
+        "binding_unknown",
         "lock_busy",
         "no_longer_fits",
         "over_quota",
@@ -109,6 +128,7 @@ impl Error {
             | Self::Profiling(_)
             | Self::LoopEnded { .. } => "config",
             Self::Kube { .. } | Self::TimedOut { .. } => "api",
+            Self::BindingUnknown { .. } => "binding_unknown",
             Self::LockBusy { .. } => "lock_busy",
             Self::NoLongerFits { .. } => "no_longer_fits",
             Self::OverQuota { .. } => "over_quota",
@@ -166,5 +186,11 @@ mod tests {
         }
         let source = kube::Error::LinesCodecMaxLineLengthExceeded;
         assert!(Error::METRIC_LABELS.contains(&Error::kube("x")(source).metric_label()));
+        let unknown = Error::BindingUnknown {
+            pod: "d/p".into(),
+            node: "n".into(),
+            source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        };
+        assert!(Error::METRIC_LABELS.contains(&unknown.metric_label()));
     }
 }

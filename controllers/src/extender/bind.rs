@@ -340,47 +340,53 @@ impl Binder {
         };
         let result = async {
             self.agent_ready(args).await?;
-            let created = create_allocation(&allocations, pod, spec).await?;
+            let created = create_allocation(&allocations, pod, spec, &args.node).await?;
             let confirmed = self
                 .confirm(
                     args,
                     devices,
                     placement,
-                    created.as_deref(),
+                    created.resource_version.as_deref(),
                     held.resource_version.as_deref(),
                 )
                 .await;
             if let Err(error) = confirmed {
-                let _ = allocations
-                    .delete(&args.pod_name, &DeleteParams::default())
-                    .await;
+                delete_created(&allocations, &args.pod_name, &created).await;
                 return Err(error);
             }
             let bound = async {
                 if !handoff.is_empty() {
                     super::handoff::hand_off(&self.client, pods, args, &handoff).await?;
                 }
-                post_binding(pods, args).await
+                bind_for_certain(pods, args).await
             };
-            if let Err(error) = bound.await {
-                if !handoff.is_empty() {
-                    super::handoff::take_back(&self.client, pods, args, &handoff).await;
+            match bound.await {
+                Ok(()) => Ok(()),
+                // Never guessed: the pod may be bound, so what it holds stays.
+                Err(error @ Error::BindingUnknown { .. }) => Err(error),
+                Err(error) => {
+                    if !handoff.is_empty() {
+                        super::handoff::take_back(&self.client, pods, args, &handoff).await;
+                    }
+                    delete_created(&allocations, &args.pod_name, &created).await;
+                    Err(error)
                 }
-                let _ = allocations
-                    .delete(&args.pod_name, &DeleteParams::default())
-                    .await;
-                return Err(error);
             }
-            Ok(())
         }
         .await;
         // The pod is bound. Its allocation reads `Bound` without a status
         // write: the CRD defaults `status` to `{phase: Bound}` (api/src/crds.rs).
-        if let Err(error) = result {
-            self.locker.release(&held).await;
-            return Err(error);
+        match result {
+            Ok(()) => Ok(()),
+            Err(error @ Error::BindingUnknown { .. }) => {
+                tracing::warn!(%error, pod = %args.pod_name, node = %args.node, "keeping the NodeLock and allocation of a pod that may be bound");
+                Err(error)
+            }
+            Err(error) => {
+                self.locker.release(&held).await;
+                Err(error)
+            }
         }
-        Ok(())
     }
 
     /// Whether the node's agent can serve the pod, asked after taking the
@@ -509,13 +515,43 @@ impl Binder {
 /// created before it asks the API server instead (see [`Binder::confirm`]).
 const CATCH_UP: Duration = Duration::from_secs(3);
 
+/// The allocation a Bind created (or found as its own): what its rollback
+/// may delete.
+struct Created {
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl Created {
+    fn of(allocation: &VgpuAllocation) -> Self {
+        Self {
+            uid: allocation.metadata.uid.clone(),
+            resource_version: allocation.metadata.resource_version.clone(),
+        }
+    }
+}
+
+/// Deletes the allocation this Bind created, and only it: an allocation of
+/// the same name written since (a later pod's) has another UID.
+async fn delete_created(api: &Api<VgpuAllocation>, name: &str, created: &Created) {
+    let params = DeleteParams::default().preconditions(Preconditions {
+        uid: created.uid.clone(),
+        resource_version: None,
+    });
+    if let Err(error) = api.delete(name, &params).await {
+        tracing::debug!(%error, allocation = name, "the allocation of a failed Bind is gone or replaced");
+    }
+}
+
 /// Creates the allocation (replacing one left by an earlier pod of the same
-/// name) and returns the resourceVersion it was created with.
+/// name, or by an earlier Bind of this pod to `node`, whose lock this Bind
+/// now holds) and returns what it created.
 async fn create_allocation(
     api: &Api<VgpuAllocation>,
     pod: &Pod,
     spec: VgpuAllocationSpec,
-) -> Result<Option<String>, Error> {
+    node: &str,
+) -> Result<Created, Error> {
     let name = spec.pod_name.clone();
     let owner = super::placed::owned_by_pod(&name, &spec.pod_uid);
     let mut allocation = VgpuAllocation::new(&name, spec);
@@ -526,7 +562,7 @@ async fn create_allocation(
         ..Default::default()
     };
     match api.create(&PostParams::default(), &allocation).await {
-        Ok(created) => return Ok(created.metadata.resource_version),
+        Ok(created) => return Ok(Created::of(&created)),
         Err(kube::Error::Api(status)) if status.is_already_exists() => {}
         Err(e) => return Err(Error::kube("creating the VgpuAllocation")(e)),
     }
@@ -535,12 +571,12 @@ async fn create_allocation(
         .await
         .map_err(Error::kube("reading the existing VgpuAllocation"))?;
     if existing.spec == allocation.spec {
-        return Ok(existing.metadata.resource_version); // our own earlier attempt
+        return Ok(Created::of(&existing)); // our own earlier attempt
     }
     // Slices held for this pod by its preemption are replaced by its own.
     if existing.spec.pod_uid == allocation.spec.pod_uid
         && existing.spec.nomination.is_none()
-        && !left_by_failed_bind(api, pod, &existing).await?
+        && !left_by_failed_bind(api, pod, &existing, node).await?
     {
         return Err(Error::Stale(format!(
             "pod {name} already has an allocation on node {}; retrying",
@@ -557,7 +593,7 @@ async fn create_allocation(
     let _ = api.delete(&name, &params).await;
     api.create(&PostParams::default(), &allocation)
         .await
-        .map(|created| created.metadata.resource_version)
+        .map(|created| Created::of(&created))
         .map_err(Error::kube("creating the VgpuAllocation"))
 }
 
@@ -566,12 +602,16 @@ async fn create_allocation(
 /// timed out on a loaded API server). Until then such a pod was stuck for
 /// good: every retry found the allocation and gave up (seen at 5,000 nodes).
 /// It is a leftover when the pod is still unbound (read fresh: a pod that
-/// is bound keeps its allocation) and no Bind of it holds the allocation's
-/// node (a slow Bind of it may still be under way there).
+/// is bound keeps its allocation) and no other Bind of it holds the
+/// allocation's node (a slow Bind of it may still be under way there). On
+/// `node`, the node this Bind holds the lock of, it is this pod's own from
+/// an earlier attempt whose binding had no known outcome (kept, never
+/// guessed: [`Error::BindingUnknown`]).
 async fn left_by_failed_bind(
     api: &Api<VgpuAllocation>,
     pod: &Pod,
     existing: &VgpuAllocation,
+    node: &str,
 ) -> Result<bool, Error> {
     let namespace = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
@@ -584,6 +624,10 @@ async fn left_by_failed_bind(
     });
     if !unbound {
         return Ok(false);
+    }
+    if existing.spec.node_name == node {
+        tracing::warn!(pod = %name, node, "replacing the allocation an earlier Bind of this pod left on this node");
+        return Ok(true);
     }
     let lock = Api::<NodeLock>::all(api.clone().into_client())
         .get_opt(&existing.spec.node_name)
@@ -598,6 +642,91 @@ async fn left_by_failed_bind(
         );
     }
     Ok(!held_for_it)
+}
+
+/// How many times Bind posts a binding whose outcome stays unknown.
+const BINDING_ATTEMPTS: u32 = 3;
+
+/// Binds the pod, and knows it did or did not (review 2026-12-01, H6): an
+/// error from the binding POST may come after the API server committed it
+/// (a 504 "request did not complete within the allotted timeout", a client
+/// timeout, a dropped connection). Then the pod is read back: bound to the
+/// node means bound; unbound after a definite refusal means not bound;
+/// otherwise the binding is posted again (a repeat of a committed binding
+/// is refused with a conflict, and the read-back then finds the pod bound).
+/// When no attempt tells, [`Error::BindingUnknown`].
+async fn bind_for_certain(pods: &Api<Pod>, args: &ExtenderBindingArgs) -> Result<(), Error> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let Err(error) = post_binding(pods, args).await else {
+            return Ok(());
+        };
+        let Error::Kube { source, .. } = error else {
+            return Err(error);
+        };
+        let definite = definite_refusal(&source);
+        match pods.get_opt(&args.pod_name).await {
+            Ok(read) => match binding_seen(read.as_ref(), args) {
+                Seen::Bound => {
+                    tracing::info!(pod = %args.pod_name, node = %args.node, error = %source, "the binding reported an error, but the pod is bound");
+                    return Ok(());
+                }
+                Seen::Elsewhere(why) => return Err(Error::Stale(why)),
+                Seen::Unbound if definite => {
+                    return Err(Error::kube("binding the pod")(source));
+                }
+                Seen::Unbound => {}
+            },
+            Err(read_error) => {
+                tracing::warn!(pod = %args.pod_name, error = %read_error, "could not read back a pod whose binding failed");
+            }
+        }
+        if attempt >= BINDING_ATTEMPTS {
+            return Err(Error::BindingUnknown {
+                pod: format!("{}/{}", args.pod_namespace, args.pod_name),
+                node: args.node.clone(),
+                source,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+    }
+}
+
+/// What reading a pod back after a failed binding says.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// Bound to the node Bind asked for.
+    Bound,
+    /// Not bound (yet).
+    Unbound,
+    /// Gone, replaced, or bound elsewhere: this Bind is over, whatever
+    /// its binding did.
+    Elsewhere(String),
+}
+
+fn binding_seen(pod: Option<&Pod>, args: &ExtenderBindingArgs) -> Seen {
+    let name = format!("{}/{}", args.pod_namespace, args.pod_name);
+    let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(args.pod_uid.as_str())) else {
+        return Seen::Elsewhere(format!("pod {name} was deleted or replaced while binding"));
+    };
+    match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        None => Seen::Unbound,
+        Some(node) if node == args.node => Seen::Bound,
+        Some(other) => Seen::Elsewhere(format!("pod {name} is bound to node {other}")),
+    }
+}
+
+/// Whether the API server refused the binding and so did not commit it: a
+/// 4xx other than a timeout or throttling. A 5xx (504 after the timeout, 500,
+/// 503), a transport error or a client timeout may come after the commit.
+fn definite_refusal(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => {
+            (400..500).contains(&status.code) && !matches!(status.code, 408 | 429)
+        }
+        _ => false,
+    }
 }
 
 async fn post_binding(pods: &Api<Pod>, args: &ExtenderBindingArgs) -> Result<(), Error> {
@@ -631,7 +760,59 @@ fn serves_versions_from_cache(major: &str, minor: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::serves_versions_from_cache;
+    use super::{Seen, binding_seen, definite_refusal, serves_versions_from_cache};
+    use crate::extender::wire::ExtenderBindingArgs;
+
+    fn status(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("m", "r")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn only_a_4xx_refusal_says_a_binding_was_not_made() {
+        for code in [400, 403, 404, 409, 422] {
+            assert!(definite_refusal(&status(code)), "{code}");
+        }
+        for code in [408, 429, 500, 503, 504] {
+            assert!(!definite_refusal(&status(code)), "{code}");
+        }
+        assert!(!definite_refusal(
+            &kube::Error::LinesCodecMaxLineLengthExceeded
+        ));
+    }
+
+    #[test]
+    fn a_pod_read_back_says_bound_only_on_the_node_with_its_uid() {
+        let args = ExtenderBindingArgs {
+            pod_name: "p".into(),
+            pod_namespace: "d".into(),
+            pod_uid: "u1".into(),
+            node: "n1".into(),
+        };
+        let pod = |uid: &str, node: Option<&str>| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "d", "uid": uid},
+                "spec": {"nodeName": node, "containers": []}}))
+            .unwrap()
+        };
+        assert_eq!(
+            binding_seen(Some(&pod("u1", Some("n1"))), &args),
+            Seen::Bound
+        );
+        assert_eq!(binding_seen(Some(&pod("u1", None)), &args), Seen::Unbound);
+        assert!(matches!(
+            binding_seen(Some(&pod("u1", Some("n2"))), &args),
+            Seen::Elsewhere(_)
+        ));
+        assert!(matches!(
+            binding_seen(Some(&pod("u2", Some("n1"))), &args),
+            Seen::Elsewhere(_)
+        ));
+        assert!(matches!(binding_seen(None, &args), Seen::Elsewhere(_)));
+    }
 
     #[test]
     fn only_1_31_and_later_serve_lists_as_of_a_version_from_cache() {

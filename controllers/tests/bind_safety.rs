@@ -1,0 +1,302 @@
+//! What no tenant annotation and no lost answer may do to a node's lock,
+//! against a real API server with Tessera's lifecycle controllers running
+//! (review 2026-12-01): a pod carrying `hami.io/bind-phase: success` keeps
+//! its NodeLock until it is served (H1), and a binding whose answer is lost
+//! after the API server committed it is never rolled back (H6). The pods'
+//! node selector matches no node, so the real kube-scheduler leaves them to
+//! the Binder these tests drive; no kubelet serves them, so a lock stays held
+//! until the test ends.
+
+use tessera_testkit::cluster as support;
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    client::ClientBuilder,
+};
+use serde_json::json;
+use support::Cluster;
+use tessera_api::v1alpha1::{NodeLock, VgpuAllocation};
+use tessera_controllers::{
+    Error,
+    config::Config,
+    extender::{Binder, wire::ExtenderBindingArgs},
+    metrics::Metrics,
+};
+use tessera_e2e::ControlPlane;
+
+const NODE: &str = "safe-1";
+
+/// What the fault layer does to the next binding POSTs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// Sends each to the API server, then drops its answer (a client
+    /// timeout, or a connection lost, after the server committed it).
+    DropAnswer,
+    /// Fails each before it is sent (the server never sees it).
+    DropRequest,
+}
+
+/// Injects `fault` into the next `left` binding POSTs.
+#[derive(Clone)]
+struct Faults {
+    fault: Fault,
+    left: Arc<AtomicUsize>,
+}
+
+impl Faults {
+    fn new(fault: Fault, left: usize) -> Self {
+        Self {
+            fault,
+            left: Arc::new(AtomicUsize::new(left)),
+        }
+    }
+
+    fn take(&self, request: &http::Request<kube::client::Body>) -> Option<Fault> {
+        let binding =
+            request.method() == http::Method::POST && request.uri().path().ends_with("/binding");
+        let taken = binding
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        taken.then_some(self.fault)
+    }
+}
+
+impl<S> tower::Layer<S> for Faults {
+    type Service = FaultService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FaultService {
+            inner,
+            faults: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct FaultService<S> {
+    inner: S,
+    faults: Faults,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, B> tower::Service<http::Request<kube::client::Body>> for FaultService<S>
+where
+    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<B>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let fault = self.faults.take(&request);
+        if fault == Some(Fault::DropRequest) {
+            return Box::pin(async {
+                Err("injected: the connection broke before the binding was sent".into())
+            });
+        }
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answer = answer.await.map_err(Into::into)?;
+            if fault == Some(Fault::DropAnswer) {
+                return Err("injected: the binding's answer was lost after it was sent".into());
+            }
+            Ok(answer)
+        })
+    }
+}
+
+/// A cluster with one 2-GPU node and a Binder writing through `faults`.
+async fn setup(faults: Faults) -> (Cluster, Binder) {
+    let config = Config {
+        node_lock_wait_millis: 3_000,
+        ..Config::default()
+    };
+    let cluster = Cluster::start(config.clone()).await;
+    cluster
+        .add_gpu_node(NODE, "NVIDIA A100-SXM4-80GB", 2, 81920)
+        .await;
+    let binder = Binder::new(
+        faulty_client(&cluster.plane, faults).await,
+        cluster.projection.clone(),
+        Arc::new(config),
+        Metrics::new(cluster.projection.clone(), Default::default())
+            .extender
+            .clone(),
+    );
+    (cluster, binder)
+}
+
+async fn faulty_client(plane: &ControlPlane, faults: Faults) -> Client {
+    let config = plane.client_config().await.unwrap();
+    ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&faults)
+        .build()
+}
+
+/// A GPU pod of `mib` MiB the scheduler cannot place; its binding arguments.
+async fn pod(cluster: &Cluster, name: &str, mib: u64) -> ExtenderBindingArgs {
+    let pod = cluster
+        .create_raw_pod(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": "tessera-scheduler",
+                "nodeSelector": {"tessera.dev/test": "bound-by-hand"},
+                "containers": [{"name": "main", "image": "example.invalid/cuda",
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string()}}}],
+            },
+        }))
+        .await
+        .unwrap();
+    ExtenderBindingArgs {
+        pod_name: name.into(),
+        pod_namespace: "default".into(),
+        pod_uid: pod.uid().unwrap(),
+        node: NODE.into(),
+    }
+}
+
+async fn lock_holder(cluster: &Cluster) -> Option<String> {
+    Api::<NodeLock>::all(cluster.client.clone())
+        .get_opt(NODE)
+        .await
+        .unwrap()
+        .map(|l| l.spec.holder.name)
+}
+
+async fn allocation_of(cluster: &Cluster, name: &str) -> Option<VgpuAllocation> {
+    Api::<VgpuAllocation>::namespaced(cluster.client.clone(), "default")
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+async fn node_of(cluster: &Cluster, name: &str) -> Option<String> {
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client.clone(), "default")
+        .get(name)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.node_name)
+}
+
+/// H1: the webhook refuses a GPU pod created with the annotation, and a pod
+/// that carries it all the same (here: written by an administrator after
+/// creation, past the webhook) keeps its node's lock until it is served:
+/// before the fix, the lifecycle controller and a waiting Bind's holder
+/// check took `success` for "served by a vendor plugin" and freed the lock
+/// before Allocate, and the next pod's lock was then served to it.
+#[tokio::test]
+async fn a_pod_saying_bind_phase_success_keeps_its_lock_until_served() {
+    let (cluster, binder) = setup(Faults::new(Fault::DropAnswer, 0)).await;
+    let refused = cluster
+        .create_raw_pod(json!({
+            "metadata": {"name": "claims-served", "annotations": {"hami.io/bind-phase": "success"}},
+            "spec": {"containers": [{"name": "main", "image": "example.invalid/cuda",
+                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}}]},
+        }))
+        .await
+        .expect_err("the webhook refuses a GPU pod created with hami.io/bind-phase");
+    assert!(
+        refused
+            .to_string()
+            .contains("metadata.annotations[\"hami.io/bind-phase\"]"),
+        "{refused}"
+    );
+
+    let first = pod(&cluster, "first", 1000).await;
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client.clone(), "default")
+        .patch(
+            "first",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"hami.io/bind-phase": "success"}}})),
+        )
+        .await
+        .unwrap();
+    binder.bind(&first, None).await.expect("first binds");
+    assert_eq!(node_of(&cluster, "first").await.as_deref(), Some(NODE));
+    // The lifecycle controller has seen the lock, the allocation and the
+    // bound pod well within this; a waiting Bind checks the holder every 2 s.
+    let second = pod(&cluster, "second", 30000).await;
+    let waited = binder.bind(&second, None).await;
+    assert!(
+        matches!(waited, Err(Error::LockBusy { .. })),
+        "the second pod must wait for the first's Allocate, got {waited:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(lock_holder(&cluster).await.as_deref(), Some("first"));
+    assert_eq!(node_of(&cluster, "second").await, None);
+}
+
+/// H6: the binding is committed but its answer is lost. Bind reads the pod
+/// back, finds it bound and keeps its allocation and lock (before the fix it
+/// deleted both, and the next pod's lock then served this pod).
+#[tokio::test]
+async fn a_binding_whose_answer_is_lost_is_kept_when_the_pod_is_bound() {
+    let (cluster, binder) = setup(Faults::new(Fault::DropAnswer, 1)).await;
+    let first = pod(&cluster, "first", 1000).await;
+    binder
+        .bind(&first, None)
+        .await
+        .expect("the pod is bound although the binding's answer was lost");
+    assert_eq!(node_of(&cluster, "first").await.as_deref(), Some(NODE));
+    let allocation = allocation_of(&cluster, "first")
+        .await
+        .expect("allocation kept");
+    assert_eq!(allocation.spec.pod_uid, first.pod_uid);
+    assert_eq!(lock_holder(&cluster).await.as_deref(), Some("first"));
+    let second = pod(&cluster, "second", 1000).await;
+    assert!(matches!(
+        binder.bind(&second, None).await,
+        Err(Error::LockBusy { .. })
+    ));
+}
+
+/// H6: no binding reaches the API server and nothing says so for certain.
+/// Bind keeps the allocation and the lock (the pod might be bound) and says
+/// the outcome is unknown; kube-scheduler's retry then binds the pod on the
+/// same node, reusing or replacing what the first try left.
+#[tokio::test]
+async fn a_binding_with_no_known_outcome_keeps_everything_and_a_retry_binds() {
+    let (cluster, binder) = setup(Faults::new(Fault::DropRequest, 3)).await;
+    let first = pod(&cluster, "first", 1000).await;
+    let unknown = binder.bind(&first, None).await;
+    assert!(
+        matches!(unknown, Err(Error::BindingUnknown { .. })),
+        "{unknown:?}"
+    );
+    assert_eq!(node_of(&cluster, "first").await, None);
+    assert!(allocation_of(&cluster, "first").await.is_some());
+    assert_eq!(lock_holder(&cluster).await.as_deref(), Some("first"));
+    let second = pod(&cluster, "second", 1000).await;
+    assert!(matches!(
+        binder.bind(&second, None).await,
+        Err(Error::LockBusy { .. })
+    ));
+    binder.bind(&first, None).await.expect("the retry binds");
+    assert_eq!(node_of(&cluster, "first").await.as_deref(), Some(NODE));
+    let allocation = allocation_of(&cluster, "first").await.unwrap();
+    assert_eq!(allocation.spec.pod_uid, first.pod_uid);
+    assert_eq!(lock_holder(&cluster).await.as_deref(), Some("first"));
+}
