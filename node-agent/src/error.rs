@@ -150,6 +150,20 @@ pub enum AllocateError {
         /// The containers served.
         served: String,
     },
+    /// The agent's record of the containers it answered was unusable when
+    /// it started, and the lock's holder has several containers waiting:
+    /// which of them an earlier agent answered is unknown.
+    #[error(
+        "NodeLock holder {holder} has {waiting} containers waiting for devices, and this agent cannot tell which of them it answered before it restarted (its record of answered containers was unusable: {why}); refusing rather than handing one container another's slice. Delete the pod so it is scheduled again"
+    )]
+    ServedUnknown {
+        /// `namespace/name (UID uid)` of the lock's holder.
+        holder: String,
+        /// Its containers with devices not recorded as served.
+        waiting: usize,
+        /// Why the record was unusable.
+        why: String,
+    },
     /// The kubelet asks for a different number of devices than the allocation holds.
     #[error(
         "pod {pod} container {container}: the kubelet asks for {requested} device(s) but the allocation holds {allocated}"

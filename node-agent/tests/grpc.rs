@@ -69,6 +69,7 @@ async fn run_plugin(
                     dir.join("mps"),
                 )),
             },
+            plugin::served::Served::open(dir).unwrap().0,
         ),
         state,
     ));

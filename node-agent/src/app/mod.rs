@@ -233,7 +233,24 @@ pub async fn run(args: Args, defaults: NodeSettings, client: kube::Client) -> Re
         )),
         mps,
     };
-    let service = Service::new(view, plugin_offers, paths, args.device_list(), modes);
+    let (served, found) = plugin::served::Served::open(&args.state_dir)?;
+    let served_file = served.path().display().to_string();
+    match &found {
+        plugin::served::Found::Unusable(why) => tracing::error!(
+            file = %served_file,
+            error = %why,
+            "the record of answered containers is unusable: Allocate refuses pods locked before this start with several containers waiting, rather than guess which were answered"
+        ),
+        found => tracing::info!(file = %served_file, ?found, "the record of answered containers"),
+    }
+    let service = Service::new(
+        view,
+        plugin_offers,
+        paths,
+        args.device_list(),
+        modes,
+        served,
+    );
     let stopping = plugin_state.clone();
     // The plugin keeps serving while the node drains.
     let mut plugin = tokio::spawn(plugin::run(endpoint, service, plugin_state));

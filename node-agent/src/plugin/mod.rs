@@ -5,6 +5,7 @@ mod allocate;
 mod device_list;
 mod ids;
 pub mod modes;
+pub mod served;
 mod server;
 mod service;
 pub mod static_mig;

@@ -1,6 +1,6 @@
 //! The DevicePlugin gRPC service the kubelet calls.
 
-use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
@@ -20,6 +20,7 @@ use super::{
     allocate::{Grant, answer, grant, preferred},
     device_list::DeviceList,
     ids::device_list,
+    served::Served,
     server::{DeviceStream, Plugin, device_stream},
 };
 use crate::contract::HostPaths;
@@ -36,9 +37,11 @@ pub struct Service {
     modes: Modes,
     /// Allocate calls are served one at a time.
     serving: Arc<Mutex<()>>,
-    /// Containers this agent recorded as served, by pod UID: the allocation
-    /// may come from a watch that has not yet seen the write.
-    recorded: Arc<std::sync::Mutex<HashMap<String, Vec<String>>>>,
+    /// Containers answered, by pod UID, on disk before each answer: the
+    /// allocation may come from a watch that has not yet seen the status
+    /// write, and an agent restarted before that write must not answer the
+    /// same container again for the pod's next one.
+    served: Served,
 }
 
 /// How long an Allocate waits for the previous one's writes.
@@ -64,13 +67,16 @@ impl Plugin for Service {
 
 impl Service {
     /// A service for the node `view` watches, offering `offers`, passing
-    /// devices to the container runtime as `list` says.
+    /// devices to the container runtime as `list` says, keeping the
+    /// containers it answers in `served` ([`Served::open`] in the agent's
+    /// state directory).
     pub fn new(
         view: NodeView,
         offers: watch::Receiver<Offer>,
         paths: HostPaths,
         list: DeviceList,
         modes: Modes,
+        served: Served,
     ) -> Self {
         Self {
             view,
@@ -79,7 +85,7 @@ impl Service {
             list,
             modes,
             serving: Arc::default(),
-            recorded: Arc::default(),
+            served,
         }
     }
 
@@ -122,6 +128,8 @@ impl Service {
         let (Some(lock), Some(allocation)) = (lock, allocation) else {
             return Err(crate::error::AllocateError::NoLock { node: node.into() }.into());
         };
+        let answered_here = !self.served.of(&allocation.spec.pod_uid).is_empty();
+        super::served::known(&lock, &allocation, answered_here, self.served.uncertain())?;
         if !grant.mismatched.is_empty() {
             tracing::warn!(pod = %grant.allocation, chosen = ?grant.mismatched, "the kubelet chose other GPUs than preferred; the allocation's GPUs are used");
         }
@@ -154,29 +162,38 @@ impl Service {
         ))
     }
 
-    /// Adds the containers this agent recorded to the allocation's served list.
+    /// Adds the containers this agent answered to the allocation's served list.
     fn overlay(&self, allocation: &mut VgpuAllocation) {
-        let recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(ours) = recorded.get(&allocation.spec.pod_uid) else {
+        let ours = self.served.of(&allocation.spec.pod_uid);
+        if ours.is_empty() {
             return;
-        };
+        }
         let status = allocation.status.get_or_insert_with(Default::default);
         for container in ours {
-            if !status.served_containers.contains(container) {
-                status.served_containers.push(container.clone());
+            if !status.served_containers.contains(&container) {
+                status.served_containers.push(container);
             }
         }
     }
 
-    /// Notes the container as served in memory at once: whatever happens to
-    /// the writes, the pod's next Allocate serves its next container.
-    fn remember(&self, followup: &Followup) {
-        self.recorded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(followup.allocation.spec.pod_uid.clone())
-            .or_default()
-            .push(followup.grant.container.clone());
+    /// Notes the container as answered, on disk, before the kubelet gets the
+    /// answer: whatever happens to the status write, and across a restart of
+    /// the agent, the pod's next Allocate serves its next container. Whether
+    /// it was written: if not, the status must be written before answering.
+    async fn remember(&self, followup: &Followup) -> bool {
+        let served = self.served.clone();
+        let uid = followup.allocation.spec.pod_uid.clone();
+        let container = followup.grant.container.clone();
+        let kept = tokio::task::spawn_blocking(move || served.add(&uid, &container))
+            .await
+            .unwrap_or_else(|e| Err(Error::Serving(format!("the task keeping it stopped: {e}"))));
+        match kept {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::error!(%error, pod = %followup.grant.allocation, container = %followup.grant.container, "could not keep the answered container on disk; recording it in the allocation before answering");
+                false
+            }
+        }
     }
 
     /// Records the container as served; after the pod's last one the
@@ -238,10 +255,7 @@ impl Service {
                 Ok(()) => {
                     if followup.grant.last {
                         // Fully served: the watch's Allocated phase says it from now on.
-                        self.recorded
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(holder);
+                        self.served.forget(holder);
                     }
                     return;
                 }
@@ -406,8 +420,8 @@ impl DevicePlugin for Service {
                 tracing::warn!(%error, "Allocate refused");
                 status(&error)
             })?;
-            self.remember(&followup);
-            if i + 1 < count {
+            let kept = self.remember(&followup).await;
+            if i + 1 < count || (!kept && !followup.grant.last) {
                 self.finish(&followup).await;
             } else {
                 // The kubelet gets its answer now; the writes follow at once,
