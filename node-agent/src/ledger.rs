@@ -2,6 +2,12 @@
 //! VgpuAllocation the agent writes itself (the mirror of a prepared DRA
 //! claim, or of a pod holding static MIG instances), created or replaced and
 //! marked Allocated, so `kubectl get vgpuallocations` shows every holder.
+//!
+//! Only an allocation the agent wrote is ever replaced. One the scheduler's
+//! Bind wrote (the same pod may hold a vendor slice and a static MIG
+//! instance on a mixed node) holds slices and a quota charge the agent does
+//! not know of: deleting it would free them while the pod runs. It is kept,
+//! and the agent's record is not written ([`Recorded::Kept`]).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
@@ -9,7 +15,8 @@ use kube::{
     api::{DeleteParams, PostParams, Preconditions},
 };
 use tessera_api::v1alpha1::{
-    AllocationPhase, ServedMigInstance, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
+    AllocationPhase, DeviceFamily, ServedMigInstance, VgpuAllocation, VgpuAllocationSpec,
+    VgpuAllocationStatus,
 };
 
 use crate::Error;
@@ -24,17 +31,69 @@ fn same_holder(a: &VgpuAllocationSpec, b: &VgpuAllocationSpec) -> bool {
     untraced(a) == untraced(b)
 }
 
+/// Whether `allocation` is one the agent may have written (a DRA mirror or
+/// a static MIG holder's record): none of what only the scheduler's Bind
+/// writes, which are a GPU or node policy, a pod priority, a quota charge,
+/// a preemption nomination, or a slice of another vendor's device.
+pub fn agent_written(allocation: &VgpuAllocation) -> bool {
+    let spec = &allocation.spec;
+    let vendor = spec
+        .containers
+        .iter()
+        .flat_map(|c| &c.devices)
+        .any(|slice| slice.family != DeviceFamily::Nvidia);
+    spec.gpu_policy.is_none()
+        && spec.node_policy.is_none()
+        && spec.priority.is_none()
+        && spec.quota.is_empty()
+        && spec.nomination.is_none()
+        && !vendor
+}
+
+/// What [`record`] does with `found`, the allocation of its record's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// It is the record (an earlier pass wrote it).
+    Same,
+    /// An earlier holder's record, written by the agent: replaced.
+    Earlier,
+    /// The scheduler wrote it: kept, and the record is not written.
+    Scheduler,
+}
+
+/// What [`record`] does with `found` when it writes `record` of the same name.
+pub fn existing(found: &VgpuAllocation, record: &VgpuAllocation) -> Existing {
+    if same_holder(&found.spec, &record.spec) {
+        Existing::Same
+    } else if agent_written(found) {
+        Existing::Earlier
+    } else {
+        Existing::Scheduler
+    }
+}
+
+/// What [`record`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// The record is in the ledger, Allocated.
+    Written,
+    /// An allocation the scheduler wrote has the name: it was kept and the
+    /// record not written.
+    Kept,
+}
+
 /// Creates `record` (or finds it from an earlier pass with the same spec)
 /// and marks it Allocated, saying `why`, with the MIG instances it holds.
-/// One of the same name with another spec is left from an earlier holder
-/// (an earlier allocation of the claim, an earlier pod of the name): it is
-/// replaced.
+/// One of the same name with another spec that the agent wrote is left from
+/// an earlier holder (an earlier allocation of the claim, an earlier pod of
+/// the name): it is replaced. One the scheduler wrote is never deleted
+/// ([`Recorded::Kept`], with a warning).
 pub async fn record(
     client: &Client,
     record: VgpuAllocation,
     why: &str,
     mig_instances: Vec<ServedMigInstance>,
-) -> Result<(), Error> {
+) -> Result<Recorded, Error> {
     let namespace = record.metadata.namespace.clone().unwrap_or_default();
     let name = record.metadata.name.clone().unwrap_or_default();
     let api = Api::<VgpuAllocation>::namespaced(client.clone(), &namespace);
@@ -52,8 +111,18 @@ pub async fn record(
         else {
             continue;
         };
-        if same_holder(&found.spec, &record.spec) {
-            break found;
+        match existing(&found, &record) {
+            Existing::Same => break found,
+            Existing::Scheduler => {
+                tracing::warn!(
+                    namespace,
+                    allocation = name,
+                    pod_uid = %found.spec.pod_uid,
+                    "an allocation the scheduler wrote has this name: it is kept, and what the agent served is not recorded in the ledger"
+                );
+                return Ok(Recorded::Kept);
+            }
+            Existing::Earlier => {}
         }
         tracing::info!(
             namespace,
@@ -71,7 +140,7 @@ pub async fn record(
         }
     };
     if current.status.as_ref().and_then(|s| s.phase) == Some(AllocationPhase::Allocated) {
-        return Ok(());
+        return Ok(Recorded::Written);
     }
     let status = VgpuAllocationStatus {
         phase: Some(AllocationPhase::Allocated),
@@ -90,5 +159,8 @@ pub async fn record(
         .apply_at(&api, &name, None, &status)
         .await
         .map_err(Error::kube(context("marking Allocated")))?;
-    Ok(())
+    Ok(Recorded::Written)
 }
+
+#[cfg(test)]
+mod tests;

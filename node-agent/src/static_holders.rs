@@ -175,22 +175,45 @@ pub fn record_of(hold: &Hold, pod_uid: &str, node: &str) -> VgpuAllocation {
 
 /// The holds not yet in the ledger: those whose pod has no allocation of
 /// its name with these containers (in any phase: a finished pod the kubelet
-/// still lists keeps its released record).
+/// still lists keeps its released record). `ledger` is every allocation of
+/// the node, of any device family: a pod's name held by an allocation the
+/// scheduler wrote (a vendor slice beside the static instance, on a mixed
+/// node) is never recorded over ([`scheduler_held`]).
 pub fn unrecorded(holds: Vec<Hold>, ledger: &[VgpuAllocation]) -> Vec<Hold> {
-    let recorded: BTreeMap<(String, String), &[ContainerAllocation]> = ledger
-        .iter()
-        .map(|a| {
-            (
-                (a.namespace().unwrap_or_default(), a.name_any()),
-                a.spec.containers.as_slice(),
-            )
-        })
-        .collect();
+    let recorded = by_name(ledger);
     holds
         .into_iter()
+        .filter(
+            |h| match recorded.get(&(h.namespace.clone(), h.pod.clone())) {
+                Some(found) => {
+                    found.spec.containers != h.containers && crate::ledger::agent_written(found)
+                }
+                None => true,
+            },
+        )
+        .collect()
+}
+
+/// The holds whose pod's name is held by an allocation the scheduler wrote
+/// (see [`crate::ledger::agent_written`]): not recorded, since the ledger
+/// must not lose that allocation's slices and quota charge.
+pub fn scheduler_held<'a>(holds: &'a [Hold], ledger: &[VgpuAllocation]) -> Vec<&'a Hold> {
+    let recorded = by_name(ledger);
+    holds
+        .iter()
         .filter(|h| {
-            recorded.get(&(h.namespace.clone(), h.pod.clone())) != Some(&h.containers.as_slice())
+            recorded
+                .get(&(h.namespace.clone(), h.pod.clone()))
+                .is_some_and(|found| !crate::ledger::agent_written(found))
         })
+        .collect()
+}
+
+/// The allocations by `(namespace, name)`.
+fn by_name(ledger: &[VgpuAllocation]) -> BTreeMap<(String, String), &VgpuAllocation> {
+    ledger
+        .iter()
+        .map(|a| ((a.namespace().unwrap_or_default(), a.name_any()), a))
         .collect()
 }
 
@@ -200,13 +223,14 @@ pub async fn keep(view: NodeView, offers: watch::Receiver<Offer>, socket: PathBu
     let mut ticks = tokio::time::interval(PASS);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_error = None;
+    let mut warned = std::collections::BTreeSet::new();
     loop {
         ticks.tick().await;
         let offer = offers.borrow().clone();
         if static_gpus(&offer).all(|gpu| gpu.mig_instances.is_empty()) {
             continue;
         }
-        let error = pass(&view, &offer, &socket)
+        let error = pass(&view, &offer, &socket, &mut warned)
             .await
             .err()
             .map(|e| e.to_string());
@@ -217,10 +241,28 @@ pub async fn keep(view: NodeView, offers: watch::Receiver<Offer>, socket: PathBu
     }
 }
 
-/// One pass: list, and record every hold not yet recorded.
-async fn pass(view: &NodeView, offer: &Offer, socket: &std::path::Path) -> Result<(), Error> {
+/// One pass: list, and record every hold not yet recorded; warn once per
+/// pod (`warned`) whose name the scheduler's allocation holds.
+async fn pass(
+    view: &NodeView,
+    offer: &Offer,
+    socket: &std::path::Path,
+    warned: &mut std::collections::BTreeSet<(String, String)>,
+) -> Result<(), Error> {
     let listed = list(socket).await?;
-    for hold in unrecorded(holds(offer, &listed), &view.allocations()) {
+    let ledger = view.node_allocations();
+    let found = holds(offer, &listed);
+    for hold in scheduler_held(&found, &ledger) {
+        if warned.insert((hold.namespace.clone(), hold.pod.clone())) {
+            tracing::warn!(namespace = %hold.namespace, pod = %hold.pod, instances = hold.served.len(), "the pod holds static MIG instances and an allocation the scheduler wrote: that allocation is kept, and the instances are not recorded in the ledger");
+        }
+    }
+    warned.retain(|(namespace, pod)| {
+        found
+            .iter()
+            .any(|h| &h.namespace == namespace && &h.pod == pod)
+    });
+    for hold in unrecorded(found, &ledger) {
         let pods = Api::<Pod>::namespaced(view.client().clone(), &hold.namespace);
         let pod = pods.get_opt(&hold.pod).await.map_err(Error::kube(format!(
             "reading pod {}/{}",
@@ -230,13 +272,16 @@ async fn pass(view: &NodeView, offer: &Offer, socket: &std::path::Path) -> Resul
             continue; // gone meanwhile: the kubelet will drop it too
         };
         let record = record_of(&hold, &uid, view.node());
-        crate::ledger::record(
+        let recorded = crate::ledger::record(
             view.client(),
             record,
             "the kubelet allocated the pod's static MIG instances",
             hold.served.clone(),
         )
         .await?;
+        if recorded == crate::ledger::Recorded::Kept {
+            continue; // warned by the ledger
+        }
         tracing::info!(namespace = %hold.namespace, pod = %hold.pod, instances = hold.served.len(), "recorded the holder of static MIG instances");
     }
     Ok(())

@@ -109,6 +109,19 @@ impl NodeView {
             .collect()
     }
 
+    /// Every VgpuAllocation of this node, of any device family, as last seen:
+    /// for decisions about the ledger itself (which allocation holds a
+    /// pod's name), where another vendor's allocation counts as much as one
+    /// of the agent's GPUs.
+    pub fn node_allocations(&self) -> Vec<VgpuAllocation> {
+        self.allocations
+            .state()
+            .iter()
+            .filter(|a| a.spec.node_name == self.node)
+            .map(|a| (**a).clone())
+            .collect()
+    }
+
     /// A receiver that wakes when the node, any config or any of the node's
     /// allocations changes.
     pub fn changes(&self) -> watch::Receiver<u64> {

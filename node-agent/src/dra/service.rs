@@ -140,15 +140,24 @@ impl DraService {
     /// Records the mirror in the ledger, Allocated ([`crate::ledger::record`]).
     /// A mirror left from an earlier allocation of the claim (a standalone
     /// claim is deallocated when no pod reserves it, and may be allocated
-    /// again elsewhere or to other GPUs) is replaced.
+    /// again elsewhere or to other GPUs) is replaced; an allocation of the
+    /// mirror's name that the scheduler wrote is not, and the claim is then
+    /// not prepared (its slices would be in no ledger).
     async fn record(&self, mirror: VgpuAllocation) -> Result<(), Error> {
-        crate::ledger::record(
+        let name = mirror.metadata.name.clone().unwrap_or_default();
+        let recorded = crate::ledger::record(
             self.view.client(),
             mirror,
             "the node agent prepared the claim",
             Vec::new(),
         )
-        .await
+        .await?;
+        match recorded {
+            crate::ledger::Recorded::Written => Ok(()),
+            crate::ledger::Recorded::Kept => Err(Error::Dra(format!(
+                "the claim's mirror VgpuAllocation {name} cannot be written: an allocation the scheduler wrote has that name"
+            ))),
+        }
     }
 
     /// Removes the claim's CDI spec and marks its mirror Released, saying `why`.

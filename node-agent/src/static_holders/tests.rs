@@ -186,3 +186,43 @@ fn a_hold_already_in_the_ledger_in_any_phase_is_not_recorded_again() {
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].pod, "b");
 }
+
+/// A mixed node (static MIG and a vendor plugin): a pod holding a static
+/// instance and a Hygon DCU slice Bind wrote under the pod's name.
+#[test]
+fn a_hold_never_replaces_the_allocation_the_scheduler_wrote_for_the_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let offer = node(dir.path(), MigStrategy::Mixed);
+    let instances = gpu0(&offer);
+    let listed = [pod(
+        "ml",
+        "mixed",
+        vec![container(
+            "main",
+            &[("nvidia.com/mig-3g.20gb", &[&instances[0].uuid])],
+        )],
+    )];
+    let found = holds(&offer, &listed);
+    assert_eq!(found.len(), 1);
+    let mut dcu = tessera_api::testing::slice("DCU-0", 0, 4096, 25);
+    dcu.family = tessera_api::v1alpha1::DeviceFamily::Hygon;
+    let bound = tessera_api::testing::allocation("mixed", "uid-m", "n1")
+        .namespace("ml")
+        .container(tessera_api::testing::container("main", vec![dcu]))
+        .build();
+    // What the agent's pass sees: every allocation of the node.
+    assert!(
+        unrecorded(found.clone(), std::slice::from_ref(&bound)).is_empty(),
+        "nothing to record over the scheduler's allocation"
+    );
+    assert_eq!(
+        scheduler_held(&found, std::slice::from_ref(&bound)).len(),
+        1
+    );
+    // And were it asked, the ledger keeps it rather than deleting it.
+    let record = record_of(&found[0], "uid-m", "n1");
+    assert_eq!(
+        crate::ledger::existing(&bound, &record),
+        crate::ledger::Existing::Scheduler
+    );
+}
