@@ -24,8 +24,8 @@ use tessera_api::{
     names::annotations as keys,
     node_config::{glob_matches, resolve},
     request::{
-        ContainerKind, ContainerRequest, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB, MemoryRequest,
-        RequestConfig, parse_pod,
+        ContainerKind, ContainerRequest, MAX_GPUS_PER_CONTAINER, MAX_LIST_BYTES, MAX_LIST_ENTRIES,
+        MAX_LIST_ENTRY_BYTES, MAX_MEMORY_MIB, MemoryRequest, RequestConfig, parse_pod,
     },
     v1alpha1::{GpuNodeConfig, NodeSettings, OperatingMode, SchedulingPolicy},
 };
@@ -409,11 +409,134 @@ fn bad_annotations(a: &BTreeMap<String, String>) -> Vec<&'static str> {
             .map(str::to_owned)
             .collect()
     };
-    let (uses, nouses) = (list(keys::USE_GPU_UUID), list(keys::NOUSE_GPU_UUID));
-    if uses.iter().any(|u| nouses.contains(u)) {
+    // A list over the bounds is refused and reads as empty.
+    let over = |k: &str| {
+        get(k).is_some_and(|v| {
+            let entries = list(k);
+            v.len() > MAX_LIST_BYTES
+                || entries.len() > MAX_LIST_ENTRIES
+                || entries.iter().any(|e| e.len() > MAX_LIST_ENTRY_BYTES)
+        })
+    };
+    let mut lists = Vec::new();
+    for key in [
+        keys::USE_GPU_TYPE,
+        keys::NOUSE_GPU_TYPE,
+        keys::USE_GPU_UUID,
+        keys::NOUSE_GPU_UUID,
+    ] {
+        if over(key) {
+            bad.push(key);
+            lists.push(Vec::new());
+        } else {
+            lists.push(list(key));
+        }
+    }
+    let (uses, nouses) = (&lists[2], &lists[3]);
+    if uses.iter().any(|u| nouses.contains(u)) && !bad.contains(&keys::USE_GPU_UUID) {
         bad.push(keys::USE_GPU_UUID);
     }
     bad
+}
+
+/// A list annotation of `entries` (each written with blanks around it,
+/// blank entries between), and its key.
+fn list_annotation() -> impl Strategy<Value = (&'static str, Vec<String>, String)> {
+    let entry = prop_oneof![
+        4 => "[A-Za-z0-9-]{1,20}",
+        1 => "[A-Za-z0-9-]{120,140}",
+    ];
+    (
+        proptest::sample::select(vec![
+            keys::USE_GPU_TYPE,
+            keys::NOUSE_GPU_TYPE,
+            keys::USE_GPU_UUID,
+            keys::NOUSE_GPU_UUID,
+        ]),
+        proptest::collection::vec((entry, " {0,2}", ",{1,2}"), 0..=MAX_LIST_ENTRIES + 8),
+        0usize..9000,
+    )
+        .prop_map(|(key, parts, padding)| {
+            let mut value = String::new();
+            let mut entries = Vec::new();
+            for (entry, blank, comma) in parts {
+                value.push_str(&blank);
+                value.push_str(&entry);
+                value.push_str(&blank);
+                value.push_str(&comma);
+                entries.push(entry);
+            }
+            // Sometimes padded with blank entries past the total bound.
+            if padding > 8000 {
+                value.push_str(&",".repeat(padding));
+            }
+            (key, entries, value)
+        })
+}
+
+/// Any list over the bounds is refused naming the annotation and the bound;
+/// any within them is read whole (types lowercased, UUIDs as a set).
+#[test]
+fn fuzz_list_annotation_bounds() {
+    fuzz(
+        "fuzz_list_annotation_bounds",
+        300,
+        list_annotation(),
+        |(key, entries, value)| {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "annotations": {key: value}},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            }))
+            .expect("a pod decodes");
+            let over = value.len() > MAX_LIST_BYTES
+                || entries.len() > MAX_LIST_ENTRIES
+                || entries.iter().any(|e| e.len() > MAX_LIST_ENTRY_BYTES);
+            match parse_pod(&pod, &RequestConfig::default()) {
+                Err(error) => {
+                    let message = error.to_string();
+                    prop_assert!(over, "refused a list within the bounds: {message}");
+                    prop_assert!(
+                        message.contains(&format!("annotation {key}: ")),
+                        "{message}"
+                    );
+                    prop_assert!(
+                        message.contains("at most") && message.len() < 300,
+                        "{message}"
+                    );
+                }
+                Ok(request) => {
+                    prop_assert!(
+                        !over,
+                        "accepted {} entries, {} bytes",
+                        entries.len(),
+                        value.len()
+                    );
+                    let o = request.expect("a GPU request").options;
+                    match key {
+                        keys::USE_GPU_TYPE | keys::NOUSE_GPU_TYPE => {
+                            let got = if key == keys::USE_GPU_TYPE {
+                                o.use_gpu_types
+                            } else {
+                                o.nouse_gpu_types
+                            };
+                            let want: Vec<String> =
+                                entries.iter().map(|e| e.to_lowercase()).collect();
+                            prop_assert_eq!(got, want);
+                        }
+                        _ => {
+                            let got = if key == keys::USE_GPU_UUID {
+                                o.use_gpu_uuids
+                            } else {
+                                o.nouse_gpu_uuids
+                            };
+                            prop_assert_eq!(got, entries.into_iter().collect::<BTreeSet<_>>());
+                        }
+                    }
+                }
+            }
+            Ok(())
+        },
+    );
 }
 
 #[test]

@@ -13,6 +13,11 @@
 //! Filter, and Prioritize, which for these pods places the pod on every
 //! node to score its topology.
 //!
+//! Then Filter over 1,000 nodes for a pod whose type and UUID lists are as
+//! long as the parse allows (review finding H2: 32 entries of 128 bytes in
+//! each of the four NVIDIA lists), none of them matching, so every device
+//! scans every entry; `-- lists` runs only that part.
+//!
 //! And the wire: Filter then Prioritize through the extender's own router
 //! (axum: body, JSON decoding, decision, JSON encoding; no TCP), naming every
 //! node and naming the 500 kube-scheduler sends at 5,000 nodes by default,
@@ -55,6 +60,10 @@ impl Rng {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "lists") {
+        lists();
+        return;
+    }
     let (projection, feeder) = Projection::new();
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
     {
@@ -175,6 +184,122 @@ fn main() {
     preemption(&projection);
     wire(&projection);
     vendors(&mut rng);
+    lists();
+}
+
+/// Filter over 1,000 idle 8-GPU nodes for pods with the longest type and
+/// UUID lists the parse accepts (H2), none matching a device: once with a
+/// use-gputype list (every device scans all 32 entries and is refused, so
+/// every node is explained), once with only exclusions (every device scans
+/// them all and every node fits). And the list before the bound: refused
+/// at parse, naming the annotation.
+fn lists() {
+    use tessera_api::{
+        names::annotations as keys,
+        request::{MAX_LIST_ENTRIES, MAX_LIST_ENTRY_BYTES, RequestConfig},
+    };
+    const LIST_NODES: usize = 1_000;
+    let (projection, feeder) = Projection::new();
+    {
+        let mut ledger = feeder.write();
+        for n in 0..LIST_NODES {
+            let devices = (0..GPUS)
+                .map(|g| GpuDevice {
+                    cordoned: false,
+                    family: Default::default(),
+                    network_id: None,
+                    uuid: format!("GPU-{n:05}-{g}"),
+                    index: g as u32,
+                    model: "NVIDIA A100-SXM4-80GB".into(),
+                    memory_mib: 81_920,
+                    cores: 100,
+                    split_count: 10,
+                    numa_node: Some((g / 4) as u32),
+                    healthy: true,
+                    mode: OperatingMode::HamiCore,
+                    mig: None,
+                    mig_present: 0,
+                    profiles: Vec::new(),
+                    minor: None,
+                    qos_policy: None,
+                })
+                .collect();
+            ledger.set_node(&format!("node-{n:05}"), devices);
+        }
+    }
+    feeder.mark_all_synced();
+    // Entries of the longest length, differing only at the end: every
+    // substring search runs as far as it can.
+    let list = |prefix: char| {
+        (0..MAX_LIST_ENTRIES)
+            .map(|i| {
+                format!(
+                    "{}{i:04}",
+                    prefix.to_string().repeat(MAX_LIST_ENTRY_BYTES - 4)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let pod = |annotations: serde_json::Value| {
+        json!({
+            "Pod": {"metadata": {"name": "p", "namespace": "bench", "annotations": annotations},
+                    "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "30000", "nvidia.com/gpucores": "30"}}}]}},
+            "Nodes": null,
+            "NodeNames": (0..LIST_NODES).map(|n| format!("node-{n:05}")).collect::<Vec<_>>(),
+        })
+    };
+    let config = Config::default();
+    let cases = [
+        (
+            "use-gputype matches nothing",
+            pod(json!({
+                keys::USE_GPU_TYPE: list('a'),
+                keys::NOUSE_GPU_TYPE: list('n'),
+                keys::USE_GPU_UUID: list('G'),
+                keys::NOUSE_GPU_UUID: list('X'),
+            })),
+            0,
+        ),
+        (
+            "exclusions only, every node fits",
+            pod(json!({
+                keys::NOUSE_GPU_TYPE: list('n'),
+                keys::NOUSE_GPU_UUID: list('X'),
+            })),
+            LIST_NODES,
+        ),
+    ];
+    println!(
+        "Filter over {LIST_NODES} nodes x {GPUS} GPUs, lists of {MAX_LIST_ENTRIES} entries of {MAX_LIST_ENTRY_BYTES} bytes, {ROUNDS} rounds"
+    );
+    for (what, args, want) in cases {
+        let args: ExtenderArgs = serde_json::from_value(args).unwrap();
+        let mut timings = Vec::with_capacity(ROUNDS);
+        for _ in 0..ROUNDS {
+            let started = Instant::now();
+            let result = filter(&projection, &config, &args);
+            timings.push(started.elapsed());
+            assert_eq!(
+                result.node_names.as_ref().map_or(0, Vec::len),
+                want,
+                "{what}"
+            );
+        }
+        report(&format!("decision, {what}"), &mut timings);
+    }
+    // What H2's trigger wrote (about 120,000 entries) no longer parses.
+    let hostile: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "annotations": {keys::USE_GPU_TYPE: "zz,".repeat(120_000)}},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }))
+    .unwrap();
+    let started = Instant::now();
+    let refused = parse_pod(&hostile, &RequestConfig::default()).unwrap_err();
+    println!(
+        "a 120,000-entry list: refused at parse in {:.3} ms: {refused}",
+        started.elapsed().as_secs_f64() * 1e3
+    );
 }
 
 /// Filter then Prioritize through the extender's router, as kube-scheduler

@@ -1,6 +1,20 @@
-//! Pod-level placement options from annotations.
+//! Pod-level placement options from annotations, and the bounds every list
+//! annotation (GPU types and UUIDs, and each vendor's) is read within.
+//!
+//! A tenant writes these lists, and Filter checks every device of every
+//! node against them, so their size is bounded where they are parsed: at most
+//! [`MAX_LIST_ENTRIES`] entries of at most [`MAX_LIST_ENTRY_BYTES`] bytes, in
+//! a value of at most [`MAX_LIST_BYTES`] bytes. A GPU model name is about 30
+//! bytes (`NVIDIA H100 80GB HBM3`), a GPU UUID 40 (`GPU-` and 36), a vendor's
+//! device id less than 64, and a node holds at most 16 devices, so 32 entries
+//! of 128 bytes leave room for every real list (two full nodes by UUID) while
+//! keeping Filter's per-device work under 32 short comparisons. The total
+//! bound (twice 32 × 128, so spaces after commas never matter) covers what
+//! the other two cannot see: blank entries (`,,,,`) and padding.
+//! Type lists are lowercased here, once, and UUID lists are sets, so Filter
+//! allocates nothing per node and looks a UUID up in O(log n).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::Violation;
 use crate::names::annotations as keys;
@@ -8,17 +22,30 @@ use crate::v1alpha1::{OperatingMode, SchedulingPolicy};
 
 use super::weights::{self, ScoringWeights};
 
+/// Most entries a list annotation (`nvidia.com/use-gputype` and the other
+/// type and UUID lists, a vendor's among them) may hold.
+pub const MAX_LIST_ENTRIES: usize = 32;
+/// Longest entry of a list annotation, in bytes (after trimming blanks).
+pub const MAX_LIST_ENTRY_BYTES: usize = 128;
+/// Longest value of a list annotation, in bytes, separators and blanks
+/// included.
+pub const MAX_LIST_BYTES: usize = 8 * 1024;
+/// Longest part of a tenant's value an error message repeats, in bytes.
+const SHOWN_BYTES: usize = 64;
+
 /// Placement options a pod sets through annotations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodOptions {
-    /// Only GPUs whose model contains one of these (case-insensitive); empty: any.
+    /// Only GPUs whose model contains one of these (case-insensitive:
+    /// lowercased at parse, at most [`MAX_LIST_ENTRIES`]); empty: any.
     pub use_gpu_types: Vec<String>,
-    /// GPUs whose model contains one of these (case-insensitive) are excluded.
+    /// GPUs whose model contains one of these (case-insensitive: lowercased
+    /// at parse, at most [`MAX_LIST_ENTRIES`]) are excluded.
     pub nouse_gpu_types: Vec<String>,
-    /// Only these GPU UUIDs; empty: any.
-    pub use_gpu_uuids: Vec<String>,
-    /// These GPU UUIDs are excluded.
-    pub nouse_gpu_uuids: Vec<String>,
+    /// Only these GPU UUIDs (at most [`MAX_LIST_ENTRIES`]); empty: any.
+    pub use_gpu_uuids: BTreeSet<String>,
+    /// These GPU UUIDs (at most [`MAX_LIST_ENTRIES`]) are excluded.
+    pub nouse_gpu_uuids: BTreeSet<String>,
     /// All GPUs of a container must share one NUMA node.
     pub numa_bind: bool,
     /// The sharing mode the GPUs must run in; `None`: any.
@@ -42,6 +69,10 @@ pub(super) fn parse(
     violations: &mut Vec<Violation>,
 ) -> PodOptions {
     let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    let use_gpu_types = types(annotations, keys::USE_GPU_TYPE, violations);
+    let nouse_gpu_types = types(annotations, keys::NOUSE_GPU_TYPE, violations);
+    let use_gpu_uuids = uuids(annotations, keys::USE_GPU_UUID, violations);
+    let nouse_gpu_uuids = uuids(annotations, keys::NOUSE_GPU_UUID, violations);
     let mut violate = |field: &str, rule: String| {
         violations.push(Violation {
             container: None,
@@ -59,17 +90,17 @@ pub(super) fn parse(
         }
     };
     let options = PodOptions {
-        use_gpu_types: list(get(keys::USE_GPU_TYPE)),
-        nouse_gpu_types: list(get(keys::NOUSE_GPU_TYPE)),
-        use_gpu_uuids: list(get(keys::USE_GPU_UUID)),
-        nouse_gpu_uuids: list(get(keys::NOUSE_GPU_UUID)),
+        use_gpu_types,
+        nouse_gpu_types,
+        use_gpu_uuids,
+        nouse_gpu_uuids,
         numa_bind: match get(keys::NUMA_BIND).map(str::to_ascii_lowercase).as_deref() {
             None | Some("false") => false,
             Some("true") => true,
             Some(other) => {
                 violate(
                     keys::NUMA_BIND,
-                    format!("must be \"true\" or \"false\", got {other:?}"),
+                    format!("must be \"true\" or \"false\", got {}", shown(other)),
                 );
                 false
             }
@@ -85,7 +116,7 @@ pub(super) fn parse(
             if mode.is_none() {
                 violate(
                     keys::VGPU_MODE,
-                    format!("must be hami-core, mig or mps, got {value:?}"),
+                    format!("must be hami-core, mig or mps, got {}", shown(value)),
                 );
             }
             mode
@@ -99,29 +130,118 @@ pub(super) fn parse(
             &mut violate,
         ),
     };
-    for uuid in &options.use_gpu_uuids {
-        if options.nouse_gpu_uuids.contains(uuid) {
-            violate(
-                keys::USE_GPU_UUID,
-                format!(
-                    "lists {uuid:?}, which {} excludes; no GPU could satisfy both",
-                    keys::NOUSE_GPU_UUID
-                ),
-            );
-        }
+    // Both sets are bounded; one lookup per listed UUID.
+    for uuid in options.use_gpu_uuids.intersection(&options.nouse_gpu_uuids) {
+        violate(
+            keys::USE_GPU_UUID,
+            format!(
+                "lists {uuid:?}, which {} excludes; no GPU could satisfy both",
+                keys::NOUSE_GPU_UUID
+            ),
+        );
     }
     options
 }
 
-/// A comma list with blanks removed.
-pub(super) fn list(value: Option<&str>) -> Vec<String> {
-    value
-        .into_iter()
-        .flat_map(|v| v.split(','))
+/// The entries of the list annotation `key` (a comma list, blanks removed),
+/// empty when it is absent. A value over the bounds is refused, naming the
+/// annotation and the bound, and reads as empty.
+fn list<'a>(
+    annotations: Option<&'a BTreeMap<String, String>>,
+    key: &str,
+    violations: &mut Vec<Violation>,
+) -> Vec<&'a str> {
+    let Some(value) = annotations.and_then(|a| a.get(key)) else {
+        return Vec::new();
+    };
+    match entries(value) {
+        Ok(entries) => entries,
+        Err(rule) => {
+            violations.push(Violation {
+                container: None,
+                field: key.to_owned(),
+                rule,
+            });
+            Vec::new()
+        }
+    }
+}
+
+/// A list value's entries, or the bound it breaks.
+fn entries(value: &str) -> Result<Vec<&str>, String> {
+    if value.len() > MAX_LIST_BYTES {
+        return Err(format!(
+            "is {} bytes long; a list may be at most {MAX_LIST_BYTES} bytes",
+            value.len()
+        ));
+    }
+    let entries: Vec<&str> = value
+        .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
+        .collect();
+    if entries.len() > MAX_LIST_ENTRIES {
+        return Err(format!(
+            "lists {} entries; at most {MAX_LIST_ENTRIES} are allowed",
+            entries.len()
+        ));
+    }
+    if let Some(long) = entries.iter().find(|e| e.len() > MAX_LIST_ENTRY_BYTES) {
+        return Err(format!(
+            "entry {} is {} bytes long; an entry may be at most {MAX_LIST_ENTRY_BYTES} bytes",
+            cut(long),
+            long.len()
+        ));
+    }
+    Ok(entries)
+}
+
+/// A type list annotation (matched case-insensitively as a substring of the
+/// device's model), lowercased, within the bounds.
+pub(super) fn types(
+    annotations: Option<&BTreeMap<String, String>>,
+    key: &str,
+    violations: &mut Vec<Violation>,
+) -> Vec<String> {
+    list(annotations, key, violations)
+        .into_iter()
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// A UUID list annotation (matched exactly) as a set, within the bounds.
+pub(super) fn uuids(
+    annotations: Option<&BTreeMap<String, String>>,
+    key: &str,
+    violations: &mut Vec<Violation>,
+) -> BTreeSet<String> {
+    list(annotations, key, violations)
+        .into_iter()
         .map(str::to_owned)
         .collect()
+}
+
+/// A tenant's value as an error message repeats it: quoted, and cut to its
+/// first [`SHOWN_BYTES`] bytes (at a character boundary) so a long value
+/// cannot make the webhook's denial, or an event, long too.
+pub(super) fn shown(value: &str) -> String {
+    if value.len() <= SHOWN_BYTES {
+        return format!("{value:?}");
+    }
+    format!("{} ({} bytes)", cut(value), value.len())
+}
+
+/// `value` quoted, its first [`SHOWN_BYTES`] bytes only (at a character
+/// boundary) and an ellipsis when longer.
+fn cut(value: &str) -> String {
+    if value.len() <= SHOWN_BYTES {
+        return format!("{value:?}");
+    }
+    let mut end = SHOWN_BYTES;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}…", &value[..end])
 }
 
 /// The pod's GPU policy annotation: its order and whether it asks for
@@ -159,14 +279,17 @@ pub fn parse_gpu_policy(value: &str) -> Result<(Option<SchedulingPolicy>, bool),
             "mutex" => mutex = true,
             _ => {
                 return Err(format!(
-                    "must be a comma list of binpack, spread and mutex, got {value:?} ({token:?} is not one; Tessera does not take HAMi's numa and topology-aware here)"
+                    "must be a comma list of binpack, spread and mutex, got {} ({} is not one; Tessera does not take HAMi's numa and topology-aware here)",
+                    shown(value),
+                    shown(token)
                 ));
             }
         }
     }
     if order.is_none() && !mutex {
         return Err(format!(
-            "must be a comma list of binpack, spread and mutex, got {value:?}"
+            "must be a comma list of binpack, spread and mutex, got {}",
+            shown(value)
         ));
     }
     Ok((order, mutex))
@@ -182,7 +305,10 @@ fn policy(
         "binpack" => Some(SchedulingPolicy::Binpack),
         "spread" => Some(SchedulingPolicy::Spread),
         _ => {
-            violate(key, format!("must be binpack or spread, got {value:?}"));
+            violate(
+                key,
+                format!("must be binpack or spread, got {}", shown(value)),
+            );
             None
         }
     }

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::list;
+use super::annotations::{shown, uuids};
 use super::container::{Field, Reader, narrow};
 use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
@@ -85,7 +85,8 @@ pub(super) fn parse(
             container: None,
             field: VNPU_MODE.to_owned(),
             rule: format!(
-                "must be {HAMI_CORE:?} (or absent for the driver's vNPU templates), got {other:?}"
+                "must be {HAMI_CORE:?} (or absent for the driver's vNPU templates), got {}",
+                shown(other)
             ),
         });
     }
@@ -135,7 +136,19 @@ pub(super) fn parse(
             ),
         );
     }
-    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    let filters = DeviceFilters {
+        use_uuids: uuids(
+            annotations,
+            &chip.use_uuid_annotation(),
+            &mut reader.violations,
+        ),
+        nouse_uuids: uuids(
+            annotations,
+            &chip.nouse_uuid_annotation(),
+            &mut reader.violations,
+        ),
+        ..DeviceFilters::default()
+    };
     reader.finish(Some(ContainerRequest {
         name: container.name.clone(),
         kind,
@@ -147,11 +160,7 @@ pub(super) fn parse(
         vendor: Some(VendorRequest {
             device_type: Some(chip.common_word.clone()),
             template,
-            filters: DeviceFilters {
-                use_uuids: list(get(&chip.use_uuid_annotation())),
-                nouse_uuids: list(get(&chip.nouse_uuid_annotation())),
-                ..DeviceFilters::default()
-            },
+            filters,
             soft_split,
             pairs: chip.pairs(),
             by_network: chip.is_910(),

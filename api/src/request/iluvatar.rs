@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::list;
+use super::annotations::uuids;
 use super::container::{Field, Reader, narrow};
 use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
@@ -72,7 +72,19 @@ pub(super) fn parse(
         Field::Value(cores) => narrow(cores.min(100)),
         _ => 0,
     };
-    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    let filters = DeviceFilters {
+        use_uuids: uuids(
+            annotations,
+            &ascend::use_uuid(&chip.common_word),
+            &mut reader.violations,
+        ),
+        nouse_uuids: uuids(
+            annotations,
+            &ascend::nouse_uuid(&chip.common_word),
+            &mut reader.violations,
+        ),
+        ..DeviceFilters::default()
+    };
     reader.finish(Some(ContainerRequest {
         name: container.name.clone(),
         kind,
@@ -83,11 +95,7 @@ pub(super) fn parse(
         family: DeviceFamily::Iluvatar,
         vendor: Some(VendorRequest {
             device_type: Some(chip.common_word.clone()),
-            filters: DeviceFilters {
-                use_uuids: list(get(&ascend::use_uuid(&chip.common_word))),
-                nouse_uuids: list(get(&ascend::nouse_uuid(&chip.common_word))),
-                ..DeviceFilters::default()
-            },
+            filters,
             ..VendorRequest::default()
         }),
     }))

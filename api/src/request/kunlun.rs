@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::list;
+use super::annotations::uuids;
 use super::container::{Field, Reader, narrow};
 use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
@@ -39,7 +39,14 @@ pub(super) fn parse_xpu(
     let Some(count) = read_count(&mut reader, &config.resource_count_name) else {
         return reader.finish(None);
     };
-    let request = request(&reader, kind, count, XPU_MEMORY_MIB, XPU_TYPE, annotations);
+    let request = request(
+        &mut reader,
+        kind,
+        count,
+        XPU_MEMORY_MIB,
+        XPU_TYPE,
+        annotations,
+    );
     reader.finish(Some(request))
 }
 
@@ -67,7 +74,7 @@ pub(super) fn parse_vxpu(
         Field::Value(mib) => vxpu_size(mib),
         _ => XPU_MEMORY_MIB,
     };
-    let mut request = request(&reader, kind, count, mib, VXPU_TYPE, annotations);
+    let mut request = request(&mut reader, kind, count, mib, VXPU_TYPE, annotations);
     if let Some(vendor) = request.vendor.as_mut() {
         vendor.same_size = true;
     }
@@ -102,20 +109,21 @@ fn read_count(reader: &mut Reader<'_>, name: &str) -> Option<u64> {
 }
 
 fn request(
-    reader: &Reader<'_>,
+    reader: &mut Reader<'_>,
     kind: ContainerKind,
     count: u64,
     mib: u64,
     device_type: &str,
     annotations: Option<&BTreeMap<String, String>>,
 ) -> ContainerRequest {
-    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
-    let use_uuids = match list(get(USE_UUID)) {
-        hami if hami.is_empty() => list(get(BAIDU_USE_UUID)),
+    // Each annotation is bounded, so the union of two is too.
+    let found = &mut reader.violations;
+    let use_uuids = match uuids(annotations, USE_UUID, found) {
+        hami if hami.is_empty() => uuids(annotations, BAIDU_USE_UUID, found),
         hami => hami,
     };
-    let mut nouse_uuids = list(get(NOUSE_UUID));
-    nouse_uuids.extend(list(get(BAIDU_NOUSE_UUID)));
+    let mut nouse_uuids = uuids(annotations, NOUSE_UUID, found);
+    nouse_uuids.extend(uuids(annotations, BAIDU_NOUSE_UUID, found));
     ContainerRequest {
         name: reader.container.name.clone(),
         kind,

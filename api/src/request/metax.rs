@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::list;
+use super::annotations::{shown, uuids};
 use super::container::{Field, Reader, narrow};
 use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
@@ -103,7 +103,7 @@ pub(super) fn parse_sgpu(
         Some("online" | "offline") | None => {}
         Some(other) => reader.violate(
             APP_CLASS,
-            format!("must be online or offline, got {other:?}"),
+            format!("must be online or offline, got {}", shown(other)),
         ),
     }
     let online = app_class == Some("online");
@@ -114,7 +114,11 @@ pub(super) fn parse_sgpu(
     {
         reader.violate(
             QOS_POLICY,
-            format!("must be one of {}, got {qos:?}", QOS_POLICIES.join(", ")),
+            format!(
+                "must be one of {}, got {}",
+                QOS_POLICIES.join(", "),
+                shown(qos)
+            ),
         );
     }
     let sharing = Sharing {
@@ -132,6 +136,11 @@ pub(super) fn parse_sgpu(
         Some("0" | "f" | "F" | "false" | "FALSE" | "False") => false,
         _ => config.sgpu_topology_aware,
     };
+    let filters = DeviceFilters {
+        use_uuids: uuids(annotations, USE_UUID, &mut reader.violations),
+        nouse_uuids: uuids(annotations, NOUSE_UUID, &mut reader.violations),
+        ..DeviceFilters::default()
+    };
     reader.finish(Some(ContainerRequest {
         name: container.name.clone(),
         kind,
@@ -146,11 +155,7 @@ pub(super) fn parse_sgpu(
             by_link_zone: cores == 100 && sharing.app_class.is_none(),
             sharing: Some(sharing),
             topology_aware: topology_aware && cores == 100 && !online,
-            filters: DeviceFilters {
-                use_uuids: list(get(USE_UUID)),
-                nouse_uuids: list(get(NOUSE_UUID)),
-                ..DeviceFilters::default()
-            },
+            filters,
             ..VendorRequest::default()
         }),
     }))

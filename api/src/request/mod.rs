@@ -50,11 +50,15 @@ mod weights;
 mod whole;
 
 #[cfg(test)]
+mod bounds_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod vendor_tests;
 
-pub use annotations::{PodOptions, parse_gpu_policy};
+pub use annotations::{
+    MAX_LIST_BYTES, MAX_LIST_ENTRIES, MAX_LIST_ENTRY_BYTES, PodOptions, parse_gpu_policy,
+};
 pub use config::{RequestConfig, ResourceNames};
 pub use enflame::drs_profile;
 #[cfg(any(test, feature = "testing"))]

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::list;
+use super::annotations::uuids;
 use super::container::{Field, Reader, narrow};
 use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
@@ -97,7 +97,11 @@ pub(super) fn parse(
         }
         Field::Invalid => (WHOLE_CARD_UNITS, CORES_PER_CARD),
     };
-    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    let filters = DeviceFilters {
+        use_uuids: uuids(annotations, USE_UUID, &mut reader.violations),
+        nouse_uuids: uuids(annotations, NOUSE_UUID, &mut reader.violations),
+        ..DeviceFilters::default()
+    };
     reader.finish(Some(ContainerRequest {
         name: container.name.clone(),
         kind,
@@ -107,11 +111,7 @@ pub(super) fn parse(
         priority: None,
         family: DeviceFamily::Mthreads,
         vendor: Some(VendorRequest {
-            filters: DeviceFilters {
-                use_uuids: list(get(USE_UUID)),
-                nouse_uuids: list(get(NOUSE_UUID)),
-                ..DeviceFilters::default()
-            },
+            filters,
             one_card_per_pod: true,
             ..VendorRequest::default()
         }),

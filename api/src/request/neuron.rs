@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::list;
+use super::annotations::uuids;
 use super::container::{Field, Reader, narrow};
 use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
@@ -60,8 +60,12 @@ pub(super) fn parse(
             }
         }
     };
-    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
     let name = reader.container.name.clone();
+    let filters = DeviceFilters {
+        use_uuids: uuids(annotations, USE_UUID, &mut reader.violations),
+        nouse_uuids: uuids(annotations, NOUSE_UUID, &mut reader.violations),
+        ..DeviceFilters::default()
+    };
     reader.finish(Some(ContainerRequest {
         name,
         kind,
@@ -72,11 +76,7 @@ pub(super) fn parse(
         priority: None,
         family: DeviceFamily::AwsNeuron,
         vendor: Some(VendorRequest {
-            filters: DeviceFilters {
-                use_uuids: list(get(USE_UUID)),
-                nouse_uuids: list(get(NOUSE_UUID)),
-                ..DeviceFilters::default()
-            },
+            filters,
             contiguous: count > 1,
             by_core_index,
             ..VendorRequest::default()

@@ -7,7 +7,7 @@ use super::types::{ContainerKind, ContainerRequest, PodRequest};
 use super::{
     annotations, ascend, container, enflame, iluvatar, kunlun, metax, mthreads, neuron, simple,
 };
-use crate::{Error, Result, Violations};
+use crate::{Error, Result, Violation, Violations};
 
 /// Parses a pod's GPU request; `Ok(None)` when it asks for no GPU.
 ///
@@ -90,6 +90,16 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
     if containers.is_empty() && violations.is_empty() {
         return Ok(None);
     }
+    // A vendor's list annotation is read by each of the family's containers;
+    // refused once is enough.
+    let mut refused: Vec<Violation> = Vec::new();
+    violations.retain(|v| {
+        let again = v.container.is_none() && refused.contains(v);
+        if v.container.is_none() && !again {
+            refused.push(v.clone());
+        }
+        !again
+    });
     let annotations = pod.metadata.annotations.as_ref();
     let options = annotations::parse(annotations, &mut violations);
     if !violations.is_empty() {

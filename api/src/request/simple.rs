@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::list;
+use super::annotations::{types, uuids};
 use super::container::{Field, Reader, narrow};
 use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
@@ -138,8 +138,14 @@ pub(super) fn parse(
         Field::Value(cores) => narrow(cores.min(100)),
         _ => 100,
     };
-    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
     let [use_type, nouse_type, use_uuid, nouse_uuid] = vendor.filters;
+    let found = &mut reader.violations;
+    let filters = DeviceFilters {
+        use_types: types(annotations, use_type, found),
+        nouse_types: types(annotations, nouse_type, found),
+        use_uuids: uuids(annotations, use_uuid, found),
+        nouse_uuids: uuids(annotations, nouse_uuid, found),
+    };
     reader.finish(Some(ContainerRequest {
         name: container.name.clone(),
         kind,
@@ -149,12 +155,7 @@ pub(super) fn parse(
         priority: None,
         family: vendor.family,
         vendor: Some(VendorRequest {
-            filters: DeviceFilters {
-                use_types: list(get(use_type)),
-                nouse_types: list(get(nouse_type)),
-                use_uuids: list(get(use_uuid)),
-                nouse_uuids: list(get(nouse_uuid)),
-            },
+            filters,
             ..VendorRequest::default()
         }),
     }))

@@ -380,10 +380,11 @@ fn annotations_parse_into_options() {
     assert_eq!(
         options,
         PodOptions {
-            use_gpu_types: vec!["A100".into(), "H100".into()],
-            nouse_gpu_types: vec!["T4".into()],
-            use_gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
-            nouse_gpu_uuids: vec!["GPU-c".into()],
+            // Types lowercased once, here; UUIDs as sets.
+            use_gpu_types: vec!["a100".into(), "h100".into()],
+            nouse_gpu_types: vec!["t4".into()],
+            use_gpu_uuids: ["GPU-a".into(), "GPU-b".into()].into(),
+            nouse_gpu_uuids: ["GPU-c".into()].into(),
             numa_bind: true,
             vgpu_mode: Some(OperatingMode::Mig),
             gpu_policy: Some(SchedulingPolicy::Binpack),

@@ -1,6 +1,8 @@
 //! The typed request [`parse_pod`](super::parse_pod) gives: per container,
 //! what it asks of which family, and the bounds every reader enforces.
 
+use std::collections::BTreeSet;
+
 use super::annotations::PodOptions;
 use crate::v1alpha1::{DeviceFamily, Sharing};
 
@@ -111,17 +113,20 @@ pub enum DrsAsk {
     },
 }
 
-/// A pod's device filters for one family, from its annotations.
+/// A pod's device filters for one family, from its annotations, each list
+/// within the bounds of [`MAX_LIST_ENTRIES`](super::MAX_LIST_ENTRIES).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceFilters {
-    /// Only devices whose type contains one of these (case-insensitive); empty: any.
+    /// Only devices whose type contains one of these (case-insensitive:
+    /// lowercased at parse); empty: any.
     pub use_types: Vec<String>,
-    /// Devices whose type contains one of these (case-insensitive) are excluded.
+    /// Devices whose type contains one of these (case-insensitive:
+    /// lowercased at parse) are excluded.
     pub nouse_types: Vec<String>,
     /// Only these device UUIDs; empty: any.
-    pub use_uuids: Vec<String>,
+    pub use_uuids: BTreeSet<String>,
     /// These device UUIDs are excluded.
-    pub nouse_uuids: Vec<String>,
+    pub nouse_uuids: BTreeSet<String>,
 }
 
 /// Where a container sits in the pod's life.

@@ -76,8 +76,8 @@ fn hygon_requests_follow_hami() {
     assert_eq!(
         (f.use_types.clone(), f.nouse_uuids.clone()),
         (
-            vec!["Z100".to_owned(), "K100".to_owned()],
-            vec!["DCU-3".to_owned()]
+            vec!["z100".to_owned(), "k100".to_owned()],
+            ["DCU-3".to_owned()].into()
         )
     );
 }
@@ -461,8 +461,8 @@ fn metax_requests_follow_hami() {
     )
     .unwrap();
     let filters = &filters[0].vendor.as_ref().unwrap().filters;
-    assert_eq!(filters.use_uuids, ["a", "b"]);
-    assert_eq!(filters.nouse_uuids, ["c"]);
+    assert!(filters.use_uuids.iter().eq(["a", "b"]));
+    assert!(filters.nouse_uuids.iter().eq(["c"]));
     // HAMi's range checks and TestMutateAdmission's refusals, each naming
     // the field and the rule.
     for (limits, annotations, want) in [
@@ -640,7 +640,7 @@ fn amd_requests_follow_hami() {
             "{limits}"
         );
         let filters = &got[0].vendor.as_ref().unwrap().filters;
-        assert_eq!(filters.use_types, vec!["MI300".to_owned()]);
+        assert_eq!(filters.use_types, vec!["mi300".to_owned()]);
     }
     for (limits, field, rule) in [
         (
@@ -750,7 +750,7 @@ fn kunlunxin_requests_follow_hami() {
         assert_eq!(vendor.device_type.as_deref(), Some(device_type));
         assert!(vendor.by_wing);
         assert_eq!(vendor.same_size, device_type == "XPU");
-        assert_eq!(vendor.filters.nouse_uuids, ["x-2", "x-1"]);
+        assert!(vendor.filters.nouse_uuids.iter().eq(["x-1", "x-2"]));
     }
     for (limits, field, rule) in [
         (
@@ -812,7 +812,7 @@ fn aws_neuron_requests_follow_hami() {
         let vendor = got[0].vendor.as_ref().unwrap();
         assert_eq!(vendor.by_core_index, by_core, "{limits}");
         assert_eq!(vendor.contiguous, count > 1, "{limits}");
-        assert_eq!(vendor.filters.nouse_uuids, ["n-AWSNeuron-3"]);
+        assert!(vendor.filters.nouse_uuids.iter().eq(["n-AWSNeuron-3"]));
         assert_eq!(vendor.device_type, None, "any device of the family");
     }
     for (limits, field, rule) in [

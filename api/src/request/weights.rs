@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::annotations::shown;
 use crate::names::annotations::DEVICE_SCORING_WEIGHTS;
 
 /// The weights of a GPU's three fractions in its device score; HAMi's
@@ -44,8 +45,12 @@ impl fmt::Display for ScoringWeights {
 /// `key=value`, no key twice, integer, not negative, a known key; and at
 /// least one weight above 0. An empty value is an error, not the defaults.
 pub fn parse(value: &str) -> Result<ScoringWeights, String> {
-    let fail =
-        |detail: String| format!("invalid {DEVICE_SCORING_WEIGHTS} annotation {value:?}: {detail}");
+    let fail = |detail: String| {
+        format!(
+            "invalid {DEVICE_SCORING_WEIGHTS} annotation {}: {detail}",
+            shown(value)
+        )
+    };
     let entries: Vec<&str> = value.split(',').collect();
     if entries.len() != 3 {
         return Err(fail("expected slot, core, and memory weights".into()));
@@ -62,20 +67,20 @@ pub fn parse(value: &str) -> Result<ScoringWeights, String> {
         };
         let (key, number) = (key.trim(), number.trim());
         if seen.contains(&key) {
-            return Err(fail(format!("duplicate {key:?} weight")));
+            return Err(fail(format!("duplicate {} weight", shown(key))));
         }
         seen.push(key);
         let number: i64 = number
             .parse()
-            .map_err(|_| fail(format!("{key:?} weight must be an integer")))?;
+            .map_err(|_| fail(format!("{} weight must be an integer", shown(key))))?;
         let Ok(number) = u64::try_from(number) else {
-            return Err(fail(format!("{key:?} weight must not be negative")));
+            return Err(fail(format!("{} weight must not be negative", shown(key))));
         };
         match key {
             "slot" => weights.slot = number,
             "core" => weights.core = number,
             "memory" => weights.memory = number,
-            _ => return Err(fail(format!("unknown weight {key:?}"))),
+            _ => return Err(fail(format!("unknown weight {}", shown(key)))),
         }
     }
     if weights.slot == 0 && weights.core == 0 && weights.memory == 0 {

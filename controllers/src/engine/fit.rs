@@ -1,5 +1,7 @@
 //! Does a pod fit a node, and on which devices.
 
+use std::collections::BTreeSet;
+
 use tessera_api::{
     mig,
     request::{ContainerRequest, DrsAsk, PodOptions, PodRequest, ScoringWeights},
@@ -345,14 +347,17 @@ fn pick_one_numa_node(
 }
 
 /// Which devices a container may use: its family and type, and the pod's
-/// type and UUID filters for that family, lowered once per container.
+/// type and UUID filters for that family. The parse bounded the lists
+/// (`tessera_api::request::MAX_LIST_ENTRIES`) and lowercased the types, so
+/// building this allocates nothing and checking a device costs at most a
+/// few dozen short comparisons, whatever the pod wrote.
 struct Filters<'a> {
     family: DeviceFamily,
     device_type: Option<&'a str>,
-    use_types: Vec<String>,
-    nouse_types: Vec<String>,
-    use_uuids: &'a [String],
-    nouse_uuids: &'a [String],
+    use_types: &'a [String],
+    nouse_types: &'a [String],
+    use_uuids: &'a BTreeSet<String>,
+    nouse_uuids: &'a BTreeSet<String>,
     /// NVIDIA: the mode `nvidia.com/vgpu-mode` asks for.
     vgpu_mode: Option<OperatingMode>,
     /// Ascend: the pod wants HAMi's soft split.
@@ -365,13 +370,12 @@ struct Filters<'a> {
 
 impl<'a> Filters<'a> {
     fn new(container: &'a ContainerRequest, options: &'a PodOptions) -> Self {
-        let lower = |v: &[String]| v.iter().map(|t| t.to_lowercase()).collect();
         match &container.vendor {
             Some(vendor) => Self {
                 family: container.family,
                 device_type: vendor.device_type.as_deref(),
-                use_types: lower(&vendor.filters.use_types),
-                nouse_types: lower(&vendor.filters.nouse_types),
+                use_types: &vendor.filters.use_types,
+                nouse_types: &vendor.filters.nouse_types,
                 use_uuids: &vendor.filters.use_uuids,
                 nouse_uuids: &vendor.filters.nouse_uuids,
                 vgpu_mode: None,
@@ -382,8 +386,8 @@ impl<'a> Filters<'a> {
             None => Self {
                 family: container.family,
                 device_type: None,
-                use_types: lower(&options.use_gpu_types),
-                nouse_types: lower(&options.nouse_gpu_types),
+                use_types: &options.use_gpu_types,
+                nouse_types: &options.nouse_gpu_types,
                 use_uuids: &options.use_gpu_uuids,
                 nouse_uuids: &options.nouse_gpu_uuids,
                 vgpu_mode: options.vgpu_mode,
@@ -434,6 +438,7 @@ fn check(
         return Err(Cause::Cordoned);
     }
     if !filters.use_types.is_empty() || !filters.nouse_types.is_empty() {
+        // The entries are lowercase already (at parse).
         let model = device.model.to_lowercase();
         if !filters.use_types.is_empty()
             && !filters.use_types.iter().any(|t| model.contains(t.as_str()))

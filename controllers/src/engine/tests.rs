@@ -253,8 +253,9 @@ fn type_uuid_and_mode_filters() {
         uuids(&node, &fit(&node, &wants_h100, Spread).unwrap()),
         [["GPU-1"]]
     );
+    // Type lists come lowercased from the parse.
     let no_nvidia = with(PodOptions {
-        nouse_gpu_types: vec!["NVIDIA".into()],
+        nouse_gpu_types: vec!["nvidia".into()],
         ..Default::default()
     });
     assert_eq!(
@@ -262,7 +263,7 @@ fn type_uuid_and_mode_filters() {
         [["GPU-2"]]
     );
     let pinned = with(PodOptions {
-        use_gpu_uuids: vec!["GPU-2".into()],
+        use_gpu_uuids: ["GPU-2".into()].into(),
         ..Default::default()
     });
     assert_eq!(
@@ -270,8 +271,8 @@ fn type_uuid_and_mode_filters() {
         [["GPU-2"]]
     );
     let none = with(PodOptions {
-        use_gpu_types: vec!["A100".into(), "T4".into()],
-        nouse_gpu_uuids: vec!["GPU-0".into()],
+        use_gpu_types: vec!["a100".into(), "t4".into()],
+        nouse_gpu_uuids: ["GPU-0".into()].into(),
         nouse_gpu_types: vec!["tesla".into()],
         ..Default::default()
     });
