@@ -9,10 +9,13 @@
 //! devices and a [`VENDOR_READY`] condition under its own field manager,
 //! and the agent keeps the rest (summaries, `Ready`, front door). The
 //! node's readiness is then the agent's, for every family
-//! (docs/vendors.md, mixed nodes).
+//! (docs/vendors.md, mixed nodes). A vendor device whose id is one the
+//! agent publishes (an NVIDIA GPU's UUID) is dropped and reported with a
+//! Warning, as a malformed register entry is: applied, it would take over
+//! the agent's entry of that GPU.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -102,11 +105,17 @@ async fn reconcile(node: Arc<Node>, context: Arc<Context>) -> Result<Action, Err
         .map_err(Error::kube("reading the GpuNode"))?;
     let ours =
         |g: &GpuNode| g.labels().get(SOURCE_LABEL).map(String::as_str) == Some(VENDOR_PLUGIN);
+    let reserved = current
+        .as_ref()
+        .filter(|g| agent_writes(g))
+        .map(agent_devices)
+        .unwrap_or_default();
     let seen = view::view(
         annotations,
         allocatable,
         &context.sources.sources,
         context.sources.soft_split_default,
+        &reserved,
         now,
     );
     if let Some(gpu_node) = current.as_ref().filter(|g| agent_writes(g)) {
@@ -173,6 +182,77 @@ fn agent_writes(gpu_node: &GpuNode) -> bool {
         entry.manager.as_deref() == Some(tessera_api::names::NODE_AGENT_FIELD_MANAGER)
             && entry.subresource.as_deref() == Some("status")
     })
+}
+
+/// The device ids the node's agent publishes in `gpu_node`: its NVIDIA
+/// devices, and every device entry its status field manager owns fields of
+/// (an entry a vendor's apply has already taken over still lists the agent,
+/// while its family reads as the vendor's).
+fn agent_devices(gpu_node: &GpuNode) -> BTreeSet<String> {
+    let mut ids: BTreeSet<String> = gpu_node
+        .status
+        .iter()
+        .flat_map(|s| &s.devices)
+        .filter(|d| d.family.is_nvidia())
+        .map(|d| d.uuid.clone())
+        .collect();
+    let agents = gpu_node.managed_fields().iter().filter(|entry| {
+        entry.manager.as_deref() == Some(tessera_api::names::NODE_AGENT_FIELD_MANAGER)
+            && entry.subresource.as_deref() == Some("status")
+    });
+    for entry in agents {
+        let Some(devices) = entry
+            .fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:status"))
+            .and_then(|s| s.get("f:devices"))
+            .and_then(serde_json::Value::as_object)
+        else {
+            continue;
+        };
+        // Keys of a list merged by uuid: `k:{"uuid":"GPU-0"}`.
+        let keyed = devices
+            .keys()
+            .filter_map(|k| k.strip_prefix("k:"))
+            .filter_map(|k| serde_json::from_str::<serde_json::Value>(k).ok())
+            .filter_map(|k| k.get("uuid")?.as_str().map(str::to_owned));
+        ids.extend(keyed);
+    }
+    ids
+}
+
+/// One Warning event the view calls for.
+#[derive(Debug, PartialEq, Eq)]
+struct Warning {
+    /// What it is about (an annotation, or an annotation and a device id):
+    /// one event per distinct value of it.
+    key: String,
+    /// The value it is about: the annotation's.
+    value: String,
+    /// The event's reason.
+    reason: &'static str,
+    /// The event's message.
+    message: String,
+}
+
+/// The Warning events `seen` calls for on a Node with `annotations`: one
+/// per malformed register annotation, one per device dropped because its id
+/// is the agent's.
+fn warnings(seen: &view::VendorView, annotations: &BTreeMap<String, String>) -> Vec<Warning> {
+    let value = |annotation: &str| annotations.get(annotation).cloned().unwrap_or_default();
+    let malformed = seen.malformed.iter().map(|(annotation, error)| Warning {
+        key: annotation.clone(),
+        value: value(annotation),
+        reason: "MalformedRegisterAnnotation",
+        message: format!("annotation {annotation} {error}; its devices are ignored"),
+    });
+    let collisions = seen.collisions.iter().map(|(annotation, id)| Warning {
+        key: format!("{annotation} {id}"),
+        value: value(annotation),
+        reason: "MalformedRegisterAnnotation",
+        message: view::collision_message(annotation, id),
+    });
+    malformed.chain(collisions).collect()
 }
 
 /// The part of a mixed node's status this controller writes: the vendors'
@@ -243,8 +323,9 @@ async fn mixed(
 }
 
 /// What a vendor node asks of its plugins and reports, whoever writes its
-/// GpuNode: a Warning event per malformed register annotation (once per
-/// value), and the handshakes the view asks for.
+/// GpuNode: a Warning event per malformed register annotation and per
+/// device dropped as the agent's (once per value), and the handshakes the
+/// view asks for.
 async fn tend(
     context: &Context,
     node: &Node,
@@ -252,17 +333,10 @@ async fn tend(
     seen: &view::VendorView,
 ) -> Result<(), Error> {
     let name = node.name_any();
-    for (annotation, error) in &seen.malformed {
-        let value = annotations.get(annotation).cloned().unwrap_or_default();
-        if context.first_report(&name, annotation, &value) {
-            tracing::warn!(node = %name, annotation, error, "malformed register annotation ignored");
-            warn(
-                &context.client,
-                node,
-                "MalformedRegisterAnnotation",
-                &format!("annotation {annotation} {error}; its devices are ignored"),
-            )
-            .await;
+    for warning in warnings(seen, annotations) {
+        if context.first_report(&name, &warning.key, &warning.value) {
+            tracing::warn!(node = %name, key = %warning.key, message = %warning.message, "vendor register entry ignored");
+            warn(&context.client, node, warning.reason, &warning.message).await;
         }
     }
     if !seen.handshakes.is_empty() {
@@ -366,6 +440,88 @@ mod tests {
         assert!(agent_writes(&gpu_node));
         gpu_node.metadata.managed_fields = Some(vec![entry("tessera-vendor-view", Some("status"))]);
         assert!(!agent_writes(&gpu_node));
+    }
+
+    /// Review finding M7: on a mixed node, a register entry whose id is the
+    /// UUID of a GPU the agent publishes is dropped with one Warning, and
+    /// the vendor's other devices stay.
+    #[test]
+    fn a_vendor_device_named_as_the_agent_s_gpu_is_dropped_with_one_warning() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        use tessera_api::request::{HygonConfig, RequestConfig};
+        let now: Timestamp = "2026-12-02T10:00:00Z".parse().unwrap();
+        let mut gpu_node = GpuNode::new("n", GpuNodeSpec {});
+        gpu_node.status = Some(GpuNodeStatus::of_devices(vec![device(
+            "GPU-X",
+            DeviceFamily::Nvidia,
+        )]));
+        let mut annotations = BTreeMap::from([(
+            view::HYGON_REGISTER.to_owned(),
+            "GPU-X,4,16384,100,DCU,0,true:DCU-1,4,16384,100,DCU,0,true:".to_owned(),
+        )]);
+        let sources = view::sources(&RequestConfig {
+            hygon: Some(HygonConfig::default()),
+            ..RequestConfig::default()
+        });
+        let look = |gpu_node: &GpuNode, annotations: &BTreeMap<String, String>| {
+            let reserved = agent_devices(gpu_node);
+            view::view(
+                annotations,
+                &BTreeMap::new(),
+                &sources,
+                false,
+                &reserved,
+                now,
+            )
+            .unwrap()
+        };
+        let seen = look(&gpu_node, &annotations);
+        let ids: Vec<&str> = seen.devices.iter().map(|d| d.uuid.as_str()).collect();
+        assert_eq!(ids, ["DCU-1"], "no vendor device GPU-X");
+        let warned = warnings(&seen, &annotations);
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert_eq!(warned[0].reason, "MalformedRegisterAnnotation");
+        assert!(
+            warned[0]
+                .message
+                .contains("names device \"GPU-X\", which the node agent publishes"),
+            "{}",
+            warned[0].message
+        );
+        let condition = view::condition(&seen, VENDOR_READY, None, now);
+        assert_eq!(condition.reason, "SomeSourcesIgnored");
+        // What is written beside the agent's devices leaves GPU-X alone.
+        let wanted = mixed_status(Some(&seen), &GpuNodeStatus::default(), now);
+        assert!(wanted.devices.iter().all(|d| d.uuid != "GPU-X"));
+
+        // Already taken over (the element reads as the vendor's): the
+        // agent's field manager still keys GPU-X, so it stays the agent's.
+        gpu_node.status = Some(GpuNodeStatus::of_devices(vec![device(
+            "GPU-X",
+            DeviceFamily::Hygon,
+        )]));
+        gpu_node.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(tessera_api::names::NODE_AGENT_FIELD_MANAGER.into()),
+            subresource: Some("status".into()),
+            fields_v1: Some(FieldsV1(json!({"f:status": {"f:devices": {
+                "k:{\"uuid\":\"GPU-X\"}": {".": {}, "f:minor": {}},
+            }}}))),
+            ..ManagedFieldsEntry::default()
+        }]);
+        assert_eq!(
+            agent_devices(&gpu_node),
+            BTreeSet::from(["GPU-X".to_owned()])
+        );
+        assert_eq!(look(&gpu_node, &annotations).collisions.len(), 1);
+
+        // Without the collision: both devices, no warning.
+        annotations.insert(
+            view::HYGON_REGISTER.to_owned(),
+            "DCU-0,4,16384,100,DCU,0,true:DCU-1,4,16384,100,DCU,0,true:".to_owned(),
+        );
+        let clean = look(&gpu_node, &annotations);
+        assert_eq!(clean.devices.len(), 2);
+        assert!(warnings(&clean, &annotations).is_empty());
     }
 
     #[test]

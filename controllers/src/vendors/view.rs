@@ -11,7 +11,7 @@
 //! advertising the source's count resource, means the plugin is gone and
 //! its devices are dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::{
     apimachinery::pkg::{
@@ -283,15 +283,23 @@ pub struct VendorView {
     /// The plugin's topology losses and scores by device count (MetaX
     /// whole GPUs).
     pub placement_scores: Vec<PlacementScore>,
+    /// Devices dropped because their id is one the node's agent publishes
+    /// (an NVIDIA GPU's UUID on a mixed node): (register annotation, id).
+    /// Applied, such a device would take over the agent's entry, which the
+    /// GpuNode's device list merges by uuid.
+    pub collisions: Vec<(String, String)>,
 }
 
 /// The Node's vendor view; `None` when it carries no configured source's
-/// register annotation (not a vendor node).
+/// register annotation (not a vendor node). No device whose id is in
+/// `reserved` (the ids the node's agent publishes, on a mixed node) is
+/// kept: each is recorded in [`VendorView::collisions`].
 pub fn view(
     annotations: &BTreeMap<String, String>,
     allocatable: &BTreeMap<String, Quantity>,
     sources: &[Source],
     soft_split_default: bool,
+    reserved: &BTreeSet<String>,
     now: Timestamp,
 ) -> Option<VendorView> {
     let mut view = VendorView::default();
@@ -321,8 +329,8 @@ pub fn view(
                     split_count: 100,
                 };
                 let node = node_name(annotations);
-                view.devices
-                    .extend(cards_of(&format!("{node}-{infix}"), cards, &card, source));
+                let cards = cards_of(&format!("{node}-{infix}"), cards, &card, source);
+                extend(&mut view, cards, source, reserved);
             }
             continue;
         }
@@ -342,14 +350,13 @@ pub fn view(
                     .filter(|t| !t.is_empty() && t.len() <= 64)
                     .cloned()
                     .unwrap_or_else(|| neuron::DEVICE_TYPE.to_owned());
-                view.devices.extend(
-                    cards_of(&format!("{node}-AWSNeuron"), devices, &card, source)
-                        .into_iter()
-                        .map(|d| GpuDevice {
-                            model: model.clone(),
-                            ..d
-                        }),
-                );
+                let devices = cards_of(&format!("{node}-AWSNeuron"), devices, &card, source)
+                    .into_iter()
+                    .map(|d| GpuDevice {
+                        model: model.clone(),
+                        ..d
+                    });
+                extend(&mut view, devices, source, reserved);
             }
             continue;
         }
@@ -364,8 +371,8 @@ pub fn view(
                     split_count: 1,
                 };
                 let node = node_name(annotations);
-                view.devices
-                    .extend(cards_of(&format!("{node}-{infix}"), cards, &card, source));
+                let cards = cards_of(&format!("{node}-{infix}"), cards, &card, source);
+                extend(&mut view, cards, source, reserved);
                 if source.family == DeviceFamily::Metax {
                     placement_scores(&mut view, annotations);
                 }
@@ -380,7 +387,8 @@ pub fn view(
             match decode_enflame_drs(value) {
                 Ok(drs) => {
                     let node = node_name(annotations).to_owned();
-                    view.devices.extend(drs_gcus(&node, &drs, source));
+                    let gcus = drs_gcus(&node, &drs, source);
+                    extend(&mut view, gcus, source, reserved);
                 }
                 Err(error) => view.malformed.push((source.register.clone(), error)),
             }
@@ -388,7 +396,7 @@ pub fn view(
         }
         if source.kind == SourceKind::MetaxJson {
             match decode_metax(value, metax::SGPU_TYPE) {
-                Ok(devices) => add(&mut view, devices, source, soft_split),
+                Ok(devices) => add(&mut view, devices, source, soft_split, reserved),
                 Err(error) => view.malformed.push((source.register.clone(), error)),
             }
             continue;
@@ -423,7 +431,7 @@ pub fn view(
             decode_csv(value)
         };
         match decoded {
-            Ok(devices) => add(&mut view, devices, source, soft_split),
+            Ok(devices) => add(&mut view, devices, source, soft_split, reserved),
             Err(error) => view.malformed.push((source.register.clone(), error)),
         }
     }
@@ -510,6 +518,11 @@ pub fn condition(
             }
         })
         .collect();
+    problems.extend(
+        view.collisions
+            .iter()
+            .map(|(key, id)| collision_message(key, id)),
+    );
     problems.extend(view.expired.iter().map(|key| {
         format!("the device plugin has not answered the {key} handshake for 60 s; its devices are dropped")
     }));
@@ -543,13 +556,50 @@ pub fn condition(
     }
 }
 
-/// Adds a source's devices, skipping ids another source already gave.
-fn add(view: &mut VendorView, devices: Vec<Registered>, source: &Source, soft_split: bool) {
+/// Adds a source's devices, skipping ids another source already gave and
+/// dropping (as collisions) ids the node's agent publishes.
+fn add(
+    view: &mut VendorView,
+    devices: Vec<Registered>,
+    source: &Source,
+    soft_split: bool,
+    reserved: &BTreeSet<String>,
+) {
     for d in devices {
         if !view.devices.iter().any(|known| known.uuid == d.id) {
-            view.devices.push(device(d, source, soft_split));
+            extend(view, [device(d, source, soft_split)], source, reserved);
         }
     }
+}
+
+/// Adds devices of `source`, but none whose id the node's agent publishes:
+/// those are recorded as collisions under the source's annotation.
+fn extend(
+    view: &mut VendorView,
+    devices: impl IntoIterator<Item = GpuDevice>,
+    source: &Source,
+    reserved: &BTreeSet<String>,
+) {
+    for d in devices {
+        if reserved.contains(&d.uuid) {
+            let key = if source.register.is_empty() {
+                &source.count_resource
+            } else {
+                &source.register
+            };
+            view.collisions.push((key.clone(), d.uuid));
+        } else {
+            view.devices.push(d);
+        }
+    }
+}
+
+/// What a collision is reported as: the Warning event's and the vendor
+/// condition's words for it.
+pub fn collision_message(annotation: &str, id: &str) -> String {
+    format!(
+        "annotation {annotation} names device {id:?}, which the node agent publishes as one of its GPUs; that device is ignored"
+    )
 }
 
 fn device(d: Registered, source: &Source, soft_split: bool) -> GpuDevice {
@@ -764,6 +814,7 @@ mod tests {
             allocatable,
             &sources(config),
             false,
+            &BTreeSet::new(),
             Timestamp::now(),
         )
     }
@@ -821,7 +872,14 @@ mod tests {
             Quantity("0".into()),
         )]);
         assert_eq!(
-            view(&node, &none, &sources(&config), false, Timestamp::now()),
+            view(
+                &node,
+                &none,
+                &sources(&config),
+                false,
+                &BTreeSet::new(),
+                Timestamp::now()
+            ),
             None
         );
     }
@@ -1080,6 +1138,7 @@ mod tests {
                 &BTreeMap::new(),
                 &sources(&config),
                 false,
+                &BTreeSet::new(),
                 Timestamp::now()
             )
             .is_none()
@@ -1098,7 +1157,15 @@ mod tests {
         let node = annotations(&[("hami.io/node-amd-register", register)]);
         let advertised = BTreeMap::from([("amd.com/gpu".to_owned(), Quantity("1".into()))]);
         let now = Timestamp::now();
-        let seen = view(&node, &advertised, &sources(&config), false, now).unwrap();
+        let seen = view(
+            &node,
+            &advertised,
+            &sources(&config),
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         let d = &seen.devices[0];
         assert_eq!(
             (
@@ -1123,7 +1190,15 @@ mod tests {
             "HAMi's AMD plugin has no handshake"
         );
         // CheckHealth: no amd.com/gpu on the Node, the plugin is gone.
-        let gone = view(&node, &BTreeMap::new(), &sources(&config), false, now).unwrap();
+        let gone = view(
+            &node,
+            &BTreeMap::new(),
+            &sources(&config),
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         assert!(gone.devices.is_empty());
         let status = status(&gone, None, now);
         assert_eq!(status.conditions[0].reason, "DevicePluginGone");
@@ -1139,7 +1214,15 @@ mod tests {
             "hami.io/node-amd-register",
             r#"[{"id":"GPU-0","count":1,"devmem":1,"devcore":1,"type":"MI300X,GPU-9","health":true}]"#,
         )]);
-        let seen = view(&hostile, &advertised, &sources(&config), false, now).unwrap();
+        let seen = view(
+            &hostile,
+            &advertised,
+            &sources(&config),
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         assert!(seen.devices.is_empty());
         assert!(
             seen.malformed[0].1.contains("device 0: type must be"),
@@ -1159,7 +1242,15 @@ mod tests {
         let now = Timestamp::now();
         let allocatable = BTreeMap::from([("kunlunxin.com/xpu".to_owned(), Quantity("8".into()))]);
         let node = annotations(&[(NODE_NAME, "n1")]);
-        let seen = view(&node, &allocatable, &sources(&config), false, now).unwrap();
+        let seen = view(
+            &node,
+            &allocatable,
+            &sources(&config),
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         assert_eq!(seen.devices.len(), 8);
         let d = &seen.devices[7];
         assert_eq!(
@@ -1174,7 +1265,15 @@ mod tests {
         );
         let register = r#"[{"id":"xpu-0","index":0,"count":4,"devmem":98304,"devcore":100,"type":"P800","health":true}]"#;
         let node = annotations(&[("hami.io/node-register-xpu", register)]);
-        let seen = view(&node, &BTreeMap::new(), &sources(&config), false, now).unwrap();
+        let seen = view(
+            &node,
+            &BTreeMap::new(),
+            &sources(&config),
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         let d = &seen.devices[0];
         assert_eq!(
             (d.uuid.as_str(), d.family, d.model.as_str(), d.split_count),
@@ -1329,7 +1428,14 @@ mod tests {
         let sources = sources(&config());
         let plain = annotations(&[("tessera.dev/gpu-ready", "True")]);
         assert_eq!(
-            view(&plain, &BTreeMap::new(), &sources, false, Timestamp::now()),
+            view(
+                &plain,
+                &BTreeMap::new(),
+                &sources,
+                false,
+                &BTreeSet::new(),
+                Timestamp::now()
+            ),
             None
         );
     }
@@ -1345,7 +1451,15 @@ mod tests {
             (HYGON_HANDSHAKE, "Reported_2026-11-27 09:59:50"),
             ("hami.io/node-register-Ascend910B4", ASCEND),
         ]);
-        let seen = view(&node, &BTreeMap::new(), &sources(&config()), false, now).unwrap();
+        let seen = view(
+            &node,
+            &BTreeMap::new(),
+            &sources(&config()),
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         assert_eq!(seen.devices.len(), 2);
         let dcu = &seen.devices[0];
         assert_eq!(
@@ -1397,7 +1511,15 @@ mod tests {
         // hami.io/device-cordon closes the DCU to new pods, here as for NVIDIA.
         let mut cordoned = node.clone();
         cordoned.insert("hami.io/device-cordon".into(), "DCU-0, ".into());
-        let seen = view(&cordoned, &BTreeMap::new(), &sources(&config()), false, now).unwrap();
+        let seen = view(
+            &cordoned,
+            &BTreeMap::new(),
+            &sources(&config()),
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         let by: Vec<Option<&str>> = seen
             .devices
             .iter()
@@ -1414,7 +1536,15 @@ mod tests {
             (HYGON_HANDSHAKE, "Requesting_2026-11-27 09:58:59"),
         ]);
         let sources = sources(&config());
-        let gone = view(&node, &BTreeMap::new(), &sources, false, now).unwrap();
+        let gone = view(
+            &node,
+            &BTreeMap::new(),
+            &sources,
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         assert!(gone.devices.is_empty());
         assert_eq!(gone.expired, vec![HYGON_HANDSHAKE.to_owned()]);
         assert!(gone.handshakes.is_empty(), "no new request while one waits");
@@ -1429,7 +1559,7 @@ mod tests {
 
         let advertised = BTreeMap::from([("hygon.com/dcunum".to_owned(), Quantity("4".into()))]);
         assert_eq!(
-            view(&node, &advertised, &sources, false, now)
+            view(&node, &advertised, &sources, false, &BTreeSet::new(), now)
                 .unwrap()
                 .devices
                 .len(),
@@ -1440,7 +1570,15 @@ mod tests {
             (HYGON_REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
             (HYGON_HANDSHAKE, "Requesting_2026-11-27 09:59:30"),
         ]);
-        let waiting = view(&recent, &BTreeMap::new(), &sources, false, now).unwrap();
+        let waiting = view(
+            &recent,
+            &BTreeMap::new(),
+            &sources,
+            false,
+            &BTreeSet::new(),
+            now,
+        )
+        .unwrap();
         assert_eq!((waiting.devices.len(), waiting.handshakes.len()), (1, 0));
     }
 
@@ -1456,6 +1594,7 @@ mod tests {
             &BTreeMap::new(),
             &sources(&config()),
             false,
+            &BTreeSet::new(),
             Timestamp::now(),
         )
         .unwrap();
