@@ -7,6 +7,7 @@
 //! `/readyz` beside the verbs (and on `--metrics-addr`).
 
 mod bind;
+mod budgets;
 mod filter;
 mod handoff;
 mod lock;

@@ -33,14 +33,13 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::{core::v1::Pod, policy::v1::PodDisruptionBudget},
+    api::core::v1::Pod,
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::{SignedDuration, Timestamp},
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions},
-    core::Selector,
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
 };
 use serde_json::json;
 use tessera_api::{
@@ -98,6 +97,8 @@ pub struct Preemptor {
     metrics: super::metrics::ExtenderMetrics,
     /// When each pod (by UID) was last considered.
     recent: Arc<Mutex<HashMap<String, Instant>>>,
+    /// The cluster's PodDisruptionBudgets, watched.
+    budgets: super::budgets::Budgets,
 }
 
 impl Preemptor {
@@ -109,6 +110,7 @@ impl Preemptor {
         metrics: super::metrics::ExtenderMetrics,
     ) -> Self {
         Self {
+            budgets: super::budgets::Budgets::new(client.clone()),
             client,
             projection,
             config,
@@ -210,42 +212,34 @@ impl Preemptor {
                 return Ok(());
             }
         };
-        let protected = self.protected().await?;
-        let deciding = Instant::now();
-        let plan = {
-            let projection = self.projection.clone();
-            let (request, policy, priority) = (it.request.clone(), it.policy, it.priority);
-            let nodes = nodes.to_vec();
-            // Off the async workers: over thousands of nodes it takes a
-            // tenth of a second.
-            // Where this pod starts looking, as kube-scheduler starts at a
-            // random offset: its UID's hash.
-            let start = {
-                use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-                BuildHasherDefault::<DefaultHasher>::default().hash_one(&it.uid) as usize
-            };
-            tokio::task::spawn_blocking(move || {
-                plan_sampled(
-                    &projection,
-                    &request,
-                    policy,
-                    priority,
-                    (&nodes, start),
-                    &protected,
-                )
-            })
-            .await
-            .unwrap_or_else(|error| {
-                tracing::warn!(%error, "the preemption decision panicked");
-                None
-            })
-        };
-        self.metrics
-            .preemption_decision_seconds
-            .observe(deciding.elapsed().as_secs_f64());
-        let Some(plan) = plan else {
-            tracing::debug!("no lower-priority pods whose slices would make room");
+        if !lower_priority_on(&self.projection.read(), nodes, it.priority) {
+            tracing::debug!("no lower-priority allocation on any node it was turned away from");
             return Ok(());
+        }
+        let mut protected = HashSet::new();
+        let mut rounds = 0;
+        let plan = loop {
+            rounds += 1;
+            let Some(plan) = self.plan(&it, nodes, &protected).await else {
+                tracing::debug!("no lower-priority pods whose slices would make room");
+                return Ok(());
+            };
+            // Each victim as the API server has it now, and the budgets
+            // that protect it: only the chosen ones are looked at.
+            let budgeted = match self
+                .check_victims(&plan.victims, &plan.node, it.priority)
+                .await
+            {
+                Ok(budgeted) => budgeted,
+                Err(why) => {
+                    tracing::warn!(node = %plan.node, %why, "preempts nothing: a victim is not what its allocation says");
+                    return Ok(());
+                }
+            };
+            if budgeted.is_subset(&protected) || rounds >= PLAN_ROUNDS {
+                break plan;
+            }
+            protected.extend(budgeted);
         };
         let span = tracing::Span::current();
         span.record("node", plan.node.as_str());
@@ -273,6 +267,73 @@ impl Preemptor {
             "preempted lower-priority pods for their GPU slices"
         );
         Ok(())
+    }
+
+    /// The cheapest plan over `nodes`, the pods in `protected` counting as
+    /// PodDisruptionBudget violations.
+    async fn plan(
+        &self,
+        it: &Preempting,
+        nodes: &[String],
+        protected: &HashSet<AllocationKey>,
+    ) -> Option<Plan> {
+        let deciding = Instant::now();
+        let projection = self.projection.clone();
+        let (request, policy, priority) = (it.request.clone(), it.policy, it.priority);
+        let (nodes, protected) = (nodes.to_vec(), protected.clone());
+        // Where this pod starts looking, as kube-scheduler starts at a
+        // random offset: its UID's hash.
+        let start = {
+            use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+            BuildHasherDefault::<DefaultHasher>::default().hash_one(&it.uid) as usize
+        };
+        // Off the async workers: over thousands of nodes it takes a tenth
+        // of a second.
+        let plan = tokio::task::spawn_blocking(move || {
+            plan_sampled(
+                &projection,
+                &request,
+                policy,
+                priority,
+                (&nodes, start),
+                &protected,
+            )
+        })
+        .await
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "the preemption decision panicked");
+            None
+        });
+        self.metrics
+            .preemption_decision_seconds
+            .observe(deciding.elapsed().as_secs_f64());
+        plan
+    }
+
+    /// Reads each victim back before anything is done to it (review
+    /// 2026-12-01, H4: an allocation names a pod, and a node agent could
+    /// write one naming any pod): it must be the same pod (UID), bound to
+    /// `node`, of a priority below `priority`. Returns the victims a
+    /// PodDisruptionBudget protects, or why the plan must not be acted on.
+    async fn check_victims(
+        &self,
+        victims: &[Displaced],
+        node: &str,
+        priority: i32,
+    ) -> Result<HashSet<AllocationKey>, String> {
+        let mut budgeted = HashSet::new();
+        for victim in victims {
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &victim.key.namespace);
+            let pod = pods
+                .get_opt(&victim.key.name)
+                .await
+                .map_err(|e| format!("reading victim {}: {e}", victim.key.name))?;
+            let labels = victim_labels(pod.as_ref(), victim, node, priority)?;
+            if self.budgets.protects(&victim.key.namespace, &labels).await {
+                budgeted.insert(victim.key.clone());
+            }
+        }
+        Ok(budgeted)
     }
 
     /// The preempt verb: kube-scheduler found victims on some nodes by its
@@ -303,7 +364,71 @@ impl Preemptor {
             Verdict::Refused(_) => return Ok(ExtenderPreemptionResult::default()),
             Verdict::Preempts(it) => it,
         };
-        let protected = self.protected().await?;
+        let mut protected = HashSet::new();
+        let mut rounds = 0;
+        let (node, victims, answer, choice) = loop {
+            rounds += 1;
+            let Some((node, victims, answer, choice)) = self.best_beside(&it, &theirs, &protected)
+            else {
+                return Ok(ExtenderPreemptionResult::default());
+            };
+            // kube-scheduler checked its own victims; Tessera's are read back.
+            let ours: Vec<Displaced> = victims
+                .iter()
+                .filter(|v| {
+                    !theirs
+                        .get(&node)
+                        .is_some_and(|t| t.pods.iter().any(|p| p.uid == v.uid))
+                })
+                .cloned()
+                .collect();
+            let budgeted = match self.check_victims(&ours, &node, it.priority).await {
+                Ok(budgeted) => budgeted,
+                Err(why) => {
+                    tracing::warn!(%node, %why, "preempts nothing: a victim is not what its allocation says");
+                    return Ok(ExtenderPreemptionResult::default());
+                }
+            };
+            if budgeted.is_subset(&protected) || rounds >= PLAN_ROUNDS {
+                break (node, victims, answer, choice);
+            }
+            protected.extend(budgeted);
+        };
+        let span = tracing::Span::current();
+        span.record("node", node.as_str());
+        span.record("victims", answer.pods.len());
+        let plan = Plan {
+            node: node.clone(),
+            victims,
+            choice,
+        };
+        // Without the hold the pod would not bind where its victims were
+        // deleted (over its quota, another hold of it): nobody is preempted
+        // (review 2026-12-01, M4).
+        if let Err(error) = self.hold(&it, &plan).await {
+            tracing::info!(%error, "could not hold the freed slices: preempts nothing");
+            return Ok(ExtenderPreemptionResult::default());
+        }
+        self.metrics.preempted("verb", answer.pods.len());
+        Ok(ExtenderPreemptionResult {
+            node_name_to_meta_victims: [(node, answer)].into(),
+        })
+    }
+
+    /// Of the nodes kube-scheduler found victims on, the cheapest with
+    /// Tessera's victims beside its own: the node, whom it displaces there
+    /// (theirs the ledger knows and ours), the answer, and the choice.
+    fn best_beside(
+        &self,
+        it: &Preempting,
+        theirs: &std::collections::BTreeMap<String, MetaVictims>,
+        protected: &HashSet<AllocationKey>,
+    ) -> Option<(
+        String,
+        Vec<Displaced>,
+        MetaVictims,
+        crate::engine::preempt::Choice,
+    )> {
         let deciding = Instant::now();
         let best = {
             let ledger = self.projection.read();
@@ -316,7 +441,7 @@ impl Preemptor {
                     it.priority,
                     node,
                     &uids,
-                    &protected,
+                    protected,
                 )?;
                 // Theirs (named where the ledger knows them) and ours.
                 let mut displaced: Vec<Displaced> = ledger
@@ -348,26 +473,7 @@ impl Preemptor {
         self.metrics
             .preemption_decision_seconds
             .observe(deciding.elapsed().as_secs_f64());
-        let Some((_, node, victims, answer, choice)) = best else {
-            return Ok(ExtenderPreemptionResult::default());
-        };
-        let span = tracing::Span::current();
-        span.record("node", node.as_str());
-        span.record("victims", answer.pods.len());
-        let plan = Plan {
-            node: node.clone(),
-            victims,
-            choice,
-        };
-        match self.hold(&it, &plan).await {
-            Ok(()) => self.metrics.preempted("verb", answer.pods.len()),
-            Err(error) => {
-                tracing::warn!(%error, "could not hold the freed slices; kube-scheduler preempts without a hold")
-            }
-        }
-        Ok(ExtenderPreemptionResult {
-            node_name_to_meta_victims: [(node, answer)].into(),
-        })
+        best.map(|(_, node, victims, answer, choice)| (node, victims, answer, choice))
     }
 
     /// Holds the slices `plan` frees for the pod: in the ledger first, then
@@ -482,42 +588,53 @@ impl Preemptor {
             }
         }
     }
+}
 
-    /// The pods a PodDisruptionBudget protects now (it allows no
-    /// disruption), by namespace and name.
-    async fn protected(&self) -> Result<HashSet<AllocationKey>, Error> {
-        let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
-        let budgets = budgets
-            .list(&ListParams::default())
-            .await
-            .map_err(Error::kube("listing PodDisruptionBudgets"))?;
-        let mut protected = HashSet::new();
-        for budget in budgets.items {
-            let allowed = budget
-                .status
-                .as_ref()
-                .and_then(|s| s.disruptions_allowed)
-                .unwrap_or(0);
-            let selector = budget.spec.as_ref().and_then(|s| s.selector.clone());
-            let (Some(namespace), Some(selector)) = (budget.namespace(), selector) else {
-                continue;
-            };
-            if allowed > 0 {
-                continue;
-            }
-            let Ok(selector) = Selector::try_from(selector) else {
-                continue;
-            };
-            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-            let listed = pods
-                .list_metadata(&ListParams::default().labels_from(&selector))
-                .await
-                .map_err(Error::kube("listing the pods of a PodDisruptionBudget"))?;
-            protected.extend(listed.items.into_iter().map(|p| AllocationKey {
-                namespace: namespace.clone(),
-                name: p.name_any(),
-            }));
-        }
-        Ok(protected)
+/// How many times a plan is made again with the victims found protected
+/// by a PodDisruptionBudget marked so.
+const PLAN_ROUNDS: u32 = 3;
+
+/// Whether any node of `nodes` holds an allocation a pod of `priority` may
+/// displace (one with a lower recorded priority, not itself a hold): when
+/// none does there is nothing to plan, and nothing is read.
+pub(super) fn lower_priority_on(
+    ledger: &crate::projection::Ledger,
+    nodes: &[String],
+    priority: i32,
+) -> bool {
+    nodes.iter().any(|node| {
+        ledger
+            .allocations_on(node)
+            .any(|(_, a)| !a.nominated && a.priority.is_some_and(|p| p < priority))
+    })
+}
+
+/// A victim's labels, when the pod read back is the one its allocation
+/// names: the same UID, bound to `node`, of a priority below the
+/// preemptor's; otherwise why not.
+pub(super) fn victim_labels(
+    pod: Option<&Pod>,
+    victim: &Displaced,
+    node: &str,
+    priority: i32,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let name = format!("{}/{}", victim.key.namespace, victim.key.name);
+    let pod = pod
+        .filter(|p| p.metadata.uid.as_deref() == Some(victim.uid.as_str()))
+        .ok_or_else(|| format!("pod {name} with UID {} does not exist", victim.uid))?;
+    let spec = pod.spec.as_ref();
+    let bound = spec.and_then(|s| s.node_name.as_deref());
+    if bound != Some(node) {
+        return Err(format!(
+            "pod {name} is bound to {}, not {node}",
+            bound.unwrap_or("no node")
+        ));
     }
+    let held = spec.and_then(|s| s.priority).unwrap_or(0);
+    if held >= priority {
+        return Err(format!(
+            "pod {name} has priority {held}, not below the preemptor's {priority}"
+        ));
+    }
+    Ok(pod.metadata.labels.clone().unwrap_or_default())
 }

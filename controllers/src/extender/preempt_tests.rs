@@ -467,3 +467,118 @@ fn filter_records_the_pods_it_finds_no_gpu_for_until_one_fits() {
     assert_eq!(ask(&big).node_names.unwrap(), ["n2"]);
     assert!(waiting(&projection).is_empty());
 }
+
+/// Review 2026-12-01, H3: a pod with nothing of lower priority to displace
+/// on any node costs no reads at all (before, every attempt listed every
+/// PodDisruptionBudget and each one's pods first).
+#[test]
+fn nothing_is_planned_or_read_where_no_lower_priority_allocation_is() {
+    let (projection, _feeder) = cluster();
+    let ledger = projection.read();
+    let nodes = ["n1".to_owned(), "n2".to_owned()];
+    assert!(super::preempt::lower_priority_on(&ledger, &nodes, 11));
+    assert!(
+        !super::preempt::lower_priority_on(&ledger, &nodes, 10),
+        "equal is not lower"
+    );
+    assert!(!super::preempt::lower_priority_on(
+        &ledger,
+        &nodes[1..],
+        100
+    ));
+    assert!(!super::preempt::lower_priority_on(
+        &ledger,
+        &["n9".to_owned()],
+        1000
+    ));
+}
+
+/// Review 2026-12-01, H4: an allocation names its pod, and a node agent
+/// could write one naming any pod; the victim read back must be that pod,
+/// bound to the plan's node, of a lower priority, or nothing is done.
+#[test]
+fn a_victim_is_displaced_only_as_the_pod_its_allocation_names() {
+    let victim = Displaced {
+        key: key("v"),
+        uid: "uid-v".into(),
+        priority: 10,
+    };
+    let read = |uid: &str, node: Option<&str>, priority: i32| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "v", "namespace": "team", "uid": uid, "labels": {"app": "a"}},
+            "spec": {"nodeName": node, "priority": priority, "containers": []},
+        }))
+        .unwrap()
+    };
+    let labels =
+        super::preempt::victim_labels(Some(&read("uid-v", Some("n1"), 10)), &victim, "n1", 100)
+            .unwrap();
+    assert_eq!(labels["app"], "a");
+    for (pod, what) in [
+        (None, "gone"),
+        (
+            Some(read("uid-other", Some("n1"), 10)),
+            "another pod of the name",
+        ),
+        (Some(read("uid-v", Some("n2"), 10)), "bound elsewhere"),
+        (Some(read("uid-v", None, 10)), "not bound"),
+        (
+            Some(read("uid-v", Some("n1"), 100)),
+            "not of lower priority",
+        ),
+    ] {
+        assert!(
+            super::preempt::victim_labels(pod.as_ref(), &victim, "n1", 100).is_err(),
+            "{what}"
+        );
+    }
+}
+
+/// Review 2026-12-01, M4: the preempt verb answered kube-scheduler's
+/// victims (and Tessera's) although the hold failed because the pod is over
+/// its namespace's quota (a percentage counted as 0 MiB by the early gate),
+/// so pods were deleted for a pod that could never bind. Now it answers none.
+#[tokio::test]
+async fn the_preempt_verb_answers_no_victim_when_the_hold_fails() {
+    let (projection, feeder) = cluster();
+    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "gpus", "namespace": "team"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}},
+    }))
+    .unwrap();
+    feeder.quota_event(kube::runtime::watcher::Event::Apply(quota), &mut Vec::new());
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let config = std::sync::Arc::new(Config::default());
+    let preemptor = super::preempt::Preemptor::new(
+        client,
+        projection.clone(),
+        config.clone(),
+        crate::metrics::Metrics::new(projection.clone(), config.request.clone())
+            .extender
+            .clone(),
+    );
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "urgent", "namespace": "team", "uid": "uid-urgent"},
+        "spec": {"priority": 1000, "containers": [{"name": "main", "resources": {"limits": {
+            "nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50",
+        }}}]},
+    }))
+    .unwrap();
+    let theirs = super::wire::MetaVictims {
+        pods: vec![super::wire::MetaPod {
+            uid: "uid-n1-0-30000".into(),
+        }],
+        num_pdb_violations: 0,
+    };
+    let args = super::wire::ExtenderPreemptionArgs {
+        pod,
+        node_name_to_victims: None,
+        node_name_to_meta_victims: Some([("n1".to_owned(), theirs)].into()),
+    };
+    let answer = preemptor.answer(&args).await.unwrap();
+    assert!(
+        answer.node_name_to_meta_victims.is_empty(),
+        "over its quota, the pod preempts nothing: {answer:?}"
+    );
+}
