@@ -225,6 +225,25 @@ async fn a_pod_saying_bind_phase_success_keeps_its_lock_until_served() {
         "{refused}"
     );
 
+    // M3: nor a GPU pod whose own mount would hide the agent's limits
+    // directory (and with it the defence against `envFrom` limits).
+    let shadowing = cluster
+        .create_raw_pod(json!({
+            "metadata": {"name": "shadows-limits"},
+            "spec": {"volumes": [{"name": "mine", "emptyDir": {}}],
+                "containers": [{"name": "main", "image": "example.invalid/cuda",
+                "volumeMounts": [{"name": "mine", "mountPath": "/var/run/tessera/limits"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}}}]},
+        }))
+        .await
+        .expect_err("the webhook refuses a mount over the limits directory");
+    assert!(
+        shadowing
+            .to_string()
+            .contains("volumeMounts[0] (\"mine\") mountPath \"/var/run/tessera/limits\""),
+        "{shadowing}"
+    );
+
     let first = pod(&cluster, "first", 1000).await;
     Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client.clone(), "default")
         .patch(

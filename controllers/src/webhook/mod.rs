@@ -10,6 +10,7 @@
 
 pub mod certificate;
 mod metrics;
+mod mounts;
 mod mutate;
 pub mod owned;
 mod vendors;

@@ -70,6 +70,9 @@ pub fn mutate(
             privileged.name
         ));
     }
+    if let Some(denial) = all.clone().find_map(super::mounts::refusal) {
+        return Verdict::Denied(denial);
+    }
     if !config.allow_enforcement_env
         && let Some(denial) = all.clone().find_map(enforcement_env)
     {
