@@ -150,6 +150,33 @@ pub enum AllocateError {
         /// The containers served.
         served: String,
     },
+    /// The NodeLock's `expiresAt` is past: the node may be handed to
+    /// another pod at any moment, so the pod asking may not be the holder.
+    #[error(
+        "NodeLock {lock} held by pod {holder} expired at {expired} (now {now}): the node may already be another pod's, so the pod asking cannot be told to be its holder; refusing. Delete the pod so it is scheduled again"
+    )]
+    LockExpired {
+        /// The lock (= node) name.
+        lock: String,
+        /// `namespace/name (UID uid)` of the holder.
+        holder: String,
+        /// Its `expiresAt`.
+        expired: String,
+        /// The agent's clock.
+        now: String,
+    },
+    /// The NodeLock's holder is not the pod of its UID bound to this node.
+    #[error(
+        "NodeLock {lock} names pod {holder}, but {reason}: the lock does not name a pod waiting for devices on this node; refusing"
+    )]
+    HolderNotHere {
+        /// The lock (= node) name.
+        lock: String,
+        /// `namespace/name (UID uid)` of the holder.
+        holder: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The agent's record of the containers it answered was unusable when
     /// it started, and the lock's holder has several containers waiting:
     /// which of them an earlier agent answered is unknown.

@@ -6,7 +6,7 @@
 //! holder's VgpuAllocation straight from the API server (a cache could still
 //! show the lock of the pod served a moment ago).
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client,
     runtime::{reflector, watcher},
@@ -156,6 +156,18 @@ impl NodeView {
             return Ok(Some((*cached).clone()));
         }
         self.allocation_from_api(lock).await
+    }
+
+    /// The pod a lock names (`None`: not found), read from the API server.
+    pub async fn holder_pod(&self, lock: &NodeLock) -> Result<Option<Pod>, Error> {
+        let holder = &lock.spec.holder;
+        let api = Api::<Pod>::namespaced(self.client.clone(), &holder.namespace);
+        through_outages(OUTAGE_PATIENCE, || api.get_opt(&holder.name))
+            .await
+            .map_err(Error::kube(format!(
+                "reading pod {}/{}, the holder of NodeLock {}",
+                holder.namespace, holder.name, self.node
+            )))
     }
 
     /// The allocation a lock names, read from the API server.

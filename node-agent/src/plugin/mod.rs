@@ -4,6 +4,7 @@
 mod allocate;
 mod device_list;
 mod ids;
+pub mod lock_checks;
 pub mod modes;
 pub mod served;
 mod server;

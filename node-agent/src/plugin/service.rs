@@ -128,6 +128,11 @@ impl Service {
         let (Some(lock), Some(allocation)) = (lock, allocation) else {
             return Err(crate::error::AllocateError::NoLock { node: node.into() }.into());
         };
+        // The lock may lapse, or name a pod deleted and recreated under
+        // its name, or bound elsewhere: then the pod asking is not its holder.
+        super::lock_checks::unexpired(&lock, k8s_openapi::jiff::Timestamp::now())?;
+        let pod = self.view.holder_pod(&lock).await?;
+        super::lock_checks::holder_bound_here(&lock, pod.as_ref(), node)?;
         let answered_here = !self.served.of(&allocation.spec.pod_uid).is_empty();
         super::served::known(&lock, &allocation, answered_here, self.served.uncertain())?;
         if !grant.mismatched.is_empty() {
