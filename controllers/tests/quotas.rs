@@ -2,7 +2,9 @@
 //! calling the extender, the webhook and the lifecycle controllers. A
 //! namespace's `limits.nvidia.com/gpumem` counts what each pod is given
 //! (percentages resolved), holds across racing Binds, shows in the quota's
-//! status and in HAMi's metric, and frees room when a pod goes.
+//! status and in HAMi's metric, and frees room when a pod goes; its
+//! `limits.nvidia.com/gpucores` counts a pod of 0 cores (no compute limit)
+//! as its GPU's cores.
 
 use tessera_testkit::cluster as support;
 
@@ -64,10 +66,12 @@ async fn a_namespace_at_its_gpu_memory_quota_starts_no_more_pods() {
             .add_gpu_node(node, "NVIDIA A100-SXM4-80GB", 1, 81920)
             .await;
     }
+    // Every pod here names no cores, so each counts a GPU's 100 (M5):
+    // at most four hold GPUs at once below.
     let quotas = create_quota(
         &cluster,
         "gpu",
-        json!({"limits.nvidia.com/gpumem": "40960", "limits.nvidia.com/gpucores": "300"}),
+        json!({"limits.nvidia.com/gpumem": "40960", "limits.nvidia.com/gpucores": "400"}),
     )
     .await;
 
@@ -201,6 +205,60 @@ async fn a_namespace_at_its_gpu_memory_quota_starts_no_more_pods() {
         .await
         .unwrap();
     cluster.served(waiting).await;
+}
+
+/// Review finding M5: 0 cores (the default) means no compute limit, so it
+/// counts a whole GPU's cores; before, every such pod counted 0 and a cores
+/// quota limited nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_of_no_cores_count_their_gpu_s_cores_against_a_cores_quota() {
+    let cluster = Cluster::start(Config::default()).await;
+    spawn_allocate_stand_in(cluster.client.clone());
+    cluster
+        .add_gpu_node("c-1", "NVIDIA A100-SXM4-80GB", 2, 81920)
+        .await;
+    create_quota(
+        &cluster,
+        "cores",
+        json!({"limits.nvidia.com/gpucores": "100"}),
+    )
+    .await;
+    let no_cores = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"});
+    cluster
+        .create_pod("first", no_cores.clone(), json!({}))
+        .await;
+    cluster.served("first").await;
+    assert_eq!(
+        cluster.allocation("first").await.spec.quota["nvidia.com/gpucores"],
+        100
+    );
+    // The node has room (a second GPU), the namespace has not.
+    cluster.create_pod("second", no_cores, json!({})).await;
+    let reasons = cluster.failed_scheduling("second").await.join("\n");
+    assert!(
+        reasons.contains(
+            "ResourceQuota \"cores\" allows limits.nvidia.com/gpucores: 100; the namespace's pods hold 100, this pod would add 100"
+        ),
+        "{reasons}"
+    );
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "default");
+    let second = pods.get("second").await.unwrap();
+    assert_eq!(second.spec.and_then(|s| s.node_name), None, "not bound");
+    // A pod that names its cores is refused at creation now: the 0-core
+    // pod's 100 count there too.
+    let refused = cluster
+        .create_raw_pod(json!({
+            "metadata": {"name": "thirty"},
+            "spec": {"containers": [{"name": "main", "image": "example.invalid/cuda",
+                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "30"}}}]},
+        }))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("the namespace's pods hold 100, this pod would add 30"),
+        "{refused}"
+    );
 }
 
 #[tokio::test]

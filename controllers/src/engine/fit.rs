@@ -61,7 +61,10 @@ pub fn fit(
             slices,
         });
     }
-    Ok(Placement { containers })
+    Ok(Placement {
+        containers,
+        device_cores: node.devices.iter().map(|d| d.cores).collect(),
+    })
 }
 
 /// Whether `request` fits `node`, with the same answer as [`fit`] but

@@ -96,6 +96,11 @@ pub struct ContainerPlacement {
 pub struct Placement {
     /// Containers in request order.
     pub containers: Vec<ContainerPlacement>,
+    /// Each of the node's devices' cores (100 × core scaling for NVIDIA),
+    /// by position ([`Slice::device`]): what an NVIDIA slice of 0 cores,
+    /// which runs with no compute limit, counts against a cores quota
+    /// ([`quota::charge`](super::quota::charge)).
+    pub device_cores: Vec<u32>,
 }
 
 impl Placement {

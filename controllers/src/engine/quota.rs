@@ -9,12 +9,26 @@
 //! container, with init containers counted as the kubelet counts them:
 //! `max(app containers + sidecars, each init container + the sidecars
 //! started before it)`.
+//!
+//! An NVIDIA slice of 0 cores (no `nvidia.com/gpucores`, under the default
+//! `defaultCores: 0`) runs with no compute limit (`CUDA_DEVICE_SM_LIMIT=0`),
+//! so it is given the whole device's compute and counts its device's cores
+//! (100 × core scaling) against a cores quota. Other families' slices count
+//! their cores as they hold them: a vendor's 0 means what its plugin makes
+//! of it (an Ascend vNPU template fixes its AI cores; a MetaX online sGPU
+//! is charged none, as HAMi does).
 
 use std::{collections::BTreeMap, fmt};
 
-use tessera_api::request::{ContainerKind, PodRequest, QuotaNames, RequestConfig};
+use tessera_api::{
+    request::{ContainerKind, ContainerRequest, PodRequest, QuotaNames, RequestConfig},
+    v1alpha1::DeviceFamily,
+};
 
-use super::{node::NodeGpus, placement::Placement};
+use super::{
+    node::NodeGpus,
+    placement::{EXCLUSIVE_CORES, Placement, Slice},
+};
 
 /// Amounts by device resource name: memory in MiB, cores as slices hold them.
 pub type Charge = BTreeMap<String, u64>;
@@ -44,7 +58,11 @@ pub fn charge(request: &PodRequest, placement: &Placement, names: &[QuotaNames<'
                     add(&mut amounts, memory, slice.memory_mib);
                 }
                 if let Some(cores) = names.cores {
-                    add(&mut amounts, cores, u64::from(slice.cores));
+                    add(
+                        &mut amounts,
+                        cores,
+                        u64::from(charged_cores(c, slice, placement)),
+                    );
                 }
             }
             (c.kind, amounts)
@@ -52,9 +70,27 @@ pub fn charge(request: &PodRequest, placement: &Placement, names: &[QuotaNames<'
     collapse(per_container)
 }
 
+/// The cores `slice` counts against a quota: what it holds, or for an
+/// NVIDIA slice of none (no compute limit), its device's cores.
+fn charged_cores(container: &ContainerRequest, slice: &Slice, placement: &Placement) -> u32 {
+    if slice.cores == 0 && container.family == DeviceFamily::Nvidia {
+        placement
+            .device_cores
+            .get(slice.device)
+            .copied()
+            .unwrap_or(EXCLUSIVE_CORES)
+    } else {
+        slice.cores
+    }
+}
+
 /// The least `request` can count wherever it goes, before placement: memory
-/// asked in MiB and cores; a percentage of a device's memory counts 0 here
-/// (Filter and Bind count it exactly on each node).
+/// asked in MiB and cores asked. What depends on the device counts 0 here,
+/// and Filter and Bind count it exactly on each node: a percentage of a
+/// device's memory (the whole device under `defaultMemory: 0`), and an
+/// NVIDIA request of 0 cores, which counts its device's cores. Neither has
+/// a floor above 0 without knowing the devices: a GpuNodeConfig may scale
+/// a device's memory and cores by any factor above 0.
 pub fn least_charge(request: &PodRequest, names: &[QuotaNames<'_>]) -> Charge {
     let per_container = request.containers.iter().zip(names).map(|(c, names)| {
         let mut amounts = Charge::new();

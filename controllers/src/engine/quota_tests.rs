@@ -165,6 +165,63 @@ fn a_pod_counts_what_it_is_given() {
     );
 }
 
+/// Review finding M5: an NVIDIA slice of 0 cores runs with no compute
+/// limit, so it counts its device's cores (100 × core scaling), and a
+/// namespace's cores quota holds against pods that name no cores.
+#[test]
+fn a_slice_of_no_cores_counts_its_device_s_cores() {
+    let mut node = gpus(2, 40000);
+    let no_cores = pod(
+        json!({"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}}]}),
+    );
+    assert_eq!(no_cores.containers[0].cores, 0, "defaultCores: 0");
+    assert_eq!(
+        placed_charge(&node, &no_cores),
+        amounts(&[(MEM, 1000), (CORES, 100)])
+    );
+    // Two vGPUs of none: each device's cores.
+    let two = pod(
+        json!({"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "0"}}}]}),
+    );
+    assert_eq!(
+        placed_charge(&node, &two),
+        amounts(&[(MEM, 2000), (CORES, 200)])
+    );
+    // A core scaling of 2: the device's 200 cores.
+    for device in &mut node.devices {
+        device.cores = 200;
+    }
+    assert_eq!(
+        placed_charge(&node, &no_cores),
+        amounts(&[(MEM, 1000), (CORES, 200)])
+    );
+    // Cores named: as asked.
+    let thirty = pod(
+        json!({"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "30"}}}]}),
+    );
+    assert_eq!(
+        placed_charge(&node, &thirty),
+        amounts(&[(MEM, 1000), (CORES, 30)])
+    );
+    // Before placement the device is not known: 0 is the only floor.
+    assert_eq!(
+        least_charge(&no_cores, &quota::names(&no_cores, &config())),
+        amounts(&[(MEM, 1000)])
+    );
+    // The most it can count on the node bounds it still.
+    let most = quota::most_charge(&no_cores, &node, &quota::names(&no_cores, &config()));
+    assert_eq!(most[CORES], 200);
+
+    // With limits.nvidia.com/gpucores: 100 on 100-core GPUs, the first
+    // such pod fits and the second does not.
+    let node = gpus(2, 40000);
+    let quota = limits(&[(CORES, 100)]);
+    let first = placed_charge(&node, &no_cores);
+    assert!(check(&quota, &Charge::new(), &first).is_ok());
+    let over = check(&quota, &first, &placed_charge(&node, &no_cores)).unwrap_err();
+    assert_eq!((over.used, over.asked), (100, 100));
+}
+
 #[test]
 fn the_most_a_pod_can_count_bounds_what_it_counts() {
     let node = gpus(2, 40000);
