@@ -42,6 +42,17 @@ pub enum Error {
         /// Why.
         why: String,
     },
+    /// The node agent's region directory is in the container but its
+    /// limits file is not: something hid the file (the agent mounts both).
+    #[error(
+        "the node agent's region directory {region_dir} is here but its limits file {path} is missing: the agent always mounts both, so the file was hidden (a volume of the pod's own mounted over its directory?); refusing CUDA rather than taking the limits from the environment"
+    )]
+    LimitsMissing {
+        /// The limits file.
+        path: String,
+        /// The region directory.
+        region_dir: String,
+    },
     /// The environment sets a limit variable other than the node agent's
     /// limits file does.
     #[error(

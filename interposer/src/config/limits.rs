@@ -3,6 +3,12 @@
 //! tenant who sets the variables another way (`envFrom` a ConfigMap, a
 //! wrapper script's `export`) cannot loosen them: the environment may repeat
 //! what the file says (HAMi's images read it), and anything else is refused.
+//!
+//! The agent mounts the file's directory beside the container's region
+//! directory ([`REGION_DIR`]), always both. A region directory without the
+//! file means the file was hidden (the pod mounted a volume of its own over
+//! [`tessera_api::env::LIMITS_DIR`]): the limits would then come from the
+//! environment, which the tenant controls, so CUDA is refused instead.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
@@ -11,6 +17,12 @@ use std::path::Path;
 use tessera_api::env::{LIMITS_FILE, MAX_LIMITS_FILE, is_limit_var, parse_limits_file};
 
 use super::Error;
+
+/// Where the node agent mounts a container's shared region directory (the
+/// agent's `contract::CONTAINER_REGION_DIR`, the directory of the region
+/// path it sets in `CUDA_DEVICE_MEMORY_SHARED_CACHE`). Kept in step with the
+/// agent's by hand: the interposer depends on nothing of the agent.
+pub const REGION_DIR: &str = "/var/run/tessera/vgpu";
 
 /// Reads the limits file at `path`; `None` when there is none (a container
 /// started outside the agent, or by an agent before the file existed).
@@ -87,9 +99,25 @@ impl Vars {
     }
 }
 
-/// The variables of this process: [`LIMITS_FILE`] over its environment.
+/// Reads the limits file at `path` ([`read`]), which must exist when the
+/// agent's region directory `region_dir` does (anything there, even a
+/// dangling link, counts): the agent mounts both, so a region directory
+/// alone means the file was hidden ([`Error::LimitsMissing`]).
+pub fn read_beside(path: &Path, region_dir: &Path) -> Result<Option<String>, Error> {
+    let text = read(path)?;
+    if text.is_none() && std::fs::symlink_metadata(region_dir).is_ok() {
+        return Err(Error::LimitsMissing {
+            path: path.display().to_string(),
+            region_dir: region_dir.display().to_string(),
+        });
+    }
+    Ok(text)
+}
+
+/// The variables of this process: [`LIMITS_FILE`] over its environment;
+/// refused when the agent's [`REGION_DIR`] is there without the file.
 pub fn process_vars() -> Result<Vars, Error> {
-    let file = read(Path::new(LIMITS_FILE))?;
+    let file = read_beside(Path::new(LIMITS_FILE), Path::new(REGION_DIR))?;
     Vars::new(file.as_deref(), std::env::vars_os())
 }
 
@@ -178,5 +206,47 @@ mod tests {
         assert_eq!(text.len(), MAX_LIMITS_FILE + 1);
         assert!(Vars::new(Some(&text), env(&[])).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A pod that mounts its own volume over the limits directory hides the
+    /// file but not the agent's region directory beside it.
+    #[test]
+    fn a_region_directory_without_the_limits_file_refuses_cuda() {
+        let dir = std::env::temp_dir().join(format!("tessera-hidden-{}", std::process::id()));
+        let (limits, region) = (dir.join("limits"), dir.join("vgpu"));
+        std::fs::create_dir_all(&limits).unwrap();
+        let file = limits.join("limits.env");
+
+        // Neither: a container the agent did not serve reads its environment.
+        assert_eq!(read_beside(&file, &region).unwrap(), None);
+
+        // The region directory, but the file hidden: refused, and says why.
+        std::fs::create_dir_all(&region).unwrap();
+        let Err(error) = read_beside(&file, &region) else {
+            panic!("a hidden limits file was taken as none");
+        };
+        assert!(matches!(error, Error::LimitsMissing { .. }), "{error}");
+        let message = error.to_string();
+        for needle in [
+            file.display().to_string(),
+            region.display().to_string(),
+            "refusing CUDA".to_owned(),
+        ] {
+            assert!(message.contains(&needle), "{needle} not in {message}");
+        }
+
+        // Both: the file's limits.
+        std::fs::write(&file, FILE).unwrap();
+        assert_eq!(read_beside(&file, &region).unwrap().as_deref(), Some(FILE));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_region_directory_is_where_the_agent_mounts_it() {
+        // The directory of the agent's region path, under the limits
+        // directory's parent.
+        let limits_parent = Path::new(tessera_api::env::LIMITS_DIR).parent().unwrap();
+        assert_eq!(Path::new(REGION_DIR).parent().unwrap(), limits_parent);
+        assert_eq!(REGION_DIR, "/var/run/tessera/vgpu");
     }
 }
