@@ -171,10 +171,23 @@ pub fn lock_action(
         );
     }
     if lock.spec.expires_at.0 <= now {
+        // Bound here and not served: the kubelet may still call Allocate
+        // for it, and Allocate names no pod, so the node's next lock would
+        // serve it the next pod's slice (review 2026-12-01, M1). The lock
+        // stays until the holder is served, started, finished or deleted
+        // (a kubelet that cannot serve it fails it); the agent refuses to
+        // serve it past its expiry.
+        if pod.node_name() == Some(node) {
+            return LockAction::KeepUntil(now.saturating_add(EXPIRED_LOOK_AGAIN).unwrap_or(now));
+        }
         return LockAction::Release("the lock expired".into());
     }
     LockAction::KeepUntil(lock.spec.expires_at.0)
 }
+
+/// How often a lock past its expiry whose holder is bound to its node and
+/// not yet served is looked at again.
+pub const EXPIRED_LOOK_AGAIN: SignedDuration = SignedDuration::from_secs(30);
 
 /// How long an agent Lease counts as held when it does not say.
 pub const DEFAULT_LEASE_SECONDS: i32 = 40;
@@ -466,6 +479,48 @@ mod tests {
             lock_action(&live, Some(&bound), Some(&vendor), now),
             LockAction::Free(_)
         ));
+    }
+
+    /// Review 2026-12-01, M1: a lock past its expiry was released while its
+    /// holder was bound and not yet served, and the next pod's lock then
+    /// served the holder at its late Allocate.
+    #[test]
+    fn an_expired_lock_stays_while_its_holder_is_bound_here_unserved() {
+        let now: Timestamp = "2026-11-22T10:05:00Z".parse().unwrap();
+        let expired = lock("2026-11-22T10:01:00Z");
+        let bound = allocation("u1", Some("Bound"));
+        assert_eq!(
+            lock_action(
+                &expired,
+                Some(&pod("u1", Some("n1"), "Pending")),
+                Some(&bound),
+                now
+            ),
+            LockAction::KeepUntil(now.saturating_add(EXPIRED_LOOK_AGAIN).unwrap())
+        );
+        assert_eq!(
+            lock_action(
+                &expired,
+                Some(&pod("u1", None, "Pending")),
+                Some(&bound),
+                now
+            ),
+            LockAction::Release("the lock expired".into()),
+            "never bound: the Bind that took it is gone"
+        );
+        assert!(matches!(
+            lock_action(
+                &expired,
+                Some(&pod("u1", Some("n1"), "Running")),
+                Some(&bound),
+                now
+            ),
+            LockAction::Free(_)
+        ));
+        assert_eq!(
+            lock_action(&expired, None, Some(&bound), now),
+            LockAction::Free("the holder's allocation is released: the pod was deleted".into())
+        );
     }
 
     #[test]

@@ -128,8 +128,14 @@ where
 
 /// A cluster with one 2-GPU node and a Binder writing through `faults`.
 async fn setup(faults: Faults) -> (Cluster, Binder) {
+    setup_with(faults, Config::default().node_lock_ttl_seconds).await
+}
+
+/// [`setup`], NodeLocks lasting `ttl_seconds`.
+async fn setup_with(faults: Faults, ttl_seconds: u32) -> (Cluster, Binder) {
     let config = Config {
         node_lock_wait_millis: 3_000,
+        node_lock_ttl_seconds: ttl_seconds,
         ..Config::default()
     };
     let cluster = Cluster::start(config.clone()).await;
@@ -318,4 +324,29 @@ async fn a_binding_with_no_known_outcome_keeps_everything_and_a_retry_binds() {
     let allocation = allocation_of(&cluster, "first").await.unwrap();
     assert_eq!(allocation.spec.pod_uid, first.pod_uid);
     assert_eq!(lock_holder(&cluster).await.as_deref(), Some("first"));
+}
+
+/// M1: the holder is bound and its Allocate has not come (a lagging
+/// kubelet) when its lock lapses. Neither the lifecycle controller nor the
+/// next Bind hands the node over (before, both did, and the late Allocate
+/// was then answered with the next pod's slice).
+#[tokio::test]
+async fn a_lapsed_lock_stays_with_a_holder_bound_and_not_yet_served() {
+    let (cluster, binder) = setup_with(Faults::new(Fault::DropAnswer, 0), 2).await;
+    let first = pod(&cluster, "first", 1000).await;
+    binder.bind(&first, None).await.expect("first binds");
+    let lock = Api::<NodeLock>::all(cluster.client.clone())
+        .get(NODE)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(lock.spec.expires_at.0 < k8s_openapi::jiff::Timestamp::now());
+    let second = pod(&cluster, "second", 1000).await;
+    let waited = binder.bind(&second, None).await;
+    assert!(
+        matches!(waited, Err(Error::LockBusy { .. })),
+        "the lapsed lock's holder is bound and unserved: {waited:?}"
+    );
+    assert_eq!(lock_holder(&cluster).await.as_deref(), Some("first"));
+    assert_eq!(node_of(&cluster, "second").await, None);
 }

@@ -4,8 +4,8 @@
 //! by creating it (the node's first GPU pod) or by updating it in place,
 //! conditional on the resourceVersion it judged free: its holder was served
 //! (the holder's allocation left `Bound`, which is the node agent's release),
-//! the lock expired, its holder is gone, finished or bound elsewhere, or it
-//! is this very pod's (a retry). So two waiters can never both win, and one
+//! the lock expired and its holder is not bound to the node, its holder is
+//! gone, finished or bound elsewhere, or it is this very pod's (a retry). So two waiters can never both win, and one
 //! request takes the lock where a create and a delete did before. While
 //! another pod holds it, Bind waits (bounded) for the watches to report the
 //! holder served or the lock gone. Binds for the same node queue inside the
@@ -136,6 +136,8 @@ impl Locker {
         let started = Instant::now();
         let mut changes = self.table.subscribe();
         let mut last_check = Instant::now();
+        // The version of a lapsed lock whose holder was checked since.
+        let mut checked_expired: Option<String> = None;
         loop {
             changes.borrow_and_update();
             let wanted = lock_object(node, holder, allocation, ttl_seconds);
@@ -159,14 +161,20 @@ impl Locker {
                     ),
                 });
             }
-            // Released by its holder's allocation (served), lapsed, or a
-            // retry of this very pod: ours to take.
-            let mut free = released
-                || current.spec.holder.uid == holder.uid
-                || current.spec.expires_at.0 <= Timestamp::now();
-            if !free && last_check.elapsed() >= HOLDER_CHECK {
+            // Released by its holder's allocation (served), or a retry of
+            // this very pod: ours to take. A lapsed lock is ours only once
+            // its holder is seen not to need it: one bound here and not
+            // served yet keeps it (review 2026-12-01, M1), its expiry being
+            // another process's clock and its Allocate still to come.
+            let mut free = released || current.spec.holder.uid == holder.uid;
+            let expired = current.spec.expires_at.0 <= Timestamp::now();
+            let expiry_unchecked = expired && checked_expired != current.metadata.resource_version;
+            if !free && (expiry_unchecked || last_check.elapsed() >= HOLDER_CHECK) {
                 // Now and then, confirm the lock still exists and still serves someone.
                 last_check = Instant::now();
+                if expired {
+                    checked_expired.clone_from(&current.metadata.resource_version);
+                }
                 let uid = current.metadata.uid.clone();
                 match self.refresh(&locks, node, uid.as_deref()).await? {
                     Some(fresh)
@@ -205,10 +213,15 @@ impl Locker {
             if now >= deadline {
                 return Err(self.busy(node, Some(&current), started));
             }
-            let until_expiry =
+            // Woken at the expiry for one holder check; past it, at the
+            // holder checks' pace.
+            let until_expiry = if expired {
+                HOLDER_CHECK
+            } else {
                 Duration::try_from(Timestamp::now().duration_until(current.spec.expires_at.0))
                     .unwrap_or_default()
-                    .max(Duration::from_millis(1));
+                    .max(Duration::from_millis(1))
+            };
             let nap = (deadline - now)
                 .min(HOLDER_CHECK.saturating_sub(last_check.elapsed()))
                 .min(until_expiry);
