@@ -395,6 +395,10 @@ pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
             "fakeMig": mig,
             // Within the harness's 5 s between SIGTERM and SIGKILL.
             "drainSeconds": 3,
+            // No NVIDIA toolkit on these nodes: the fake driver picks its
+            // GPUs from the variable (cdi_nodes.rs adds cdi-cri).
+            "deviceListStrategy": ["envvar"],
+            "acceptEnvvarDeviceSelection": true,
         },
     });
     // Traces go where the caller's OTLP settings say (as for any component).

@@ -154,7 +154,8 @@ fn default_values_render_a_working_install() {
     let agent_args = args(container(daemonset, "node-agent"));
     for expected in [
         "--backend=nvml",
-        "--device-list-strategy=envvar",
+        // Not envvar: a container's own NVIDIA_VISIBLE_DEVICES cannot pick GPUs.
+        "--device-list-strategy=cdi-cri",
         "--interposer-library=/usr/local/vgpu/libtessera_vgpu.so",
         "--install-interposer-from=/opt/tessera/lib/libtessera_vgpu.so",
         // Beside the agent pods, so each pod owns its Lease.
@@ -163,6 +164,16 @@ fn default_values_render_a_working_install() {
     ] {
         assert!(agent_args.contains(&expected.to_owned()), "{agent_args:?}");
     }
+    assert!(
+        !agent_args
+            .iter()
+            .any(|a| a.starts_with("--device-list-strategy=") && a.contains("envvar")),
+        "the default strategy is not envvar: {agent_args:?}"
+    );
+    assert!(
+        !agent_args.contains(&"--accept-envvar-device-selection".to_owned()),
+        "{agent_args:?}"
+    );
     let env: Vec<&str> = container(daemonset, "node-agent")["env"]
         .as_array()
         .unwrap()
@@ -348,7 +359,7 @@ fn every_option_reaches_the_objects() {
 #[test]
 fn bad_values_are_refused_naming_the_key() {
     // helm names the key as a JSON pointer (`/nodeDefaults/deviceSplitCount`).
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (
             &["--set", "scheduler.tuning.intervalSeconds=0"],
             "/scheduler/tuning/intervalSeconds",
@@ -377,6 +388,10 @@ fn bad_values_are_refused_naming_the_key() {
         (
             &["--set", "agent.deviceListStrategy={volume-mounts}"],
             "/agent/deviceListStrategy",
+        ),
+        (
+            &["--set", "agent.deviceListStrategy={envvar}"],
+            "agent.acceptEnvvarDeviceSelection=true",
         ),
         (&["--set", "agnet.backend=fake"], "agnet"),
         (&["--set", "scheduler.controler.log=debug"], "controler"),

@@ -734,6 +734,9 @@ async fn start_node(
         format!("--device-plugin-dir={}", kubelet.dir().display()),
         "--interposer-library=/opt/tessera/libtessera_vgpu.so".to_owned(),
         format!("--state-dir={}", host.join("state").display()),
+        // The kubelet simulator reads the variable; no NVIDIA toolkit.
+        "--device-list-strategy=envvar".to_owned(),
+        "--accept-envvar-device-selection".to_owned(),
         "--lease-namespace=kube-node-lease".to_owned(),
         format!("--metrics-addr=127.0.0.1:{metrics}"),
         "--profiling".to_owned(),

@@ -22,6 +22,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let args = Args::parse_from(command_line);
     // Bad flags and settings are reported before anything connects.
+    args.check_device_list()?;
     let defaults = args.load_defaults()?;
     let provider = tessera_telemetry::init("tessera-node-agent", &args.log)?;
     let client = client(&args).await?;

@@ -444,6 +444,9 @@ impl RealNode {
                 self.artifacts.interposer.display()
             ),
             format!("--state-dir={}", self.dir.join("agent").display()),
+            // The fake driver reads the variable; no NVIDIA toolkit.
+            "--device-list-strategy=envvar".to_owned(),
+            "--accept-envvar-device-selection".to_owned(),
             format!("--metrics-addr=127.0.0.1:{}", self.metrics_port),
             // Inside the harness's 5 s between SIGTERM and SIGKILL.
             "--drain-seconds=3".to_owned(),

@@ -100,15 +100,33 @@ pub struct Args {
     /// list (NVIDIA's DEVICE_LIST_STRATEGY): `envvar`
     /// (NVIDIA_VISIBLE_DEVICES, NVIDIA container runtime), `cdi-cri` (CDI
     /// device names in the CRI request), `cdi-annotations` (CDI names in a
-    /// container annotation).
+    /// container annotation). `envvar` alone needs
+    /// `--accept-envvar-device-selection`.
     #[arg(
         long,
         env = "TESSERA_DEVICE_LIST_STRATEGY",
         value_enum,
         value_delimiter = ',',
-        default_value = "envvar"
+        default_value = "cdi-cri"
     )]
     pub device_list_strategy: Vec<DeviceListStrategy>,
+    /// Confirms that with `--device-list-strategy=envvar` alone the nodes'
+    /// NVIDIA container toolkit ignores `NVIDIA_VISIBLE_DEVICES` from
+    /// unprivileged containers
+    /// (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`):
+    /// otherwise a container's own variable (`envFrom` a ConfigMap) picks
+    /// any GPU of the node, and the agent refuses to start.
+    #[arg(
+        long,
+        env = "TESSERA_ACCEPT_ENVVAR_DEVICE_SELECTION",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = ArgAction::Set
+    )]
+    pub accept_envvar_device_selection: bool,
     /// The CDI kind (`vendor/class`) of the GPUs in the node's CDI specs;
     /// `nvidia-ctk cdi generate` writes `nvidia.com/gpu`.
     #[arg(long, env = "TESSERA_CDI_KIND", default_value = DEFAULT_CDI_KIND, value_parser = parse_cdi_kind)]
@@ -212,6 +230,18 @@ impl Args {
             cdi_kind: self.cdi_kind.clone(),
             cdi_annotation_prefix: self.cdi_annotation_prefix.clone(),
         }
+    }
+
+    /// Refuses `--device-list-strategy=envvar` alone without
+    /// `--accept-envvar-device-selection`, saying why.
+    pub fn check_device_list(&self) -> Result<(), Error> {
+        let list = self.device_list();
+        if list.strategies != [DeviceListStrategy::Envvar] || self.accept_envvar_device_selection {
+            return Ok(());
+        }
+        Err(Error::Config(
+            "--device-list-strategy=envvar alone passes a container its GPUs through NVIDIA_VISIBLE_DEVICES, which the container's own environment (envFrom a ConfigMap) can also set: under the NVIDIA container toolkit's defaults, NVIDIA_VISIBLE_DEVICES=all then reaches every GPU of the node. Use --device-list-strategy=cdi-cri, or set accept-nvidia-visible-devices-envvar-when-unprivileged = false in the nodes' toolkit config and pass --accept-envvar-device-selection (TESSERA_ACCEPT_ENVVAR_DEVICE_SELECTION=true); see docs/install.md".into(),
+        ))
     }
 
     /// Reads `--defaults`, or HAMi's defaults without it.
@@ -327,8 +357,8 @@ mod tests {
     fn device_list_strategies_are_a_checked_comma_list() {
         use DeviceListStrategy::{CdiAnnotations, CdiCri, Envvar};
         let defaults = parse(&[]).unwrap().device_list();
-        assert_eq!(defaults, DeviceList::default());
-        assert_eq!(defaults.strategies, [Envvar]);
+        assert_eq!(defaults.strategies, [CdiCri], "not envvar by default");
+        assert_eq!(defaults.cdi_kind, DEFAULT_CDI_KIND);
         let list = parse(&["--device-list-strategy=cdi-annotations,envvar,cdi-cri,envvar"])
             .unwrap()
             .device_list();
@@ -371,6 +401,47 @@ mod tests {
             error.contains("--cdi-annotation-prefix") && error.contains("'/'"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn envvar_alone_is_refused_unless_accepted() {
+        assert!(parse(&[]).unwrap().check_device_list().is_ok());
+        let error = parse(&["--device-list-strategy=envvar"])
+            .unwrap()
+            .check_device_list()
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "NVIDIA_VISIBLE_DEVICES",
+            "envFrom",
+            "every GPU",
+            "cdi-cri",
+            "accept-nvidia-visible-devices-envvar-when-unprivileged = false",
+            "--accept-envvar-device-selection",
+        ] {
+            assert!(error.contains(needle), "{needle} not in {error}");
+        }
+        for accepted in [
+            &[
+                "--device-list-strategy=envvar",
+                "--accept-envvar-device-selection",
+            ][..],
+            &[
+                "--device-list-strategy=envvar",
+                "--accept-envvar-device-selection=true",
+            ],
+            &["--device-list-strategy=envvar,cdi-cri"],
+            &["--device-list-strategy=cdi-annotations"],
+        ] {
+            let args = parse(accepted).unwrap();
+            assert!(args.check_device_list().is_ok(), "{accepted:?}");
+        }
+        let off = parse(&[
+            "--device-list-strategy=envvar",
+            "--accept-envvar-device-selection=false",
+        ])
+        .unwrap();
+        assert!(off.check_device_list().is_err());
     }
 
     #[test]

@@ -110,6 +110,9 @@ impl GpuHost {
             "/opt/tessera/libtessera_vgpu.so",
             "--state-dir",
             &state.display().to_string(),
+            // The kubelet simulator reads the variable; no NVIDIA toolkit.
+            "--device-list-strategy=envvar",
+            "--accept-envvar-device-selection",
             "--lease-namespace",
             "default",
             "--metrics-addr",
