@@ -86,24 +86,7 @@ async fn setup(projection: Option<Projection>) -> (Cluster, Binder, Arc<Sent>, A
 /// A pod asking for one whole GPU's memory, which the real kube-scheduler
 /// leaves Pending (its node selector matches nothing).
 async fn whole_gpu_pod(cluster: &Cluster, name: &str) -> ExtenderBindingArgs {
-    let pod = cluster
-        .create_raw_pod(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "schedulerName": "tessera-scheduler",
-                "nodeSelector": {"tessera.dev/test": "bound-by-hand"},
-                "containers": [{"name": "main", "image": "example.invalid/cuda",
-                    "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "81920"}}}],
-            },
-        }))
-        .await
-        .unwrap();
-    ExtenderBindingArgs {
-        pod_name: name.into(),
-        pod_namespace: "default".into(),
-        pod_uid: pod.uid().unwrap(),
-        node: NODE.into(),
-    }
+    cluster.pod_bound_by_hand(name, 81920, NODE).await
 }
 
 /// Fills both GPUs of the node with the allocations of two pods bound

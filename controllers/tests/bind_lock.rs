@@ -107,24 +107,7 @@ async fn setup(wait_millis: u64) -> Setup {
 
 /// A GPU pod the scheduler cannot place; returns its binding arguments.
 async fn pod(cluster: &Cluster, name: &str) -> ExtenderBindingArgs {
-    let pod = cluster
-        .create_raw_pod(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "schedulerName": "tessera-scheduler",
-                "nodeSelector": {"tessera.dev/test": "bound-by-hand"},
-                "containers": [{"name": "main", "image": "example.invalid/cuda",
-                    "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}}],
-            },
-        }))
-        .await
-        .unwrap();
-    ExtenderBindingArgs {
-        pod_name: name.into(),
-        pod_namespace: "default".into(),
-        pod_uid: pod.uid().unwrap(),
-        node: NODE.into(),
-    }
+    cluster.pod_bound_by_hand(name, 1000, NODE).await
 }
 
 /// Locks the node for `holder` directly, as another Bind would.

@@ -21,7 +21,7 @@ use std::{
 };
 
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client,
     api::{Patch, PatchParams},
     client::ClientBuilder,
 };
@@ -163,24 +163,7 @@ async fn faulty_client(plane: &ControlPlane, faults: Faults) -> Client {
 
 /// A GPU pod of `mib` MiB the scheduler cannot place; its binding arguments.
 async fn pod(cluster: &Cluster, name: &str, mib: u64) -> ExtenderBindingArgs {
-    let pod = cluster
-        .create_raw_pod(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "schedulerName": "tessera-scheduler",
-                "nodeSelector": {"tessera.dev/test": "bound-by-hand"},
-                "containers": [{"name": "main", "image": "example.invalid/cuda",
-                    "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string()}}}],
-            },
-        }))
-        .await
-        .unwrap();
-    ExtenderBindingArgs {
-        pod_name: name.into(),
-        pod_namespace: "default".into(),
-        pod_uid: pod.uid().unwrap(),
-        node: NODE.into(),
-    }
+    cluster.pod_bound_by_hand(name, mib, NODE).await
 }
 
 async fn lock_holder(cluster: &Cluster) -> Option<String> {

@@ -152,6 +152,36 @@ impl Cluster {
         .await
     }
 
+    /// A pod of one GPU with `mib` MiB in `default`, which the real
+    /// kube-scheduler leaves Pending (its node selector matches no node),
+    /// for a test that drives the Binder itself: its binding arguments for
+    /// `node`.
+    pub async fn pod_bound_by_hand(
+        &self,
+        name: &str,
+        mib: u64,
+        node: &str,
+    ) -> tessera_controllers::extender::wire::ExtenderBindingArgs {
+        let pod = self
+            .create_raw_pod(json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "schedulerName": "tessera-scheduler",
+                    "nodeSelector": {"tessera.dev/test": "bound-by-hand"},
+                    "containers": [{"name": "main", "image": "example.invalid/cuda",
+                        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string()}}}],
+                },
+            }))
+            .await
+            .unwrap();
+        tessera_controllers::extender::wire::ExtenderBindingArgs {
+            pod_name: name.into(),
+            pod_namespace: "default".into(),
+            pod_uid: pod.uid().unwrap(),
+            node: node.into(),
+        }
+    }
+
     /// A Ready node with the hostname label and `labels`.
     pub async fn add_node(&self, name: &str, labels: Value) {
         create_node(&self.client, name, labels).await;
