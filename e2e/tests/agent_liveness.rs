@@ -498,3 +498,153 @@ async fn freed_memory_reaches_the_waiting_pod_within_two_seconds_twenty_times() 
         delays[0], delays[10], delays[19]
     );
 }
+
+/// Review finding H4, with the agent's own token (bound to its pod on its
+/// node, as the kubelet issues it): the admission policy lets the agent
+/// create only what it legitimately writes, a DRA mirror named
+/// `claim-<claim UID>` or a static MIG holder's record, and nothing only
+/// Bind writes (a priority, which preemption would act on; a quota charge,
+/// which would fill a namespace's quota; a nomination; another family's
+/// slice). Every create is a dry run: admission runs, nothing is stored.
+///
+/// The policy cannot read pods, so it cannot check that a record's pod runs
+/// on the agent's node: a record for any pod, on the agent's own node and
+/// asking for nothing beyond its slices, is admitted.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_may_create_only_mirrors_and_static_mig_records() {
+    if skip_real_nodes("real-node agent admission policy test") {
+        return;
+    }
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let nodes = [NodeGpus {
+        name: NODE.into(),
+        gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
+        ..Default::default()
+    }];
+    let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
+        .await
+        .unwrap();
+    let agent = agent_pod(&cluster).await;
+    let namespace = agent.metadata.namespace.clone().unwrap();
+    let account = agent
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap();
+    let token = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["create", "token", &account, "-n", &namespace])
+        .args(["--bound-object-kind", "Pod", "--bound-object-name"])
+        .arg(agent.metadata.name.as_deref().unwrap())
+        .args(["--bound-object-uid", agent.metadata.uid.as_deref().unwrap()])
+        .output()
+        .unwrap();
+    assert!(token.status.success(), "{token:?}");
+    let mut config = cluster.plane.client_config().await.unwrap();
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(
+            String::from_utf8_lossy(&token.stdout)
+                .trim()
+                .to_owned()
+                .into(),
+        ),
+        ..Default::default()
+    };
+    let agent_client = kube::Client::try_from(config).unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    use tessera_api::{
+        testing::{allocation, container, slice},
+        v1alpha1::{DeviceFamily, VgpuAllocation},
+    };
+    // As the agent writes it: no policy (those are Bind's).
+    let record = |name: &str| {
+        let mut record = allocation(name, "0c4f6a52-0000-0000-0000-00000000c0de", NODE)
+            .container(container("main", vec![slice("GPU-0", 0, 8192, 0)]))
+            .build();
+        record.spec.gpu_policy = None;
+        record.spec.node_policy = None;
+        record
+    };
+    let create = async |namespace: &str, object: &VgpuAllocation| {
+        Api::<VgpuAllocation>::namespaced(agent_client.clone(), namespace)
+            .create(&dry_run, object)
+            .await
+    };
+
+    // What the agent writes: a static MIG holder's record, and a mirror.
+    create("default", &record("holder"))
+        .await
+        .expect("a static MIG holder's record on its own node");
+    let mut mirror = record("claim-c1a1");
+    mirror.spec.claim = Some(tessera_api::v1alpha1::ClaimReference {
+        name: "gpu".into(),
+        uid: "c1a1".into(),
+    });
+    create("default", &mirror)
+        .await
+        .expect("the mirror of a claim, named claim-<uid>");
+
+    // What only Bind writes, refused whatever the namespace.
+    let only_bind = "may create only a DRA mirror or a static MIG record: no priority, quota, nomination, GPU or node policy, or slice of another family";
+    let mut victim = record("coredns-x");
+    victim.spec.priority = Some(-2_147_483_647);
+    let mut quota = mirror.clone();
+    quota.spec.quota = [("nvidia.com/gpumem".to_owned(), 1_000_000_000)].into();
+    let mut vendor = record("dcu-pod");
+    vendor.spec.containers[0].devices[0].family = DeviceFamily::Hygon;
+    let mut nominated = record("preemptor");
+    nominated.spec.nomination = Some(tessera_api::v1alpha1::Nomination {
+        expires_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ),
+        victims: Vec::new(),
+    });
+    let mut misnamed = mirror.clone();
+    misnamed.metadata.name = Some("claim-other".into());
+    for (namespace, object, needle) in [
+        ("kube-system", &victim, only_bind),
+        ("default", &victim, only_bind),
+        ("default", &quota, only_bind),
+        ("default", &vendor, only_bind),
+        ("default", &nominated, only_bind),
+        (
+            "default",
+            &misnamed,
+            "may create the mirror of claim c1a1 only as claim-c1a1",
+        ),
+    ] {
+        let mut object = object.clone();
+        object.metadata.namespace = Some(namespace.into());
+        match create(namespace, &object).await {
+            Err(kube::Error::Api(status)) => assert!(
+                status.message.contains(needle),
+                "{namespace}/{:?}: {}",
+                object.metadata.name,
+                status.message
+            ),
+            other => panic!(
+                "{namespace}/{:?} was not refused: {other:?}",
+                object.metadata.name
+            ),
+        }
+    }
+    // Another node's allocation stays out of reach, as before.
+    let mut elsewhere = record("elsewhere");
+    elsewhere.spec.node_name = "another-node".into();
+    match create("default", &elsewhere).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains("may not write the allocation of a pod on another-node"),
+            "{}",
+            status.message
+        ),
+        other => panic!("another node's allocation was not refused: {other:?}"),
+    }
+}

@@ -140,11 +140,19 @@ pub fn key(allocation: &VgpuAllocation) -> AllocationKey {
 }
 
 /// The allocation's slices while it holds them; `None` once Released or Failed.
+///
+/// A DRA mirror (`spec.claim` set) is written by a node agent, never by
+/// Bind, and legitimately carries no quota charge and no priority (DRA
+/// claims are not counted against device quotas, and a mirror is never a
+/// preemption victim): whatever such an object says of them is ignored, so
+/// a forged mirror cannot fill a namespace's quota nor be chosen as a
+/// low-priority victim (review finding H4).
 pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
     if !allocation.is_live() {
         return None;
     }
     let spec = &allocation.spec;
+    let mirror = spec.claim.is_some();
     Some(LiveAllocation {
         pod_uid: spec.pod_uid.clone(),
         node: spec.node_name.clone(),
@@ -163,8 +171,12 @@ pub fn live(allocation: &VgpuAllocation) -> Option<LiveAllocation> {
                 mutex: d.mutex,
             })
             .collect(),
-        quota: spec.quota.clone(),
-        priority: spec.priority,
+        quota: if mirror {
+            Default::default()
+        } else {
+            spec.quota.clone()
+        },
+        priority: spec.priority.filter(|_| !mirror),
         nominated: spec.nomination.is_some(),
     })
 }
@@ -201,6 +213,32 @@ mod tests {
             live(&released).is_none(),
             "an unprepared claim holds nothing"
         );
+    }
+
+    /// Review finding H4: a mirror's quota and priority (which only a
+    /// forger would write) count for nothing; a Bind-written allocation's
+    /// count as written.
+    #[test]
+    fn a_mirror_s_quota_and_priority_are_ignored() {
+        let forge = |claim: bool| {
+            let mut builder = allocation("coredns-x", "pod-uid", "n1")
+                .container(container("gpu", vec![slice("GPU-0", 0, 8192, 30)]))
+                .phase(AllocationPhase::Allocated);
+            if claim {
+                builder = builder.claim("x", "claim-uid");
+            }
+            let mut forged = builder.build();
+            forged.spec.priority = Some(-2_147_483_647);
+            forged.spec.quota = [("nvidia.com/gpumem".to_owned(), 1_000_000_000)].into();
+            forged
+        };
+        let mirror = live(&forge(true)).unwrap();
+        assert!(mirror.quota.is_empty(), "{:?}", mirror.quota);
+        assert_eq!(mirror.priority, None);
+        assert_eq!(mirror.slices.len(), 1, "its slices still hold the device");
+        let bound = live(&forge(false)).unwrap();
+        assert_eq!(bound.quota["nvidia.com/gpumem"], 1_000_000_000);
+        assert_eq!(bound.priority, Some(-2_147_483_647));
     }
 
     #[test]
