@@ -20,6 +20,7 @@ use crate::Violation;
 use crate::names::annotations as keys;
 use crate::v1alpha1::{OperatingMode, SchedulingPolicy};
 
+use super::shown::{cut, shown};
 use super::weights::{self, ScoringWeights};
 
 /// Most entries a list annotation (`nvidia.com/use-gputype` and the other
@@ -30,8 +31,6 @@ pub const MAX_LIST_ENTRY_BYTES: usize = 128;
 /// Longest value of a list annotation, in bytes, separators and blanks
 /// included.
 pub const MAX_LIST_BYTES: usize = 8 * 1024;
-/// Longest part of a tenant's value an error message repeats, in bytes.
-const SHOWN_BYTES: usize = 64;
 
 /// Placement options a pod sets through annotations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -219,29 +218,6 @@ pub(super) fn uuids(
         .into_iter()
         .map(str::to_owned)
         .collect()
-}
-
-/// A tenant's value as an error message repeats it: quoted, and cut to its
-/// first [`SHOWN_BYTES`] bytes (at a character boundary) so a long value
-/// cannot make the webhook's denial, or an event, long too.
-pub(super) fn shown(value: &str) -> String {
-    if value.len() <= SHOWN_BYTES {
-        return format!("{value:?}");
-    }
-    format!("{} ({} bytes)", cut(value), value.len())
-}
-
-/// `value` quoted, its first [`SHOWN_BYTES`] bytes only (at a character
-/// boundary) and an ellipsis when longer.
-fn cut(value: &str) -> String {
-    if value.len() <= SHOWN_BYTES {
-        return format!("{value:?}");
-    }
-    let mut end = SHOWN_BYTES;
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{:?}…", &value[..end])
 }
 
 /// The pod's GPU policy annotation: its order and whether it asks for

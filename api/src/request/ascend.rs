@@ -21,8 +21,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::{shown, uuids};
+use super::annotations::uuids;
 use super::container::{Field, Reader, narrow};
+use super::shown::shown;
 use super::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, VendorRequest,

@@ -43,6 +43,7 @@ mod mthreads;
 mod neuron;
 mod pod;
 mod quota;
+mod shown;
 mod simple;
 mod types;
 mod vendors;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::annotations::shown;
+use super::shown::shown;
 use crate::names::annotations::DEVICE_SCORING_WEIGHTS;
 
 /// The weights of a GPU's three fractions in its device score; HAMi's

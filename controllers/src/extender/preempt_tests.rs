@@ -554,9 +554,9 @@ async fn the_preempt_verb_answers_no_victim_when_the_hold_fails() {
         client,
         projection.clone(),
         config.clone(),
-        crate::metrics::Metrics::new(projection.clone(), config.request.clone())
-            .extender
-            .clone(),
+        super::metrics::ExtenderMetrics::register(
+            &mut prometheus_client::registry::Registry::default(),
+        ),
     );
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "urgent", "namespace": "team", "uid": "uid-urgent"},
