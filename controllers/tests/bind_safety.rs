@@ -333,3 +333,121 @@ async fn a_lapsed_lock_stays_with_a_holder_bound_and_not_yet_served() {
     assert_eq!(lock_holder(&cluster).await.as_deref(), Some("first"));
     assert_eq!(node_of(&cluster, "second").await, None);
 }
+
+/// What preemption's status patches rely on (review 2026-12-01, L4): a
+/// patch naming a UID other than the pod's is refused, so the
+/// `DisruptionTarget` mark and the preemptor's `nominatedNodeName` never
+/// reach a new pod of the same name.
+#[tokio::test]
+async fn a_status_patch_naming_another_uid_is_refused() {
+    let (cluster, _binder) = setup(Faults::new(Fault::DropAnswer, 0)).await;
+    let victim = pod(&cluster, "victim", 1000).await;
+    let pods =
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(cluster.client.clone(), "default");
+    let mark = |uid: &str| {
+        json!({"metadata": {"uid": uid}, "status": {"conditions": [{
+            "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+            "message": "test", "lastTransitionTime": "2026-12-02T00:00:00Z"}]}})
+    };
+    pods.patch_status(
+        "victim",
+        &PatchParams::default(),
+        &Patch::Strategic(mark("another-uid")),
+    )
+    .await
+    .expect_err("a patch naming another UID is refused");
+    pods.patch_status(
+        "victim",
+        &PatchParams::default(),
+        &Patch::Strategic(mark(&victim.pod_uid)),
+    )
+    .await
+    .expect("the pod's own UID is patched");
+    let conditions = pods
+        .get("victim")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .conditions
+        .unwrap();
+    assert!(conditions.iter().any(|c| c.type_ == "DisruptionTarget"));
+}
+
+/// L2: kube-scheduler gives up on a Bind after its `httpTimeout` and closes
+/// the connection, which drops the extender's handler. Before, a Bind
+/// dropped while it waited for the node's lock left its reservation in the
+/// ledger for good (no rollback ran); now it runs to its end on its own task
+/// and undoes what it began.
+#[tokio::test]
+async fn a_bind_whose_caller_hangs_up_still_undoes_its_reservation() {
+    use tokio::io::AsyncWriteExt;
+
+    let (cluster, binder) = setup(Faults::new(Fault::DropAnswer, 0)).await;
+    let holder = pod(&cluster, "holder", 1000).await;
+    binder.bind(&holder, None).await.expect("the holder binds");
+    let waiter = pod(&cluster, "waiter", 1000).await;
+    let body = serde_json::to_string(&waiter).unwrap();
+    let mut connection = tokio::net::TcpStream::connect(("127.0.0.1", cluster.extender_port))
+        .await
+        .unwrap();
+    let request = format!(
+        "POST /bind HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    connection.write_all(request.as_bytes()).await.unwrap();
+    let reserved = || {
+        cluster
+            .projection
+            .read()
+            .allocations_on(NODE)
+            .any(|(key, _)| key.name == "waiter")
+    };
+    tessera_testkit::eventually("the waiter reserved", Duration::from_secs(5), async || {
+        reserved()
+    })
+    .await;
+    // Hang up while the Bind waits for the holder's lock (3 s).
+    drop(connection);
+    tessera_testkit::eventually(
+        "the hung-up Bind's reservation undone",
+        Duration::from_secs(15),
+        async || !reserved(),
+    )
+    .await;
+    assert_eq!(lock_holder(&cluster).await.as_deref(), Some("holder"));
+    assert_eq!(node_of(&cluster, "waiter").await, None);
+}
+
+/// L3: a pod may be named as a DRA claim's mirror (`claim-<claim UID>`).
+/// Bind took the mirror for "an earlier pod of the same name" and deleted it,
+/// freeing the prepared claim's slices in the ledger; now it refuses to bind
+/// the pod there and the mirror stays.
+#[tokio::test]
+async fn a_pod_named_as_a_claims_mirror_never_replaces_it() {
+    let (cluster, binder) = setup(Faults::new(Fault::DropAnswer, 0)).await;
+    let mirror = tessera_api::testing::allocation("claim-c1", "claim-pod-uid", NODE)
+        .namespace("default")
+        .claim("c", "c1")
+        .container(tessera_api::testing::container(
+            "gpu",
+            vec![tessera_api::testing::slice("GPU-safe-1-0", 0, 8192, 0)],
+        ))
+        .build();
+    let allocations = Api::<VgpuAllocation>::namespaced(cluster.client.clone(), "default");
+    let created = allocations
+        .create(&kube::api::PostParams::default(), &mirror)
+        .await
+        .unwrap();
+    let named = pod(&cluster, "claim-c1", 1000).await;
+    let refused = binder.bind(&named, None).await;
+    assert!(
+        matches!(&refused, Err(Error::Stale(why)) if why.contains("DRA claim c")),
+        "{refused:?}"
+    );
+    let kept = allocation_of(&cluster, "claim-c1")
+        .await
+        .expect("the mirror stays");
+    assert_eq!(kept.metadata.uid, created.metadata.uid);
+    assert_eq!(node_of(&cluster, "claim-c1").await, None);
+}

@@ -573,6 +573,15 @@ async fn create_allocation(
     if existing.spec == allocation.spec {
         return Ok(Created::of(&existing)); // our own earlier attempt
     }
+    // A DRA claim's mirror holds a prepared claim's slices, and a pod may be
+    // named as one (`claim-<claim UID>`): never replaced by a pod's
+    // allocation (review 2026-12-01, L3).
+    if let Some(claim) = &existing.spec.claim {
+        return Err(Error::Stale(format!(
+            "pod {name} is named as the VgpuAllocation of DRA claim {} on node {}; rename the pod",
+            claim.name, existing.spec.node_name
+        )));
+    }
     // Slices held for this pod by its preemption are replaced by its own.
     if existing.spec.pod_uid == allocation.spec.pod_uid
         && existing.spec.nomination.is_none()

@@ -239,7 +239,17 @@ async fn bind_handler(
     if let Some(parent) = extender.binder.seen().trace_parent(&args.pod_uid) {
         crate::telemetry::join(&span, &parent);
     }
-    bind_answer(extender, args).instrument(span).await
+    // On a task of its own: kube-scheduler closing the connection (its
+    // httpTimeout) drops this handler, and a Bind dropped midway would leave
+    // its reservation in the ledger and the node's lock until its TTL
+    // (review 2026-12-01, L2). The task finishes, or undoes, what it began.
+    let answer = tokio::spawn(bind_answer(extender, args).instrument(span));
+    answer.await.unwrap_or_else(|error| {
+        tracing::error!(%error, "the Bind task failed");
+        Json(ExtenderBindingResult {
+            error: format!("the Bind task failed: {error}"),
+        })
+    })
 }
 
 async fn bind_answer(extender: Extender, args: ExtenderBindingArgs) -> Json<ExtenderBindingResult> {

@@ -250,7 +250,10 @@ impl Preemptor {
             self.displace(victim, pod, &plan.node).await;
         }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &it.key.namespace);
-        let nominated = json!({"status": {"nominatedNodeName": plan.node}});
+        // The UID makes it conditional: a new pod of the same name is not
+        // this one (review 2026-12-01, L4).
+        let nominated = json!({"metadata": {"uid": it.uid},
+            "status": {"nominatedNodeName": plan.node}});
         if let Err(error) = pods
             .patch_status(
                 &it.key.name,
@@ -553,7 +556,9 @@ impl Preemptor {
                 .and_then(|s| s.priority)
                 .unwrap_or(0),
         );
-        let condition = json!({"status": {"conditions": [{
+        // Conditional on the victim's UID, as its delete is: a StatefulSet's
+        // new pod of the same name is not marked (review 2026-12-01, L4).
+        let condition = json!({"metadata": {"uid": victim.uid}, "status": {"conditions": [{
             "type": "DisruptionTarget",
             "status": "True",
             "reason": "PreemptionByScheduler",

@@ -174,7 +174,11 @@ impl DraService {
             "reading VgpuAllocation {}/{name}",
             claim.namespace
         )))?;
-        if let Some(mirror) = mirror.filter(VgpuAllocation::is_live) {
+        // Only this claim's mirror: a pod may be named `claim-<uid>` too,
+        // and its allocation is the scheduler's (review 2026-12-01, L3).
+        let this_claims =
+            |m: &VgpuAllocation| m.spec.claim.as_ref().is_some_and(|c| c.uid == claim.uid);
+        if let Some(mirror) = mirror.filter(|m| m.is_live() && this_claims(m)) {
             let status = VgpuAllocationStatus {
                 phase: Some(AllocationPhase::Released),
                 released_at: Some(Time(crate::whole_seconds_now())),
