@@ -59,6 +59,31 @@ impl Rng {
     }
 }
 
+/// Node `n`'s GPUS A100s of 80 GiB, two NUMA nodes of four.
+fn a100s(n: usize) -> Vec<GpuDevice> {
+    (0..GPUS)
+        .map(|g| GpuDevice {
+            cordoned: false,
+            family: Default::default(),
+            network_id: None,
+            uuid: format!("GPU-{n:05}-{g}"),
+            index: g as u32,
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            memory_mib: 81_920,
+            cores: 100,
+            split_count: 10,
+            numa_node: Some((g / 4) as u32),
+            healthy: true,
+            mode: OperatingMode::HamiCore,
+            mig: None,
+            mig_present: 0,
+            profiles: Vec::new(),
+            minor: None,
+            qos_policy: None,
+        })
+        .collect()
+}
+
 fn main() {
     if std::env::args().any(|a| a == "lists") {
         lists();
@@ -69,28 +94,7 @@ fn main() {
     {
         let mut ledger = feeder.write();
         for n in 0..NODES {
-            let devices = (0..GPUS)
-                .map(|g| GpuDevice {
-                    cordoned: false,
-                    family: Default::default(),
-                    network_id: None,
-                    uuid: format!("GPU-{n:05}-{g}"),
-                    index: g as u32,
-                    model: "NVIDIA A100-SXM4-80GB".into(),
-                    memory_mib: 81_920,
-                    cores: 100,
-                    split_count: 10,
-                    numa_node: Some((g / 4) as u32),
-                    healthy: true,
-                    mode: OperatingMode::HamiCore,
-                    mig: None,
-                    mig_present: 0,
-                    profiles: Vec::new(),
-                    minor: None,
-                    qos_policy: None,
-                })
-                .collect();
-            ledger.set_node(&format!("node-{n:05}"), devices);
+            ledger.set_node(&format!("node-{n:05}"), a100s(n));
         }
         // One allocation per GPU on average, sized 20-80% so occupancy averages 50%.
         for a in 0..ALLOCATIONS {
@@ -203,28 +207,7 @@ fn lists() {
     {
         let mut ledger = feeder.write();
         for n in 0..LIST_NODES {
-            let devices = (0..GPUS)
-                .map(|g| GpuDevice {
-                    cordoned: false,
-                    family: Default::default(),
-                    network_id: None,
-                    uuid: format!("GPU-{n:05}-{g}"),
-                    index: g as u32,
-                    model: "NVIDIA A100-SXM4-80GB".into(),
-                    memory_mib: 81_920,
-                    cores: 100,
-                    split_count: 10,
-                    numa_node: Some((g / 4) as u32),
-                    healthy: true,
-                    mode: OperatingMode::HamiCore,
-                    mig: None,
-                    mig_present: 0,
-                    profiles: Vec::new(),
-                    minor: None,
-                    qos_policy: None,
-                })
-                .collect();
-            ledger.set_node(&format!("node-{n:05}"), devices);
+            ledger.set_node(&format!("node-{n:05}"), a100s(n));
         }
     }
     feeder.mark_all_synced();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams, PostParams},
+    api::{DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use tessera_controllers::webhook::owned::{EXAMPLES_OWNED, EXAMPLES_USER, scheduler_owned};
@@ -80,26 +80,20 @@ async fn only_the_scheduler_and_trusted_writers_change_scheduler_owned_annotatio
             {"kind": "ServiceAccount", "name": "tessera-scheduler", "namespace": "tessera-system"},
             {"kind": "ServiceAccount", "name": "dcu-device-plugin", "namespace": "kube-system"}]},
     ]);
-    let mut items = rendered();
-    items.extend(rbac.as_array().unwrap().iter().cloned());
-    let path = plane.dir().join("owned-annotations.json");
-    std::fs::write(
-        &path,
-        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
-    )
-    .unwrap();
-    let applied = plane
-        .kubectl()
-        .unwrap()
-        .args(["apply", "-f"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    let mut objects = rendered();
+    objects.extend(rbac.as_array().unwrap().iter().cloned());
+    for object in objects {
+        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        let types = object.types.clone().unwrap();
+        let (group, version) = types.api_version.split_once('/').unwrap();
+        let kind = GroupVersionKind::gvk(group, version, &types.kind);
+        let (resource, _) = kube::discovery::pinned_kind(&admin, &kind).await.unwrap();
+        let api: Api<DynamicObject> = match object.metadata.namespace.as_deref() {
+            Some(namespace) => Api::namespaced_with(admin.clone(), namespace, &resource),
+            None => Api::all_with(admin.clone(), &resource),
+        };
+        api.create(&PostParams::default(), &object).await.unwrap();
+    }
     Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
         .create(
             &PostParams::default(),

@@ -45,6 +45,20 @@ async fn gpu_node_ready(client: &kube::Client) -> bool {
     })
 }
 
+/// A cluster of one real node, [`NODE`], with one 80 GiB GPU.
+async fn one_gpu_node() -> LocalCluster {
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let nodes = [NodeGpus {
+        name: NODE.into(),
+        gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
+        ..Default::default()
+    }];
+    LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
+        .await
+        .unwrap()
+}
+
 fn bound(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
 }
@@ -54,16 +68,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
     if skip_real_nodes("real-node agent liveness test") {
         return;
     }
-    tessera_e2e::remove_stale_dirs();
-    let artifacts = Artifacts::locate().unwrap();
-    let nodes = [NodeGpus {
-        name: NODE.into(),
-        gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
-        ..Default::default()
-    }];
-    let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
-        .await
-        .unwrap();
+    let cluster = one_gpu_node().await;
     let client = cluster.plane.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let create = async |name: &str| {
@@ -324,16 +329,7 @@ async fn pods_admitted_right_after_a_kubelet_restart_run_or_hold_nothing() {
     if skip_real_nodes("real-node kubelet restart measurement") {
         return;
     }
-    tessera_e2e::remove_stale_dirs();
-    let artifacts = Artifacts::locate().unwrap();
-    let nodes = [NodeGpus {
-        name: NODE.into(),
-        gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
-        ..Default::default()
-    }];
-    let mut cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
-        .await
-        .unwrap();
+    let mut cluster = one_gpu_node().await;
     let client = cluster.plane.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let allocations: Api<tessera_api::v1alpha1::VgpuAllocation> =
@@ -423,16 +419,7 @@ async fn freed_memory_reaches_the_waiting_pod_within_two_seconds_twenty_times() 
         return;
     }
     const LIMIT: Duration = Duration::from_secs(2);
-    tessera_e2e::remove_stale_dirs();
-    let artifacts = Artifacts::locate().unwrap();
-    let nodes = [NodeGpus {
-        name: NODE.into(),
-        gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
-        ..Default::default()
-    }];
-    let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
-        .await
-        .unwrap();
+    let cluster = one_gpu_node().await;
     let client = cluster.plane.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let create = async |name: &str| {
@@ -515,16 +502,7 @@ async fn the_agent_may_create_only_mirrors_and_static_mig_records() {
     if skip_real_nodes("real-node agent admission policy test") {
         return;
     }
-    tessera_e2e::remove_stale_dirs();
-    let artifacts = Artifacts::locate().unwrap();
-    let nodes = [NodeGpus {
-        name: NODE.into(),
-        gpus: FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-80GB", 81920, 1),
-        ..Default::default()
-    }];
-    let cluster = LocalCluster::start(None, Lifetime::Tied, &nodes, &artifacts)
-        .await
-        .unwrap();
+    let cluster = one_gpu_node().await;
     let agent = agent_pod(&cluster).await;
     let namespace = agent.metadata.namespace.clone().unwrap();
     let account = agent

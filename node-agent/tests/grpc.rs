@@ -3,7 +3,7 @@
 //! the agent: options, registration, ListAndWatch, GetPreferredAllocation,
 //! Allocate's refusal without a NodeLock, PreStartContainer.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use serde_json::json;
 use tessera_deviceplugin::{
@@ -15,12 +15,9 @@ use tessera_deviceplugin::{
     },
 };
 use tessera_e2e::kubelet::KubeletSim;
-use tessera_node_agent::{
-    backend::{self, FakeBackend},
-    inventory,
-    plugin::{self, Endpoint, HostPaths, Service},
-    view::NodeView,
-};
+use tessera_node_agent::plugin::{self, Endpoint};
+
+mod fake_service;
 
 /// Runs the agent's device plugin for `node` over the fake GPUs in `gpus`
 /// (YAML), serving in `plugins`; returns its socket and registration state.
@@ -34,16 +31,6 @@ async fn run_plugin(
     std::path::PathBuf,
     tokio::sync::watch::Receiver<plugin::PluginState>,
 ) {
-    let backend = Arc::new(FakeBackend::new(gpus, dir.join("mig-state.json")));
-    let physical = backend::watch(backend.clone(), Duration::from_millis(100)).unwrap();
-    let view = NodeView::spawn(client, node, true);
-    let offers = inventory::track(view.clone(), Default::default(), physical, true).await;
-    let paths = HostPaths {
-        library: "/opt/lib.so".into(),
-        preload: dir.join("ld.so.preload"),
-        regions: dir.join("containers"),
-        limits: dir.join("limits"),
-    };
     let endpoint = Endpoint {
         dir: plugins.to_owned(),
         resource: "nvidia.com/gpu".into(),
@@ -52,25 +39,7 @@ async fn run_plugin(
     let (state, states) = tokio::sync::watch::channel(plugin::PluginState::NotRegistered);
     tokio::spawn(plugin::run(
         endpoint,
-        Service::new(
-            view.clone(),
-            offers.clone(),
-            paths.clone(),
-            Default::default(),
-            plugin::Modes {
-                hami_core: Arc::new(tessera_node_agent::sharing::HamiCore::new(paths)),
-                dynamic_mig: Arc::new(tessera_node_agent::mig::DynamicMig::new(
-                    Arc::new(tessera_node_agent::mig::MigManager::new(backend)),
-                    view,
-                    offers,
-                )),
-                mps: Arc::new(tessera_node_agent::mps::MpsManager::new(
-                    Arc::new(tessera_node_agent::mps::FakeControl),
-                    dir.join("mps"),
-                )),
-            },
-            plugin::served::Served::open(dir).unwrap().0,
-        ),
+        fake_service::service(client, node, dir, gpus, dir).await,
         state,
     ));
     (socket, states)

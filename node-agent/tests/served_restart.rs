@@ -4,8 +4,6 @@
 //! called directly (no socket), with the status writes of the first
 //! service refused as if the agent died before them.
 
-use std::{sync::Arc, time::Duration};
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client,
@@ -18,12 +16,9 @@ use tessera_deviceplugin::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse,
     device_plugin_server::DevicePlugin,
 };
-use tessera_node_agent::{
-    backend::{self, FakeBackend},
-    inventory,
-    plugin::{self, HostPaths, Service, served::Served},
-    view::NodeView,
-};
+use tessera_node_agent::plugin::{self, Service};
+
+mod fake_service;
 
 /// A client whose status writes to VgpuAllocations never land: each goes
 /// to a name that does not exist (404), as if the agent was killed before
@@ -63,36 +58,7 @@ async fn service(client: Client, node: &str, dir: &std::path::Path) -> Service {
         ),
     )
     .unwrap();
-    let backend = Arc::new(FakeBackend::new(&gpus, dir.join("mig-state.json")));
-    let physical = backend::watch(backend.clone(), Duration::from_millis(100)).unwrap();
-    let view = NodeView::spawn(client, node, true);
-    let offers = inventory::track(view.clone(), Default::default(), physical, true).await;
-    let paths = HostPaths {
-        library: "/opt/lib.so".into(),
-        preload: dir.join("ld.so.preload"),
-        regions: dir.join("containers"),
-        limits: dir.join("limits"),
-    };
-    let (served, _) = Served::open(&dir.join("state")).unwrap();
-    Service::new(
-        view.clone(),
-        offers.clone(),
-        paths.clone(),
-        Default::default(),
-        plugin::Modes {
-            hami_core: Arc::new(tessera_node_agent::sharing::HamiCore::new(paths)),
-            dynamic_mig: Arc::new(tessera_node_agent::mig::DynamicMig::new(
-                Arc::new(tessera_node_agent::mig::MigManager::new(backend)),
-                view,
-                offers,
-            )),
-            mps: Arc::new(tessera_node_agent::mps::MpsManager::new(
-                Arc::new(tessera_node_agent::mps::FakeControl),
-                dir.join("mps"),
-            )),
-        },
-        served,
-    )
+    fake_service::service(client, node, dir, &gpus, &dir.join("state")).await
 }
 
 /// A pod `name` bound to `node` with two GPU containers, `c1` (3000 MiB)

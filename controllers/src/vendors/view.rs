@@ -803,11 +803,13 @@ mod tests {
     }
 
     /// The view of a Node with `annotations` and `allocatable` under the
-    /// sources of `config`, now, without hami-vnpu-core by default.
-    fn view_now(
+    /// sources of `config` at `now`, without hami-vnpu-core, beside an
+    /// agent that publishes no device.
+    fn view_at(
         annotations: &BTreeMap<String, String>,
         allocatable: &BTreeMap<String, Quantity>,
         config: &RequestConfig,
+        now: Timestamp,
     ) -> Option<VendorView> {
         view(
             annotations,
@@ -815,8 +817,18 @@ mod tests {
             &sources(config),
             false,
             &BTreeSet::new(),
-            Timestamp::now(),
+            now,
         )
+    }
+
+    /// The view of a Node with `annotations` and `allocatable` under the
+    /// sources of `config`, now, without hami-vnpu-core by default.
+    fn view_now(
+        annotations: &BTreeMap<String, String>,
+        allocatable: &BTreeMap<String, Quantity>,
+        config: &RequestConfig,
+    ) -> Option<VendorView> {
+        view_at(annotations, allocatable, config, Timestamp::now())
     }
 
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -1157,15 +1169,7 @@ mod tests {
         let node = annotations(&[("hami.io/node-amd-register", register)]);
         let advertised = BTreeMap::from([("amd.com/gpu".to_owned(), Quantity("1".into()))]);
         let now = Timestamp::now();
-        let seen = view(
-            &node,
-            &advertised,
-            &sources(&config),
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let seen = view_at(&node, &advertised, &config, now).unwrap();
         let d = &seen.devices[0];
         assert_eq!(
             (
@@ -1190,15 +1194,7 @@ mod tests {
             "HAMi's AMD plugin has no handshake"
         );
         // CheckHealth: no amd.com/gpu on the Node, the plugin is gone.
-        let gone = view(
-            &node,
-            &BTreeMap::new(),
-            &sources(&config),
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let gone = view_at(&node, &BTreeMap::new(), &config, now).unwrap();
         assert!(gone.devices.is_empty());
         let status = status(&gone, None, now);
         assert_eq!(status.conditions[0].reason, "DevicePluginGone");
@@ -1214,15 +1210,7 @@ mod tests {
             "hami.io/node-amd-register",
             r#"[{"id":"GPU-0","count":1,"devmem":1,"devcore":1,"type":"MI300X,GPU-9","health":true}]"#,
         )]);
-        let seen = view(
-            &hostile,
-            &advertised,
-            &sources(&config),
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let seen = view_at(&hostile, &advertised, &config, now).unwrap();
         assert!(seen.devices.is_empty());
         assert!(
             seen.malformed[0].1.contains("device 0: type must be"),
@@ -1242,15 +1230,7 @@ mod tests {
         let now = Timestamp::now();
         let allocatable = BTreeMap::from([("kunlunxin.com/xpu".to_owned(), Quantity("8".into()))]);
         let node = annotations(&[(NODE_NAME, "n1")]);
-        let seen = view(
-            &node,
-            &allocatable,
-            &sources(&config),
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let seen = view_at(&node, &allocatable, &config, now).unwrap();
         assert_eq!(seen.devices.len(), 8);
         let d = &seen.devices[7];
         assert_eq!(
@@ -1265,15 +1245,7 @@ mod tests {
         );
         let register = r#"[{"id":"xpu-0","index":0,"count":4,"devmem":98304,"devcore":100,"type":"P800","health":true}]"#;
         let node = annotations(&[("hami.io/node-register-xpu", register)]);
-        let seen = view(
-            &node,
-            &BTreeMap::new(),
-            &sources(&config),
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let seen = view_at(&node, &BTreeMap::new(), &config, now).unwrap();
         let d = &seen.devices[0];
         assert_eq!(
             (d.uuid.as_str(), d.family, d.model.as_str(), d.split_count),
@@ -1451,15 +1423,7 @@ mod tests {
             (HYGON_HANDSHAKE, "Reported_2026-11-27 09:59:50"),
             ("hami.io/node-register-Ascend910B4", ASCEND),
         ]);
-        let seen = view(
-            &node,
-            &BTreeMap::new(),
-            &sources(&config()),
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let seen = view_at(&node, &BTreeMap::new(), &config(), now).unwrap();
         assert_eq!(seen.devices.len(), 2);
         let dcu = &seen.devices[0];
         assert_eq!(
@@ -1511,15 +1475,7 @@ mod tests {
         // hami.io/device-cordon closes the DCU to new pods, here as for NVIDIA.
         let mut cordoned = node.clone();
         cordoned.insert("hami.io/device-cordon".into(), "DCU-0, ".into());
-        let seen = view(
-            &cordoned,
-            &BTreeMap::new(),
-            &sources(&config()),
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let seen = view_at(&cordoned, &BTreeMap::new(), &config(), now).unwrap();
         let by: Vec<Option<&str>> = seen
             .devices
             .iter()
@@ -1589,15 +1545,7 @@ mod tests {
             ("hami.io/node-register-Ascend910B4", ASCEND),
             (NODE_SOFT_SPLIT, "true"),
         ]);
-        let seen = view(
-            &node,
-            &BTreeMap::new(),
-            &sources(&config()),
-            false,
-            &BTreeSet::new(),
-            Timestamp::now(),
-        )
-        .unwrap();
+        let seen = view_at(&node, &BTreeMap::new(), &config(), Timestamp::now()).unwrap();
         assert_eq!(seen.devices.len(), 1);
         assert_eq!(
             seen.devices[0].mode,
