@@ -59,6 +59,22 @@ async fn one_gpu_node() -> LocalCluster {
         .unwrap()
 }
 
+/// A client of the cluster authenticating with the token `kubectl create
+/// token` printed.
+async fn token_client(cluster: &LocalCluster, token: &std::process::Output) -> kube::Client {
+    let mut config = cluster.plane.client_config().await.unwrap();
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(
+            String::from_utf8_lossy(&token.stdout)
+                .trim()
+                .to_owned()
+                .into(),
+        ),
+        ..Default::default()
+    };
+    kube::Client::try_from(config).unwrap()
+}
+
 fn bound(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
 }
@@ -96,17 +112,7 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
         ])
         .output()
         .unwrap();
-    let mut config = cluster.plane.client_config().await.unwrap();
-    config.auth_info = kube::config::AuthInfo {
-        token: Some(
-            String::from_utf8_lossy(&token.stdout)
-                .trim()
-                .to_owned()
-                .into(),
-        ),
-        ..Default::default()
-    };
-    let controller_client = kube::Client::try_from(config).unwrap();
+    let controller_client = token_client(&cluster, &token).await;
     let as_controller: Api<k8s_openapi::api::core::v1::Node> = Api::all(controller_client.clone());
     let patch = |value: serde_json::Value| kube::api::Patch::Merge(value);
     as_controller
@@ -521,17 +527,7 @@ async fn the_agent_may_create_only_mirrors_and_static_mig_records() {
         .output()
         .unwrap();
     assert!(token.status.success(), "{token:?}");
-    let mut config = cluster.plane.client_config().await.unwrap();
-    config.auth_info = kube::config::AuthInfo {
-        token: Some(
-            String::from_utf8_lossy(&token.stdout)
-                .trim()
-                .to_owned()
-                .into(),
-        ),
-        ..Default::default()
-    };
-    let agent_client = kube::Client::try_from(config).unwrap();
+    let agent_client = token_client(&cluster, &token).await;
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()

@@ -1491,16 +1491,7 @@ mod tests {
             (HYGON_REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
             (HYGON_HANDSHAKE, "Requesting_2026-11-27 09:58:59"),
         ]);
-        let sources = sources(&config());
-        let gone = view(
-            &node,
-            &BTreeMap::new(),
-            &sources,
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let gone = view_at(&node, &BTreeMap::new(), &config(), now).unwrap();
         assert!(gone.devices.is_empty());
         assert_eq!(gone.expired, vec![HYGON_HANDSHAKE.to_owned()]);
         assert!(gone.handshakes.is_empty(), "no new request while one waits");
@@ -1515,7 +1506,7 @@ mod tests {
 
         let advertised = BTreeMap::from([("hygon.com/dcunum".to_owned(), Quantity("4".into()))]);
         assert_eq!(
-            view(&node, &advertised, &sources, false, &BTreeSet::new(), now)
+            view_at(&node, &advertised, &config(), now)
                 .unwrap()
                 .devices
                 .len(),
@@ -1526,15 +1517,7 @@ mod tests {
             (HYGON_REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
             (HYGON_HANDSHAKE, "Requesting_2026-11-27 09:59:30"),
         ]);
-        let waiting = view(
-            &recent,
-            &BTreeMap::new(),
-            &sources,
-            false,
-            &BTreeSet::new(),
-            now,
-        )
-        .unwrap();
+        let waiting = view_at(&recent, &BTreeMap::new(), &config(), now).unwrap();
         assert_eq!((waiting.devices.len(), waiting.handshakes.len()), (1, 0));
     }
 
