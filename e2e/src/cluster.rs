@@ -176,9 +176,7 @@ impl LocalCluster {
             .await?;
         let values = plane.dir().join("tessera-values.json");
         let mut all = values_for(nodes, &archives);
-        if let (Some(all), Value::Object(extra)) = (all.as_object_mut(), extra) {
-            all.extend(extra);
-        }
+        merge(&mut all, extra);
         let text = serde_json::to_string_pretty(&all).map_err(|e| Error::Config(e.to_string()))?;
         std::fs::write(&values, text).map_err(Error::io("write", &values))?;
         let mut cluster = Self {
@@ -410,3 +408,40 @@ pub fn values_for(nodes: &[NodeGpus], archives: &images::Archives) -> Value {
 
 /// How long tests wait for a pod of the chart.
 pub const POD_WAIT: Duration = Duration::from_secs(120);
+
+/// `extra` over `values`, key by key (objects merge, anything else
+/// replaces), as helm merges `-f` files: `{"agent": {"mpsHost": ..}}`
+/// keeps the rest of the cluster's agent values.
+fn merge(values: &mut Value, extra: Value) {
+    match (values, extra) {
+        (Value::Object(values), Value::Object(extra)) => {
+            for (key, value) in extra {
+                match values.get_mut(&key) {
+                    Some(old) => merge(old, value),
+                    None => {
+                        values.insert(key, value);
+                    }
+                }
+            }
+        }
+        (values, extra) => *values = extra,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn extra_values_merge_key_by_key() {
+        let mut values = json!({"agent": {"image": "a", "mpsHost": {"enabled": true}}, "x": [1]});
+        super::merge(
+            &mut values,
+            json!({"agent": {"mpsHost": {"shmSizeMiB": 16}}, "x": [2], "y": null}),
+        );
+        assert_eq!(
+            values,
+            json!({"agent": {"image": "a", "mpsHost": {"enabled": true, "shmSizeMiB": 16}}, "x": [2], "y": null})
+        );
+    }
+}

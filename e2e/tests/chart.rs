@@ -216,6 +216,25 @@ fn default_values_render_a_working_install() {
         .map(|m| m["mountPath"].as_str().unwrap())
         .collect();
     assert_eq!(mounts, ["/var/lib/tessera", "/dev/shm"]);
+    assert!(args(host).contains(&"--shm-size-mib=1024".to_owned()));
+    // Its init container mounts the clients' /dev/shm as a bounded tmpfs,
+    // propagated to the node.
+    let init = &mps_pod["initContainers"][0];
+    assert_eq!(init["name"], "mps-shm");
+    assert_eq!(
+        args(init)[..4],
+        [
+            "mps-daemons",
+            "--mount-shm",
+            "--state-dir=/var/lib/tessera",
+            "--shm-size-mib=1024"
+        ]
+    );
+    assert_eq!(
+        init["volumeMounts"][0]["mountPropagation"], "Bidirectional",
+        "{init}"
+    );
+    assert_eq!(init["securityContext"]["privileged"], true);
     let off = template(&["--set", "agent.mpsHost.enabled=false"]);
     assert!(
         !off.iter()
@@ -359,7 +378,7 @@ fn every_option_reaches_the_objects() {
 #[test]
 fn bad_values_are_refused_naming_the_key() {
     // helm names the key as a JSON pointer (`/nodeDefaults/deviceSplitCount`).
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (
             &["--set", "scheduler.tuning.intervalSeconds=0"],
             "/scheduler/tuning/intervalSeconds",
@@ -385,6 +404,10 @@ fn bad_values_are_refused_naming_the_key() {
             "/config/defaultGPUNum",
         ),
         (&["--set", "agent.backend=cuda"], "/agent/backend"),
+        (
+            &["--set", "agent.mpsHost.shmSizeMiB=0"],
+            "/agent/mpsHost/shmSizeMiB",
+        ),
         (
             &["--set", "agent.deviceListStrategy={volume-mounts}"],
             "/agent/deviceListStrategy",

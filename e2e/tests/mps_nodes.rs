@@ -8,7 +8,9 @@
 //!    daemon's pipe and log directories (read-only), its share as
 //!    `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
 //!    `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, the `/dev/shm` every MPS client
-//!    and daemon shares, and no interposer;
+//!    and daemon shares (the node's tmpfs of `agent.mpsHost.shmSizeMiB`,
+//!    which a tenant fills only to ENOSPC, never the node's disk), and no
+//!    interposer;
 //! 3. the agent's pod is replaced under the running MPS pods: the daemon,
 //!    which the MPS host (the chart's `tessera-mps` DaemonSet) runs in a pod
 //!    of its own, keeps its state and serves a pod placed afterwards;
@@ -36,6 +38,8 @@ use tessera_e2e::{
 
 const WAIT: Duration = Duration::from_secs(120);
 const NODE: &str = "mps-node";
+/// `agent.mpsHost.shmSizeMiB`: the MPS clients' shared `/dev/shm`.
+const SHM_MIB: u64 = 16;
 
 /// What the container prints: its MPS settings, whether the daemon's
 /// socket is there, whether it can write the pipe directory, the
@@ -86,7 +90,10 @@ async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
         gpus,
         ..Default::default()
     }];
-    let defaults = json!({"nodeDefaults": {"operatingMode": "mps"}});
+    let defaults = json!({
+        "nodeDefaults": {"operatingMode": "mps"},
+        "agent": {"mpsHost": {"shmSizeMiB": SHM_MIB}},
+    });
     let cluster = LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, defaults)
         .await
         .unwrap();
@@ -162,6 +169,55 @@ async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
         listed.contains("from-mps-a") && listed.contains("from-mps-b"),
         "{listed}"
     );
+    // That /dev/shm is the node's tmpfs of agent.mpsHost.shmSizeMiB, which
+    // the MPS host's init container mounted: a tenant filling it gets
+    // ENOSPC, and nothing it writes reaches the node's disk.
+    let mounts = cluster.nodes[0].mounts().unwrap();
+    let shm_mount = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some("/var/lib/tessera/mps/shm"))
+        .unwrap_or_else(|| panic!("no mount at the MPS /dev/shm:\n{mounts}"));
+    assert!(shm_mount.contains(" - tmpfs "), "{shm_mount}");
+    assert!(
+        shm_mount.contains(&format!("size={}k", SHM_MIB * 1024)),
+        "{shm_mount}"
+    );
+    let fill = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["exec", "mps-b", "--", "sh", "-c"])
+        .arg(format!(
+            "dd if=/dev/zero of=/dev/shm/fill bs=1M count={} 2>&1; echo BYTES=$(wc -c < /dev/shm/fill)",
+            SHM_MIB * 4
+        ))
+        .output()
+        .unwrap();
+    let fill = String::from_utf8_lossy(&fill.stdout);
+    assert!(fill.contains("No space left on device"), "{fill}");
+    let bytes: u64 = fill
+        .lines()
+        .find_map(|l| l.strip_prefix("BYTES="))
+        .and_then(|b| b.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{fill}"));
+    assert!(
+        bytes <= SHM_MIB << 20,
+        "{bytes} bytes in a {SHM_MIB} MiB tmpfs"
+    );
+    let on_disk = cluster.nodes[0].dir().join("agent/mps/shm");
+    assert!(
+        !on_disk.join("fill").exists() && !on_disk.join("from-mps-a").exists(),
+        "MPS clients wrote to the node's disk at {}",
+        on_disk.display()
+    );
+    let gone = cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["exec", "mps-b", "--", "rm", "/dev/shm/fill"])
+        .status()
+        .unwrap();
+    assert!(gone.success());
 
     // 3. The agent's pod is replaced (a restart or an upgrade): the daemon,
     // which the MPS host runs in its own pod, keeps serving its clients.

@@ -17,9 +17,9 @@
 //! sockets, which a read-only mount allows), so no tenant can plant a file
 //! where the daemon, which runs as root, writes. MPS server and clients also
 //! share memory through `/dev/shm`: every daemon and every MPS container see
-//! one shared directory there (`mps/shm`; the chart mounts it at the MPS
-//! host's `/dev/shm`, and Allocate at the container's), as NVIDIA's device
-//! plugin arranges it. The container's share is the client's own settings:
+//! one shared tmpfs of a fixed size there (`mps/shm`, [`shm`]; the chart
+//! mounts it at the MPS host's `/dev/shm`, and Allocate at the
+//! container's), as NVIDIA's device plugin arranges it. The container's share is the client's own settings:
 //! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from `gpucores` and
 //! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` from the memory slice, which the MPS
 //! server enforces; the interposer stays out (see docs/modes.md).
@@ -34,6 +34,7 @@ mod daemon;
 mod fake;
 pub mod handoff;
 pub mod host;
+pub mod shm;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

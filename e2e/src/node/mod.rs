@@ -256,6 +256,14 @@ impl RealNode {
             node.namespace()?.bind(&dir.join(sub), Path::new(target))?;
         }
         node.namespace()?.share(&dir.join("kubelet"))?;
+        if spec.agent == AgentMode::Chart {
+            // The MPS host's init container mounts the MPS clients' tmpfs
+            // under the agent's state directory and propagates it to the
+            // node (Bidirectional), which needs a shared mount there, as
+            // `/` is on a real node.
+            node.namespace()?
+                .make_shared(Path::new("/var/lib/tessera"))?;
+        }
         node.start_containerd(images).await?;
         node.start_kubelet().await?;
         if spec.agent == AgentMode::Host {
@@ -278,6 +286,16 @@ impl RealNode {
     /// The port of the node agent's `/metrics` on 127.0.0.1.
     pub fn metrics_port(&self) -> u16 {
         self.metrics_port
+    }
+
+    /// The mounts the node sees (`/proc/<pid>/mountinfo` of its mount
+    /// namespace), as the kernel lists them.
+    pub fn mounts(&self) -> Result<String, Error> {
+        let file = PathBuf::from(format!(
+            "/proc/{}/mountinfo",
+            self.namespace()?.holder.pid()
+        ));
+        std::fs::read_to_string(&file).map_err(Error::io("read", &file))
     }
 
     fn namespace(&self) -> Result<&MountNamespace, Error> {

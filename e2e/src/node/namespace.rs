@@ -79,6 +79,13 @@ impl MountNamespace {
         self.mount(path, &["--make-rshared"])
     }
 
+    /// Gives the mount at `target` (a mount point already, such as a
+    /// [`MountNamespace::bind`]) shared propagation, as a path under `/`
+    /// has on a real node.
+    pub(crate) fn make_shared(&self, target: &Path) -> Result<(), Error> {
+        self.mount(target, &["--make-rshared"])
+    }
+
     /// Runs `mount <args> <target>` inside the namespace.
     fn mount(&self, target: &Path, args: &[&str]) -> Result<(), Error> {
         let mut all: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();

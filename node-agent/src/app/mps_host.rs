@@ -8,7 +8,7 @@ use clap::Parser;
 use super::{args::BackendKind, signal};
 use crate::{
     Error,
-    mps::{FakeControl, MpsControl, MpsManager, NvidiaControl},
+    mps::{FakeControl, MpsControl, MpsManager, NvidiaControl, shm},
 };
 
 /// The subcommand that runs the MPS host instead of the agent.
@@ -34,6 +34,16 @@ pub struct MpsArgs {
         default_value = "nvidia-cuda-mps-control"
     )]
     pub mps_control: PathBuf,
+    /// The size of the tmpfs MPS daemons and clients share as `/dev/shm`
+    /// (`<state-dir>/mps/shm`), in MiB (1 to 1048576): a tenant that fills
+    /// it gets ENOSPC. The host starts no daemon while it is another size.
+    #[arg(long, env = "TESSERA_MPS_SHM_SIZE_MIB", default_value_t = 1024)]
+    pub shm_size_mib: u64,
+    /// Mount (or resize) that tmpfs and exit: the chart's init container,
+    /// which runs with the state directory mounted Bidirectional so that
+    /// the node and the clients' containers see the mount.
+    #[arg(long)]
+    pub mount_shm: bool,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "TESSERA_LOG", default_value = "info")]
     pub log: String,
@@ -59,8 +69,16 @@ pub(super) fn control(backend: BackendKind, program: &std::path::Path) -> Arc<dy
 }
 
 /// Runs the MPS host until the process is stopped (SIGTERM or SIGINT).
+/// With `--mount-shm`, mounts the clients' `/dev/shm` and returns.
+/// Otherwise first checks that mount: no daemon serves clients whose
+/// shared memory is unbounded.
 pub async fn run_mps_host(args: MpsArgs) -> Result<(), Error> {
     let root = args.state_dir.join("mps");
+    let shm = root.join("shm");
+    if args.mount_shm {
+        return shm::mount_tmpfs(&shm, args.shm_size_mib);
+    }
+    shm::check(&shm, args.shm_size_mib)?;
     let manager = Arc::new(MpsManager::new(
         control(args.backend, &args.mps_control),
         root.clone(),
@@ -90,6 +108,8 @@ mod tests {
         .unwrap();
         assert_eq!(host.backend, BackendKind::Fake);
         assert_eq!(host.state_dir, PathBuf::from("/srv/tessera"));
+        assert_eq!(host.shm_size_mib, 1024);
+        assert!(!host.mount_shm);
         assert!(
             MpsArgs::from_command_line(&line(&["tessera-node-agent", "--node-name", "n1"]))
                 .is_none()
