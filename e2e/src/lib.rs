@@ -26,6 +26,7 @@ pub mod cluster;
 mod components;
 mod control_plane;
 mod error;
+pub mod fault_proxy;
 pub mod helm;
 pub mod http;
 pub mod images;

@@ -79,6 +79,14 @@ impl Pki {
             Ok((cert.pem(), key.serialize_pem()))
         };
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let mut apiserver_ips = vec![loopback, IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))];
+        // Pods may reach it (or a proxy serving its certificate,
+        // `fault_proxy`) at the host's address too.
+        apiserver_ips.extend(
+            crate::net::host_ip()
+                .ok()
+                .and_then(|ip| ip.parse::<IpAddr>().ok()),
+        );
         let (apiserver_cert, apiserver_key) = serving(
             "kube-apiserver",
             &[
@@ -87,7 +95,7 @@ impl Pki {
                 "kubernetes.default",
                 "kubernetes.default.svc",
             ],
-            &[loopback, IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))],
+            &apiserver_ips,
         )?;
         let (serving_cert, serving_key) = serving("tessera-local", &["localhost"], &[loopback])?;
         let sa = KeyPair::generate()?;

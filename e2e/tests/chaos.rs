@@ -5,17 +5,22 @@
 //! kube-apiserver and etcd are each killed and restarted once. One node
 //! serves through the DRA front door: a third of the bare pods and the
 //! Deployment `serve` take their GPU with ResourceClaims there, so its agent
-//! is killed while it prepares and unprepares claims. Afterwards:
+//! is killed while it prepares and unprepares claims. The controller reaches
+//! the API server through a fault proxy ([`FaultProxy`]) that forwards each
+//! pod binding and then drops, delays or replaces with a 504 the answer to
+//! one in two, and some agent kills are timed to land just after a binding
+//! the API server committed, while the kubelet admits the pod and calls the
+//! agent's Allocate. Afterwards:
 //!
 //! - no GPU is promised beyond its memory, cores or slices (live allocations,
 //!   DRA mirrors included, folded against each GpuNode's devices);
 //! - no live allocation outlives its pod by more than 30 s, no NodeLock is held;
 //! - every Running GPU container sees exactly its allocation's GPUs and memory;
 //! - every Deployment-owned pod Runs (or is Pending for lack of room, with
-//!   the extender's reason) and at most one bare pod is lost, its cause printed,
-//!   besides one per agent kill that the kubelet rejected at admission on that
-//!   agent's node (the plugin killed during the pod's admission: upstream
-//!   behaviour).
+//!   the extender's reason) and no bare pod is lost (each loss is printed
+//!   with its cause) but at most one per agent kill that the kubelet
+//!   rejected at admission on that agent's node (the plugin killed during
+//!   the pod's admission or its Allocate: upstream behaviour).
 //!
 //! Bounded for `make test` (48 bare pods and 3 Deployments of 4, one
 //! scaled to 6, over about 40 s); `make soak` runs it longer with more pods
@@ -41,10 +46,12 @@ use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
     chaos::kill_in_pod,
-    cluster::{LocalCluster, NodeGpus},
+    cluster::{LocalCluster, NAMESPACE, NodeGpus},
+    fault_proxy::{BindingFault, FaultProxy},
     images,
     node::FakeGpu,
 };
+use tokio::sync::broadcast::error::RecvError;
 
 const MIB: u64 = 1 << 20;
 /// How long the cluster has to settle once the faults stop.
@@ -189,23 +196,93 @@ async fn retrying<T>(what: &str, mut call: impl AsyncFnMut() -> Result<T, kube::
     }
 }
 
+/// What the fault proxy does to the answers of the controller's bindings,
+/// in turn: one in two is dropped, held back or turned into a 504 after the
+/// API server committed or refused the binding.
+fn binding_faults() -> Vec<BindingFault> {
+    vec![
+        BindingFault::Drop,
+        BindingFault::Pass,
+        BindingFault::GatewayTimeout,
+        BindingFault::Pass,
+        BindingFault::Delay(Duration::from_secs(2)),
+        BindingFault::Pass,
+    ]
+}
+
+/// Points the controller's API connection at `proxy` (the in-cluster
+/// address its client reads) and waits until the Deployment has rolled.
+async fn through_proxy(client: &Client, proxy: &FaultProxy) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{
+        "name": "controller",
+        "env": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": proxy.addr().ip().to_string()},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": proxy.addr().port().to_string()},
+        ],
+    }]}}}});
+    deployments
+        .patch(
+            "tessera-scheduler",
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let deployment = deployments.get("tessera-scheduler").await.unwrap();
+        let wanted = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.replicas)
+            .unwrap_or(1);
+        let rolled = deployment.status.as_ref().is_some_and(|s| {
+            s.observed_generation >= deployment.metadata.generation
+                && s.updated_replicas == Some(wanted)
+                && s.available_replicas == Some(wanted)
+                && s.replicas == Some(wanted)
+        });
+        if rolled {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the controller did not roll onto the fault proxy: {:?}",
+            deployment.status
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The faults, each at a random point of the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
     KillAgent(usize),
+    /// Kills the agent of the node the next committed binding names, 0 to
+    /// 300 ms after the API server committed it: while the kubelet admits
+    /// the pod and the agent serves its Allocate and records it.
+    KillAgentAfterBinding,
     KillController,
     RestartApiServer,
     RestartEtcd,
 }
 
+/// What an armed agent kill did: the node whose running agent it killed
+/// (none when the agent was down already), and the line for the report.
+type TimedKill = (Option<&'static str>, String);
+
 struct Chaos {
     cluster: LocalCluster,
+    proxy: FaultProxy,
     client: Client,
     rng: Rng,
     /// What was done, in order, for the report.
     log: Vec<String>,
     /// How many times each node's agent was killed.
     agent_kills: BTreeMap<&'static str, usize>,
+    /// The agent kills armed to follow a binding: the node and what was done.
+    timed: Vec<tokio::task::JoinHandle<Option<TimedKill>>>,
 }
 
 impl Chaos {
@@ -216,17 +293,48 @@ impl Chaos {
     async fn inflict(&mut self, fault: Fault, at: Instant) {
         let when = at.elapsed().as_secs_f64();
         match fault {
-            Fault::KillAgent(node) => {
-                let node = NODES[node];
-                let pods = self.component_pods("node-agent").await;
-                let pod = pods
-                    .iter()
-                    .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
-                let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
-                let killed = kill_in_pod(&uid, "tessera-node-agent").unwrap();
-                *self.agent_kills.entry(node).or_default() += 1;
+            Fault::KillAgent(node) => self.kill_agent(NODES[node], when, "").await,
+            Fault::KillAgentAfterBinding => {
+                // Armed now, fired by the next binding to a node while the
+                // stream goes on (the agent's pod keeps its UID through a
+                // kill, so the one listed now is the one to kill then).
+                let agents: BTreeMap<String, String> = self
+                    .component_pods("node-agent")
+                    .await
+                    .into_iter()
+                    .filter_map(|p| Some((node_of(&p).to_owned(), p.metadata.uid?)))
+                    .collect();
+                let mut committed = self.proxy.committed();
+                let after = Duration::from_millis(self.rng.below(300));
+                self.timed.push(tokio::spawn(async move {
+                    let binding = tokio::time::timeout(Duration::from_secs(60), async {
+                        loop {
+                            match committed.recv().await {
+                                Ok(binding) => break Some(binding),
+                                Err(RecvError::Lagged(_)) => {}
+                                Err(RecvError::Closed) => break None,
+                            }
+                        }
+                    })
+                    .await
+                    .ok()
+                    .flatten()?;
+                    let node = NODES.iter().copied().find(|n| *n == binding.node)?;
+                    tokio::time::sleep(after).await;
+                    let killed = kill_in_pod(agents.get(node)?, "tessera-node-agent").unwrap();
+                    Some((
+                        (!killed.is_empty()).then_some(node),
+                        format!(
+                            "{:6.1}s SIGKILL agent on {node} {} ms after the binding of {} ({:?}): pids {killed:?}",
+                            at.elapsed().as_secs_f64(),
+                            after.as_millis(),
+                            binding.pod,
+                            binding.fault
+                        ),
+                    ))
+                }));
                 self.log.push(format!(
-                    "{when:6.1}s SIGKILL agent on {node}: pids {killed:?}"
+                    "{when:6.1}s armed an agent kill for the next binding"
                 ));
             }
             Fault::KillController => {
@@ -251,6 +359,22 @@ impl Chaos {
                 ));
             }
         }
+    }
+
+    async fn kill_agent(&mut self, node: &'static str, when: f64, detail: &str) {
+        let pods = self.component_pods("node-agent").await;
+        let pod = pods
+            .iter()
+            .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
+        let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
+        let killed = kill_in_pod(&uid, "tessera-node-agent").unwrap();
+        // Counted only when it found the agent running.
+        if !killed.is_empty() {
+            *self.agent_kills.entry(node).or_default() += 1;
+        }
+        self.log.push(format!(
+            "{when:6.1}s SIGKILL agent on {node}{detail}: pids {killed:?}"
+        ));
     }
 
     /// Tessera's pods of `component`, retrying while the API server is away.
@@ -368,6 +492,16 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
     .await
     .unwrap();
     let client = cluster.plane.client().await.unwrap();
+    let host: std::net::IpAddr = tessera_e2e::host_ip().unwrap().parse().unwrap();
+    let proxy = FaultProxy::start(
+        host,
+        cluster.plane.server(),
+        cluster.plane.pki(),
+        binding_faults(),
+    )
+    .await
+    .unwrap();
+    through_proxy(&client, &proxy).await;
     let templates: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         "default",
@@ -385,10 +519,12 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
     }
     let mut chaos = Chaos {
         cluster,
+        proxy,
         client: client.clone(),
         rng: Rng(rng.next()),
         log: Vec::new(),
         agent_kills: BTreeMap::new(),
+        timed: Vec::new(),
     };
 
     // Faults at random points of the stream: kills of the agents and the
@@ -397,7 +533,8 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
     for i in 0..fault_count {
         let fault = match (i % 3, rng.below(2)) {
             (0, _) => Fault::KillController,
-            (_, node) => Fault::KillAgent(node as usize),
+            (1, node) => Fault::KillAgent(node as usize),
+            _ => Fault::KillAgentAfterBinding,
         };
         plan.entry(rng.below(bare_count)).or_default().push(fault);
     }
@@ -467,9 +604,41 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         tokio::time::sleep(Duration::from_millis(pace_ms + rng.below(pace_ms * 2))).await;
     }
     let stream = started.elapsed();
+    for timed in std::mem::take(&mut chaos.timed) {
+        match timed.await.unwrap() {
+            Some((node, line)) => {
+                // Counted only when it found the agent running.
+                if let Some(node) = node {
+                    *chaos.agent_kills.entry(node).or_default() += 1;
+                }
+                chaos.log.push(line);
+            }
+            None => chaos
+                .log
+                .push("an armed agent kill saw no binding within 60 s".to_owned()),
+        }
+    }
+    let fired = chaos
+        .log
+        .iter()
+        .filter(|l| l.contains("after the binding of"))
+        .count();
+    assert!(
+        fired > 0 || fault_count < 3,
+        "no agent kill followed a binding: {:#?}",
+        chaos.log
+    );
     eprintln!("chaos: stream of {bare_count} pods took {stream:?}; faults:");
     for line in &chaos.log {
         eprintln!("  {line}");
+    }
+    let (bindings, faulted) = chaos.proxy.report();
+    eprintln!("chaos: {bindings} bindings through the fault proxy: {faulted:?}");
+    for fault in binding_faults() {
+        assert!(
+            faulted.get(&fault).copied().unwrap_or(0) > 0,
+            "no binding got {fault:?} ({bindings} bindings): the controller does not bind through the proxy?"
+        );
     }
 
     // Settle: every Deployment pod Running (or Pending for lack of room),
@@ -535,7 +704,7 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         eprintln!("chaos: {name} Pending for lack of room: {reason}");
     }
 
-    // At most one bare pod lost, and why; a Deployment's lost pods were
+    // No bare pod lost, but for agent kills, and why; a Deployment's lost pods were
     // replaced (its readiness was checked above), but are reported too.
     let lost_pods = |bare: bool| -> Vec<(String, String)> {
         all.iter()
@@ -549,19 +718,20 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         lost_pods(false)
     );
     // The kubelet rejects a pod for good when its admission meets the
-    // device plugin killed (the RPC in flight breaks, or the plugin's
-    // devices are already unhealthy): upstream behaviour no plugin can
-    // prevent, and each kill can cost the pod being admitted at that moment.
-    // So a bare pod lost that way on a node whose agent was killed is
-    // counted against that node's kills; any other loss against the one
-    // allowed before.
+    // device plugin killed (its Allocate RPC in flight breaks, or the
+    // plugin's devices are already unhealthy): upstream behaviour no plugin
+    // can prevent, and each kill can cost the pod being admitted at that
+    // moment. So a bare pod lost that way on a node whose agent was killed
+    // is counted against that node's kills; any other loss fails the test.
     let mut excused: BTreeMap<&str, usize> = BTreeMap::new();
     let mut other = Vec::new();
     for pod in all.iter().filter(|p| p.metadata.owner_references.is_none()) {
         let Some(cause) = lost(pod) else { continue };
         let node = node_of(pod);
         let at_admission = cause.starts_with("UnexpectedAdmissionError")
-            && (cause.contains("device plugin") || cause.contains("unhealthy devices"));
+            && (cause.contains("device plugin")
+                || cause.contains("unhealthy devices")
+                || cause.contains("Allocate failed"));
         let kills = chaos.agent_kills.get(node).copied().unwrap_or(0);
         let counted = excused.entry(node).or_default();
         if at_admission && *counted < kills {
@@ -571,8 +741,8 @@ async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
         }
     }
     assert!(
-        other.len() <= 1,
-        "more than one bare pod lost beyond one per agent kill at admission on its node \
+        other.is_empty(),
+        "bare pods lost beyond one per agent kill at admission on its node \
          (kills {:?}, counted {excused:?}): {other:?}",
         chaos.agent_kills
     );
