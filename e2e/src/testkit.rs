@@ -10,16 +10,6 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{Api, Client, api::ListParams};
 use tessera_api::v1alpha1::{AllocationPhase, VgpuAllocation};
 
-/// Whether `TESSERA_SKIP_REAL_NODES` asks to skip tests on real nodes
-/// (printing which was skipped).
-pub fn skip_real_nodes(what: &str) -> bool {
-    if std::env::var_os("TESSERA_SKIP_REAL_NODES").is_some() {
-        eprintln!("TESSERA_SKIP_REAL_NODES is set: {what} skipped");
-        return true;
-    }
-    false
-}
-
 /// A local cluster (tied to the test) with one real node `name` holding one
 /// fake GPU of `model` and `memory_mib`, Tessera not installed yet; and
 /// that GPU's UUID.

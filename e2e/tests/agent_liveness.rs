@@ -20,7 +20,7 @@ use kube::{
     api::{ListParams, PostParams},
 };
 use tessera_api::v1alpha1::GpuNode;
-use tessera_e2e::testkit::{gpu_pod, phase, pod_ready, skip_real_nodes};
+use tessera_e2e::testkit::{gpu_pod, phase, pod_ready};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -80,10 +80,8 @@ fn bound(pod: &Pod) -> Option<&str> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in_when_back() {
-    if skip_real_nodes("real-node agent liveness test") {
-        return;
-    }
     let cluster = one_gpu_node().await;
     let client = cluster.plane.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -331,10 +329,8 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
 /// rejected at admission, hold nothing. The outcome and its timing are
 /// printed for docs/install.md.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn pods_admitted_right_after_a_kubelet_restart_run_or_hold_nothing() {
-    if skip_real_nodes("real-node kubelet restart measurement") {
-        return;
-    }
     let mut cluster = one_gpu_node().await;
     let client = cluster.plane.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -420,10 +416,8 @@ async fn pods_admitted_right_after_a_kubelet_restart_run_or_hold_nothing() {
 /// periodic flush, up to 5 minutes). Each round's waiter holds the GPU in the
 /// next round.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn freed_memory_reaches_the_waiting_pod_within_two_seconds_twenty_times() {
-    if skip_real_nodes("real-node freed-capacity test") {
-        return;
-    }
     const LIMIT: Duration = Duration::from_secs(2);
     let cluster = one_gpu_node().await;
     let client = cluster.plane.client().await.unwrap();
@@ -504,10 +498,8 @@ async fn freed_memory_reaches_the_waiting_pod_within_two_seconds_twenty_times() 
 /// on the agent's node: a record for any pod, on the agent's own node and
 /// asking for nothing beyond its slices, is admitted.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn the_agent_may_create_only_mirrors_and_static_mig_records() {
-    if skip_real_nodes("real-node agent admission policy test") {
-        return;
-    }
     let cluster = one_gpu_node().await;
     let agent = agent_pod(&cluster).await;
     let namespace = agent.metadata.namespace.clone().unwrap();

@@ -41,7 +41,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{AllocationPhase, GpuNode, GpuNodeConfig, NodeLock, VgpuAllocation};
-use tessera_e2e::testkit::{number, phase, scheduling_failure, section, skip_real_nodes};
+use tessera_e2e::testkit::{number, phase, scheduling_failure, section};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -446,10 +446,8 @@ fn node_of(pod: &Pod) -> &str {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
-    if skip_real_nodes("chaos test") {
-        return;
-    }
     let bare_count = env_number("TESSERA_CHAOS_PODS", 48);
     let fault_count = env_number("TESSERA_CHAOS_FAULTS", 8);
     let max_live = env_number("TESSERA_CHAOS_MAX_LIVE", u64::MAX);

@@ -31,8 +31,7 @@ use kube::{
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{AllocationPhase, FrontDoor, GpuNode, GpuNodeConfig, VgpuAllocation};
 use tessera_e2e::testkit::{
-    gpu_pod, number, one_gpu_node_with, phase, scheduling_failure, section, skip_real_nodes,
-    wait_for,
+    gpu_pod, number, one_gpu_node_with, phase, scheduling_failure, section, wait_for,
 };
 use tessera_e2e::{
     chaos::kill_in_pod,
@@ -269,10 +268,8 @@ impl Dra {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn claims_share_a_gpu_through_the_dra_door_on_the_same_ledger() {
-    if skip_real_nodes("real-node DRA test") {
-        return;
-    }
     // Traces go to a Jaeger on this machine, as in the demo.
     let ports = jaeger::Ports::choose(&tessera_e2e::host_ip().unwrap()).unwrap();
     let (mut cluster, uuid) = one_gpu_node_with(

@@ -35,7 +35,7 @@ use tessera_api::{
     mig,
     v1alpha1::{GpuNode, GpuNodeConfig, MigInstance, VgpuAllocation},
 };
-use tessera_e2e::testkit::{self, phase, skip_real_nodes};
+use tessera_e2e::testkit::{self, phase};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -149,10 +149,8 @@ fn assert_no_overlap(gpus: &[(String, Vec<MigInstance>)]) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn dynamic_mig_pods_get_instances_that_never_overlap_and_go_with_the_pod() {
-    if skip_real_nodes("real-node MIG test") {
-        return;
-    }
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let gpus = FakeGpu::many(NODE, 2, "NVIDIA A100-SXM4-80GB", 81920, 1);
@@ -309,10 +307,8 @@ fn mig_example(name: &str) -> Pod {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn static_mixed_mig_serves_hamis_mig_example_one_instance_per_pod() {
-    if skip_real_nodes("real-node static MIG test") {
-        return;
-    }
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let gpus = FakeGpu::many(NODE, 1, "NVIDIA A100-SXM4-40GB", 40960, 1);

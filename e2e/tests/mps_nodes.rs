@@ -28,7 +28,7 @@ use kube::{
 };
 use serde_json::json;
 use tessera_api::v1alpha1::{GpuNode, OperatingMode};
-use tessera_e2e::testkit::{self, gpu_pod, phase, skip_real_nodes};
+use tessera_e2e::testkit::{self, gpu_pod, phase};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -78,10 +78,8 @@ fn mps_pod(name: &str, gpus: u32, memory: u64, cores: u32) -> Pod {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
-    if skip_real_nodes("real-node MPS test") {
-        return;
-    }
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let gpus = FakeGpu::many(NODE, 2, "NVIDIA H100 80GB HBM3", 81559, 2);

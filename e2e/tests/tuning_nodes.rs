@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use kube::{Api, ResourceExt, api::PostParams};
 use serde_json::{Value, json};
 use tessera_api::v1alpha1::{GpuNodeConfig, TuningStatus};
-use tessera_e2e::testkit::{gpu_pod, skip_real_nodes, wait_for};
+use tessera_e2e::testkit::{gpu_pod, wait_for};
 use tessera_e2e::{
     Lifetime,
     artifacts::Artifacts,
@@ -53,10 +53,8 @@ fn on(node: &str, name: &str, mem_mib: u64, cores: Option<u32>, script: &str) ->
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn each_case_of_the_tuning_guide_shows_as_advice_with_its_evidence() {
-    if skip_real_nodes("real-node tuning test") {
-        return;
-    }
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let nodes = ["tune-a", "tune-b"].map(|name| NodeGpus {

@@ -33,9 +33,7 @@ use tessera_e2e::{
         metax_c500, metax_gpus, mthreads_s4000, neuron_devices,
     },
     node::FakeGpu,
-    testkit::{
-        self, gpu_pod, phase, pod_with_limits, scheduling_failure, skip_real_nodes, wait_for,
-    },
+    testkit::{self, gpu_pod, phase, pod_with_limits, scheduling_failure, wait_for},
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -185,10 +183,8 @@ fn vendor_node(name: &str, vendor: Vendor, devices: Vec<MockDevice>) -> NodeGpus
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
-    if skip_real_nodes("real-node vendor test") {
-        return;
-    }
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let nodes = [
@@ -455,10 +451,8 @@ async fn pod_annotations(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
 async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protocols() {
-    if skip_real_nodes("real-node vendor test") {
-        return;
-    }
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
     let nodes = [
