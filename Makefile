@@ -44,7 +44,7 @@ soak: tools node-deps ## Chaos for ~30 min on real nodes: 400 GPU pods, 60 kills
 	  $(CARGO) test -p tessera-e2e --test chaos -- --nocapture
 
 fuzz: ## Run every fuzz/property target for FUZZ_CASES cases each (default 50000; docs/fuzzing.md)
-	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-api -p tessera-controllers -p tessera-node-agent -p tessera-draplugin --test fuzz -- --nocapture
+	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-scheduling -p tessera-controllers -p tessera-node-agent -p tessera-draplugin --test fuzz -- --nocapture
 	PROPTEST_CASES=$${FUZZ_CASES:-50000} $(CARGO) test -p tessera-interposer -p tessera-vgpu-region --lib fuzz_ -- --nocapture
 
 bench: ## Run the benchmarks (release build; figures go in docs/benchmarks.md)

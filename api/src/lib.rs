@@ -5,8 +5,8 @@
 //!   this crate with `default-features = false` and gets only these.
 //! - [`v1alpha1`]: the custom resources (`GpuNode`, `VgpuAllocation`, `NodeLock`,
 //!   `GpuNodeConfig`) in group `tessera.dev`.
-//! - [`request`]: turns a Pod and the cluster defaults into a typed GPU request,
-//!   with HAMi's rules; shared by the webhook and the extender (Filter and Bind).
+//! - [`quantity`]: Kubernetes quantities as whole numbers. (A pod's GPU
+//!   request is read by `tessera-scheduling`'s `request`, with HAMi's rules.)
 //! - [`mig`]: MIG profile tables and placement rules, shared by the
 //!   scheduler and the node agent.
 //! - [`node_config`]: which GpuNodeConfigs select a node and the settings that result.
@@ -30,8 +30,6 @@ pub mod mig;
 pub mod node_config;
 #[cfg(feature = "kube")]
 pub mod quantity;
-#[cfg(feature = "kube")]
-pub mod request;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(feature = "kube")]

@@ -3,7 +3,7 @@
 //! for HAMi keep working unchanged.
 //!
 //! Resource names are the defaults; clusters may rename them through the
-//! controller's configuration (see `request::ResourceNames`).
+//! controller's configuration (see `tessera_scheduling::request::ResourceNames`).
 
 /// The API group of every Tessera custom resource.
 pub const GROUP: &str = "tessera.dev";

@@ -5,7 +5,7 @@
 
 /// Why a quantity is not an acceptable whole number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum QuantityError {
+pub enum QuantityError {
     /// Not a Kubernetes quantity at all.
     Malformed,
     /// Below zero.
@@ -33,7 +33,7 @@ pub fn whole(text: &str) -> Result<u64, String> {
 }
 
 /// Parses a quantity such as `3000`, `4k`, `2Gi`, `1e3` or `2000m` into an integer.
-pub(crate) fn parse_whole(text: &str) -> Result<u64, QuantityError> {
+pub fn parse_whole(text: &str) -> Result<u64, QuantityError> {
     let (negative, rest) = match text.as_bytes().first() {
         Some(b'-') => (true, &text[1..]),
         Some(b'+') => (false, &text[1..]),

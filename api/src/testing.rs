@@ -24,7 +24,6 @@ use k8s_openapi::{
 };
 use kube::api::ObjectMeta;
 
-pub use crate::request::{vendor_config, vnpu_chip};
 use crate::v1alpha1::{
     AllocationPhase, AllocationTotals, ContainerAllocation, DeviceCapacity, DeviceHealth,
     DeviceSlice, GpuDevice, GpuNode, GpuNodeSpec, GpuNodeStatus, NodeLock, NodeLockSpec,

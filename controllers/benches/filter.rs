@@ -31,16 +31,14 @@ use std::{
 };
 
 use serde_json::json;
-use tessera_api::{
-    request::parse_pod,
-    v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy},
-};
+use tessera_api::v1alpha1::{DeviceFamily, OperatingMode, SchedulingPolicy};
 use tessera_controllers::{
     config::Config,
     engine::GpuDevice,
     extender::{filter, prioritize, victims as preempt, wire::ExtenderArgs},
     projection::{AllocationKey, LiveAllocation, Projection, UuidSlice},
 };
+use tessera_scheduling::request::parse_pod;
 
 const NODES: usize = 5_000;
 const GPUS: usize = 8;
@@ -198,10 +196,8 @@ fn main() {
 /// them all and every node fits). And the list before the bound: refused
 /// at parse, naming the annotation.
 fn lists() {
-    use tessera_api::{
-        names::annotations as keys,
-        request::{MAX_LIST_ENTRIES, MAX_LIST_ENTRY_BYTES, RequestConfig},
-    };
+    use tessera_api::names::annotations as keys;
+    use tessera_scheduling::request::{MAX_LIST_ENTRIES, MAX_LIST_ENTRY_BYTES, RequestConfig};
     const LIST_NODES: usize = 1_000;
     let (projection, feeder) = Projection::new();
     {
@@ -494,7 +490,7 @@ fn vendors(rng: &mut Rng) {
     }
     feeder.mark_all_synced();
     let config = Config {
-        request: tessera_api::testing::vendor_config(),
+        request: tessera_scheduling::request::vendor_config(),
         ..Config::default()
     };
     for (what, limits) in [

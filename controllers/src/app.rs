@@ -263,7 +263,7 @@ pub fn start_loops(
     watches: &crate::cache::Watches,
     election: crate::leader::Election,
     agent_lease_namespace: Option<String>,
-    request: tessera_api::request::RequestConfig,
+    request: tessera_scheduling::request::RequestConfig,
     tuning: crate::tuning::Settings,
 ) -> (Projection, tokio::task::JoinHandle<()>) {
     let cache = Cache::spawn(client.clone(), watches);

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tessera_api::{names, request::RequestConfig, v1alpha1::SchedulingPolicy};
+use tessera_api::{names, v1alpha1::SchedulingPolicy};
+use tessera_scheduling::request::RequestConfig;
 
 use crate::Error;
 
@@ -77,7 +78,7 @@ impl TryFrom<String> for GpuPolicy {
     type Error = String;
 
     fn try_from(value: String) -> Result<Self, String> {
-        let (order, mutex) = tessera_api::request::parse_gpu_policy(&value)
+        let (order, mutex) = tessera_scheduling::request::parse_gpu_policy(&value)
             .map_err(|rule| format!("gpuSchedulerPolicy {rule}"))?;
         Ok(Self {
             order: order.unwrap_or(SchedulingPolicy::Spread),
@@ -102,7 +103,7 @@ impl Config {
     /// unsaid: the GPU order and `mutex`.
     pub fn gpu_policy_of(
         &self,
-        options: &mut tessera_api::request::PodOptions,
+        options: &mut tessera_scheduling::request::PodOptions,
     ) -> SchedulingPolicy {
         options.mutex.get_or_insert(self.gpu_scheduler_policy.mutex);
         options
@@ -197,10 +198,10 @@ mod tests {
         );
 
         // A pod without the annotation takes the default; one with it, its own.
-        let mut unsaid = tessera_api::request::PodOptions::default();
+        let mut unsaid = tessera_scheduling::request::PodOptions::default();
         assert_eq!(mutex.gpu_policy_of(&mut unsaid), SchedulingPolicy::Binpack);
         assert_eq!(unsaid.mutex, Some(true));
-        let mut spread = tessera_api::request::PodOptions {
+        let mut spread = tessera_scheduling::request::PodOptions {
             gpu_policy: Some(SchedulingPolicy::Spread),
             mutex: Some(false),
             ..Default::default()

@@ -13,7 +13,7 @@
 pub mod app;
 pub mod cache;
 pub mod config;
-pub mod engine;
+pub use tessera_scheduling::engine;
 mod error;
 pub mod extender;
 pub mod leader;

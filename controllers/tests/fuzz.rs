@@ -20,7 +20,7 @@ use proptest::{
     test_runner::{Config as RunnerConfig, TestCaseError, TestRunner},
 };
 use serde_json::{Value, json};
-use tessera_api::{request::parse_pod, v1alpha1::OperatingMode};
+use tessera_api::v1alpha1::OperatingMode;
 use tessera_controllers::{
     config::Config,
     engine::{self, GpuDevice},
@@ -32,6 +32,7 @@ use tessera_controllers::{
     projection::{AllocationKey, LiveAllocation, Projection, UuidSlice},
     webhook::Webhook,
 };
+use tessera_scheduling::request::parse_pod;
 use tower::ServiceExt;
 
 /// Runs `test` on `default_cases` inputs (or `PROPTEST_CASES`), printing the count and time.

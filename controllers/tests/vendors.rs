@@ -22,17 +22,14 @@ use kube::{
 };
 use serde_json::{Value, json};
 use support::{Cluster, WAIT};
-use tessera_api::{
-    request::{
-        AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
-        KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
-    },
-    v1alpha1::{
-        AllocationPhase, AppClass, DeviceFamily, GpuNode, NodeLock, QosPolicy, Sharing,
-        VgpuAllocation,
-    },
+use tessera_api::v1alpha1::{
+    AllocationPhase, AppClass, DeviceFamily, GpuNode, NodeLock, QosPolicy, Sharing, VgpuAllocation,
 };
 use tessera_controllers::config::Config;
+use tessera_scheduling::request::{
+    AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
+    KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
+};
 
 fn config() -> Config {
     let mut config = Config::default();
@@ -998,7 +995,7 @@ async fn enflame_drs_partitions_are_cut_by_profile_and_handed_off() {
     );
     // The ledger counts the partition's three slices: a 6g partition no
     // longer fits.
-    let request = tessera_api::request::parse_pod(
+    let request = tessera_scheduling::request::parse_pod(
         &serde_json::from_value(json!({"metadata": {"name": "x"}, "spec": {"containers": [
             {"name": "main", "resources": {"limits": {"enflame.com/drs-gcu": "6"}}}]}}))
         .unwrap(),

@@ -35,7 +35,7 @@ pub const GPU_POD_CONDITION: &str = "(object.spec.containers + (has(object.spec.
 pub fn scheduler_config(extender_port: u16) -> String {
     scheduler_config_for(
         extender_port,
-        &tessera_api::request::RequestConfig::default().resource_names(),
+        &tessera_scheduling::request::RequestConfig::default().resource_names(),
     )
 }
 

@@ -80,7 +80,10 @@ fn bound(pod: &Pod) -> Option<&str> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in_when_back() {
     let cluster = one_gpu_node().await;
     let client = cluster.plane.client().await.unwrap();
@@ -329,7 +332,10 @@ async fn a_killed_agent_keeps_gpu_pods_away_within_five_seconds_and_lets_them_in
 /// rejected at admission, hold nothing. The outcome and its timing are
 /// printed for docs/install.md.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn pods_admitted_right_after_a_kubelet_restart_run_or_hold_nothing() {
     let mut cluster = one_gpu_node().await;
     let client = cluster.plane.client().await.unwrap();
@@ -416,7 +422,10 @@ async fn pods_admitted_right_after_a_kubelet_restart_run_or_hold_nothing() {
 /// periodic flush, up to 5 minutes). Each round's waiter holds the GPU in the
 /// next round.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn freed_memory_reaches_the_waiting_pod_within_two_seconds_twenty_times() {
     const LIMIT: Duration = Duration::from_secs(2);
     let cluster = one_gpu_node().await;
@@ -498,7 +507,10 @@ async fn freed_memory_reaches_the_waiting_pod_within_two_seconds_twenty_times() 
 /// on the agent's node: a record for any pod, on the agent's own node and
 /// asking for nothing beyond its slices, is admitted.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn the_agent_may_create_only_mirrors_and_static_mig_records() {
     let cluster = one_gpu_node().await;
     let agent = agent_pod(&cluster).await;

@@ -16,7 +16,10 @@ use tessera_e2e::testkit::{self, gpu_pod, one_gpu_node};
 const NODE: &str = "cdi-node";
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn containerd_applies_the_cdi_device_allocate_names() {
     let (mut cluster, uuid) = one_gpu_node(NODE, "NVIDIA H100 80GB HBM3", 81559).await;
     // The node's CDI spec for its GPU, as nvidia-ctk would write it.

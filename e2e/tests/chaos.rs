@@ -446,7 +446,10 @@ fn node_of(pod: &Pod) -> &str {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn gpu_pods_survive_agents_controller_apiserver_and_etcd_being_killed() {
     let bare_count = env_number("TESSERA_CHAOS_PODS", 48);
     let fault_count = env_number("TESSERA_CHAOS_FAULTS", 8);

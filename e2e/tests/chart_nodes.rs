@@ -150,7 +150,10 @@ async fn split_count(client: &Client) -> Vec<u32> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn install_serve_upgrade_survive_webhook_loss_uninstall_and_reinstall() {
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();

@@ -268,7 +268,10 @@ impl Dra {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn claims_share_a_gpu_through_the_dra_door_on_the_same_ledger() {
     // Traces go to a Jaeger on this machine, as in the demo.
     let ports = jaeger::Ports::choose(&tessera_e2e::host_ip().unwrap()).unwrap();

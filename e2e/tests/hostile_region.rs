@@ -206,7 +206,10 @@ fn victim(name: &str, hold: u64) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn pods_attacking_their_region_neither_hurt_the_agent_nor_their_neighbours() {
     let started = Instant::now();
     let stack = Stack::start().await;

@@ -149,7 +149,10 @@ fn assert_no_overlap(gpus: &[(String, Vec<MigInstance>)]) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn dynamic_mig_pods_get_instances_that_never_overlap_and_go_with_the_pod() {
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
@@ -307,7 +310,10 @@ fn mig_example(name: &str) -> Pod {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn static_mixed_mig_serves_hamis_mig_example_one_instance_per_pod() {
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();

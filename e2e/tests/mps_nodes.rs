@@ -78,7 +78,10 @@ fn mps_pod(name: &str, gpus: u32, memory: u64, cores: u32) -> Pod {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn mps_pods_share_the_gpus_daemon_with_their_share_as_client_settings() {
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();

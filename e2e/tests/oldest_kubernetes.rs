@@ -29,7 +29,10 @@ const LIMIT: Duration = Duration::from_secs(180);
 const MIB: u64 = 1 << 20;
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn the_chart_serves_a_gpu_pod_on_the_oldest_kubernetes_the_docs_claim() {
     let version = tools::use_oldest_kubernetes().unwrap();
     tessera_e2e::remove_stale_dirs();

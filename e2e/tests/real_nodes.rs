@@ -199,7 +199,10 @@ impl Stack {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container() {
     let stack = Stack::start(&[("node-a", 2)]).await;
     const CHUNK: u64 = 64 * MIB;
@@ -343,7 +346,10 @@ async fn a_pod_gets_its_slice_and_the_interposer_enforces_it_in_a_real_container
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metrics() {
     let stack = Stack::start(&[("node-s", 1)]).await;
     // The namespace's GPU memory quota has room for exactly these two pods.
@@ -477,7 +483,10 @@ async fn two_pods_share_one_gpu_each_with_its_own_limit_and_real_usage_in_metric
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn deleting_a_pod_or_completing_a_job_releases_its_allocation() {
     let stack = Stack::start(&[("node-r", 1)]).await;
     stack
@@ -655,7 +664,10 @@ fn admission_rejection(pod: &Pod) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn restarts_during_a_stream_of_pods_leave_every_pod_served_and_the_invariants_intact() {
     let mut stack = Stack::start(&[("node-x", 2), ("node-y", 2)]).await;
     let names: Vec<String> = (0..12).map(|i| format!("stream-{i}")).collect();
@@ -749,7 +761,10 @@ fn region_of(stack: &Stack, pod: &Pod) -> tessera_vgpu_region::Snapshot {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn a_high_priority_pod_holds_a_low_priority_one_back_on_their_gpu() {
     let stack = Stack::start(&[("node-p", 1)]).await;
     // Both pods launch kernels on the node's one GPU for a while; the one
@@ -879,7 +894,10 @@ async fn workload_condition(client: &Client, job: &str, kind: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn kueue_admits_gpu_jobs_by_their_total_memory_and_tessera_binds_them_at_once() {
     let stack = Stack::start(&[("node-k", 1)]).await;
     // Kueue's HAMi guide: quota on what all of a pod's vGPUs hold.
@@ -1015,7 +1033,10 @@ async fn kueue_admits_gpu_jobs_by_their_total_memory_and_tessera_binds_them_at_o
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn a_high_priority_pod_displaces_the_pod_whose_slice_it_needs_on_a_full_node() {
     let stack = Stack::start(&[("node-p", 2)]).await;
     for (name, value) in [("batch", 100), ("serving", 1000)] {

@@ -53,7 +53,10 @@ fn on(node: &str, name: &str, mem_mib: u64, cores: Option<u32>, script: &str) ->
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn each_case_of_the_tuning_guide_shows_as_advice_with_its_evidence() {
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();

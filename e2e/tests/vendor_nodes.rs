@@ -183,7 +183,10 @@ fn vendor_node(name: &str, vendor: Vendor, devices: Vec<MockDevice>) -> NodeGpus
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn every_mocked_vendor_s_pods_run_beside_nvidia_through_its_plugin() {
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();
@@ -451,7 +454,10 @@ async fn pod_annotations(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(skip_real_nodes, ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
 async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protocols() {
     tessera_e2e::remove_stale_dirs();
     let artifacts = Artifacts::locate().unwrap();

@@ -17,7 +17,6 @@ use prost::Message;
 use serde_json::{Value, json};
 use tessera_api::{
     env,
-    request::MAX_MEMORY_MIB,
     v1alpha1::{CorePolicy, FilterDevices, NodeLock, NodeSettings, VgpuAllocation},
 };
 use tessera_deviceplugin::v1beta1::{
@@ -33,6 +32,7 @@ use tessera_node_agent::{
     settings::offered,
     sharing::hami_core,
 };
+use tessera_scheduling::request::MAX_MEMORY_MIB;
 
 /// Runs `test` on `default_cases` inputs (or `PROPTEST_CASES`), printing the count and time.
 fn fuzz<S>(

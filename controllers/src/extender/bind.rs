@@ -15,10 +15,10 @@ use kube::{
     api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions, VersionMatch},
 };
 use serde_json::json;
-use tessera_api::{
-    request::parse_pod,
-    v1alpha1::{NodeLock, PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec},
+use tessera_api::v1alpha1::{
+    NodeLock, PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec,
 };
+use tessera_scheduling::request::parse_pod;
 
 use super::{filter::NOT_READY, lock, wire::ExtenderBindingArgs};
 use crate::{

@@ -1,6 +1,6 @@
 //! Filter and Prioritize: answered from the projection, with no side effects.
 
-use tessera_api::request::{PodRequest, parse_pod};
+use tessera_scheduling::request::{PodRequest, parse_pod};
 
 use super::wire::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeItems};
 use crate::{
@@ -177,7 +177,7 @@ fn over_quota(
     node: &engine::NodeGpus,
     request: &PodRequest,
     policy: tessera_api::v1alpha1::SchedulingPolicy,
-    names: &[tessera_api::request::QuotaNames<'_>],
+    names: &[tessera_scheduling::request::QuotaNames<'_>],
     limits: &quota::Limits,
     used: &quota::Charge,
 ) -> Option<String> {

@@ -24,10 +24,10 @@ pub(super) type Placed = (Placement, Vec<GpuDevice>, quota::Charge);
 pub(super) fn place(
     node: Option<&crate::engine::NodeGpus>,
     node_name: &str,
-    request: &tessera_api::request::PodRequest,
+    request: &tessera_scheduling::request::PodRequest,
     policy: tessera_api::v1alpha1::SchedulingPolicy,
     (names, limits, used): (
-        &[tessera_api::request::QuotaNames<'_>],
+        &[tessera_scheduling::request::QuotaNames<'_>],
         &quota::Limits,
         &quota::Charge,
     ),
@@ -109,7 +109,7 @@ pub(super) fn allocation_spec(
     (pod_name, uid, node): (&str, &str, &str),
     devices: &[GpuDevice],
     placement: &Placement,
-    request: &tessera_api::request::PodRequest,
+    request: &tessera_scheduling::request::PodRequest,
     gpu_policy: tessera_api::v1alpha1::SchedulingPolicy,
     config: &Config,
     trace: Option<TraceContext>,

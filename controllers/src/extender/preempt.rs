@@ -42,10 +42,8 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
 };
 use serde_json::json;
-use tessera_api::{
-    request::{PodRequest, parse_pod},
-    v1alpha1::{Nomination, SchedulingPolicy, VgpuAllocation},
-};
+use tessera_api::v1alpha1::{Nomination, SchedulingPolicy, VgpuAllocation};
+use tessera_scheduling::request::{PodRequest, parse_pod};
 
 use super::{
     victims::{Displaced, Plan, beside, plan_sampled},

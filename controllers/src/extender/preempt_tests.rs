@@ -5,10 +5,8 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
-use tessera_api::{
-    request::{PodRequest, parse_pod},
-    v1alpha1::{OperatingMode, SchedulingPolicy},
-};
+use tessera_api::v1alpha1::{OperatingMode, SchedulingPolicy};
+use tessera_scheduling::request::{PodRequest, parse_pod};
 
 use super::filter::filter;
 use super::victims::{Displaced, plan};

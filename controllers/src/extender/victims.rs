@@ -5,7 +5,8 @@
 
 use std::collections::HashSet;
 
-use tessera_api::{request::PodRequest, v1alpha1::SchedulingPolicy};
+use tessera_api::v1alpha1::SchedulingPolicy;
+use tessera_scheduling::request::PodRequest;
 
 use crate::{
     engine::{

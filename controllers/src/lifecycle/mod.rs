@@ -36,7 +36,7 @@ use caches::Caches;
 
 /// Runs the controllers on `cache` until the process stops, with the
 /// agents' Leases in `kube-node-lease` and the vendor sources of `request`.
-pub async fn run(cache: Cache, request: &tessera_api::request::RequestConfig) {
+pub async fn run(cache: Cache, request: &tessera_scheduling::request::RequestConfig) {
     run_with(
         cache,
         Some("kube-node-lease".to_owned()),
@@ -59,7 +59,7 @@ pub async fn run(cache: Cache, request: &tessera_api::request::RequestConfig) {
 pub async fn run_with(
     cache: Cache,
     agent_lease_namespace: Option<String>,
-    request: tessera_api::request::RequestConfig,
+    request: tessera_scheduling::request::RequestConfig,
     tuning: Option<(crate::projection::Projection, crate::tuning::Settings)>,
 ) {
     let vendors = crate::vendors::Sources::of(&request);

@@ -20,11 +20,9 @@ use kube::{
     api::{Patch, PatchParams},
 };
 use serde_json::json;
-use tessera_api::{
-    request::{LIMITS_PREFIX, RequestConfig},
-    v1alpha1::VgpuAllocation,
-};
+use tessera_api::v1alpha1::VgpuAllocation;
 use tessera_kubekit::Watched;
+use tessera_scheduling::request::{LIMITS_PREFIX, RequestConfig};
 
 use crate::engine::quota::{self, Charge};
 
@@ -139,10 +137,8 @@ async fn write(client: &Client, quota: &ResourceQuota, wanted: BTreeMap<String, 
 #[cfg(test)]
 mod tests {
     use pretty_assertions::assert_eq;
-    use tessera_api::{
-        request::vendor_config,
-        testing::{allocation, container, slice},
-    };
+    use tessera_api::testing::{allocation, container, slice};
+    use tessera_scheduling::request::vendor_config;
 
     use super::*;
 

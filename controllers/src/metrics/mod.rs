@@ -29,7 +29,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use tessera_api::request::RequestConfig;
+use tessera_scheduling::request::RequestConfig;
 
 use crate::{
     extender::ExtenderMetrics,

@@ -61,7 +61,7 @@ fn slice_units(slice: &tessera_api::v1alpha1::DeviceSlice) -> u32 {
         .template
         .as_deref()
         .filter(|_| slice.family == tessera_api::v1alpha1::DeviceFamily::Enflame)
-        .and_then(tessera_api::request::drs_profile)
+        .and_then(tessera_scheduling::request::drs_profile)
         .map_or(1, |(size, _)| size)
 }
 
@@ -71,7 +71,7 @@ fn slice_units(slice: &tessera_api::v1alpha1::DeviceSlice) -> u32 {
 fn profiles(listed: &[tessera_api::v1alpha1::DeviceProfile]) -> Vec<Profile> {
     let parsed: Vec<(&tessera_api::v1alpha1::DeviceProfile, u32, u32)> = listed
         .iter()
-        .filter_map(|p| tessera_api::request::drs_profile(&p.name).map(|(s, gb)| (p, s, gb)))
+        .filter_map(|p| tessera_scheduling::request::drs_profile(&p.name).map(|(s, gb)| (p, s, gb)))
         .collect();
     let Some(largest) = parsed.iter().map(|(_, size, _)| *size).max() else {
         return Vec::new();

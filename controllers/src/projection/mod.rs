@@ -41,10 +41,8 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{Client, runtime::watcher};
-use tessera_api::{
-    request::RequestConfig,
-    v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation},
-};
+use tessera_api::v1alpha1::{AllocationPhase, GpuNode, NodeLock, VgpuAllocation};
+use tessera_scheduling::request::RequestConfig;
 use tokio::sync::{mpsc, watch};
 
 pub use crate::cache::Watches;

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity};
 use kube::ResourceExt;
-use tessera_api::request::{LIMITS_PREFIX, RequestConfig};
+use tessera_scheduling::request::{LIMITS_PREFIX, RequestConfig};
 
 use crate::engine::quota::{Limit, Limits};
 
@@ -118,7 +118,7 @@ pub fn limits_keys(quota: &ResourceQuota) -> impl Iterator<Item = (&str, &Quanti
 #[cfg(test)]
 mod tests {
     use pretty_assertions::assert_eq;
-    use tessera_api::request::vendor_config;
+    use tessera_scheduling::request::vendor_config;
 
     use super::*;
 

@@ -12,9 +12,9 @@ use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use serde::Serialize;
 use tessera_api::{
     names::{amd, cambricon, enflame, kunlun, metax, mthreads, neuron},
-    request::RequestConfig,
     v1alpha1::{DeviceFamily, DeviceSlice, VgpuAllocationSpec},
 };
+use tessera_scheduling::request::RequestConfig;
 
 /// The node a pod was placed on (HAMi's `AssignedNodeAnnotations`).
 pub const VGPU_NODE: &str = "hami.io/vgpu-node";
@@ -393,7 +393,7 @@ pub fn enflame_drs(
             continue;
         };
         let profile_name = d.template.as_deref().unwrap_or_default();
-        let size = tessera_api::request::drs_profile(profile_name).map_or(1, |(s, _)| s);
+        let size = tessera_scheduling::request::drs_profile(profile_name).map_or(1, |(s, _)| s);
         let (minor, id) = profile(&d.uuid, profile_name);
         if !out.contains_key(enflame::ASSIGNED_INDEX) {
             out.insert(enflame::ASSIGNED_INDEX.to_owned(), d.index.to_string());
@@ -494,10 +494,10 @@ pub fn mutex_held_by(value: &str, namespace: &str, pod: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use tessera_api::{
-        request::{VnpuConfig, VnpusConfig},
         testing::{allocation, container},
         v1alpha1::DeviceSlice,
     };
+    use tessera_scheduling::request::{VnpuConfig, VnpusConfig};
 
     use super::*;
 
@@ -886,7 +886,7 @@ mod tests {
             ..slice(uuid, DeviceFamily::AwsNeuron, "inf2.xlarge", 0, cores, None)
         };
         let config = RequestConfig {
-            awsneuron: Some(tessera_api::request::AwsNeuronConfig::default()),
+            awsneuron: Some(tessera_scheduling::request::AwsNeuronConfig::default()),
             ..RequestConfig::default()
         };
         let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();

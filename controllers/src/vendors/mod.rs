@@ -36,7 +36,7 @@ pub struct Sources {
 
 impl Sources {
     /// The sources `config` turns on.
-    pub fn of(config: &tessera_api::request::RequestConfig) -> Self {
+    pub fn of(config: &tessera_scheduling::request::RequestConfig) -> Self {
         Self {
             sources: sources(config),
             soft_split_default: config.vnpus.as_ref().is_some_and(|v| v.hami_vnpu_core),

@@ -448,7 +448,7 @@ mod tests {
     #[test]
     fn a_vendor_device_named_as_the_agent_s_gpu_is_dropped_with_one_warning() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-        use tessera_api::request::{HygonConfig, RequestConfig};
+        use tessera_scheduling::request::{HygonConfig, RequestConfig};
         let now: Timestamp = "2026-12-02T10:00:00Z".parse().unwrap();
         let mut gpu_node = GpuNode::new("n", GpuNodeSpec {});
         gpu_node.status = Some(GpuNodeStatus::of_devices(vec![device(

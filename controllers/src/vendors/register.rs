@@ -301,7 +301,7 @@ pub fn decode_enflame_drs(value: &str) -> Result<DrsNode, String> {
         } else {
             text(&id, n, "profile id")?
         };
-        if let Some((slices, gb)) = tessera_api::request::drs_profile(&name) {
+        if let Some((slices, gb)) = tessera_scheduling::request::drs_profile(&name) {
             largest_slices = largest_slices.max(slices);
             largest_gb = largest_gb.max(gb);
         }

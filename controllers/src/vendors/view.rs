@@ -22,12 +22,12 @@ use k8s_openapi::{
 };
 use tessera_api::{
     names::{ascend::NODE_SOFT_SPLIT, enflame, kunlun, metax, neuron},
-    request::RequestConfig,
     v1alpha1::{
         DeviceCapacity, DeviceFamily, DeviceHealth, DeviceProfile, GpuDevice, GpuNodeStatus,
         OperatingMode, PlacementScore,
     },
 };
+use tessera_scheduling::request::RequestConfig;
 
 use super::register::{
     DrsNode, Registered, decode_count_map, decode_csv, decode_enflame_drs, decode_json,
@@ -779,7 +779,7 @@ fn parse_stamp(text: &str) -> Option<Timestamp> {
 
 #[cfg(test)]
 mod tests {
-    use tessera_api::request::{HygonConfig, VnpuConfig, VnpusConfig};
+    use tessera_scheduling::request::{HygonConfig, VnpuConfig, VnpusConfig};
 
     use super::*;
     use tessera_api::v1alpha1::QosPolicy;
@@ -843,7 +843,7 @@ mod tests {
     #[test]
     fn cambricon_cards_come_from_the_nodes_allocatable() {
         let config = RequestConfig {
-            cambricon: Some(tessera_api::request::CambriconConfig::default()),
+            cambricon: Some(tessera_scheduling::request::CambriconConfig::default()),
             ..RequestConfig::default()
         };
         let allocatable = BTreeMap::from([
@@ -901,7 +901,7 @@ mod tests {
         // 100 MLUs of 16 GiB: 64 are listed, each still with 16 GiB (not
         // the whole node's memory spread over the 64).
         let config = RequestConfig {
-            cambricon: Some(tessera_api::request::CambriconConfig::default()),
+            cambricon: Some(tessera_scheduling::request::CambriconConfig::default()),
             ..RequestConfig::default()
         };
         let allocatable = BTreeMap::from([
@@ -923,7 +923,7 @@ mod tests {
     #[test]
     fn moore_threads_cards_are_sixteen_cores_each() {
         let config = RequestConfig {
-            mthreads: Some(tessera_api::request::MthreadsConfig::default()),
+            mthreads: Some(tessera_scheduling::request::MthreadsConfig::default()),
             ..RequestConfig::default()
         };
         let allocatable = BTreeMap::from([
@@ -951,7 +951,7 @@ mod tests {
     #[test]
     fn metax_gpus_come_from_the_count_and_sgpus_from_the_plugins_list() {
         let config = RequestConfig {
-            metax: Some(tessera_api::request::MetaxConfig::default()),
+            metax: Some(tessera_scheduling::request::MetaxConfig::default()),
             ..RequestConfig::default()
         };
         // Whole GPUs: HAMi's TestGetNodeDevices (capacity 2: two 64 GiB cards).
@@ -1053,7 +1053,7 @@ mod tests {
     #[test]
     fn metax_gpu_topology_maps_become_placement_scores() {
         let config = RequestConfig {
-            metax: Some(tessera_api::request::MetaxConfig::default()),
+            metax: Some(tessera_scheduling::request::MetaxConfig::default()),
             ..RequestConfig::default()
         };
         let allocatable = BTreeMap::from([("metax-tech.com/gpu".to_owned(), Quantity("4".into()))]);
@@ -1116,7 +1116,7 @@ mod tests {
         // HAMi's TestGCUDevices_GetNodeDevices: capacity 2, ids
         // `<node>-GCU-<i>`, memory and cores 100, one container each.
         let config = RequestConfig {
-            enflame: Some(tessera_api::request::EnflameConfig::default()),
+            enflame: Some(tessera_scheduling::request::EnflameConfig::default()),
             ..RequestConfig::default()
         };
         let allocatable = BTreeMap::from([("enflame.com/gcu".to_owned(), Quantity("2".into()))]);
@@ -1162,7 +1162,7 @@ mod tests {
         // HAMi's amd TestGetNodeDevices, with the product type of
         // docs/develop/amd-vgpu.md (spaces kept) and CUs as cores.
         let config = RequestConfig {
-            amd: Some(tessera_api::request::AmdConfig::default()),
+            amd: Some(tessera_scheduling::request::AmdConfig::default()),
             ..RequestConfig::default()
         };
         let register = r#"[{"id":"GPU-0","index":0,"count":4,"devmem":196608,"devcore":304,"type":"AMD Instinct MI300X VF","numa":0,"mode":"hami-core","health":true}]"#;
@@ -1224,7 +1224,7 @@ mod tests {
         // HAMi's kunlun TestGetNodeDevices (8 whole XPUs of 98304 MiB named
         // `<node>-kunlun-<i>`) and the vXPU plugin's JSON with its handshake.
         let config = RequestConfig {
-            kunlun: Some(tessera_api::request::KunlunConfig::default()),
+            kunlun: Some(tessera_scheduling::request::KunlunConfig::default()),
             ..RequestConfig::default()
         };
         let now = Timestamp::now();
@@ -1259,7 +1259,7 @@ mod tests {
         // HAMi's awsneuron TestGetNodeDevices: `<node>-AWSNeuron-<i>`,
         // cores per device = neuroncore / neuron, the instance type kept.
         let config = RequestConfig {
-            awsneuron: Some(tessera_api::request::AwsNeuronConfig::default()),
+            awsneuron: Some(tessera_scheduling::request::AwsNeuronConfig::default()),
             ..RequestConfig::default()
         };
         let allocatable = BTreeMap::from([
@@ -1313,7 +1313,7 @@ mod tests {
         // HAMi's enflame TestGetNodeDevices: `<node>-enflame-drs-<index>`,
         // as many shares as DRS slices, the largest profile's memory.
         let config = RequestConfig {
-            enflame: Some(tessera_api::request::EnflameConfig::default()),
+            enflame: Some(tessera_scheduling::request::EnflameConfig::default()),
             ..RequestConfig::default()
         };
         let drs = r#"{"devices":[{"index":"0","minor":"0","capacity":6}],"profiles":{"1g.6gb":"0","3g.20gb":"1","6g.40gb":"2"}}"#;
@@ -1374,7 +1374,7 @@ mod tests {
     #[test]
     fn iluvatar_chips_register_in_csv_under_their_own_key() {
         let config = RequestConfig {
-            iluvatars: vec![tessera_api::request::IluvatarConfig {
+            iluvatars: vec![tessera_scheduling::request::IluvatarConfig {
                 common_word: "MR-V100".into(),
                 resource_count_name: "iluvatar.ai/MR-V100-vgpu".into(),
                 resource_memory_name: "iluvatar.ai/MR-V100.vMem".into(),

@@ -4,7 +4,7 @@ use k8s_openapi::{
     api::core::v1::{Container, Pod},
     apimachinery::pkg::api::resource::Quantity,
 };
-use tessera_api::request::{MemoryRequest, PodRequest, parse_pod};
+use tessera_scheduling::request::{MemoryRequest, PodRequest, parse_pod};
 
 use crate::{config::Config, engine::quota, extender::OVER_QUOTA};
 

@@ -8,11 +8,8 @@ use k8s_openapi::{
     api::core::v1::{Container, EnvVar},
     apimachinery::pkg::api::resource::Quantity,
 };
-use tessera_api::{
-    names::iluvatar::CONTAINER_NAME_ENV,
-    request::{ContainerRequest, RequestConfig},
-    v1alpha1::DeviceFamily,
-};
+use tessera_api::{names::iluvatar::CONTAINER_NAME_ENV, v1alpha1::DeviceFamily};
+use tessera_scheduling::request::{ContainerRequest, RequestConfig};
 
 /// Writes what HAMi's webhook writes for an Ascend container
 /// (`MutateAdmission`): its memory rounded up to the vNPU template (or the
@@ -262,12 +259,12 @@ fn iluvatar_limits(container: &mut Container, wanted: &ContainerRequest, config:
 mod tests {
     use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
-    use tessera_api::request::parse_pod;
+    use tessera_scheduling::request::parse_pod;
 
     use super::*;
 
     fn mutated(limits: serde_json::Value) -> Container {
-        let config = tessera_api::testing::vendor_config();
+        let config = tessera_scheduling::request::vendor_config();
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p"},
             "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
@@ -342,7 +339,7 @@ mod tests {
             json!({"metadata": {"name": "p"}, "spec": {"containers": [two]}}),
         )
         .unwrap();
-        let reparsed = parse_pod(&again, &tessera_api::testing::vendor_config())
+        let reparsed = parse_pod(&again, &tessera_scheduling::request::vendor_config())
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -359,7 +356,7 @@ mod tests {
         );
         let mut pod: k8s_openapi::api::core::v1::Pod =
             serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
-        let config = tessera_api::testing::vendor_config();
+        let config = tessera_scheduling::request::vendor_config();
         let wanted = parse_pod(
             &serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "main", "resources": {"limits": {"mthreads.com/vgpu": "2"}}}]}})).unwrap(),
             &config,
@@ -377,7 +374,7 @@ mod tests {
     fn ascend_pods_get_the_runtime_class_and_other_containers_no_npus() {
         // HAMi's Ascend MutateAdmission: runtimeClassName when the pod names
         // none; overwriteEnv empties ASCEND_VISIBLE_DEVICES elsewhere.
-        let mut config = tessera_api::testing::vendor_config();
+        let mut config = tessera_scheduling::request::vendor_config();
         let chip = &mut config.vnpus.as_mut().unwrap().configs[0];
         chip.runtime_class_name = "ascend".into();
         chip.overwrite_env = true;
@@ -451,7 +448,7 @@ mod tests {
 
     #[test]
     fn metax_sgpu_pods_get_best_effort_unless_online_or_named() {
-        let config = tessera_api::testing::vendor_config();
+        let config = tessera_scheduling::request::vendor_config();
         let annotated = |limits: serde_json::Value, annotations: serde_json::Value| {
             let mut pod: Pod = serde_json::from_value(json!({
                 "metadata": {"name": "p", "annotations": annotations},

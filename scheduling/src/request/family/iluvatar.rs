@@ -1,0 +1,48 @@
+//! Iluvatar GPUs: HAMi's `iluvatars:` section, one family per chip
+//! (`pkg/device/iluvatar`).
+
+use k8s_openapi::api::core::v1::Container;
+use tessera_api::{names::iluvatar::MEMORY_UNIT_MIB, v1alpha1::DeviceFamily};
+
+use super::{Annotations, Family, Parsed, Quota};
+use crate::request::iluvatar;
+use crate::request::types::ContainerKind;
+use crate::request::vendors::IluvatarConfig;
+
+impl Family for IluvatarConfig {
+    fn id(&self) -> DeviceFamily {
+        DeviceFamily::Iluvatar
+    }
+
+    fn resources(&self) -> Vec<&str> {
+        let mut names = vec![
+            self.resource_count_name.as_str(),
+            &self.resource_memory_name,
+        ];
+        if !self.resource_core_name.is_empty() {
+            names.push(&self.resource_core_name);
+        }
+        names
+    }
+
+    fn parse(
+        &self,
+        container: &Container,
+        kind: ContainerKind,
+        annotations: Annotations<'_>,
+        parsed: &mut Parsed,
+    ) {
+        parsed.take(iluvatar::parse(container, kind, self, annotations));
+    }
+
+    fn quota(&self) -> Vec<Quota<'_>> {
+        vec![
+            Quota::of(
+                &self.resource_memory_name,
+                MEMORY_UNIT_MIB,
+                &self.resource_core_name,
+            )
+            .for_type(&self.common_word),
+        ]
+    }
+}

@@ -1,0 +1,177 @@
+//! An accelerator family as a plug-in: one [`Family`] per section of the
+//! configuration (HAMi's ConfigMap sections keep their serde shape), and a
+//! [`Registry`] of the families a configuration enables, built in one place
+//! ([`RequestConfig::families`]) so that nothing else enumerates the
+//! sections.
+//!
+//! A family's files import what they use from the request module's files
+//! (`types`, `config`, a vendor's reader); those files reach the families
+//! only through [`RequestConfig::families`], so no import goes back up.
+//!
+//! What a family answers today:
+//!
+//! | concern | method | used by |
+//! |---|---|---|
+//! | which family it is | [`Family::id`] | everything |
+//! | the extended resources pods name | [`Family::resources`] | the webhook, kube-scheduler's config, config validation |
+//! | a container's request | [`Family::parse`] | [`parse_pod`](super::parse_pod) |
+//! | the quota names its slices count against | [`Family::quota`], [`Family::counts_quota`] | [`RequestConfig::quota_names`] |
+//!
+//! The node view, the fit rules, device choice and score, the rejection
+//! wording, admission mutation and the Bind hand-off still dispatch on
+//! [`DeviceFamily`] where they live (`engine/`, the controllers'
+//! `vendors/` and `webhook/`); each moves behind this trait in turn
+//! (issue 48). NVIDIA is a family like the others: the
+//! configuration's top level (HAMi's `nvidia:` settings) is its section.
+
+mod amd;
+mod ascend;
+mod cambricon;
+mod enflame;
+mod hygon;
+mod iluvatar;
+mod kunlunxin;
+mod metax;
+mod mthreads;
+mod neuron;
+mod nvidia;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Container;
+use tessera_api::{Violation, v1alpha1::DeviceFamily};
+
+use crate::request::config::RequestConfig;
+use crate::request::types::QuotaNames;
+use crate::request::types::{ContainerKind, ContainerRequest};
+
+/// A pod's annotations, as the readers take them.
+pub type Annotations<'a> = Option<&'a BTreeMap<String, String>>;
+
+/// One accelerator family, as its configuration section enables it.
+pub trait Family: Send + Sync {
+    /// The family, as the CRDs name it.
+    fn id(&self) -> DeviceFamily;
+
+    /// Every extended resource name a pod may ask this family's devices
+    /// with (optional names left empty are left out).
+    fn resources(&self) -> Vec<&str>;
+
+    /// Reads `container`'s requests for this family into `parsed`: none,
+    /// one, or one per kind of device the family has (MetaX GPUs and
+    /// sGPUs, Enflame GCUs and DRS partitions, Kunlunxin XPUs and vXPUs),
+    /// and every rule the container breaks.
+    fn parse(
+        &self,
+        container: &Container,
+        kind: ContainerKind,
+        annotations: Annotations<'_>,
+        parsed: &mut Parsed,
+    );
+
+    /// The quota names this family's requests count against, one entry per
+    /// device type that has names of its own.
+    fn quota(&self) -> Vec<Quota<'_>>;
+
+    /// Whether `request` counts against [`Family::quota`] at all (whole
+    /// Kunlunxin XPUs and Neuron devices asked for by count do not).
+    fn counts_quota(&self, _request: &ContainerRequest) -> bool {
+        true
+    }
+}
+
+/// One family's quota names, and which of its requests they are for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota<'a> {
+    /// Only requests of this device type count against them (MetaX
+    /// sGPUs, an Ascend or Iluvatar chip); `None`: every request.
+    pub device_type: Option<&'a str>,
+    /// The names.
+    pub names: QuotaNames<'a>,
+}
+
+impl<'a> Quota<'a> {
+    /// Every request of the family counts against `memory` (MiB per unit
+    /// `unit`) and `cores`; an empty name: none.
+    pub fn of(memory: &'a str, unit: u64, cores: &'a str) -> Self {
+        let name = |n: &'a str| (!n.is_empty()).then_some(n);
+        Self {
+            device_type: None,
+            names: QuotaNames {
+                memory: name(memory).map(|m| (m, unit)),
+                cores: name(cores),
+            },
+        }
+    }
+
+    /// The same names, for requests of `device_type` only.
+    pub fn for_type(self, device_type: &'a str) -> Self {
+        Self {
+            device_type: Some(device_type),
+            ..self
+        }
+    }
+}
+
+/// What the families read from one container.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    /// The container's requests, family by family.
+    pub requests: Vec<ContainerRequest>,
+    /// Every rule broken.
+    pub violations: Vec<Violation>,
+}
+
+impl Parsed {
+    /// Takes one reader's answer.
+    pub fn take(&mut self, answer: std::result::Result<Option<ContainerRequest>, Vec<Violation>>) {
+        match answer {
+            Ok(Some(request)) => self.requests.push(request),
+            Ok(None) => {}
+            Err(mut broken) => self.violations.append(&mut broken),
+        }
+    }
+}
+
+/// The families a configuration enables ([`RequestConfig::families`]),
+/// NVIDIA first, then the vendors in the order a container's requests
+/// come out (see [`ContainerRequest::family`]).
+pub struct Registry<'a> {
+    families: Vec<&'a dyn Family>,
+}
+
+impl RequestConfig {
+    /// The families this configuration enables: NVIDIA, and each vendor
+    /// whose section is present (Ascend once for all its chips, Iluvatar
+    /// once per chip). The one place that reads the vendor sections.
+    pub fn families(&self) -> Registry<'_> {
+        let mut families: Vec<&dyn Family> = vec![self];
+        if let Some(hygon) = &self.hygon {
+            families.push(hygon);
+        }
+        if let Some(vnpus) = &self.vnpus {
+            families.push(vnpus);
+        }
+        for chip in &self.iluvatars {
+            families.push(chip);
+        }
+        let rest: [Option<&dyn Family>; 7] = [
+            self.cambricon.as_ref().map(|c| c as &dyn Family),
+            self.mthreads.as_ref().map(|c| c as &dyn Family),
+            self.metax.as_ref().map(|c| c as &dyn Family),
+            self.enflame.as_ref().map(|c| c as &dyn Family),
+            self.kunlun.as_ref().map(|c| c as &dyn Family),
+            self.amd.as_ref().map(|c| c as &dyn Family),
+            self.awsneuron.as_ref().map(|c| c as &dyn Family),
+        ];
+        families.extend(rest.into_iter().flatten());
+        Registry { families }
+    }
+}
+
+impl<'a> Registry<'a> {
+    /// Every family, NVIDIA first.
+    pub fn iter(&self) -> impl Iterator<Item = &'a dyn Family> + '_ {
+        self.families.iter().copied()
+    }
+}
