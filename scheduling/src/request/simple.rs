@@ -33,12 +33,12 @@ use tessera_api::v1alpha1::DeviceFamily;
 
 /// One such vendor as configured.
 pub(super) struct Simple<'a> {
-    family: DeviceFamily,
-    count: &'a str,
-    memory: &'a str,
-    cores: &'a str,
+    pub(super) family: DeviceFamily,
+    pub(super) count: &'a str,
+    pub(super) memory: &'a str,
+    pub(super) cores: &'a str,
     /// MiB per unit of the memory resource.
-    memory_unit: u64,
+    pub(super) memory_unit: u64,
     /// What one device is called.
     noun: &'static str,
     /// The type and UUID filter annotations: use, no-use type; use, no-use UUID.

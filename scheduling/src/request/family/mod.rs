@@ -24,17 +24,15 @@
 //! (issue 48). NVIDIA is a family like the others: the
 //! configuration's top level (HAMi's `nvidia:` settings) is its section.
 
-mod amd;
 mod ascend;
-mod cambricon;
 mod enflame;
-mod hygon;
 mod iluvatar;
 mod kunlunxin;
 mod metax;
 mod mthreads;
 mod neuron;
 mod nvidia;
+mod simple;
 
 use std::collections::BTreeMap;
 
