@@ -318,6 +318,24 @@ pub mod iluvatar {
 /// agent's, under its own field manager.
 pub const NODE_AGENT_FIELD_MANAGER: &str = "tessera-node-agent";
 
+/// HAMi's hand-off between the scheduler and a device plugin, on the pod
+/// (and the node's lock): every family's Bind writes these, plugins and
+/// the lifecycle controllers read them. Tenants may not set them
+/// (`controllers/src/webhook/owned.rs`).
+pub mod handoff {
+    /// The node a pod was placed on (HAMi's `AssignedNodeAnnotations`).
+    pub const VGPU_NODE: &str = "hami.io/vgpu-node";
+    /// When it was placed, Unix seconds.
+    pub const VGPU_TIME: &str = "hami.io/vgpu-time";
+    /// When Bind ran, Unix seconds.
+    pub const BIND_TIME: &str = "hami.io/bind-time";
+    /// `allocating` from Bind until the plugin says `success` or `failed`.
+    pub const BIND_PHASE: &str = "hami.io/bind-phase";
+    /// The Node annotation a plugin deletes when it has served the pod:
+    /// `<RFC 3339 time>,<namespace>,<pod>`.
+    pub const MUTEX_LOCK: &str = "hami.io/mutex.lock";
+}
+
 /// Annotations Tessera writes on Nodes.
 pub mod node_annotations {
     /// The node agent's readiness for GPU pods (`True` or `False: <reason>`),

@@ -93,8 +93,8 @@ impl LeanPod {
 pub fn prune(pod: &mut LeanPod) {
     let meta = &mut pod.metadata;
     meta.annotations = meta.annotations.take().and_then(|mut a| {
-        let phase = a.remove(crate::vendors::handoff::BIND_PHASE)?;
-        Some([(crate::vendors::handoff::BIND_PHASE.to_owned(), phase)].into())
+        let phase = a.remove(tessera_api::names::handoff::BIND_PHASE)?;
+        Some([(tessera_api::names::handoff::BIND_PHASE.to_owned(), phase)].into())
     });
     meta.managed_fields = None;
     meta.finalizers = None;

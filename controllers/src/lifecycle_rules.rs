@@ -66,7 +66,7 @@ pub fn vendor_served(pod: &LeanPod, allocation: &VgpuAllocation) -> bool {
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(crate::vendors::handoff::BIND_PHASE))
+        .and_then(|a| a.get(tessera_api::names::handoff::BIND_PHASE))
         .is_some_and(|phase| phase == "success");
     says_success
         && pod.metadata.uid.as_deref() == Some(allocation.spec.pod_uid.as_str())
@@ -429,7 +429,7 @@ mod tests {
         let mut pod = pod("u1", node, "Pending");
         pod.metadata.annotations = Some(
             [(
-                crate::vendors::handoff::BIND_PHASE.to_owned(),
+                tessera_api::names::handoff::BIND_PHASE.to_owned(),
                 "success".to_owned(),
             )]
             .into(),

@@ -13,7 +13,7 @@ use kube::{
 use serde_json::json;
 
 use crate::Error;
-use crate::vendors::handoff::{BIND_PHASE, MUTEX_LOCK};
+use tessera_api::names::handoff::{BIND_PHASE, MUTEX_LOCK};
 
 /// Writes what a vendor plugin reads: the Node's lock annotations for this
 /// pod (`node`: `hami.io/mutex.lock`, Cambricon's `cambricon.com/dsmlu.lock`;

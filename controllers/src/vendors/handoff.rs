@@ -16,17 +16,7 @@ use tessera_api::{
 };
 use tessera_scheduling::request::RequestConfig;
 
-/// The node a pod was placed on (HAMi's `AssignedNodeAnnotations`).
-pub const VGPU_NODE: &str = "hami.io/vgpu-node";
-/// When it was placed, Unix seconds.
-pub const VGPU_TIME: &str = "hami.io/vgpu-time";
-/// When Bind ran, Unix seconds.
-pub const BIND_TIME: &str = "hami.io/bind-time";
-/// `allocating` from Bind until the plugin says `success` or `failed`.
-pub const BIND_PHASE: &str = "hami.io/bind-phase";
-/// The Node annotation a plugin deletes when it has served the pod:
-/// `<RFC 3339 time>,<namespace>,<pod>`.
-pub const MUTEX_LOCK: &str = "hami.io/mutex.lock";
+use tessera_api::names::handoff::{BIND_PHASE, BIND_TIME, MUTEX_LOCK, VGPU_NODE, VGPU_TIME};
 /// HAMi's Ascend annotation with the time of the Filter decision.
 const PREDICATE_TIME: &str = "predicate-time";
 

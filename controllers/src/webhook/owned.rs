@@ -14,10 +14,10 @@ use tessera_api::names::{cambricon, enflame, kunlun, metax, neuron};
 
 /// Keys Bind (or a vendor plugin answering it) writes, matched exactly.
 const EXACT: &[&str] = &[
-    crate::vendors::handoff::BIND_PHASE,
-    crate::vendors::handoff::BIND_TIME,
-    crate::vendors::handoff::VGPU_NODE,
-    crate::vendors::handoff::VGPU_TIME,
+    tessera_api::names::handoff::BIND_PHASE,
+    tessera_api::names::handoff::BIND_TIME,
+    tessera_api::names::handoff::VGPU_NODE,
+    tessera_api::names::handoff::VGPU_TIME,
     "predicate-time",
     cambricon::DSMLU_PROFILE,
     cambricon::DSMLU_ASSIGNED,
