@@ -67,6 +67,8 @@ pub mod annotations {
 
 /// Hygon DCUs' pod annotations (HAMi `pkg/device/hygon`).
 pub mod hygon {
+    /// The device type Hygon DCUs are keyed by in HAMi's hand-off (`DCU`).
+    pub const DEVICE_TYPE: &str = "DCU";
     /// Comma list; only DCUs whose type contains one of the entries.
     pub const USE_DCU_TYPE: &str = "hygon.com/use-dcutype";
     /// Comma list; DCUs whose type contains one of the entries are excluded.
@@ -103,6 +105,8 @@ pub mod ascend {
 
 /// Cambricon MLUs' names (HAMi `pkg/device/cambricon`).
 pub mod cambricon {
+    /// The device type MLUs are scheduled and handed off as (`MLU`).
+    pub const DEVICE_TYPE: &str = "MLU";
     /// Comma list; only MLUs whose type contains one of the entries.
     pub const USE_MLU_TYPE: &str = "cambricon.com/use-mlutype";
     /// Comma list; MLUs whose type contains one of the entries are excluded.
@@ -128,6 +132,8 @@ pub mod cambricon {
 
 /// Moore Threads GPUs' names (HAMi `pkg/device/mthreads`).
 pub mod mthreads {
+    /// The device type Moore Threads GPUs are scheduled and handed off as.
+    pub const DEVICE_TYPE: &str = "Mthreads";
     /// Comma list of GPU UUIDs; only these may be used (HAMi spells it `.ai`).
     pub const USE_UUID: &str = "mthreads.ai/use-gpuuuid";
     /// Comma list of GPU UUIDs that must not be used.

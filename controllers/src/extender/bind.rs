@@ -18,7 +18,7 @@ use serde_json::json;
 use tessera_api::v1alpha1::{
     NodeLock, PodReference, TraceContext, VgpuAllocation, VgpuAllocationSpec,
 };
-use tessera_scheduling::request::parse_pod;
+use tessera_scheduling::request::{Binding, NodeDevice, container_order, parse_pod};
 
 use super::{filter::NOT_READY, lock, wire::ExtenderBindingArgs};
 use crate::{
@@ -301,44 +301,38 @@ impl Binder {
             Api::namespaced(self.client.clone(), &args.pod_namespace);
         // What another vendor's device plugin reads at Allocate; empty for
         // a pod of NVIDIA GPUs only.
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let order = crate::vendors::handoff::container_order(pod);
-        let mut pod_handoff =
-            crate::vendors::handoff::pod_annotations(&spec, &order, &self.config.request, now);
-        let cores_of = |uuid: &str| {
-            devices
-                .iter()
-                .find(|d| d.uuid == uuid)
-                .map_or(0, |d| d.cores)
-        };
-        pod_handoff.extend(crate::vendors::handoff::neuron_ids(
-            &spec,
-            &order,
-            cores_of,
-            &self.config.request,
-        ));
-        pod_handoff.extend(crate::vendors::handoff::enflame_drs(
-            &spec,
-            &order,
-            |uuid, name| {
-                let device = devices.iter().find(|d| d.uuid == uuid);
-                let id = device
-                    .and_then(|d| d.profiles.iter().find(|p| p.name == name))
-                    .map(|p| p.id.clone())
-                    .unwrap_or_default();
-                (device.and_then(|d| d.minor.clone()), id)
-            },
-        ));
-        let handoff = super::handoff::Handoff {
-            pod: pod_handoff,
-            node: crate::vendors::handoff::node_annotations(
-                &spec,
-                &args.pod_namespace,
-                &args.pod_name,
-                now,
-            ),
-        };
+        let order = container_order(pod);
+        let node_devices: Vec<NodeDevice<'_>> = devices
+            .iter()
+            .map(|d| NodeDevice {
+                uuid: &d.uuid,
+                cores: d.cores,
+                minor: d.minor.as_deref(),
+                profiles: d
+                    .profiles
+                    .iter()
+                    .map(|p| (p.name.as_str(), p.id.as_str()))
+                    .collect(),
+            })
+            .collect();
+        let handoff = self.config.request.families().hand_off(&Binding {
+            spec: &spec,
+            containers: &order,
+            devices: &node_devices,
+            namespace: &args.pod_namespace,
+            pod: &args.pod_name,
+            now: k8s_openapi::jiff::Timestamp::now(),
+        });
         let result = async {
+            if !handoff.unclaimed.is_empty() {
+                return Err(Error::NoLongerFits {
+                    node: args.node.clone(),
+                    reason: format!(
+                        "devices {} are of a family the configuration no longer enables",
+                        handoff.unclaimed.join(", ")
+                    ),
+                });
+            }
             self.agent_ready(args).await?;
             let created = create_allocation(&allocations, pod, spec, &args.node).await?;
             let confirmed = self

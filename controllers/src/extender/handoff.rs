@@ -1,8 +1,7 @@
 //! Bind's side effects for other vendors' device plugins: the Node's
 //! `hami.io/mutex.lock` and the pod annotations the plugin reads
-//! ([`crate::vendors::handoff`] decides what they say).
-
-use std::collections::BTreeMap;
+//! ([`Registry::hand_off`](tessera_scheduling::request::Registry::hand_off)
+//! decides what they say).
 
 use super::wire::ExtenderBindingArgs;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -14,6 +13,7 @@ use serde_json::json;
 
 use crate::Error;
 use tessera_api::names::handoff::{BIND_PHASE, MUTEX_LOCK};
+use tessera_scheduling::request::Handoff;
 
 /// Writes what a vendor plugin reads: the Node's lock annotations for this
 /// pod (`node`: `hami.io/mutex.lock`, Cambricon's `cambricon.com/dsmlu.lock`;
@@ -107,22 +107,6 @@ async fn mutex_free(
         });
     }
     Ok(())
-}
-
-/// What Bind hands to other vendors' plugins: pod and Node annotations.
-#[derive(Debug, Default)]
-pub(super) struct Handoff {
-    /// The pod's annotations.
-    pub pod: BTreeMap<String, String>,
-    /// The Node's (its locks).
-    pub node: BTreeMap<String, String>,
-}
-
-impl Handoff {
-    /// Whether there is anything to hand over (a pod of NVIDIA GPUs only: no).
-    pub fn is_empty(&self) -> bool {
-        self.pod.is_empty() && self.node.is_empty()
-    }
 }
 
 /// Undoes [`hand_off`] after a failed Bind (best effort: what cannot be

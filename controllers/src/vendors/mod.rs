@@ -4,15 +4,13 @@
 //!
 //! - [`register`]: HAMi's register annotations, decoded with every bound checked.
 //! - [`view`]: a Node's annotations to a GpuNode status, with HAMi's handshake.
-//! - [`handoff`]: the pod and Node annotations a vendor plugin reads at
-//!   Allocate (`hami.io/<x>-devices-to-allocate`, `huawei.com/<chip>`,
-//!   `hami.io/bind-phase`, `hami.io/mutex.lock`).
 //! - [`nodes`]: the controller that keeps vendor GpuNodes current (leader only).
 //!
-//! Pure logic lives in `register`, `view` and `handoff`; only `nodes` and
-//! Bind talk to the API server.
+//! Pure logic lives in `register` and `view`; only `nodes` talks to the API
+//! server. What a vendor plugin reads at Allocate is each family's
+//! [`Family::hand_off`](tessera_scheduling::request::Family::hand_off),
+//! which Bind writes.
 
-pub mod handoff;
 pub(crate) mod nodes;
 pub mod register;
 pub mod view;

@@ -63,7 +63,10 @@ pub use annotations::{
 };
 pub use config::{RequestConfig, ResourceNames};
 pub use enflame::drs_profile;
-pub use family::{Annotations, Family, Parsed, Quota, Registry};
+pub use family::{
+    Annotations, Binding, Family, Handoff, NodeDevice, Parsed, Quota, Registry, container_order,
+    lock_time, mutex_held_by, mutex_value,
+};
 #[cfg(any(test, feature = "testing"))]
 pub use fixtures::{vendor_config, vnpu_chip};
 pub use pod::parse_pod;

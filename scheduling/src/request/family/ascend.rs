@@ -2,12 +2,35 @@
 //! (`pkg/device/ascend`).
 
 use k8s_openapi::api::core::v1::Container;
-use tessera_api::v1alpha1::DeviceFamily;
+use serde::Serialize;
+use tessera_api::v1alpha1::{DeviceFamily, DeviceSlice};
 
-use super::{Annotations, Family, Parsed, Quota};
+use super::handoff::is_zero;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
 use crate::request::ascend;
 use crate::request::types::ContainerKind;
-use crate::request::vendors::VnpusConfig;
+use crate::request::vendors::{VnpuConfig, VnpusConfig};
+
+/// HAMi's Ascend annotation with the time of the Filter decision.
+const PREDICATE_TIME: &str = "predicate-time";
+
+/// One Ascend NPU as `huawei.com/<chip>` lists it (Go's omitempty kept).
+#[derive(Serialize)]
+struct RuntimeInfo<'a> {
+    #[serde(rename = "UUID")]
+    uuid: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    temp: &'a str,
+    #[serde(skip_serializing_if = "is_zero")]
+    memory: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    core: u32,
+}
+
+/// Whether `slice` is an NPU of `chip`.
+fn of_chip(chip: &VnpuConfig, slice: &DeviceSlice) -> bool {
+    slice.family == DeviceFamily::Ascend && slice.model == chip.common_word
+}
 
 impl Family for VnpusConfig {
     fn id(&self) -> DeviceFamily {
@@ -49,5 +72,41 @@ impl Family for VnpusConfig {
                 .for_type(&chip.common_word)
             })
             .collect()
+    }
+
+    /// The NPUs of a configured chip.
+    fn claims(&self, slice: &DeviceSlice) -> bool {
+        self.configs.iter().any(|chip| of_chip(chip, slice))
+    }
+
+    /// Per chip, HAMi's two `<chip>` lists, `huawei.com/<chip>` (each NPU's
+    /// runtime info, its template among them) and `predicate-time`; and the
+    /// Node's mutex lock.
+    fn hand_off(&self, binding: &Binding<'_>, out: &mut Handoff) {
+        for chip in &self.configs {
+            let mine = |d: &DeviceSlice| of_chip(chip, d);
+            if !binding.any(mine) {
+                continue;
+            }
+            let word = chip.common_word.as_str();
+            out.lists(word, binding.encode(mine, |_| word, |d| d.cores));
+            let infos: Vec<RuntimeInfo<'_>> = binding
+                .per_container(mine)
+                .into_iter()
+                .flat_map(|(_, slices)| slices)
+                .map(|d| RuntimeInfo {
+                    uuid: &d.uuid,
+                    temp: d.template.as_deref().unwrap_or_default(),
+                    memory: d.memory_mib,
+                    core: d.cores,
+                })
+                .collect();
+            out.pod(
+                format!("huawei.com/{word}"),
+                serde_json::to_string(&infos).unwrap_or_else(|_| "[]".into()),
+            );
+            out.pod(PREDICATE_TIME, binding.seconds());
+        }
+        out.mutex_lock(binding);
     }
 }

@@ -2,12 +2,35 @@
 //! (`pkg/device/enflame`).
 
 use k8s_openapi::api::core::v1::Container;
-use tessera_api::v1alpha1::DeviceFamily;
+use std::collections::BTreeMap;
 
-use super::{Annotations, Family, Parsed, Quota};
+use serde::Serialize;
+use tessera_api::{
+    names::enflame::{
+        ASSIGNED, ASSIGNED_CONTAINERS, ASSIGNED_ID, ASSIGNED_INDEX, ASSIGNED_MINOR, ASSIGNED_TIME,
+        DRS_ALLOCATED, DRS_TYPE, GCU_TYPE, REQUEST_SIZE,
+    },
+    v1alpha1::{DeviceFamily, DeviceSlice},
+};
+
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
 use crate::request::enflame;
 use crate::request::types::ContainerKind;
 use crate::request::vendors::EnflameConfig;
+
+/// One container's DRS partition as Enflame's plugin reads it from
+/// `assigned-containers` (HAMi `assignedContainerInfo`, Go's omitempty
+/// kept).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AssignedContainer<'a> {
+    allocated: bool,
+    request: u32,
+    #[serde(rename = "profileID", skip_serializing_if = "str::is_empty")]
+    profile_id: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    profile_name: &'a str,
+}
 
 impl Family for EnflameConfig {
     fn id(&self) -> DeviceFamily {
@@ -35,5 +58,64 @@ impl Family for EnflameConfig {
     /// None: HAMi has no device quota for Enflame.
     fn quota(&self) -> Vec<Quota<'_>> {
         Vec::new()
+    }
+    /// Whole GCUs: HAMi's two `enflame-gcu` lists. DRS partitions: HAMi's
+    /// `enflame-vgpu-devices-allocated` list, the assigned flag and time,
+    /// and what Enflame's plugin reads of each container's partition
+    /// (HAMi's enflame `PatchAnnotations`): `assigned-containers`, per
+    /// container its profile's slices, id and name, and for the first such
+    /// container its GCU's index, id, minor and slices. No lock.
+    fn hand_off(&self, binding: &Binding<'_>, out: &mut Handoff) {
+        let gcu = |d: &DeviceSlice| d.family == DeviceFamily::Enflame && d.model != DRS_TYPE;
+        let drs = |d: &DeviceSlice| d.family == DeviceFamily::Enflame && d.model == DRS_TYPE;
+        if binding.any(gcu) {
+            out.lists(
+                "enflame-gcu",
+                binding.encode(gcu, |_| GCU_TYPE, |d| d.cores),
+            );
+        }
+        if !binding.any(drs) {
+            return;
+        }
+        out.pod(
+            DRS_ALLOCATED,
+            binding.encode(drs, |_| DRS_TYPE, |d| d.cores),
+        );
+        out.pod(ASSIGNED, "false");
+        out.pod(ASSIGNED_TIME, binding.nanoseconds());
+        let mut assigned = BTreeMap::new();
+        for (name, slices) in binding.per_container(drs) {
+            let Some(d) = slices.first() else {
+                continue;
+            };
+            let profile_name = d.template.as_deref().unwrap_or_default();
+            let size = enflame::drs_profile(profile_name).map_or(1, |(s, _)| s);
+            let device = binding.device(&d.uuid);
+            if !out.pod.contains_key(ASSIGNED_INDEX) {
+                out.pod(ASSIGNED_INDEX, d.index.to_string());
+                out.pod(ASSIGNED_ID, d.index.to_string());
+                if let Some(minor) = device.and_then(|g| g.minor) {
+                    out.pod(ASSIGNED_MINOR, minor);
+                }
+                out.pod(REQUEST_SIZE, size.to_string());
+            }
+            let profile_id = device
+                .and_then(|g| g.profiles.iter().find(|(name, _)| *name == profile_name))
+                .map(|(_, id)| *id)
+                .unwrap_or_default();
+            assigned.insert(
+                name,
+                AssignedContainer {
+                    allocated: false,
+                    request: size,
+                    profile_id,
+                    profile_name,
+                },
+            );
+        }
+        out.pod(
+            ASSIGNED_CONTAINERS,
+            serde_json::to_string(&assigned).unwrap_or_else(|_| "{}".into()),
+        );
     }
 }

@@ -2,9 +2,12 @@
 //! (`pkg/device/iluvatar`).
 
 use k8s_openapi::api::core::v1::Container;
-use tessera_api::{names::iluvatar::MEMORY_UNIT_MIB, v1alpha1::DeviceFamily};
+use tessera_api::{
+    names::iluvatar::MEMORY_UNIT_MIB,
+    v1alpha1::{DeviceFamily, DeviceSlice},
+};
 
-use super::{Annotations, Family, Parsed, Quota};
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
 use crate::request::iluvatar;
 use crate::request::types::ContainerKind;
 use crate::request::vendors::IluvatarConfig;
@@ -44,5 +47,21 @@ impl Family for IluvatarConfig {
             )
             .for_type(&self.common_word),
         ]
+    }
+
+    /// The GPUs of this chip.
+    fn claims(&self, slice: &DeviceSlice) -> bool {
+        slice.family == DeviceFamily::Iluvatar && slice.model == self.common_word
+    }
+
+    /// HAMi's two lists keyed by the chip (`MR-V100`), and the Node's
+    /// mutex lock.
+    fn hand_off(&self, binding: &Binding<'_>, out: &mut Handoff) {
+        let word = self.common_word.as_str();
+        out.lists(
+            word,
+            binding.encode(|d| self.claims(d), |_| word, |d| d.cores),
+        );
+        out.mutex_lock(binding);
     }
 }

@@ -2,9 +2,12 @@
 //! (`pkg/device/kunlun`).
 
 use k8s_openapi::api::core::v1::Container;
-use tessera_api::v1alpha1::DeviceFamily;
+use tessera_api::{
+    names::kunlun::{ALLOCATED, DEVICE_IDX, VXPU_TYPE, XPU_TYPE},
+    v1alpha1::{DeviceFamily, DeviceSlice},
+};
 
-use super::{Annotations, Family, Parsed, Quota};
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
 use crate::request::kunlun;
 use crate::request::types::{ContainerKind, ContainerRequest};
 use crate::request::vendors::KunlunConfig;
@@ -40,5 +43,22 @@ impl Family for KunlunConfig {
     /// Only vXPUs (cards of one slice size) count; whole XPUs do not.
     fn counts_quota(&self, request: &ContainerRequest) -> bool {
         request.vendor.as_ref().is_some_and(|v| v.same_size)
+    }
+    /// Whole XPUs: the card indexes of the last container with XPUs
+    /// (`BAIDU_COM_DEVICE_IDX`) and HAMi's `kunlun-allocated` list, no
+    /// lock. vXPUs: HAMi's two `xpu` lists and the Node's mutex lock.
+    fn hand_off(&self, binding: &Binding<'_>, out: &mut Handoff) {
+        let xpu = |d: &DeviceSlice| d.family == DeviceFamily::Kunlunxin && d.model != VXPU_TYPE;
+        let vxpu = |d: &DeviceSlice| d.family == DeviceFamily::Kunlunxin && d.model == VXPU_TYPE;
+        if binding.any(xpu) {
+            if let Some(indexes) = binding.last_indexes(xpu) {
+                out.pod(DEVICE_IDX, indexes);
+            }
+            out.pod(ALLOCATED, binding.encode(xpu, |_| XPU_TYPE, |d| d.cores));
+        }
+        if binding.any(vxpu) {
+            out.lists("xpu", binding.encode(vxpu, |_| VXPU_TYPE, |d| d.cores));
+            out.mutex_lock(binding);
+        }
     }
 }

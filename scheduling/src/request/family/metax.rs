@@ -2,15 +2,28 @@
 //! (`pkg/device/metax`).
 
 use k8s_openapi::api::core::v1::Container;
+use serde::Serialize;
 use tessera_api::{
-    names::metax::{SGPU_TYPE, VMEMORY_UNIT_MIB},
-    v1alpha1::DeviceFamily,
+    names::metax::{ALLOCATED, GPU_TYPE, PREDICATE_TIME, SGPU_TYPE, VMEMORY_UNIT_MIB},
+    v1alpha1::{DeviceFamily, DeviceSlice},
 };
 
-use super::{Annotations, Family, Parsed, Quota};
+use super::handoff::is_zero;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
 use crate::request::metax;
 use crate::request::types::ContainerKind;
 use crate::request::vendors::MetaxConfig;
+
+/// One sGPU as MetaX's `metax-tech.com/gpu-devices-allocated` lists it
+/// (HAMi `ContainerMetaxSDevice`, Go's omitempty kept).
+#[derive(Serialize)]
+struct SDevice<'a> {
+    uuid: &'a str,
+    #[serde(skip_serializing_if = "is_zero")]
+    compute: u32,
+    #[serde(rename = "vRam", skip_serializing_if = "is_zero")]
+    v_ram: u64,
+}
 
 impl Family for MetaxConfig {
     fn id(&self) -> DeviceFamily {
@@ -47,5 +60,42 @@ impl Family for MetaxConfig {
             )
             .for_type(SGPU_TYPE),
         ]
+    }
+    /// Whole GPUs: HAMi's two `metax-gpu` lists, no lock. sGPUs: HAMi's
+    /// two `metax-sgpu` lists, every container's sGPUs as the JSON MetaX's
+    /// plugin reads (`metax-tech.com/gpu-devices-allocated`), the time, and
+    /// the Node's mutex lock.
+    fn hand_off(&self, binding: &Binding<'_>, out: &mut Handoff) {
+        let gpu = |d: &DeviceSlice| d.family == DeviceFamily::Metax && d.model != SGPU_TYPE;
+        let sgpu = |d: &DeviceSlice| d.family == DeviceFamily::Metax && d.model == SGPU_TYPE;
+        if binding.any(gpu) {
+            out.lists("metax-gpu", binding.encode(gpu, |_| GPU_TYPE, |d| d.cores));
+        }
+        if binding.any(sgpu) {
+            out.lists(
+                "metax-sgpu",
+                binding.encode(sgpu, |_| SGPU_TYPE, |d| d.cores),
+            );
+            let per_container: Vec<Vec<SDevice<'_>>> = binding
+                .per_container(sgpu)
+                .into_iter()
+                .map(|(_, slices)| {
+                    slices
+                        .into_iter()
+                        .map(|d| SDevice {
+                            uuid: &d.uuid,
+                            compute: d.cores,
+                            v_ram: d.memory_mib,
+                        })
+                        .collect()
+                })
+                .collect();
+            out.pod(
+                ALLOCATED,
+                serde_json::to_string(&per_container).unwrap_or_else(|_| "[]".into()),
+            );
+            out.pod(PREDICATE_TIME, binding.nanoseconds());
+            out.mutex_lock(binding);
+        }
     }
 }

@@ -16,9 +16,10 @@
 //! | the extended resources pods name | [`Family::resources`] | the webhook, kube-scheduler's config, config validation |
 //! | a container's request | [`Family::parse`] | [`parse_pod`](super::parse_pod) |
 //! | the quota names its slices count against | [`Family::quota`], [`Family::counts_quota`] | [`RequestConfig::quota_names`] |
+//! | what its device plugin reads at Allocate | [`Family::claims`], [`Family::hand_off`] | [`Registry::hand_off`], from Bind |
 //!
 //! The node view, the fit rules, device choice and score, the rejection
-//! wording, admission mutation and the Bind hand-off still dispatch on
+//! wording and admission mutation still dispatch on
 //! [`DeviceFamily`] where they live (`engine/`, the controllers'
 //! `vendors/` and `webhook/`); each moves behind this trait in turn
 //! (issue 48). NVIDIA is a family like the others: the
@@ -26,6 +27,9 @@
 
 mod ascend;
 mod enflame;
+mod handoff;
+#[cfg(test)]
+mod handoff_tests;
 mod iluvatar;
 mod kunlunxin;
 mod metax;
@@ -37,11 +41,19 @@ mod simple;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
-use tessera_api::{Violation, v1alpha1::DeviceFamily};
+use tessera_api::{
+    Violation,
+    names::handoff::{BIND_PHASE, BIND_TIME, VGPU_NODE, VGPU_TIME},
+    v1alpha1::{DeviceFamily, DeviceSlice},
+};
 
 use crate::request::config::RequestConfig;
 use crate::request::types::QuotaNames;
 use crate::request::types::{ContainerKind, ContainerRequest};
+
+pub use handoff::{
+    Binding, Handoff, NodeDevice, container_order, lock_time, mutex_held_by, mutex_value,
+};
 
 /// A pod's annotations, as the readers take them.
 pub type Annotations<'a> = Option<&'a BTreeMap<String, String>>;
@@ -76,6 +88,18 @@ pub trait Family: Send + Sync {
     fn counts_quota(&self, _request: &ContainerRequest) -> bool {
         true
     }
+
+    /// Whether `slice` of an allocation is one of this family's (Iluvatar:
+    /// of this chip), so that [`Family::hand_off`] writes it.
+    fn claims(&self, slice: &DeviceSlice) -> bool {
+        slice.family == self.id()
+    }
+
+    /// Writes into `out` what this family's device plugin reads at
+    /// Allocate for the slices of `binding` it [claims](Family::claims)
+    /// (HAMi's `PatchAnnotations`). NVIDIA writes nothing: the node agent
+    /// reads the VgpuAllocation.
+    fn hand_off(&self, _binding: &Binding<'_>, _out: &mut Handoff) {}
 }
 
 /// One family's quota names, and which of its requests they are for.
@@ -171,5 +195,33 @@ impl<'a> Registry<'a> {
     /// Every family, NVIDIA first.
     pub fn iter(&self) -> impl Iterator<Item = &'a dyn Family> + '_ {
         self.families.iter().copied()
+    }
+}
+
+impl Registry<'_> {
+    /// What Bind writes for `binding`: each family's keys for the slices it
+    /// claims, and, when any family wrote one, the keys every vendor plugin
+    /// finds its pod by (`vgpu-node`, `vgpu-time`, `bind-time`,
+    /// `bind-phase: allocating`). Empty for NVIDIA GPUs only.
+    pub fn hand_off(&self, binding: &Binding<'_>) -> Handoff {
+        let mut out = Handoff::default();
+        for family in self.iter() {
+            if binding.any(|d| family.claims(d)) {
+                family.hand_off(binding, &mut out);
+            }
+        }
+        out.unclaimed = binding
+            .slices()
+            .filter(|d| !self.iter().any(|f| f.claims(d)))
+            .map(|d| d.uuid.clone())
+            .collect();
+        if !out.pod.is_empty() {
+            let seconds = binding.seconds();
+            out.pod(VGPU_NODE, binding.spec.node_name.clone());
+            out.pod(VGPU_TIME, seconds.clone());
+            out.pod(BIND_TIME, seconds);
+            out.pod(BIND_PHASE, "allocating");
+        }
+        out
     }
 }

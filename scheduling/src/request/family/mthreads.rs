@@ -1,9 +1,12 @@
 //! Moore Threads GPUs: HAMi's `mthreads:` section (`pkg/device/mthreads`).
 
 use k8s_openapi::api::core::v1::Container;
-use tessera_api::{names::mthreads::MEMORY_UNIT_MIB, v1alpha1::DeviceFamily};
+use tessera_api::{
+    names::mthreads::{self as names, MEMORY_UNIT_MIB},
+    v1alpha1::DeviceFamily,
+};
 
-use super::{Annotations, Family, Parsed, Quota};
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
 use crate::request::mthreads;
 use crate::request::types::ContainerKind;
 use crate::request::vendors::MthreadsConfig;
@@ -37,5 +40,20 @@ impl Family for MthreadsConfig {
             MEMORY_UNIT_MIB,
             &self.resource_core_name,
         )]
+    }
+    /// HAMi's `mthreads-vgpu` allocated list and no list to allocate: Moore
+    /// Threads' plugin reads the card indexes of the last container with
+    /// GPUs, the time and the node. No lock.
+    fn hand_off(&self, binding: &Binding<'_>, out: &mut Handoff) {
+        let mine = |d: &tessera_api::v1alpha1::DeviceSlice| self.claims(d);
+        if let Some(indexes) = binding.last_indexes(mine) {
+            out.pod(names::GPU_INDEX, indexes);
+            out.pod(names::PREDICATE_TIME, binding.nanoseconds());
+            out.pod(names::PREDICATE_NODE, binding.spec.node_name.clone());
+        }
+        out.allocated(
+            "mthreads-vgpu",
+            binding.encode(mine, |_| names::DEVICE_TYPE, |d| d.cores),
+        );
     }
 }

@@ -5,9 +5,12 @@
 //! [`Simple`] reader; its [`Family`] follows from it.
 
 use k8s_openapi::api::core::v1::Container;
-use tessera_api::v1alpha1::DeviceFamily;
+use tessera_api::{
+    names::{amd, cambricon, hygon},
+    v1alpha1::{DeviceFamily, DeviceSlice},
+};
 
-use super::{Annotations, Family, Parsed, Quota};
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
 use crate::request::simple::{self, Simple};
 use crate::request::types::ContainerKind;
 use crate::request::vendors::{AmdConfig, CambriconConfig, HygonConfig};
@@ -16,11 +19,33 @@ use crate::request::vendors::{AmdConfig, CambriconConfig, HygonConfig};
 pub(super) trait SimpleFamily: Send + Sync {
     /// The section's reader.
     fn reader(&self) -> Simple<'_>;
+
+    /// [`Family::hand_off`] for the family's slices, which `mine` selects.
+    fn hand_off(
+        &self,
+        binding: &Binding<'_>,
+        mine: impl Fn(&DeviceSlice) -> bool + Copy,
+        out: &mut Handoff,
+    );
 }
 
 impl SimpleFamily for HygonConfig {
     fn reader(&self) -> Simple<'_> {
         Simple::hygon(self)
+    }
+
+    /// HAMi's two `dcu` lists, and the Node's mutex lock.
+    fn hand_off(
+        &self,
+        binding: &Binding<'_>,
+        mine: impl Fn(&DeviceSlice) -> bool + Copy,
+        out: &mut Handoff,
+    ) {
+        out.lists(
+            "dcu",
+            binding.encode(mine, |_| hygon::DEVICE_TYPE, |d| d.cores),
+        );
+        out.mutex_lock(binding);
     }
 }
 
@@ -28,11 +53,66 @@ impl SimpleFamily for CambriconConfig {
     fn reader(&self) -> Simple<'_> {
         Simple::cambricon(self)
     }
+
+    /// HAMi's two `cambricon-mlu` lists; for Cambricon's dynamic-smlu
+    /// plugin the first MLU's profile (`<index>_<cores>_<memory units>`)
+    /// and its assigned flags (HAMi's spelling and the plugin's); on the
+    /// Node `cambricon.com/dsmlu.lock`, not the mutex lock.
+    fn hand_off(
+        &self,
+        binding: &Binding<'_>,
+        mine: impl Fn(&DeviceSlice) -> bool + Copy,
+        out: &mut Handoff,
+    ) {
+        out.lists(
+            "cambricon-mlu",
+            binding.encode(mine, |_| cambricon::DEVICE_TYPE, |d| d.cores),
+        );
+        if let Some(d) = binding
+            .per_container(mine)
+            .into_iter()
+            .find_map(|(_, slices)| slices.first().copied())
+        {
+            out.pod(
+                cambricon::DSMLU_PROFILE,
+                format!(
+                    "{}_{}_{}",
+                    d.index,
+                    d.cores,
+                    d.memory_mib / cambricon::MEMORY_UNIT_MIB
+                ),
+            );
+        }
+        for key in [
+            cambricon::DSMLU_ASSIGNED,
+            cambricon::DSMLU_ASSIGNED_BY_PLUGIN,
+        ] {
+            out.pod(key, "false");
+        }
+        out.node
+            .insert(cambricon::DSMLU_LOCK.to_owned(), binding.lock_time());
+    }
 }
 
 impl SimpleFamily for AmdConfig {
     fn reader(&self) -> Simple<'_> {
         Simple::amd(self)
+    }
+
+    /// HAMi's two `amd` lists, each GPU written with its product type
+    /// (`AMD Instinct MI300X VF`, as HAMi's AMD `Fit` keeps it), and the
+    /// Node's mutex lock.
+    fn hand_off(
+        &self,
+        binding: &Binding<'_>,
+        mine: impl Fn(&DeviceSlice) -> bool + Copy,
+        out: &mut Handoff,
+    ) {
+        out.lists(
+            amd::HANDOFF_WORD,
+            binding.encode(mine, |d| d.model.clone(), |d| d.cores),
+        );
+        out.mutex_lock(binding);
     }
 }
 
@@ -67,5 +147,10 @@ impl<T: SimpleFamily> Family for T {
     fn quota(&self) -> Vec<Quota<'_>> {
         let reader = self.reader();
         vec![Quota::of(reader.memory, reader.memory_unit, reader.cores)]
+    }
+
+    fn hand_off(&self, binding: &Binding<'_>, out: &mut Handoff) {
+        let family = self.id();
+        SimpleFamily::hand_off(self, binding, move |d| d.family == family, out);
     }
 }
