@@ -188,7 +188,7 @@ echo "hack/tools.sh: building containerd $CONTAINERD_VERSION" >&2
 
 "$tmp/kube-apiserver" --version >&2
 "$tmp/containerd" --version >&2
-"$tmp/etcd" --version | head -1 >&2
+"$tmp/etcd" --version | sed -n 1p >&2 # sed reads to the end: head would close the pipe early and pipefail fail the build (SIGPIPE, 141)
 "$tmp/helm" version --short >&2
 chmod 755 "$tmp"
 rm -rf "$bin"

@@ -69,6 +69,10 @@ pub mod annotations {
 pub mod hygon {
     /// The device type Hygon DCUs are keyed by in HAMi's hand-off (`DCU`).
     pub const DEVICE_TYPE: &str = "DCU";
+    /// The Node annotation Hygon's plugin registers its DCUs in.
+    pub const REGISTER: &str = "hami.io/node-dcu-register";
+    /// The Node annotation of Hygon's register handshake.
+    pub const HANDSHAKE: &str = "hami.io/node-handshake-dcu";
     /// Comma list; only DCUs whose type contains one of the entries.
     pub const USE_DCU_TYPE: &str = "hygon.com/use-dcutype";
     /// Comma list; DCUs whose type contains one of the entries are excluded.

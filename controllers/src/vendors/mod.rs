@@ -15,7 +15,8 @@ pub(crate) mod nodes;
 pub mod register;
 pub mod view;
 
-pub use view::{Source, VendorView, sources};
+pub use tessera_scheduling::request::Source;
+pub use view::{VendorView, sources};
 
 /// The label on GpuNodes the controller writes from vendor annotations
 /// (value `vendor-plugin`); GpuNodes without it are the node agent's.

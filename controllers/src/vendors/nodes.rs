@@ -456,7 +456,7 @@ mod tests {
             DeviceFamily::Nvidia,
         )]));
         let mut annotations = BTreeMap::from([(
-            view::HYGON_REGISTER.to_owned(),
+            tessera_api::names::hygon::REGISTER.to_owned(),
             "GPU-X,4,16384,100,DCU,0,true:DCU-1,4,16384,100,DCU,0,true:".to_owned(),
         )]);
         let sources = view::sources(&RequestConfig {
@@ -516,7 +516,7 @@ mod tests {
 
         // Without the collision: both devices, no warning.
         annotations.insert(
-            view::HYGON_REGISTER.to_owned(),
+            tessera_api::names::hygon::REGISTER.to_owned(),
             "DCU-0,4,16384,100,DCU,0,true:DCU-1,4,16384,100,DCU,0,true:".to_owned(),
         );
         let clean = look(&gpu_node, &annotations);

@@ -21,13 +21,13 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp, civil::DateTime, tz::TimeZone},
 };
 use tessera_api::{
-    names::{ascend::NODE_SOFT_SPLIT, enflame, kunlun, metax, neuron},
+    names::{ascend::NODE_SOFT_SPLIT, enflame, metax, neuron},
     v1alpha1::{
-        DeviceCapacity, DeviceFamily, DeviceHealth, DeviceProfile, GpuDevice, GpuNodeStatus,
-        OperatingMode, PlacementScore,
+        DeviceCapacity, DeviceHealth, DeviceProfile, GpuDevice, GpuNodeStatus, OperatingMode,
+        PlacementScore,
     },
 };
-use tessera_scheduling::request::RequestConfig;
+use tessera_scheduling::request::{RequestConfig, Source, SourceKind};
 
 use super::register::{
     DrsNode, Registered, decode_count_map, decode_csv, decode_enflame_drs, decode_json,
@@ -39,230 +39,10 @@ pub const HANDSHAKE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
 /// HAMi's handshake time format (Go's `time.DateTime`), read and written in UTC.
 const HANDSHAKE_FORMAT: &str = "%Y-%m-%d %H:%M:%S";
 
-/// Hygon's register annotation.
-pub const HYGON_REGISTER: &str = "hami.io/node-dcu-register";
-/// Hygon's handshake annotation.
-pub const HYGON_HANDSHAKE: &str = "hami.io/node-handshake-dcu";
-
-/// One place a vendor plugin reports devices on a Node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Source {
-    /// The family the devices belong to.
-    pub family: DeviceFamily,
-    /// The register annotation.
-    pub register: String,
-    /// The handshake annotation; empty where HAMi has none (AMD: the plugin
-    /// lives while the Node advertises `count_resource`).
-    pub handshake: String,
-    /// The extended resource the plugin advertises devices as.
-    pub count_resource: String,
-    /// The device type every device of the source is scheduled as (Ascend:
-    /// the chip's `commonWord`); `None`: as the plugin reports it.
-    pub device_type: Option<String>,
-    /// Where and how the devices are reported.
-    pub kind: SourceKind,
-}
-
-/// How a vendor's plugin reports its devices.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SourceKind {
-    /// HAMi's CSV register annotation (Hygon, Iluvatar).
-    Csv,
-    /// HAMi's JSON register annotation (Ascend, AMD, Kunlunxin vXPUs).
-    Json,
-    /// MetaX's sGPU list (`metax-tech.com/node-gpu-devices`); no handshake.
-    MetaxJson,
-    /// Enflame's DRS devices and profiles (`enflame.com/gcu-drs-capacity`);
-    /// no handshake (HAMi's `CheckHealth` is always healthy).
-    EnflameDrs,
-    /// Only the count resource in the Node's allocatable: that many whole
-    /// cards of `memory_mib` each, one container per card, as HAMi reads
-    /// MetaX GPUs (`<node>-metax-<i>`, 65,536 MiB), Enflame GCUs
-    /// (`<node>-GCU-<i>`, HAMi's placeholder of 100) and Kunlunxin XPUs
-    /// (`<node>-kunlun-<i>`, 98,304 MiB).
-    Cards {
-        /// MiB of each card.
-        memory_mib: u64,
-        /// What device ids say after the node's name (`metax`).
-        infix: &'static str,
-    },
-    /// Only the Node's allocatable, as HAMi reads AWS Neuron nodes: the
-    /// count resource's devices (`<node>-AWSNeuron-<i>`), each with an
-    /// equal share of `cores` (NeuronCores), shared by core, no memory; the
-    /// model is the Node's instance type (its topology: `inf` a ring).
-    Neuron {
-        /// The NeuronCore resource.
-        cores: String,
-    },
-    /// Only the Node's allocatable: 100 of `cores` per card and the cards'
-    /// memory in `memory` (in units of `unit_mib`), as HAMi reads Cambricon
-    /// nodes (`GetNodeDevices`; HAMi reads capacity, which equals
-    /// allocatable for device-plugin resources). No handshake.
-    Allocatable {
-        /// The cores resource (`per_card` per card).
-        cores: String,
-        /// The memory resource.
-        memory: String,
-        /// MiB per unit of the memory resource.
-        unit_mib: u64,
-        /// Cores of one card (Cambricon 100, Moore Threads 16).
-        per_card: u32,
-        /// What device ids say after the node's name (`cambricon-mlu`).
-        infix: &'static str,
-    },
-}
-
-/// Every source the configuration turns on.
+/// Every source the configuration turns on, family by family
+/// ([`Family::sources`](tessera_scheduling::request::Family::sources)).
 pub fn sources(config: &RequestConfig) -> Vec<Source> {
-    let mut sources = Vec::new();
-    if let Some(hygon) = &config.hygon {
-        sources.push(Source {
-            family: DeviceFamily::Hygon,
-            register: HYGON_REGISTER.into(),
-            handshake: HYGON_HANDSHAKE.into(),
-            count_resource: hygon.resource_count_name.clone(),
-            device_type: None,
-            kind: SourceKind::Csv,
-        });
-    }
-    if let Some(mlu) = &config.cambricon {
-        sources.push(Source {
-            family: DeviceFamily::Cambricon,
-            register: String::new(),
-            handshake: String::new(),
-            count_resource: mlu.resource_count_name.clone(),
-            device_type: Some("MLU".into()),
-            kind: SourceKind::Allocatable {
-                cores: mlu.resource_core_name.clone(),
-                memory: mlu.resource_memory_name.clone(),
-                unit_mib: tessera_api::names::cambricon::MEMORY_UNIT_MIB,
-                per_card: 100,
-                infix: "cambricon-mlu",
-            },
-        });
-    }
-    if let Some(mt) = &config.mthreads {
-        sources.push(Source {
-            family: DeviceFamily::Mthreads,
-            register: String::new(),
-            handshake: String::new(),
-            count_resource: mt.resource_count_name.clone(),
-            device_type: Some("Mthreads".into()),
-            kind: SourceKind::Allocatable {
-                cores: mt.resource_core_name.clone(),
-                memory: mt.resource_memory_name.clone(),
-                unit_mib: tessera_api::names::mthreads::MEMORY_UNIT_MIB,
-                per_card: tessera_api::names::mthreads::CORES_PER_CARD,
-                infix: "mthreads",
-            },
-        });
-    }
-    if let Some(gcu) = &config.enflame {
-        sources.push(Source {
-            family: DeviceFamily::Enflame,
-            register: enflame::DRS_CAPACITY.into(),
-            handshake: String::new(),
-            count_resource: gcu.drs_name().to_owned(),
-            device_type: Some(enflame::DRS_TYPE.into()),
-            kind: SourceKind::EnflameDrs,
-        });
-        sources.push(Source {
-            family: DeviceFamily::Enflame,
-            register: String::new(),
-            handshake: String::new(),
-            count_resource: gcu.resource_name_gcu.clone(),
-            device_type: Some(enflame::GCU_TYPE.into()),
-            kind: SourceKind::Cards {
-                memory_mib: enflame::GCU_MEMORY,
-                infix: "GCU",
-            },
-        });
-    }
-    if let Some(metax) = &config.metax {
-        sources.push(Source {
-            family: DeviceFamily::Metax,
-            register: String::new(),
-            handshake: String::new(),
-            count_resource: metax.resource_count_name.clone(),
-            device_type: Some(metax::GPU_TYPE.into()),
-            kind: SourceKind::Cards {
-                memory_mib: metax::GPU_MEMORY_MIB,
-                infix: "metax",
-            },
-        });
-        sources.push(Source {
-            family: DeviceFamily::Metax,
-            register: metax::NODE_DEVICES.into(),
-            handshake: String::new(),
-            count_resource: metax.resource_vcount_name.clone(),
-            device_type: Some(metax::SGPU_TYPE.into()),
-            kind: SourceKind::MetaxJson,
-        });
-    }
-    if let Some(xpu) = &config.kunlun {
-        sources.push(Source {
-            family: DeviceFamily::Kunlunxin,
-            register: String::new(),
-            handshake: String::new(),
-            count_resource: xpu.resource_count_name.clone(),
-            device_type: Some(kunlun::XPU_TYPE.into()),
-            kind: SourceKind::Cards {
-                memory_mib: kunlun::XPU_MEMORY_MIB,
-                infix: "kunlun",
-            },
-        });
-        sources.push(Source {
-            family: DeviceFamily::Kunlunxin,
-            register: kunlun::REGISTER.into(),
-            handshake: kunlun::HANDSHAKE.into(),
-            count_resource: xpu.resource_vcount_name.clone(),
-            device_type: Some(kunlun::VXPU_TYPE.into()),
-            kind: SourceKind::Json,
-        });
-    }
-    if let Some(aws) = &config.awsneuron {
-        sources.push(Source {
-            family: DeviceFamily::AwsNeuron,
-            register: String::new(),
-            handshake: String::new(),
-            count_resource: aws.resource_count_name.clone(),
-            device_type: Some(neuron::DEVICE_TYPE.into()),
-            kind: SourceKind::Neuron {
-                cores: aws.resource_core_name.clone(),
-            },
-        });
-    }
-    if let Some(amd) = &config.amd {
-        sources.push(Source {
-            family: DeviceFamily::Amd,
-            register: tessera_api::names::amd::REGISTER.into(),
-            handshake: String::new(),
-            count_resource: amd.resource_count_name.clone(),
-            device_type: None,
-            kind: SourceKind::Json,
-        });
-    }
-    for chip in &config.iluvatars {
-        sources.push(Source {
-            family: DeviceFamily::Iluvatar,
-            register: chip.register_annotation(),
-            handshake: chip.handshake_annotation(),
-            count_resource: chip.resource_count_name.clone(),
-            device_type: Some(chip.common_word.clone()),
-            kind: SourceKind::Csv,
-        });
-    }
-    for chip in config.vnpus.iter().flat_map(|v| &v.configs) {
-        sources.push(Source {
-            family: DeviceFamily::Ascend,
-            register: chip.register_annotation(),
-            handshake: chip.handshake_annotation(),
-            count_resource: chip.resource_name.clone(),
-            device_type: Some(chip.common_word.clone()),
-            kind: SourceKind::Json,
-        });
-    }
-    sources
+    config.families().iter().flat_map(|f| f.sources()).collect()
 }
 
 /// What a Node's vendor annotations say, and what to do about them.
@@ -373,7 +153,7 @@ pub fn view(
                 let node = node_name(annotations);
                 let cards = cards_of(&format!("{node}-{infix}"), cards, &card, source);
                 extend(&mut view, cards, source, reserved);
-                if source.family == DeviceFamily::Metax {
+                if source.topology_maps {
                     placement_scores(&mut view, annotations);
                 }
             }
@@ -603,7 +383,7 @@ pub fn collision_message(annotation: &str, id: &str) -> String {
 }
 
 fn device(d: Registered, source: &Source, soft_split: bool) -> GpuDevice {
-    let ascend = source.family == DeviceFamily::Ascend;
+    let ascend = source.npu_templates;
     GpuDevice {
         uuid: d.id,
         index: d.index,
@@ -782,7 +562,10 @@ mod tests {
     use tessera_scheduling::request::{HygonConfig, VnpuConfig, VnpusConfig};
 
     use super::*;
-    use tessera_api::v1alpha1::QosPolicy;
+    use tessera_api::{
+        names::hygon,
+        v1alpha1::{DeviceFamily, QosPolicy},
+    };
 
     fn config() -> RequestConfig {
         RequestConfig {
@@ -1417,10 +1200,10 @@ mod tests {
         let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
         let node = annotations(&[
             (
-                HYGON_REGISTER,
+                hygon::REGISTER,
                 "DCU-0,4,16384,100,DCU-Z100,0,true,0,hami-core:",
             ),
-            (HYGON_HANDSHAKE, "Reported_2026-11-27 09:59:50"),
+            (hygon::HANDSHAKE, "Reported_2026-11-27 09:59:50"),
             ("hami.io/node-register-Ascend910B4", ASCEND),
         ]);
         let seen = view_at(&node, &BTreeMap::new(), &config(), now).unwrap();
@@ -1456,7 +1239,7 @@ mod tests {
             seen.handshakes,
             vec![
                 (
-                    HYGON_HANDSHAKE.to_owned(),
+                    hygon::HANDSHAKE.to_owned(),
                     "Requesting_2026-11-27 10:00:00".to_owned()
                 ),
                 (
@@ -1488,12 +1271,12 @@ mod tests {
     fn an_unanswered_handshake_drops_the_source_after_60_s_unless_still_advertised() {
         let now: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
         let node = annotations(&[
-            (HYGON_REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
-            (HYGON_HANDSHAKE, "Requesting_2026-11-27 09:58:59"),
+            (hygon::REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
+            (hygon::HANDSHAKE, "Requesting_2026-11-27 09:58:59"),
         ]);
         let gone = view_at(&node, &BTreeMap::new(), &config(), now).unwrap();
         assert!(gone.devices.is_empty());
-        assert_eq!(gone.expired, vec![HYGON_HANDSHAKE.to_owned()]);
+        assert_eq!(gone.expired, vec![hygon::HANDSHAKE.to_owned()]);
         assert!(gone.handshakes.is_empty(), "no new request while one waits");
         let status = status(&gone, None, now);
         assert_eq!(
@@ -1514,8 +1297,8 @@ mod tests {
         );
 
         let recent = annotations(&[
-            (HYGON_REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
-            (HYGON_HANDSHAKE, "Requesting_2026-11-27 09:59:30"),
+            (hygon::REGISTER, "DCU-0,4,16384,100,DCU,0,true:"),
+            (hygon::HANDSHAKE, "Requesting_2026-11-27 09:59:30"),
         ]);
         let waiting = view_at(&recent, &BTreeMap::new(), &config(), now).unwrap();
         assert_eq!((waiting.devices.len(), waiting.handshakes.len()), (1, 0));
@@ -1524,7 +1307,7 @@ mod tests {
     #[test]
     fn a_malformed_source_is_reported_and_ignored_while_the_others_count() {
         let node = annotations(&[
-            (HYGON_REGISTER, "garbage"),
+            (hygon::REGISTER, "garbage"),
             ("hami.io/node-register-Ascend910B4", ASCEND),
             (NODE_SOFT_SPLIT, "true"),
         ]);
@@ -1535,7 +1318,7 @@ mod tests {
             OperatingMode::HamiCore,
             "the node runs hami-vnpu-core"
         );
-        assert_eq!(seen.malformed[0].0, HYGON_REGISTER);
+        assert_eq!(seen.malformed[0].0, hygon::REGISTER);
         let status = status(&seen, None, Timestamp::now());
         assert_eq!(status.conditions[0].reason, "SomeSourcesIgnored");
         assert!(

@@ -30,22 +30,14 @@
 //! Pods that ask for no GPU give `Ok(None)` and their annotations are not read.
 
 mod annotations;
-mod ascend;
 mod config;
 mod container;
-mod enflame;
 mod family;
 #[cfg(any(test, feature = "testing"))]
 mod fixtures;
-mod iluvatar;
-mod kunlun;
-mod metax;
-mod mthreads;
-mod neuron;
 mod pod;
 mod quota;
 mod shown;
-mod simple;
 mod types;
 mod vendors;
 mod weights;
@@ -62,10 +54,9 @@ pub use annotations::{
     MAX_LIST_BYTES, MAX_LIST_ENTRIES, MAX_LIST_ENTRY_BYTES, PodOptions, parse_gpu_policy,
 };
 pub use config::{RequestConfig, ResourceNames};
-pub use enflame::drs_profile;
 pub use family::{
-    Annotations, Binding, Family, Handoff, NodeDevice, Parsed, Quota, Registry, container_order,
-    lock_time, mutex_held_by, mutex_value,
+    Annotations, Binding, Family, Handoff, NodeDevice, Parsed, Quota, Registry, Source, SourceKind,
+    container_order, drs_profile, lock_time, mutex_held_by, mutex_value,
 };
 #[cfg(any(test, feature = "testing"))]
 pub use fixtures::{vendor_config, vnpu_chip};

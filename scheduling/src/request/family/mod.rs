@@ -16,9 +16,10 @@
 //! | the extended resources pods name | [`Family::resources`] | the webhook, kube-scheduler's config, config validation |
 //! | a container's request | [`Family::parse`] | [`parse_pod`](super::parse_pod) |
 //! | the quota names its slices count against | [`Family::quota`], [`Family::counts_quota`] | [`RequestConfig::quota_names`] |
+//! | where its plugin reports devices on a Node | [`Family::sources`] | the controllers' vendor view |
 //! | what its device plugin reads at Allocate | [`Family::claims`], [`Family::hand_off`] | [`Registry::hand_off`], from Bind |
 //!
-//! The node view, the fit rules, device choice and score, the rejection
+//! The fit rules, device choice and score, the rejection
 //! wording and admission mutation still dispatch on
 //! [`DeviceFamily`] where they live (`engine/`, the controllers'
 //! `vendors/` and `webhook/`); each moves behind this trait in turn
@@ -37,6 +38,7 @@ mod mthreads;
 mod neuron;
 mod nvidia;
 mod simple;
+mod source;
 
 use std::collections::BTreeMap;
 
@@ -51,9 +53,11 @@ use crate::request::config::RequestConfig;
 use crate::request::types::QuotaNames;
 use crate::request::types::{ContainerKind, ContainerRequest};
 
+pub use enflame::read::drs_profile;
 pub use handoff::{
     Binding, Handoff, NodeDevice, container_order, lock_time, mutex_held_by, mutex_value,
 };
+pub use source::{Source, SourceKind};
 
 /// A pod's annotations, as the readers take them.
 pub type Annotations<'a> = Option<&'a BTreeMap<String, String>>;
@@ -87,6 +91,14 @@ pub trait Family: Send + Sync {
     /// Kunlunxin XPUs and Neuron devices asked for by count do not).
     fn counts_quota(&self, _request: &ContainerRequest) -> bool {
         true
+    }
+
+    /// Where the family's device plugin reports its devices on a Node,
+    /// which the controllers' vendor view reads into GpuNodes (HAMi's
+    /// `GetNodeDevices`). NVIDIA: none (the node agent publishes its
+    /// GpuNodes).
+    fn sources(&self) -> Vec<Source> {
+        Vec::new()
     }
 
     /// Whether `slice` of an allocation is one of this family's (Iluvatar:

@@ -1,14 +1,17 @@
 //! Kunlunxin XPUs, whole and as vXPUs: HAMi's `kunlun:` section
 //! (`pkg/device/kunlun`).
 
+mod read;
+
 use k8s_openapi::api::core::v1::Container;
 use tessera_api::{
-    names::kunlun::{ALLOCATED, DEVICE_IDX, VXPU_TYPE, XPU_TYPE},
+    names::kunlun::{
+        ALLOCATED, DEVICE_IDX, HANDSHAKE, REGISTER, VXPU_TYPE, XPU_MEMORY_MIB, XPU_TYPE,
+    },
     v1alpha1::{DeviceFamily, DeviceSlice},
 };
 
-use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
-use crate::request::kunlun;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
 use crate::request::types::{ContainerKind, ContainerRequest};
 use crate::request::vendors::KunlunConfig;
 
@@ -32,8 +35,33 @@ impl Family for KunlunConfig {
         annotations: Annotations<'_>,
         parsed: &mut Parsed,
     ) {
-        parsed.take(kunlun::parse_xpu(container, kind, self, annotations));
-        parsed.take(kunlun::parse_vxpu(container, kind, self, annotations));
+        parsed.take(read::parse_xpu(container, kind, self, annotations));
+        parsed.take(read::parse_vxpu(container, kind, self, annotations));
+    }
+
+    /// Whole XPUs from the count resource alone (`<node>-kunlun-<i>`,
+    /// 98,304 MiB each); vXPUs from HAMi's JSON register
+    /// (`hami.io/node-register-xpu`), with its handshake.
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source::new(
+                DeviceFamily::Kunlunxin,
+                &self.resource_count_name,
+                SourceKind::Cards {
+                    memory_mib: XPU_MEMORY_MIB,
+                    infix: "kunlun",
+                },
+            )
+            .device_type(XPU_TYPE),
+            Source::new(
+                DeviceFamily::Kunlunxin,
+                &self.resource_vcount_name,
+                SourceKind::Json,
+            )
+            .register(REGISTER)
+            .handshake(HANDSHAKE)
+            .device_type(VXPU_TYPE),
+        ]
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

@@ -1,16 +1,20 @@
 //! MetaX GPUs, whole and as sGPUs: HAMi's `metax:` section
 //! (`pkg/device/metax`).
 
+mod read;
+
 use k8s_openapi::api::core::v1::Container;
 use serde::Serialize;
 use tessera_api::{
-    names::metax::{ALLOCATED, GPU_TYPE, PREDICATE_TIME, SGPU_TYPE, VMEMORY_UNIT_MIB},
+    names::metax::{
+        ALLOCATED, GPU_MEMORY_MIB, GPU_TYPE, NODE_DEVICES, PREDICATE_TIME, SGPU_TYPE,
+        VMEMORY_UNIT_MIB,
+    },
     v1alpha1::{DeviceFamily, DeviceSlice},
 };
 
 use super::handoff::is_zero;
-use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
-use crate::request::metax;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
 use crate::request::types::ContainerKind;
 use crate::request::vendors::MetaxConfig;
 
@@ -46,11 +50,38 @@ impl Family for MetaxConfig {
         annotations: Annotations<'_>,
         parsed: &mut Parsed,
     ) {
-        parsed.take(metax::parse_gpu(container, kind, self));
-        parsed.take(metax::parse_sgpu(container, kind, self, annotations));
+        parsed.take(read::parse_gpu(container, kind, self));
+        parsed.take(read::parse_sgpu(container, kind, self, annotations));
     }
 
     /// Only sGPUs count: whole GPUs have a count resource of their own.
+    /// Whole GPUs from the count resource alone (`<node>-metax-<i>`,
+    /// 65,536 MiB each, with the plugin's topology maps); sGPUs from
+    /// MetaX's JSON list (`metax-tech.com/node-gpu-devices`), no handshake.
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source {
+                topology_maps: true,
+                ..Source::new(
+                    DeviceFamily::Metax,
+                    &self.resource_count_name,
+                    SourceKind::Cards {
+                        memory_mib: GPU_MEMORY_MIB,
+                        infix: "metax",
+                    },
+                )
+                .device_type(GPU_TYPE)
+            },
+            Source::new(
+                DeviceFamily::Metax,
+                &self.resource_vcount_name,
+                SourceKind::MetaxJson,
+            )
+            .register(NODE_DEVICES)
+            .device_type(SGPU_TYPE),
+        ]
+    }
+
     fn quota(&self) -> Vec<Quota<'_>> {
         vec![
             Quota::of(

@@ -10,11 +10,11 @@
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::container::{Field, Reader, narrow};
-use super::types::{
+use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::{
     ContainerKind, ContainerRequest, DrsAsk, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
 };
-use super::vendors::EnflameConfig;
+use crate::request::vendors::EnflameConfig;
 use tessera_api::Violation;
 use tessera_api::names::enflame::{DRS_TYPE, GCU_TYPE};
 use tessera_api::v1alpha1::DeviceFamily;
@@ -53,7 +53,7 @@ pub(super) fn parse(
             );
         }
     }
-    super::whole::parse(
+    crate::request::whole::parse(
         reader,
         kind,
         &config.resource_name_gcu,

@@ -1,13 +1,14 @@
 //! Moore Threads GPUs: HAMi's `mthreads:` section (`pkg/device/mthreads`).
 
+mod read;
+
 use k8s_openapi::api::core::v1::Container;
 use tessera_api::{
     names::mthreads::{self as names, MEMORY_UNIT_MIB},
     v1alpha1::DeviceFamily,
 };
 
-use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
-use crate::request::mthreads;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
 use crate::request::types::ContainerKind;
 use crate::request::vendors::MthreadsConfig;
 
@@ -31,7 +32,26 @@ impl Family for MthreadsConfig {
         annotations: Annotations<'_>,
         parsed: &mut Parsed,
     ) {
-        parsed.take(mthreads::parse(container, kind, self, annotations));
+        parsed.take(read::parse(container, kind, self, annotations));
+    }
+
+    /// Only the Node's allocatable: 16 cores per card and the cards'
+    /// memory in units of 512 MiB (HAMi's `GetNodeDevices`).
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source::new(
+                DeviceFamily::Mthreads,
+                &self.resource_count_name,
+                SourceKind::Allocatable {
+                    cores: self.resource_core_name.clone(),
+                    memory: self.resource_memory_name.clone(),
+                    unit_mib: MEMORY_UNIT_MIB,
+                    per_card: names::CORES_PER_CARD,
+                    infix: "mthreads",
+                },
+            )
+            .device_type(names::DEVICE_TYPE),
+        ]
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

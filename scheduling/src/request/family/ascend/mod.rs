@@ -1,13 +1,14 @@
 //! Huawei Ascend NPUs: HAMi's `vnpus:` section, one entry per chip
 //! (`pkg/device/ascend`).
 
+mod read;
+
 use k8s_openapi::api::core::v1::Container;
 use serde::Serialize;
 use tessera_api::v1alpha1::{DeviceFamily, DeviceSlice};
 
 use super::handoff::is_zero;
-use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
-use crate::request::ascend;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
 use crate::request::types::ContainerKind;
 use crate::request::vendors::{VnpuConfig, VnpusConfig};
 
@@ -56,8 +57,23 @@ impl Family for VnpusConfig {
         parsed: &mut Parsed,
     ) {
         for chip in &self.configs {
-            parsed.take(ascend::parse(container, kind, chip, annotations));
+            parsed.take(read::parse(container, kind, chip, annotations));
         }
+    }
+
+    /// One JSON register per chip (`hami.io/node-register-<chip>`), with
+    /// its handshake, every NPU scheduled as the chip.
+    fn sources(&self) -> Vec<Source> {
+        self.configs
+            .iter()
+            .map(|chip| Source {
+                npu_templates: true,
+                ..Source::new(DeviceFamily::Ascend, &chip.resource_name, SourceKind::Json)
+                    .register(chip.register_annotation())
+                    .handshake(chip.handshake_annotation())
+                    .device_type(&chip.common_word)
+            })
+            .collect()
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

@@ -14,13 +14,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::uuids;
-use super::container::{Field, Reader, narrow};
-use super::types::{
+use crate::request::annotations::uuids;
+use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
     VendorRequest,
 };
-use super::vendors::AwsNeuronConfig;
+use crate::request::vendors::AwsNeuronConfig;
 use tessera_api::Violation;
 use tessera_api::names::neuron::{MAX_CORES_PER_DEVICE, NOUSE_UUID, USE_UUID};
 use tessera_api::v1alpha1::DeviceFamily;

@@ -20,25 +20,25 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::{types, uuids};
-use super::container::{Field, Reader, narrow};
-use super::types::{
+use crate::request::annotations::{types, uuids};
+use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, VendorRequest,
 };
-use super::vendors::{AmdConfig, CambriconConfig, HygonConfig};
+use crate::request::vendors::{AmdConfig, CambriconConfig, HygonConfig};
 use tessera_api::Violation;
 use tessera_api::names::{amd, cambricon, hygon};
 use tessera_api::v1alpha1::DeviceFamily;
 
 /// One such vendor as configured.
-pub(super) struct Simple<'a> {
-    pub(super) family: DeviceFamily,
-    pub(super) count: &'a str,
-    pub(super) memory: &'a str,
-    pub(super) cores: &'a str,
+pub(in crate::request::family) struct Simple<'a> {
+    pub(in crate::request::family) family: DeviceFamily,
+    pub(in crate::request::family) count: &'a str,
+    pub(in crate::request::family) memory: &'a str,
+    pub(in crate::request::family) cores: &'a str,
     /// MiB per unit of the memory resource.
-    pub(super) memory_unit: u64,
+    pub(in crate::request::family) memory_unit: u64,
     /// What one device is called.
     noun: &'static str,
     /// The type and UUID filter annotations: use, no-use type; use, no-use UUID.
@@ -48,7 +48,7 @@ pub(super) struct Simple<'a> {
 }
 
 impl<'a> Simple<'a> {
-    pub(super) fn hygon(config: &'a HygonConfig) -> Self {
+    pub(in crate::request::family) fn hygon(config: &'a HygonConfig) -> Self {
         Self {
             family: DeviceFamily::Hygon,
             count: &config.resource_count_name,
@@ -66,7 +66,7 @@ impl<'a> Simple<'a> {
         }
     }
 
-    pub(super) fn cambricon(config: &'a CambriconConfig) -> Self {
+    pub(in crate::request::family) fn cambricon(config: &'a CambriconConfig) -> Self {
         Self {
             family: DeviceFamily::Cambricon,
             count: &config.resource_count_name,
@@ -84,7 +84,7 @@ impl<'a> Simple<'a> {
         }
     }
 
-    pub(super) fn amd(config: &'a AmdConfig) -> Self {
+    pub(in crate::request::family) fn amd(config: &'a AmdConfig) -> Self {
         Self {
             family: DeviceFamily::Amd,
             count: &config.resource_count_name,
@@ -104,7 +104,7 @@ impl<'a> Simple<'a> {
 }
 
 /// Parses a container's request; `Ok(None)` when it asks for none.
-pub(super) fn parse(
+pub(in crate::request::family) fn parse(
     container: &Container,
     kind: ContainerKind,
     vendor: &Simple<'_>,

@@ -1,6 +1,8 @@
 //! Enflame GCUs, whole and as DRS partitions: HAMi's `enflame:` section
 //! (`pkg/device/enflame`).
 
+pub(super) mod read;
+
 use k8s_openapi::api::core::v1::Container;
 use std::collections::BTreeMap;
 
@@ -8,13 +10,12 @@ use serde::Serialize;
 use tessera_api::{
     names::enflame::{
         ASSIGNED, ASSIGNED_CONTAINERS, ASSIGNED_ID, ASSIGNED_INDEX, ASSIGNED_MINOR, ASSIGNED_TIME,
-        DRS_ALLOCATED, DRS_TYPE, GCU_TYPE, REQUEST_SIZE,
+        DRS_ALLOCATED, DRS_CAPACITY, DRS_TYPE, GCU_MEMORY, GCU_TYPE, REQUEST_SIZE,
     },
     v1alpha1::{DeviceFamily, DeviceSlice},
 };
 
-use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
-use crate::request::enflame;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
 use crate::request::types::ContainerKind;
 use crate::request::vendors::EnflameConfig;
 
@@ -51,11 +52,36 @@ impl Family for EnflameConfig {
         _: Annotations<'_>,
         parsed: &mut Parsed,
     ) {
-        parsed.take(enflame::parse(container, kind, self));
-        parsed.take(enflame::parse_drs(container, kind, self));
+        parsed.take(read::parse(container, kind, self));
+        parsed.take(read::parse_drs(container, kind, self));
     }
 
     /// None: HAMi has no device quota for Enflame.
+    /// DRS partitions from Enflame's capacity annotation
+    /// (`enflame.com/gcu-drs-capacity`, no handshake); whole GCUs from the
+    /// count resource alone (`<node>-GCU-<i>`, HAMi's placeholder memory
+    /// of 100).
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source::new(
+                DeviceFamily::Enflame,
+                self.drs_name(),
+                SourceKind::EnflameDrs,
+            )
+            .register(DRS_CAPACITY)
+            .device_type(DRS_TYPE),
+            Source::new(
+                DeviceFamily::Enflame,
+                &self.resource_name_gcu,
+                SourceKind::Cards {
+                    memory_mib: GCU_MEMORY,
+                    infix: "GCU",
+                },
+            )
+            .device_type(GCU_TYPE),
+        ]
+    }
+
     fn quota(&self) -> Vec<Quota<'_>> {
         Vec::new()
     }
@@ -89,7 +115,7 @@ impl Family for EnflameConfig {
                 continue;
             };
             let profile_name = d.template.as_deref().unwrap_or_default();
-            let size = enflame::drs_profile(profile_name).map_or(1, |(s, _)| s);
+            let size = read::drs_profile(profile_name).map_or(1, |(s, _)| s);
             let device = binding.device(&d.uuid);
             if !out.pod.contains_key(ASSIGNED_INDEX) {
                 out.pod(ASSIGNED_INDEX, d.index.to_string());

@@ -15,12 +15,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::uuids;
-use super::container::{Field, Reader, narrow};
-use super::types::{
+use crate::request::annotations::uuids;
+use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
 };
-use super::vendors::KunlunConfig;
+use crate::request::vendors::KunlunConfig;
 use tessera_api::Violation;
 use tessera_api::names::kunlun::{
     BAIDU_NOUSE_UUID, BAIDU_USE_UUID, COUNTS, NOUSE_UUID, USE_UUID, VXPU_SIZES_MIB, VXPU_TYPE,

@@ -1,6 +1,8 @@
 //! AWS Neuron devices and NeuronCores: HAMi's `awsneuron:` section
 //! (`pkg/device/awsneuron`).
 
+mod read;
+
 use k8s_openapi::api::core::v1::Container;
 use tessera_api::{
     names::neuron::{
@@ -10,8 +12,7 @@ use tessera_api::{
     v1alpha1::{DeviceFamily, DeviceSlice},
 };
 
-use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
-use crate::request::neuron;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
 use crate::request::types::{ContainerKind, ContainerRequest};
 use crate::request::vendors::AwsNeuronConfig;
 
@@ -45,7 +46,22 @@ impl Family for AwsNeuronConfig {
         annotations: Annotations<'_>,
         parsed: &mut Parsed,
     ) {
-        parsed.take(neuron::parse(container, kind, self, annotations));
+        parsed.take(read::parse(container, kind, self, annotations));
+    }
+
+    /// Only the Node's allocatable: the count resource's devices, each
+    /// with an equal share of the NeuronCores.
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source::new(
+                DeviceFamily::AwsNeuron,
+                &self.resource_count_name,
+                SourceKind::Neuron {
+                    cores: self.resource_core_name.clone(),
+                },
+            )
+            .device_type(DEVICE_TYPE),
+        ]
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

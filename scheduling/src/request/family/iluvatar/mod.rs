@@ -1,14 +1,15 @@
 //! Iluvatar GPUs: HAMi's `iluvatars:` section, one family per chip
 //! (`pkg/device/iluvatar`).
 
+mod read;
+
 use k8s_openapi::api::core::v1::Container;
 use tessera_api::{
     names::iluvatar::MEMORY_UNIT_MIB,
     v1alpha1::{DeviceFamily, DeviceSlice},
 };
 
-use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
-use crate::request::iluvatar;
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
 use crate::request::types::ContainerKind;
 use crate::request::vendors::IluvatarConfig;
 
@@ -35,7 +36,22 @@ impl Family for IluvatarConfig {
         annotations: Annotations<'_>,
         parsed: &mut Parsed,
     ) {
-        parsed.take(iluvatar::parse(container, kind, self, annotations));
+        parsed.take(read::parse(container, kind, self, annotations));
+    }
+
+    /// The chip's CSV register (`hami.io/node-<chip>-register`), with its
+    /// handshake, every GPU scheduled as the chip.
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source::new(
+                DeviceFamily::Iluvatar,
+                &self.resource_count_name,
+                SourceKind::Csv,
+            )
+            .register(self.register_annotation())
+            .handshake(self.handshake_annotation())
+            .device_type(&self.common_word),
+        ]
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

@@ -17,13 +17,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::uuids;
-use super::container::{Field, Reader, narrow};
-use super::types::{
+use crate::request::annotations::uuids;
+use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
     VendorRequest,
 };
-use super::vendors::MthreadsConfig;
+use crate::request::vendors::MthreadsConfig;
 use tessera_api::Violation;
 use tessera_api::names::mthreads::{
     CORES_PER_CARD, MEMORY_SLICES, MEMORY_UNIT_MIB, NOUSE_UUID, USE_UUID, WHOLE_CARD_UNITS,

@@ -4,21 +4,26 @@
 //! and AMD Instinct GPUs (`amd:`, `pkg/device/amd`). Each is its
 //! [`Simple`] reader; its [`Family`] follows from it.
 
+mod read;
+
 use k8s_openapi::api::core::v1::Container;
 use tessera_api::{
     names::{amd, cambricon, hygon},
     v1alpha1::{DeviceFamily, DeviceSlice},
 };
 
-use super::{Annotations, Binding, Family, Handoff, Parsed, Quota};
-use crate::request::simple::{self, Simple};
+use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
 use crate::request::types::ContainerKind;
 use crate::request::vendors::{AmdConfig, CambriconConfig, HygonConfig};
+use read::Simple;
 
 /// A configuration section read by a [`Simple`] reader.
 pub(super) trait SimpleFamily: Send + Sync {
     /// The section's reader.
     fn reader(&self) -> Simple<'_>;
+
+    /// [`Family::sources`].
+    fn sources(&self) -> Vec<Source>;
 
     /// [`Family::hand_off`] for the family's slices, which `mine` selects.
     fn hand_off(
@@ -32,6 +37,20 @@ pub(super) trait SimpleFamily: Send + Sync {
 impl SimpleFamily for HygonConfig {
     fn reader(&self) -> Simple<'_> {
         Simple::hygon(self)
+    }
+
+    /// HAMi's CSV register (`hami.io/node-dcu-register`), with its
+    /// handshake.
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source::new(
+                DeviceFamily::Hygon,
+                &self.resource_count_name,
+                SourceKind::Csv,
+            )
+            .register(hygon::REGISTER)
+            .handshake(hygon::HANDSHAKE),
+        ]
     }
 
     /// HAMi's two `dcu` lists, and the Node's mutex lock.
@@ -52,6 +71,25 @@ impl SimpleFamily for HygonConfig {
 impl SimpleFamily for CambriconConfig {
     fn reader(&self) -> Simple<'_> {
         Simple::cambricon(self)
+    }
+
+    /// Only the Node's allocatable: 100 cores per card and the cards'
+    /// memory in units of 256 MiB (HAMi's `GetNodeDevices`), no handshake.
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source::new(
+                DeviceFamily::Cambricon,
+                &self.resource_count_name,
+                SourceKind::Allocatable {
+                    cores: self.resource_core_name.clone(),
+                    memory: self.resource_memory_name.clone(),
+                    unit_mib: cambricon::MEMORY_UNIT_MIB,
+                    per_card: 100,
+                    infix: "cambricon-mlu",
+                },
+            )
+            .device_type(cambricon::DEVICE_TYPE),
+        ]
     }
 
     /// HAMi's two `cambricon-mlu` lists; for Cambricon's dynamic-smlu
@@ -99,6 +137,20 @@ impl SimpleFamily for AmdConfig {
         Simple::amd(self)
     }
 
+    /// HAMi's JSON register (`hami.io/node-amd-register`) without a
+    /// handshake: the plugin lives while the Node advertises the count
+    /// resource. Each GPU keeps its product type.
+    fn sources(&self) -> Vec<Source> {
+        vec![
+            Source::new(
+                DeviceFamily::Amd,
+                &self.resource_count_name,
+                SourceKind::Json,
+            )
+            .register(amd::REGISTER),
+        ]
+    }
+
     /// HAMi's two `amd` lists, each GPU written with its product type
     /// (`AMD Instinct MI300X VF`, as HAMi's AMD `Fit` keeps it), and the
     /// Node's mutex lock.
@@ -141,12 +193,16 @@ impl<T: SimpleFamily> Family for T {
         annotations: Annotations<'_>,
         parsed: &mut Parsed,
     ) {
-        parsed.take(simple::parse(container, kind, &self.reader(), annotations));
+        parsed.take(read::parse(container, kind, &self.reader(), annotations));
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {
         let reader = self.reader();
         vec![Quota::of(reader.memory, reader.memory_unit, reader.cores)]
+    }
+
+    fn sources(&self) -> Vec<Source> {
+        SimpleFamily::sources(self)
     }
 
     fn hand_off(&self, binding: &Binding<'_>, out: &mut Handoff) {

@@ -17,13 +17,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::uuids;
-use super::container::{Field, Reader, narrow};
-use super::types::{
+use crate::request::annotations::uuids;
+use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, VendorRequest,
 };
-use super::vendors::IluvatarConfig;
+use crate::request::vendors::IluvatarConfig;
 use tessera_api::Violation;
 use tessera_api::names::{ascend, iluvatar::MEMORY_UNIT_MIB};
 use tessera_api::v1alpha1::DeviceFamily;

@@ -20,14 +20,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::annotations::uuids;
-use super::container::{Field, Reader, narrow};
-use super::shown::shown;
-use super::types::{
+use crate::request::annotations::uuids;
+use crate::request::container::{Field, Reader, narrow};
+use crate::request::shown::shown;
+use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, VendorRequest,
 };
-use super::vendors::MetaxConfig;
+use crate::request::vendors::MetaxConfig;
 use tessera_api::Violation;
 use tessera_api::names::metax::{
     APP_CLASS, GPU_TYPE, NOUSE_UUID, QOS_POLICIES, QOS_POLICY, SGPU_TYPE, TOPOLOGY_AWARE, USE_UUID,
@@ -43,7 +43,7 @@ pub(super) fn parse_gpu(
     config: &MetaxConfig,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
     let reader = Reader::new(container);
-    super::whole::parse(
+    crate::request::whole::parse(
         reader,
         kind,
         &config.resource_count_name,
