@@ -7,10 +7,10 @@
 
 use std::fmt::{self, Write};
 
-use crate::request::{ContainerRequest, DrsAsk, MemoryRequest, PodRequest};
+use crate::request::{ContainerRequest, DrsAsk, MemoryRequest, PodRequest, Wording};
 use tessera_api::{
     mig,
-    names::{amd, annotations, ascend, cambricon, enflame, hygon, kunlun, metax, mthreads, neuron},
+    names::{annotations, ascend, metax},
     v1alpha1::{AppClass, DeviceFamily},
 };
 
@@ -126,7 +126,7 @@ impl Census {
                 lack: None,
             };
         }
-        let keys = FilterKeys::of(container);
+        let keys = wording(container);
         let mut parts = Vec::new();
         let mut part = |cause: Cause, text: String| {
             let n = self.counts[cause as usize];
@@ -516,138 +516,16 @@ fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
     )
 }
 
+/// How reasons name the container's devices and filters: its family's
+/// words ([`Wording`]), NVIDIA's for a request without a vendor part.
+fn wording(container: &ContainerRequest) -> &Wording {
+    static NVIDIA: Wording = Wording::NVIDIA;
+    container.vendor.as_ref().map_or(&NVIDIA, |v| &v.wording)
+}
+
 /// What one device of the container's family is called in a reason.
-fn noun(container: &ContainerRequest) -> String {
-    match container.family {
-        DeviceFamily::Nvidia => "GPU".into(),
-        DeviceFamily::Hygon => "DCU".into(),
-        DeviceFamily::Cambricon => "MLU".into(),
-        DeviceFamily::Mthreads => "Moore Threads GPU".into(),
-        DeviceFamily::Enflame => match container
-            .vendor
-            .as_ref()
-            .and_then(|v| v.device_type.as_deref())
-        {
-            Some(enflame::DRS_TYPE) => "DRS GCU".into(),
-            _ => "GCU".into(),
-        },
-        DeviceFamily::Amd => "AMD GPU".into(),
-        DeviceFamily::AwsNeuron => "Neuron device".into(),
-        DeviceFamily::Kunlunxin => match container
-            .vendor
-            .as_ref()
-            .and_then(|v| v.device_type.as_deref())
-        {
-            Some(kunlun::VXPU_TYPE) => "vXPU".into(),
-            _ => "XPU".into(),
-        },
-        DeviceFamily::Metax => match container
-            .vendor
-            .as_ref()
-            .and_then(|v| v.device_type.as_deref())
-        {
-            Some(metax::SGPU_TYPE) => "MetaX sGPU".into(),
-            _ => "MetaX GPU".into(),
-        },
-        DeviceFamily::Ascend | DeviceFamily::Iluvatar => {
-            let chip = container
-                .vendor
-                .as_ref()
-                .and_then(|v| v.device_type.as_deref());
-            let unit = if container.family == DeviceFamily::Ascend {
-                "NPU"
-            } else {
-                "GPU"
-            };
-            format!("{} {unit}", chip.unwrap_or_default())
-        }
-    }
-}
-
-/// The annotations behind each filter of the container's family.
-struct FilterKeys {
-    use_type: String,
-    nouse_type: String,
-    use_uuid: String,
-    nouse_uuid: String,
-}
-
-impl FilterKeys {
-    fn of(container: &ContainerRequest) -> Self {
-        let chip = container
-            .vendor
-            .as_ref()
-            .and_then(|v| v.device_type.as_deref())
-            .unwrap_or_default();
-        let [use_type, nouse_type, use_uuid, nouse_uuid] = match container.family {
-            DeviceFamily::Nvidia => [
-                annotations::USE_GPU_TYPE.into(),
-                annotations::NOUSE_GPU_TYPE.into(),
-                annotations::USE_GPU_UUID.into(),
-                annotations::NOUSE_GPU_UUID.into(),
-            ],
-            DeviceFamily::Hygon => [
-                hygon::USE_DCU_TYPE.into(),
-                hygon::NOUSE_DCU_TYPE.into(),
-                hygon::USE_UUID.into(),
-                hygon::NOUSE_UUID.into(),
-            ],
-            DeviceFamily::Cambricon => [
-                cambricon::USE_MLU_TYPE.into(),
-                cambricon::NOUSE_MLU_TYPE.into(),
-                cambricon::USE_UUID.into(),
-                cambricon::NOUSE_UUID.into(),
-            ],
-            DeviceFamily::Mthreads => [
-                String::new(),
-                String::new(),
-                mthreads::USE_UUID.into(),
-                mthreads::NOUSE_UUID.into(),
-            ],
-            DeviceFamily::Metax => [
-                String::new(),
-                String::new(),
-                metax::USE_UUID.into(),
-                metax::NOUSE_UUID.into(),
-            ],
-            DeviceFamily::Enflame => [
-                String::new(),
-                String::new(),
-                enflame::USE_UUID.into(),
-                enflame::NOUSE_UUID.into(),
-            ],
-            DeviceFamily::Kunlunxin => [
-                String::new(),
-                String::new(),
-                kunlun::USE_UUID.into(),
-                kunlun::NOUSE_UUID.into(),
-            ],
-            DeviceFamily::AwsNeuron => [
-                String::new(),
-                String::new(),
-                neuron::USE_UUID.into(),
-                neuron::NOUSE_UUID.into(),
-            ],
-            DeviceFamily::Amd => [
-                amd::USE_TYPE.into(),
-                amd::NOUSE_TYPE.into(),
-                amd::USE_UUID.into(),
-                amd::NOUSE_UUID.into(),
-            ],
-            DeviceFamily::Ascend | DeviceFamily::Iluvatar => [
-                String::new(),
-                String::new(),
-                ascend::use_uuid(chip),
-                ascend::nouse_uuid(chip),
-            ],
-        };
-        Self {
-            use_type,
-            nouse_type,
-            use_uuid,
-            nouse_uuid,
-        }
-    }
+fn noun(container: &ContainerRequest) -> &str {
+    &wording(container).noun
 }
 
 /// An Enflame DRS ask in words.

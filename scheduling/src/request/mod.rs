@@ -64,7 +64,7 @@ pub use pod::parse_pod;
 pub use quota::{LIMITS_PREFIX, QuotaResource};
 pub use types::{
     ContainerKind, ContainerRequest, DeviceFilters, DrsAsk, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
-    MemoryRequest, PodRequest, QuotaNames, VendorRequest,
+    MemoryRequest, PodRequest, QuotaNames, VendorRequest, Wording,
 };
 pub use vendors::{
     AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,

@@ -1,6 +1,7 @@
 //! The typed request [`parse_pod`](super::parse_pod) gives: per container,
 //! what it asks of which family, and the bounds every reader enforces.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use super::annotations::PodOptions;
@@ -55,6 +56,8 @@ pub struct VendorRequest {
     pub template: Option<String>,
     /// The pod's type and UUID filters for this family.
     pub filters: DeviceFilters,
+    /// How a rejection names the devices and the filters' annotations.
+    pub wording: Wording,
     /// Ascend: the pod asked for HAMi's soft split
     /// (`huawei.com/vnpu-mode: hami-core`), so only nodes running
     /// hami-vnpu-core fit, and cores count in percent.
@@ -111,6 +114,53 @@ pub enum DrsAsk {
         /// Percent of the cores (0: any).
         cores: u32,
     },
+}
+
+/// How a rejection names a container's devices and the annotations behind
+/// its filters: its family's words, which the family's reader sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Wording {
+    /// What one device is called (`DCU`, `Ascend910B4 NPU`).
+    pub noun: Cow<'static, str>,
+    /// The annotation of the type filter (empty where the family has none).
+    pub use_type: &'static str,
+    /// The annotation of the type exclusion (empty where the family has none).
+    pub nouse_type: &'static str,
+    /// The annotation of the UUID filter.
+    pub use_uuid: Cow<'static, str>,
+    /// The annotation of the UUID exclusion.
+    pub nouse_uuid: Cow<'static, str>,
+}
+
+impl Wording {
+    /// NVIDIA GPUs (HAMi's `nvidia.com/use-gputype` and the rest).
+    pub const NVIDIA: Self = Self::new(
+        "GPU",
+        [
+            tessera_api::names::annotations::USE_GPU_TYPE,
+            tessera_api::names::annotations::NOUSE_GPU_TYPE,
+        ],
+        [
+            tessera_api::names::annotations::USE_GPU_UUID,
+            tessera_api::names::annotations::NOUSE_GPU_UUID,
+        ],
+    );
+
+    /// `noun` with the type filters `[use, nouse]` (empty: none) and the
+    /// UUID filters `[use, nouse]`.
+    pub const fn new(
+        noun: &'static str,
+        [use_type, nouse_type]: [&'static str; 2],
+        [use_uuid, nouse_uuid]: [&'static str; 2],
+    ) -> Self {
+        Self {
+            noun: Cow::Borrowed(noun),
+            use_type,
+            nouse_type,
+            use_uuid: Cow::Borrowed(use_uuid),
+            nouse_uuid: Cow::Borrowed(nouse_uuid),
+        }
+    }
 }
 
 /// A pod's device filters for one family, from its annotations, each list

@@ -3,7 +3,9 @@
 //! GCUs (`enflame.com/gcu`).
 
 use super::container::{Field, Reader, narrow};
-use super::types::{ContainerRequest, MAX_GPUS_PER_CONTAINER, MemoryRequest, VendorRequest};
+use super::types::{
+    ContainerRequest, MAX_GPUS_PER_CONTAINER, MemoryRequest, VendorRequest, Wording,
+};
 use tessera_api::Violation;
 use tessera_api::v1alpha1::DeviceFamily;
 
@@ -15,6 +17,7 @@ pub(super) fn parse(
     kind: super::types::ContainerKind,
     count: &str,
     (family, device_type): (DeviceFamily, &str),
+    wording: Wording,
 ) -> Result<Option<ContainerRequest>, Vec<Violation>> {
     let count = match reader.read(count, 0, u64::from(MAX_GPUS_PER_CONTAINER)) {
         Field::Value(n) if n > 0 => n,
@@ -31,6 +34,7 @@ pub(super) fn parse(
         family,
         vendor: Some(VendorRequest {
             device_type: Some(device_type.to_owned()),
+            wording,
             ..VendorRequest::default()
         }),
     }))

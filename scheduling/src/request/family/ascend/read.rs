@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::Container;
 use crate::request::annotations::uuids;
 use crate::request::container::{Field, Reader, narrow};
 use crate::request::shown::shown;
+use crate::request::types::Wording;
 use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, VendorRequest,
@@ -165,6 +166,12 @@ pub(super) fn parse(
             soft_split,
             pairs: chip.pairs(),
             by_network: chip.is_910(),
+            wording: Wording {
+                noun: format!("{} NPU", chip.common_word).into(),
+                use_uuid: tessera_api::names::ascend::use_uuid(&chip.common_word).into(),
+                nouse_uuid: tessera_api::names::ascend::nouse_uuid(&chip.common_word).into(),
+                ..Wording::default()
+            },
             ..VendorRequest::default()
         }),
     }))

@@ -11,12 +11,14 @@
 use k8s_openapi::api::core::v1::Container;
 
 use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::Wording;
 use crate::request::types::{
     ContainerKind, ContainerRequest, DrsAsk, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
 };
 use crate::request::vendors::EnflameConfig;
 use tessera_api::Violation;
 use tessera_api::names::enflame::{DRS_TYPE, GCU_TYPE};
+use tessera_api::names::enflame::{NOUSE_UUID, USE_UUID};
 use tessera_api::v1alpha1::DeviceFamily;
 
 /// An Enflame DRS profile name's slices and memory in GB, as HAMi reads
@@ -58,6 +60,7 @@ pub(super) fn parse(
         kind,
         &config.resource_name_gcu,
         (DeviceFamily::Enflame, GCU_TYPE),
+        Wording::new("GCU", ["", ""], [USE_UUID, NOUSE_UUID]),
     )
 }
 
@@ -105,6 +108,7 @@ pub(super) fn parse_drs(
         vendor: Some(VendorRequest {
             device_type: Some(DRS_TYPE.to_owned()),
             drs: Some(ask),
+            wording: Wording::new("DRS GCU", ["", ""], [USE_UUID, NOUSE_UUID]),
             ..VendorRequest::default()
         }),
     }))

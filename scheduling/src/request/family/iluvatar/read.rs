@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Container;
 
 use crate::request::annotations::uuids;
 use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::Wording;
 use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, VendorRequest,
@@ -96,6 +97,12 @@ pub(super) fn parse(
         vendor: Some(VendorRequest {
             device_type: Some(chip.common_word.clone()),
             filters,
+            wording: Wording {
+                noun: format!("{} GPU", chip.common_word).into(),
+                use_uuid: ascend::use_uuid(&chip.common_word).into(),
+                nouse_uuid: ascend::nouse_uuid(&chip.common_word).into(),
+                ..Wording::default()
+            },
             ..VendorRequest::default()
         }),
     }))

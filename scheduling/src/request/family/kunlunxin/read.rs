@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::Container;
 
 use crate::request::annotations::uuids;
 use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::Wording;
 use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_MEMORY_MIB, MemoryRequest, VendorRequest,
 };
@@ -141,6 +142,15 @@ fn request(
                 ..DeviceFilters::default()
             },
             by_wing: true,
+            wording: Wording::new(
+                if device_type == VXPU_TYPE {
+                    "vXPU"
+                } else {
+                    "XPU"
+                },
+                ["", ""],
+                [USE_UUID, NOUSE_UUID],
+            ),
             ..VendorRequest::default()
         }),
     }

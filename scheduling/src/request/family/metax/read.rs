@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::Container;
 use crate::request::annotations::uuids;
 use crate::request::container::{Field, Reader, narrow};
 use crate::request::shown::shown;
+use crate::request::types::Wording;
 use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, VendorRequest,
@@ -48,6 +49,7 @@ pub(super) fn parse_gpu(
         kind,
         &config.resource_count_name,
         (DeviceFamily::Metax, GPU_TYPE),
+        Wording::new("MetaX GPU", ["", ""], [USE_UUID, NOUSE_UUID]),
     )
 }
 
@@ -157,6 +159,7 @@ pub(super) fn parse_sgpu(
             sharing: Some(sharing),
             topology_aware: topology_aware && cores == 100 && !online,
             filters,
+            wording: Wording::new("MetaX sGPU", ["", ""], [USE_UUID, NOUSE_UUID]),
             ..VendorRequest::default()
         }),
     }))

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Container;
 
 use crate::request::annotations::uuids;
 use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::Wording;
 use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
     VendorRequest,
@@ -112,6 +113,7 @@ pub(super) fn parse(
         family: DeviceFamily::Mthreads,
         vendor: Some(VendorRequest {
             filters,
+            wording: Wording::new("Moore Threads GPU", ["", ""], [USE_UUID, NOUSE_UUID]),
             one_card_per_pod: true,
             ..VendorRequest::default()
         }),

@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Container;
 
 use crate::request::annotations::uuids;
 use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::Wording;
 use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MemoryRequest,
     VendorRequest,
@@ -77,6 +78,7 @@ pub(super) fn parse(
         family: DeviceFamily::AwsNeuron,
         vendor: Some(VendorRequest {
             filters,
+            wording: Wording::new("Neuron device", ["", ""], [USE_UUID, NOUSE_UUID]),
             contiguous: count > 1,
             by_core_index,
             ..VendorRequest::default()

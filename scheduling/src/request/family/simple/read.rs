@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::Container;
 
 use crate::request::annotations::{types, uuids};
 use crate::request::container::{Field, Reader, narrow};
+use crate::request::types::Wording;
 use crate::request::types::{
     ContainerKind, ContainerRequest, DeviceFilters, MAX_GPUS_PER_CONTAINER, MAX_MEMORY_MIB,
     MemoryRequest, VendorRequest,
@@ -156,6 +157,11 @@ pub(in crate::request::family) fn parse(
         family: vendor.family,
         vendor: Some(VendorRequest {
             filters,
+            wording: Wording::new(
+                vendor.noun,
+                [vendor.filters[0], vendor.filters[1]],
+                [vendor.filters[2], vendor.filters[3]],
+            ),
             ..VendorRequest::default()
         }),
     }))
