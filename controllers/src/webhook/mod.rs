@@ -13,7 +13,6 @@ mod metrics;
 mod mounts;
 mod mutate;
 pub mod owned;
-mod vendors;
 
 use std::sync::Arc;
 

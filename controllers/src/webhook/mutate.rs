@@ -103,8 +103,10 @@ pub fn mutate(
 
     let mut mutated = pod.clone();
     fill_defaults(&mut mutated, &request, config);
-    super::vendors::pod_annotations(&mut mutated, &request.containers);
-    super::vendors::ascend_runtime(&mut mutated, &request.containers, &config.request);
+    config
+        .request
+        .families()
+        .admit_pod(&mut mutated, &request.containers);
     let spec = mutated.spec.get_or_insert_default();
     spec.scheduler_name = Some(config.scheduler_name.clone());
     Verdict::Mutated(Box::new(mutated))
@@ -131,15 +133,9 @@ fn fill_defaults(pod: &mut Pod, request: &PodRequest, config: &Config) {
         .iter_mut()
         .flatten()
         .chain(spec.containers.iter_mut());
+    let families = config.request.families();
     for container in containers {
-        let name = container.name.clone();
-        for vendor in request
-            .containers
-            .iter()
-            .filter(|r| r.name == name && !r.family.is_nvidia())
-        {
-            super::vendors::vendor_limits(container, vendor, &config.request);
-        }
+        families.admit_container(container, &request.containers);
         let Some(wanted) = request
             .containers
             .iter()

@@ -17,15 +17,17 @@
 //! | a container's request | [`Family::parse`] | [`parse_pod`](super::parse_pod) |
 //! | the quota names its slices count against | [`Family::quota`], [`Family::counts_quota`] | [`RequestConfig::quota_names`] |
 //! | where its plugin reports devices on a Node | [`Family::sources`] | the controllers' vendor view |
+//! | what HAMi's webhook writes for it | [`Family::claims_request`], [`Family::admit_container`], [`Family::admit_pod`] | the webhook, through [`Registry::admit_container`] and [`Registry::admit_pod`] |
 //! | what its device plugin reads at Allocate | [`Family::claims`], [`Family::hand_off`] | [`Registry::hand_off`], from Bind |
 //!
-//! The fit rules, device choice and score, the rejection
-//! wording and admission mutation still dispatch on
+//! The fit rules and device choice and score still dispatch on
 //! [`DeviceFamily`] where they live (`engine/`, the controllers'
 //! `vendors/` and `webhook/`); each moves behind this trait in turn
 //! (issue 48). NVIDIA is a family like the others: the
 //! configuration's top level (HAMi's `nvidia:` settings) is its section.
 
+#[cfg(test)]
+mod admit_tests;
 mod ascend;
 mod enflame;
 mod handoff;
@@ -42,7 +44,7 @@ mod source;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use tessera_api::{
     Violation,
     names::handoff::{BIND_PHASE, BIND_TIME, VGPU_NODE, VGPU_TIME},
@@ -100,6 +102,23 @@ pub trait Family: Send + Sync {
     fn sources(&self) -> Vec<Source> {
         Vec::new()
     }
+
+    /// Whether `request` is for this family's devices (Iluvatar: of this
+    /// chip), so that [`Family::admit_container`] writes it.
+    fn claims_request(&self, request: &ContainerRequest) -> bool {
+        request.family == self.id()
+    }
+
+    /// Writes into `container` what HAMi's webhook writes for its request
+    /// `wanted` of this family (the vendor's `MutateAdmission`: limits
+    /// rounded to what the plugin hands out, the vendor runtime's env).
+    /// Most families write nothing.
+    fn admit_container(&self, _container: &mut Container, _wanted: &ContainerRequest) {}
+
+    /// Writes into `pod` what HAMi's webhook writes for a pod with the
+    /// requests `wanted` beyond its containers' limits (annotations the
+    /// plugin reads, a runtime class). Most families write nothing.
+    fn admit_pod(&self, _pod: &mut Pod, _wanted: &[ContainerRequest]) {}
 
     /// Whether `slice` of an allocation is one of this family's (Iluvatar:
     /// of this chip), so that [`Family::hand_off`] writes it.
@@ -211,6 +230,25 @@ impl<'a> Registry<'a> {
 }
 
 impl Registry<'_> {
+    /// HAMi's admission for `container`: what the family of each of its
+    /// requests in `wanted` writes ([`Family::admit_container`]).
+    pub fn admit_container(&self, container: &mut Container, wanted: &[ContainerRequest]) {
+        let name = container.name.clone();
+        for request in wanted.iter().filter(|r| r.name == name) {
+            if let Some(family) = self.iter().find(|f| f.claims_request(request)) {
+                family.admit_container(container, request);
+            }
+        }
+    }
+
+    /// HAMi's admission for the pod as a whole: what each family writes for
+    /// the requests `wanted` ([`Family::admit_pod`]).
+    pub fn admit_pod(&self, pod: &mut Pod, wanted: &[ContainerRequest]) {
+        for family in self.iter() {
+            family.admit_pod(pod, wanted);
+        }
+    }
+
     /// What Bind writes for `binding`: each family's keys for the slices it
     /// claims, and, when any family wrote one, the keys every vendor plugin
     /// finds its pod by (`vgpu-node`, `vgpu-time`, `bind-time`,

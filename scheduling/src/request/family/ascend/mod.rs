@@ -1,15 +1,16 @@
 //! Huawei Ascend NPUs: HAMi's `vnpus:` section, one entry per chip
 //! (`pkg/device/ascend`).
 
+mod admit;
 mod read;
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 use tessera_api::v1alpha1::{DeviceFamily, DeviceSlice};
 
 use super::handoff::is_zero;
 use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
-use crate::request::types::ContainerKind;
+use crate::request::types::{ContainerKind, ContainerRequest};
 use crate::request::vendors::{VnpuConfig, VnpusConfig};
 
 /// HAMi's Ascend annotation with the time of the Filter decision.
@@ -74,6 +75,14 @@ impl Family for VnpusConfig {
                     .device_type(&chip.common_word)
             })
             .collect()
+    }
+
+    fn admit_container(&self, container: &mut Container, wanted: &ContainerRequest) {
+        admit::container(self, container, wanted);
+    }
+
+    fn admit_pod(&self, pod: &mut Pod, wanted: &[ContainerRequest]) {
+        admit::pod(self, pod, wanted, |r| self.claims_request(r));
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

@@ -1,6 +1,7 @@
 //! Iluvatar GPUs: HAMi's `iluvatars:` section, one family per chip
 //! (`pkg/device/iluvatar`).
 
+mod admit;
 mod read;
 
 use k8s_openapi::api::core::v1::Container;
@@ -10,7 +11,7 @@ use tessera_api::{
 };
 
 use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
-use crate::request::types::ContainerKind;
+use crate::request::types::{ContainerKind, ContainerRequest};
 use crate::request::vendors::IluvatarConfig;
 
 impl Family for IluvatarConfig {
@@ -52,6 +53,20 @@ impl Family for IluvatarConfig {
             .handshake(self.handshake_annotation())
             .device_type(&self.common_word),
         ]
+    }
+
+    /// Requests for this chip's GPUs.
+    fn claims_request(&self, request: &ContainerRequest) -> bool {
+        request.family == DeviceFamily::Iluvatar
+            && request
+                .vendor
+                .as_ref()
+                .and_then(|v| v.device_type.as_deref())
+                == Some(self.common_word.as_str())
+    }
+
+    fn admit_container(&self, container: &mut Container, wanted: &ContainerRequest) {
+        admit::container(self, container, wanted);
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

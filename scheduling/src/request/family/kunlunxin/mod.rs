@@ -1,6 +1,7 @@
 //! Kunlunxin XPUs, whole and as vXPUs: HAMi's `kunlun:` section
 //! (`pkg/device/kunlun`).
 
+mod admit;
 mod read;
 
 use k8s_openapi::api::core::v1::Container;
@@ -62,6 +63,10 @@ impl Family for KunlunConfig {
             .handshake(HANDSHAKE)
             .device_type(VXPU_TYPE),
         ]
+    }
+
+    fn admit_container(&self, container: &mut Container, wanted: &ContainerRequest) {
+        admit::container(self, container, wanted);
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

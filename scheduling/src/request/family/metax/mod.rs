@@ -1,9 +1,10 @@
 //! MetaX GPUs, whole and as sGPUs: HAMi's `metax:` section
 //! (`pkg/device/metax`).
 
+mod admit;
 mod read;
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 use tessera_api::{
     names::metax::{
@@ -15,7 +16,7 @@ use tessera_api::{
 
 use super::handoff::is_zero;
 use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
-use crate::request::types::ContainerKind;
+use crate::request::types::{ContainerKind, ContainerRequest};
 use crate::request::vendors::MetaxConfig;
 
 /// One sGPU as MetaX's `metax-tech.com/gpu-devices-allocated` lists it
@@ -80,6 +81,10 @@ impl Family for MetaxConfig {
             .register(NODE_DEVICES)
             .device_type(SGPU_TYPE),
         ]
+    }
+
+    fn admit_pod(&self, pod: &mut Pod, wanted: &[ContainerRequest]) {
+        admit::pod(pod, wanted, |r| self.claims_request(r));
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {

@@ -1,15 +1,16 @@
 //! Moore Threads GPUs: HAMi's `mthreads:` section (`pkg/device/mthreads`).
 
+mod admit;
 mod read;
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use tessera_api::{
     names::mthreads::{self as names, MEMORY_UNIT_MIB},
     v1alpha1::DeviceFamily,
 };
 
 use super::{Annotations, Binding, Family, Handoff, Parsed, Quota, Source, SourceKind};
-use crate::request::types::ContainerKind;
+use crate::request::types::{ContainerKind, ContainerRequest};
 use crate::request::vendors::MthreadsConfig;
 
 impl Family for MthreadsConfig {
@@ -52,6 +53,14 @@ impl Family for MthreadsConfig {
             )
             .device_type(names::DEVICE_TYPE),
         ]
+    }
+
+    fn admit_container(&self, container: &mut Container, wanted: &ContainerRequest) {
+        admit::container(self, container, wanted);
+    }
+
+    fn admit_pod(&self, pod: &mut Pod, wanted: &[ContainerRequest]) {
+        admit::pod(pod, wanted, |r| self.claims_request(r));
     }
 
     fn quota(&self) -> Vec<Quota<'_>> {
