@@ -15,8 +15,7 @@ use kube::{
     api::{DeleteParams, PostParams, Preconditions},
 };
 use tessera_api::v1alpha1::{
-    AllocationPhase, DeviceFamily, ServedMigInstance, VgpuAllocation, VgpuAllocationSpec,
-    VgpuAllocationStatus,
+    AllocationPhase, ServedMigInstance, VgpuAllocation, VgpuAllocationSpec, VgpuAllocationStatus,
 };
 
 use crate::Error;
@@ -41,7 +40,7 @@ pub fn agent_written(allocation: &VgpuAllocation) -> bool {
         .containers
         .iter()
         .flat_map(|c| &c.devices)
-        .any(|slice| slice.family != DeviceFamily::Nvidia);
+        .any(|slice| !slice.family.is_nvidia());
     spec.gpu_policy.is_none()
         && spec.node_policy.is_none()
         && spec.priority.is_none()

@@ -21,7 +21,6 @@
 use std::{collections::BTreeMap, fmt};
 
 use crate::request::{ContainerKind, ContainerRequest, PodRequest, QuotaNames, RequestConfig};
-use tessera_api::v1alpha1::DeviceFamily;
 
 use super::{
     node::NodeGpus,
@@ -71,7 +70,7 @@ pub fn charge(request: &PodRequest, placement: &Placement, names: &[QuotaNames<'
 /// The cores `slice` counts against a quota: what it holds, or for an
 /// NVIDIA slice of none (no compute limit), its device's cores.
 fn charged_cores(container: &ContainerRequest, slice: &Slice, placement: &Placement) -> u32 {
-    if slice.cores == 0 && container.family == DeviceFamily::Nvidia {
+    if slice.cores == 0 && container.family.is_nvidia() {
         placement
             .device_cores
             .get(slice.device)

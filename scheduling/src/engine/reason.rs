@@ -11,7 +11,7 @@ use crate::request::{ContainerRequest, DrsAsk, MemoryRequest, PodRequest, Wordin
 use tessera_api::{
     mig,
     names::{annotations, ascend, metax},
-    v1alpha1::{AppClass, DeviceFamily},
+    v1alpha1::AppClass,
 };
 
 use super::{
@@ -342,14 +342,8 @@ impl Rejection {
     /// the rest, and the two cannot hand one pod its devices together (each
     /// would finish the Bind on its own), so no node takes such a pod.
     pub(super) fn nvidia_with_another_family(request: &PodRequest) -> Option<Self> {
-        let nvidia = request
-            .containers
-            .iter()
-            .find(|c| c.family == DeviceFamily::Nvidia)?;
-        let other = request
-            .containers
-            .iter()
-            .find(|c| c.family != DeviceFamily::Nvidia)?;
+        let nvidia = request.containers.iter().find(|c| c.family.is_nvidia())?;
+        let other = request.containers.iter().find(|c| !c.family.is_nvidia())?;
         let asks = if nvidia.name == other.name {
             format!(
                 "container {:?} asks for NVIDIA GPUs and {} devices",
