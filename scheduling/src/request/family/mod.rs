@@ -4,9 +4,12 @@
 //! ([`RequestConfig::families`]) so that nothing else enumerates the
 //! sections.
 //!
-//! A family's files import what they use from the request module's files
-//! (`types`, `config`, a vendor's reader); those files reach the families
-//! only through [`RequestConfig::families`], so no import goes back up.
+//! Each family is a folder: `mod.rs` its [`Family`], `read.rs` its pod
+//! reader, `admit.rs` its admission writes where it has any. A family's
+//! files import what they use from the request module's shared files
+//! (`types`, `config`, `container`'s reader); those files reach the
+//! families only through [`RequestConfig::families`], so no import goes
+//! back up.
 //!
 //! What a family answers today:
 //!
@@ -20,10 +23,12 @@
 //! | what HAMi's webhook writes for it | [`Family::claims_request`], [`Family::admit_container`], [`Family::admit_pod`] | the webhook, through [`Registry::admit_container`] and [`Registry::admit_pod`] |
 //! | what its device plugin reads at Allocate | [`Family::claims`], [`Family::hand_off`] | [`Registry::hand_off`], from Bind |
 //!
-//! The fit rules and device choice and score still dispatch on
-//! [`DeviceFamily`] where they live (`engine/`, the controllers'
-//! `vendors/` and `webhook/`); each moves behind this trait in turn
-//! (issue 48). NVIDIA is a family like the others: the
+//! Each family's reader also sets its requests'
+//! [`Wording`](crate::request::Wording): how rejections name its devices
+//! and the annotations behind its filters. The fit rules and device choice
+//! and score still live in `engine/` (behind `VendorRequest`'s flags and
+//! checks of [`DeviceFamily`] in `topology.rs`); they move behind this
+//! trait next (issue 48). NVIDIA is a family like the others: the
 //! configuration's top level (HAMi's `nvidia:` settings) is its section.
 
 #[cfg(test)]
