@@ -14,8 +14,7 @@ use tessera_api::{Error, Result, Violation, Violations};
 /// Every broken rule is reported, not just the first, in
 /// [`Error::InvalidPodRequest`].
 pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>> {
-    let mut violations = Vec::new();
-    let mut containers = Vec::new();
+    let mut parsed = Parsed::default();
     if let Some(spec) = &pod.spec {
         let init = spec.init_containers.iter().flatten().map(|c| {
             let sidecar = c.restart_policy.as_deref() == Some("Always");
@@ -31,15 +30,16 @@ pub fn parse_pod(pod: &Pod, config: &RequestConfig) -> Result<Option<PodRequest>
         let app = spec.containers.iter().map(|c| (c, ContainerKind::App));
         let annotations = pod.metadata.annotations.as_ref();
         let families = config.families();
-        let mut parsed = Parsed::default();
         for (container, kind) in init.chain(app) {
             for family in families.iter() {
                 family.parse(container, kind, annotations, &mut parsed);
             }
         }
-        containers = parsed.requests;
-        violations = parsed.violations;
     }
+    let Parsed {
+        requests: containers,
+        mut violations,
+    } = parsed;
     if containers.is_empty() && violations.is_empty() {
         return Ok(None);
     }
