@@ -273,6 +273,56 @@ pub mod amd {
     pub const NOUSE_UUID: &str = "amd.com/nouse-gpu-uuid";
 }
 
+/// Vastai's names (HAMi `pkg/device/vastai`): the plugin registers whole
+/// cards, or each card's dies with the card (`AIC`) they sit on.
+pub mod vastai {
+    /// The Node annotation the plugin registers its devices in (JSON).
+    pub const REGISTER: &str = "hami.io/node-va-register";
+    /// The Node annotation HAMi's register handshake runs on.
+    pub const HANDSHAKE: &str = "hami.io/node-handshake-va";
+    /// The device type requests and hand-offs name (HAMi's `VastaiDevice`).
+    pub const DEVICE_TYPE: &str = "Vastai";
+    /// What the hand-off annotations are named after
+    /// (`hami.io/Vastai-devices-to-allocate`).
+    pub const HANDOFF_WORD: &str = "Vastai";
+    /// Comma list of card types; HAMi declares it and filters nothing by it.
+    pub const USE_TYPE: &str = "vastaitech.com/use-va";
+    /// Comma list of card types; HAMi declares it and filters nothing by it.
+    pub const NOUSE_TYPE: &str = "vastaitech.com/nouse-va";
+    /// Comma list of device ids; only these may be used.
+    pub const USE_UUID: &str = "vastaitech.com/use-gpuuuid";
+    /// Comma list of device ids that must not be used.
+    pub const NOUSE_UUID: &str = "vastaitech.com/nouse-gpuuuid";
+    /// The register's `custominfo` key saying how the plugin splits cards
+    /// (`die`: one device per die).
+    pub const STRATEGY_KEY: &str = "DeviceStrategy";
+    /// [`STRATEGY_KEY`]'s value for devices registered die by die.
+    pub const DIE_STRATEGY: &str = "die";
+    /// The register's `custominfo` key naming the card a die sits on.
+    pub const CARD_KEY: &str = "AIC";
+}
+
+/// Biren's names (HAMi `pkg/device/biren`, Project-HAMi/biren-device-plugin).
+pub mod biren {
+    /// The Node annotation the plugin registers its GPUs in (JSON).
+    pub const REGISTER: &str = "hami.io/node-biren-register";
+    /// The Node annotation HAMi's register handshake runs on.
+    pub const HANDSHAKE: &str = "hami.io/node-handshake-biren";
+    /// The device type requests and hand-offs name (HAMi's `BirenDevice`).
+    pub const DEVICE_TYPE: &str = "Biren";
+    /// What the hand-off annotations are named after
+    /// (`hami.io/Biren-devices-allocated`, which the plugin reads).
+    pub const HANDOFF_WORD: &str = "Biren";
+    /// Comma list of card types; HAMi declares it and filters nothing by it.
+    pub const USE_TYPE: &str = "birentech.com/use-biren";
+    /// Comma list of card types; HAMi declares it and filters nothing by it.
+    pub const NOUSE_TYPE: &str = "birentech.com/nouse-biren";
+    /// Comma list of GPU ids; only these may be used.
+    pub const USE_UUID: &str = "birentech.com/use-gpuuuid";
+    /// Comma list of GPU ids that must not be used.
+    pub const NOUSE_UUID: &str = "birentech.com/nouse-gpuuuid";
+}
+
 /// MetaX GPUs' names (HAMi `pkg/device/metax`): whole GPUs (`Metax-GPU`)
 /// and shared sGPUs (`Metax-SGPU`).
 pub mod metax {

@@ -82,6 +82,12 @@ pub enum DeviceFamily {
     /// AMD Instinct GPUs (`amd.com/gpu`), served by HAMi's AMD device
     /// plugin; cores count compute units.
     Amd,
+    /// Vastai accelerators (`vastaitech.com/va`), whole cards or, when the
+    /// plugin registers them die by die, dies grouped by card.
+    Vastai,
+    /// Biren GPUs (`birentech.com/gpu`), whole cards, served by HAMi's
+    /// biren-device-plugin.
+    Biren,
 }
 
 impl DeviceFamily {
@@ -99,7 +105,7 @@ impl DeviceFamily {
     }
 
     /// Every family, in the order documents list them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 13] = [
         Self::Nvidia,
         Self::Hygon,
         Self::Ascend,
@@ -111,6 +117,8 @@ impl DeviceFamily {
         Self::Kunlunxin,
         Self::AwsNeuron,
         Self::Amd,
+        Self::Vastai,
+        Self::Biren,
     ];
 
     /// The value as written in manifests.
@@ -127,6 +135,8 @@ impl DeviceFamily {
             Self::Kunlunxin => "kunlunxin",
             Self::AwsNeuron => "awsneuron",
             Self::Amd => "amd",
+            Self::Vastai => "vastai",
+            Self::Biren => "biren",
         }
     }
 

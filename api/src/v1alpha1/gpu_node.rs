@@ -172,7 +172,8 @@ pub struct GpuDevice {
     #[serde(default, skip_serializing_if = "DeviceFamily::is_nvidia")]
     pub family: DeviceFamily,
     /// The network the device is on, where its vendor reports one (Ascend
-    /// 910's `NetworkID`, MetaX's MetaLink `linkZone`): devices of a
+    /// 910's `NetworkID`, MetaX's MetaLink `linkZone`, the card a Vastai die
+    /// sits on, numbered in register order): devices of a
     /// multi-device container are taken from as few networks as possible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_id: Option<u32>,

@@ -198,7 +198,7 @@ pub struct ContainerAllocation {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.cores <= 100 || (has(self.family) && self.family == 'amd')").message("cores must be at most 100 (percent of the device) except on AMD GPUs, whose cores are compute units"))]
-#[x_kube(validation = Rule::new("self.memoryMiB >= 1 || (has(self.family) && self.family == 'awsneuron')").message("memoryMiB must be at least 1 except on AWS Neuron devices, which have no memory to share"))]
+#[x_kube(validation = Rule::new("self.memoryMiB >= 1 || (has(self.family) && self.family in ['awsneuron', 'vastai', 'biren'])").message("memoryMiB must be at least 1 except on AWS Neuron devices, which have no memory to share, and on Vastai and Biren devices, which are counted, not measured"))]
 pub struct DeviceSlice {
     /// The GPU's UUID.
     #[schemars(length(min = 1, max = 128))]

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use tessera_api::v1alpha1::QosPolicy;
+use tessera_api::{names::vastai, v1alpha1::QosPolicy};
 
 /// Devices one annotation may list (a GpuNode holds at most 64).
 pub const MAX_DEVICES: usize = 64;
@@ -132,13 +132,39 @@ struct JsonDevice {
 
 /// Decodes the JSON form: a list of HAMi `DeviceInfo` objects (Ascend's
 /// `hami.io/node-register-<chip>`).
+///
+/// Devices registered die by die (Vastai: the first device's
+/// `custominfo.DeviceStrategy` is `die`, as HAMi's `isDieMode` reads it)
+/// are on the network of their card (`custominfo.AIC`): the cards are
+/// numbered 0, 1, … in the order the list first names them.
 pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
-    json_list::<JsonDevice>(value, "devices")?
+    let devices = json_list::<JsonDevice>(value, "devices")?;
+    let dies = devices.first().is_some_and(|d| {
+        custom(d, vastai::STRATEGY_KEY).and_then(|v| v.as_str()) == Some(vastai::DIE_STRATEGY)
+    });
+    let mut cards: Vec<String> = Vec::new();
+    devices
         .into_iter()
         .enumerate()
         .map(|(n, d)| {
-            let network_id = match d.custominfo.as_ref().and_then(|c| c.get("NetworkID")) {
-                None => None,
+            let card = custom(&d, vastai::CARD_KEY).filter(|_| dies);
+            let network_id = match custom(&d, "NetworkID") {
+                None => match card {
+                    None => None,
+                    Some(v) => {
+                        let card = v
+                            .as_str()
+                            .filter(|c| !c.is_empty() && c.len() <= MAX_ID)
+                            .ok_or_else(|| {
+                                format!("device {n}: custominfo.AIC {v} is not a card id (a string of 1 to {MAX_ID} bytes)")
+                            })?;
+                        let known = cards.iter().position(|c| c == card).unwrap_or_else(|| {
+                            cards.push(card.to_owned());
+                            cards.len() - 1
+                        });
+                        u32::try_from(known).ok()
+                    }
+                },
                 Some(v) => Some(
                     v.as_f64()
                         .filter(|f| f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(f))
@@ -162,6 +188,11 @@ pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
             })
         })
         .collect()
+}
+
+/// The register entry's `custominfo.<key>`.
+fn custom<'a>(device: &'a JsonDevice, key: &str) -> Option<&'a serde_json::Value> {
+    device.custominfo.as_ref().and_then(|c| c.get(key))
 }
 
 /// One sGPU of MetaX's `metax-tech.com/node-gpu-devices` (HAMi
@@ -529,6 +560,28 @@ mod tests {
         assert_eq!(devices[0].network_id, Some(3));
         assert_eq!(devices[1].network_id, None);
         assert_eq!(devices[0].memory_mib, 32768);
+    }
+
+    #[test]
+    fn vastai_dies_are_on_the_network_of_their_card() {
+        // HAMi's die mode (`isDieMode`: the first device says `die`): each
+        // card (`AIC`) becomes a network, numbered as the list names them.
+        let dies = decode_json(r#"[{"id":"d0","count":1,"devmem":16384,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"7"}},{"id":"d1","count":1,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"3"}},{"id":"d2","count":1,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"7"}}]"#).unwrap();
+        let networks: Vec<_> = dies.iter().map(|d| d.network_id).collect();
+        assert_eq!(networks, [Some(0), Some(1), Some(0)]);
+        // Whole cards (HAMi's Test_GetNodeDevices sample): no network, and
+        // an AIC without die mode groups nothing.
+        let cards = decode_json(r#"[{"id":"7-0","count":1,"devmem":32768,"type":"Vastai","health":true,"devicepairscore":{}},{"id":"7-1","type":"Vastai","health":true,"custominfo":{"AIC":"1"}}]"#).unwrap();
+        assert_eq!((cards[0].network_id, cards[1].network_id), (None, None));
+        assert_eq!((cards[0].count, cards[0].memory_mib), (1, 32768));
+        let error = decode_json(
+            r#"[{"id":"d0","type":"Vastai","custominfo":{"DeviceStrategy":"die","AIC":5}}]"#,
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("custominfo.AIC 5 is not a card id"),
+            "{error}"
+        );
     }
 
     #[test]

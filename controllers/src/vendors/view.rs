@@ -396,7 +396,11 @@ fn device(d: Registered, source: &Source, soft_split: bool) -> GpuDevice {
             memory_mib: d.memory_mib,
             // Ascend reports AI cores; requests count percent (HAMi's
             // effective total is 100).
-            cores: if ascend { 100 } else { d.cores },
+            cores: match source.cores {
+                Some(cores) => cores,
+                None if ascend => 100,
+                None => d.cores,
+            },
         },
         split_count: d.count,
         numa_node: d.numa,

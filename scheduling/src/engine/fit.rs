@@ -84,7 +84,7 @@ pub fn feasible(
             .as_ref()
             .is_some_and(|v| v.pairs || v.by_wing || v.contiguous)
     {
-        let filters = Filters::new(container, &request.options);
+        let filters = Filters::new(container, &request.options).busy(&node.devices, &node.usage);
         let wanted = container.count as usize;
         let mut passing = 0;
         for (i, (device, used)) in node.devices.iter().zip(&node.usage).enumerate() {
@@ -107,7 +107,7 @@ fn fit_container(
     policy: SchedulingPolicy,
     only: Option<&[usize]>,
 ) -> Result<Vec<Slice>, Rejection> {
-    let filters = Filters::new(container, options);
+    let filters = Filters::new(container, options).busy(devices, usage);
     let mut census = Census::default();
     let mut candidates: Vec<(Slice, f64)> = Vec::new();
     // Devices of the container's family and type; the others are not
@@ -367,6 +367,11 @@ struct Filters<'a> {
     soft_split: bool,
     /// The pod's `mutex` policy: idle devices only.
     mutex: bool,
+    /// The family's `mutex` takes a device's network whole.
+    mutex_by_network: bool,
+    /// Under `mutex`, the networks of which a device holds a slice, where
+    /// the family keeps them whole (Vastai's cards, [`Filters::busy`]).
+    busy_networks: Vec<u32>,
     /// How the device score weighs a device's fractions.
     weights: ScoringWeights,
 }
@@ -384,6 +389,8 @@ impl<'a> Filters<'a> {
                 vgpu_mode: None,
                 soft_split: vendor.soft_split,
                 mutex: options.mutex.unwrap_or(false),
+                mutex_by_network: vendor.mutex_by_network,
+                busy_networks: Vec::new(),
                 weights: options.scoring_weights,
             },
             None => Self {
@@ -396,9 +403,29 @@ impl<'a> Filters<'a> {
                 vgpu_mode: options.vgpu_mode,
                 soft_split: false,
                 mutex: options.mutex.unwrap_or(false),
+                mutex_by_network: false,
+                busy_networks: Vec::new(),
                 weights: options.scoring_weights,
             },
         }
+    }
+
+    /// With the networks busy under the pod's `mutex` policy, for families
+    /// whose `mutex` takes a network (a Vastai card) whole: those of which
+    /// a device of the container's kind holds a slice.
+    fn busy(mut self, devices: &[GpuDevice], usage: &[DeviceUsage]) -> Self {
+        if self.mutex && self.mutex_by_network {
+            for (device, used) in devices.iter().zip(usage) {
+                if let Some(network) = device.network_id
+                    && used.slices > 0
+                    && self.same_kind(device)
+                    && !self.busy_networks.contains(&network)
+                {
+                    self.busy_networks.push(network);
+                }
+            }
+        }
+        self
     }
 
     /// Whether the device is of the family (and exact type) asked for.
@@ -493,6 +520,13 @@ fn check(
     }
     // HAMi's mutex: a device with any slice is busy (a full one says so).
     if filters.mutex && used.slices > 0 && used.slices < device.split_count {
+        return Err(Cause::Busy);
+    }
+    // Vastai's mutex: an idle die on a card another die of which is in use.
+    if device
+        .network_id
+        .is_some_and(|n| filters.busy_networks.contains(&n))
+    {
         return Err(Cause::Busy);
     }
     if let Some(layout) = &device.mig {

@@ -502,10 +502,20 @@ fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
             container.cores
         )
     };
+    // Devices counted, not measured (Vastai, Biren): nothing to ask of each.
+    let counted = container.memory == MemoryRequest::Mib(0)
+        && container.cores == 0
+        && container.vendor.as_ref().is_none_or(|v| v.drs.is_none());
+    let s = if count == 1 { "" } else { "s" };
+    if counted {
+        return format!(
+            "container {:?} needs {count} {noun}{s}; {fitting} of {total} {noun}s fit",
+            container.name
+        );
+    }
     format!(
-        "container {:?} needs {count} {noun}{} with {with}{}; {fitting} of {total} {noun}s fit",
+        "container {:?} needs {count} {noun}{s} with {with}{}; {fitting} of {total} {noun}s fit",
         container.name,
-        if count == 1 { "" } else { "s" },
         if count == 1 { "" } else { " each" },
     )
 }

@@ -64,8 +64,13 @@ pub struct VendorRequest {
     pub soft_split: bool,
     /// Ascend 910C in a SuperPod: NPUs come in module pairs (indexes 2k, 2k+1).
     pub pairs: bool,
-    /// Ascend 910: choose NPUs on as few networks (`NetworkID`) as possible.
+    /// Ascend 910: choose NPUs on as few networks (`NetworkID`) as possible
+    /// (Vastai: dies on as few cards).
     pub by_network: bool,
+    /// Vastai dies: under the pod's `mutex` policy a device is busy while
+    /// any device of its network (the die's card) holds a slice (HAMi's
+    /// `occupiedAIC`).
+    pub mutex_by_network: bool,
     /// Moore Threads: every container of the pod shares the card(s) of the
     /// first one (HAMi's `customFilterRule`).
     pub one_card_per_pod: bool,

@@ -105,6 +105,24 @@ impl<'a> Binding<'a> {
         encoded
     }
 
+    /// HAMi's list for devices that are counted, not measured (Vastai,
+    /// Biren): each slice `keep` selects written as `<uuid>,<shown>,0,0:`,
+    /// the memory and cores HAMi's `Fit` leaves unset.
+    pub fn encode_counted(
+        &self,
+        keep: impl Fn(&DeviceSlice) -> bool + Copy,
+        shown: &str,
+    ) -> String {
+        let mut encoded = String::new();
+        for (_, slices) in self.per_container(keep) {
+            for d in slices {
+                encoded.push_str(&format!("{},{shown},0,0:", d.uuid));
+            }
+            encoded.push(';');
+        }
+        encoded
+    }
+
     /// The card indexes of the last container with a slice `keep` selects,
     /// comma-separated (what the whole-card plugins of Moore Threads and
     /// Kunlunxin read).

@@ -29,6 +29,10 @@ pub struct Source {
     /// (Ascend): requests count percent of a device (100), and the
     /// templates are a hard split unless the node runs hami-vnpu-core.
     pub npu_templates: bool,
+    /// Every device counts this many cores, whatever the register says
+    /// (Vastai, Biren: 100, as HAMi's `GetNodeDevices` sets them for
+    /// scoring); `None`: as registered.
+    pub cores: Option<u32>,
 }
 
 impl Source {
@@ -45,6 +49,7 @@ impl Source {
             kind,
             topology_maps: false,
             npu_templates: false,
+            cores: None,
         }
     }
 
@@ -60,6 +65,14 @@ impl Source {
     pub fn handshake(self, handshake: impl Into<String>) -> Self {
         Self {
             handshake: handshake.into(),
+            ..self
+        }
+    }
+
+    /// Every device counted as `cores` cores.
+    pub fn cores(self, cores: u32) -> Self {
+        Self {
+            cores: Some(cores),
             ..self
         }
     }
