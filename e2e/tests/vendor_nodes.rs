@@ -11,7 +11,9 @@
 //! the vendor's reason when nothing fits, and release; a malformed register
 //! annotation is reported and the plugin's next pass repairs it. The
 //! second test's first node is mixed: an NVIDIA GPU under Tessera's agent
-//! and Ascend NPUs under the mock plugin, on one kubelet.
+//! and Ascend NPUs under the mock plugin, on one kubelet. The third serves
+//! Vastai dies (grouped by card, HAMi's die mode and `mutex`) and whole
+//! Biren GPUs through mocks of their plugins.
 //!
 //! Needs what the real-node tests need; `TESSERA_SKIP_REAL_NODES=1` skips it.
 
@@ -28,9 +30,9 @@ use tessera_e2e::{
     artifacts::Artifacts,
     cluster::{LocalCluster, NodeGpus},
     mock_vendor::{
-        MockDevice, Vendor, amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, enflame_gcus,
-        enflame_s60, hygon_dcus, iluvatar_mr_v100, kunlunxin_whole_xpus, kunlunxin_xpus,
-        metax_c500, metax_gpus, mthreads_s4000, neuron_devices,
+        MockDevice, Vendor, amd_mi300x, ascend_910b4, biren_gpus, cambricon_mlu370, chart_values,
+        enflame_gcus, enflame_s60, hygon_dcus, iluvatar_mr_v100, kunlunxin_whole_xpus,
+        kunlunxin_xpus, metax_c500, metax_gpus, mthreads_s4000, neuron_devices, vastai_dies,
     },
     node::FakeGpu,
     testkit::{self, gpu_pod, phase, pod_with_limits, scheduling_failure, wait_for},
@@ -672,4 +674,107 @@ async fn vendors_reporting_only_capacity_are_served_through_their_plugins_protoc
         let served = allocated(&client, name).await;
         assert_eq!(served.spec.totals.families, family);
     }
+}
+
+/// The container's variable `key` in pod `name`'s printed environment.
+async fn printed(cluster: &LocalCluster, name: &str, key: &str) -> String {
+    let out = logs_when_done(cluster, name).await;
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{name} printed no {key}: {out}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    skip_real_nodes,
+    ignore = "needs real nodes; built with TESSERA_SKIP_REAL_NODES set"
+)]
+async fn vastai_dies_and_biren_gpus_are_served_as_hamis_plugins_read_them() {
+    tessera_e2e::remove_stale_dirs();
+    let artifacts = Artifacts::locate().unwrap();
+    let nodes = [
+        nvidia_node(),
+        vendor_node("va-1", Vendor::Vastai, vastai_dies(2, 2)),
+        vendor_node("br-1", Vendor::Biren, biren_gpus(2)),
+    ];
+    let cluster =
+        LocalCluster::start_with(None, Lifetime::Tied, &nodes, &artifacts, chart_values())
+            .await
+            .unwrap();
+    let client = cluster.plane.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    vendor_gpu_node(&client, "va-1", "vastai", 4).await;
+    vendor_gpu_node(&client, "br-1", "biren", 2).await;
+    let create = |pod: Pod| {
+        let pods = pods.clone();
+        async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
+    };
+
+    // Vastai dies: VA-0 and VA-1 sit on card 0, VA-2 and VA-3 on card 1.
+    // A die taken on card 0 keeps a mutex pod off the card's other die.
+    create(vendor_pod("va-one", json!({"vastaitech.com/va": 1}))).await;
+    let first = printed(&cluster, "va-one", "TESSERA_MOCK_VA_DEVICES").await;
+    let card = |die: &str| {
+        die.strip_prefix("VA-")
+            .and_then(|i| i.parse::<u32>().ok())
+            .map(|i| i / 2)
+    };
+    let mut mutex = vendor_pod("va-mutex", json!({"vastaitech.com/va": 1}));
+    mutex.metadata.annotations = Some(
+        [(
+            "hami.io/gpu-scheduler-policy".to_owned(),
+            "mutex".to_owned(),
+        )]
+        .into(),
+    );
+    create(mutex).await;
+    let alone = printed(&cluster, "va-mutex", "TESSERA_MOCK_VA_DEVICES").await;
+    assert_ne!(
+        card(&first),
+        card(&alone),
+        "mutex takes a die of an idle card: {first} then {alone}"
+    );
+    // The one die left on each card: two dies now span both cards.
+    create(vendor_pod("va-two", json!({"vastaitech.com/va": 2}))).await;
+    let two = printed(&cluster, "va-two", "TESSERA_MOCK_VA_DEVICES").await;
+    assert_eq!(two.split(',').count(), 2, "{two}");
+
+    // Biren: two whole GPUs to one pod, by id in BR_PHY_CARDS; a third
+    // waits with the vendor's words until they are released.
+    create(vendor_pod("br", json!({"birentech.com/gpu": 2}))).await;
+    let cards = printed(&cluster, "br", "BR_PHY_CARDS").await;
+    let mut listed: Vec<&str> = cards.split(',').collect();
+    listed.sort_unstable();
+    assert_eq!(listed, ["BR-0", "BR-1"]);
+    let annotations = pod_annotations(&pods, "br").await;
+    assert_eq!(annotations["hami.io/bind-phase"], "success");
+    assert_eq!(
+        annotations["hami.io/Biren-devices-allocated"], ";",
+        "the plugin erased what it served"
+    );
+    create(vendor_pod("br-more", json!({"birentech.com/gpu": 1}))).await;
+    let reason = wait_for("br-more to be refused", LIMIT, async || {
+        scheduling_failure(&client, "default", "br-more").await
+    })
+    .await;
+    assert!(
+        reason.contains("needs 1 Biren GPU; 0 of 2 Biren GPUs fit"),
+        "{reason}"
+    );
+
+    // One ledger: both families' holders, Allocated once served.
+    for (name, family) in [
+        ("va-one", "vastai"),
+        ("va-mutex", "vastai"),
+        ("br", "biren"),
+    ] {
+        let served = allocated(&client, name).await;
+        assert_eq!(served.spec.totals.families, family);
+    }
+    pods.delete("br", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let again = printed(&cluster, "br-more", "BR_PHY_CARDS").await;
+    assert!(again == "BR-0" || again == "BR-1", "{again}");
 }

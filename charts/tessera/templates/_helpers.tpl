@@ -148,6 +148,12 @@ match conditions and kube-scheduler's managedResources both use this list.
 {{- if $mem }}{{ $names = append $names $mem }}{{ end -}}
 {{- if $cores }}{{ $names = append $names $cores }}{{ end -}}
 {{- end -}}
+{{- if kindIs "map" .Values.config.vastai -}}
+{{- $names = append $names (.Values.config.vastai.resourceCountName | default "vastaitech.com/va") -}}
+{{- end -}}
+{{- if kindIs "map" .Values.config.biren -}}
+{{- $names = append $names (.Values.config.biren.resourceCountName | default "birentech.com/gpu") -}}
+{{- end -}}
 {{- range .Values.config.iluvatars -}}
 {{- $names = append $names .resourceCountName -}}
 {{- $names = append $names .resourceMemoryName -}}

@@ -945,6 +945,60 @@ mod tests {
     }
 
     #[test]
+    fn vastai_and_biren_devices_come_from_their_json_registers_with_the_handshake() {
+        // HAMi's vastai and biren Test_GetNodeDevices: the register as the
+        // plugins write it, 100 cores each (HAMi sets Devcore for scoring).
+        let config = RequestConfig {
+            vastai: Some(tessera_scheduling::request::VastaiConfig::default()),
+            biren: Some(tessera_scheduling::request::BirenConfig::default()),
+            ..RequestConfig::default()
+        };
+        let node = annotations(&[
+            (
+                "hami.io/node-va-register",
+                r#"[{"id":"7-0","count":1,"devmem":32768,"type":"Vastai","health":true,"devicepairscore":{}}]"#,
+            ),
+            ("hami.io/node-handshake-va", "Reported_2026.12.02 10:00:00"),
+            (
+                "hami.io/node-biren-register",
+                r#"[{"id":"card-0","count":1,"devmem":65536,"type":"Biren","health":true}]"#,
+            ),
+            (
+                "hami.io/node-handshake-biren",
+                "Reported_2026.12.02 10:00:00",
+            ),
+        ]);
+        let now = Timestamp::now();
+        let seen = view_at(&node, &BTreeMap::new(), &config, now).unwrap();
+        let devices: Vec<_> = seen
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.uuid.as_str(),
+                    d.family,
+                    d.model.as_str(),
+                    d.capacity.memory_mib,
+                    d.capacity.cores,
+                    d.split_count,
+                )
+            })
+            .collect();
+        assert_eq!(
+            devices,
+            [
+                ("7-0", DeviceFamily::Vastai, "Vastai", 32768, 100, 1),
+                ("card-0", DeviceFamily::Biren, "Biren", 65536, 100, 1),
+            ]
+        );
+        let asked: Vec<_> = seen.handshakes.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            asked,
+            ["hami.io/node-handshake-va", "hami.io/node-handshake-biren"]
+        );
+    }
+
+    #[test]
     fn amd_gpus_come_from_the_json_register_while_the_node_advertises_them() {
         // HAMi's amd TestGetNodeDevices, with the product type of
         // docs/develop/amd-vgpu.md (spaces kept) and CUs as cores.

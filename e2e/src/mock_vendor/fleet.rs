@@ -7,8 +7,8 @@ use super::types::MockDevice;
 
 /// Chart values that turn on the families the mocks play, as a HAMi user
 /// copies them from `hami-scheduler-device`: `hygon: {}`, `amd: {}`,
-/// `kunlun: {}`, `metax: {}`, `cambricon: {}`, `enflame: {}`, `mthreads: {}`
-/// and `awsneuron: {}` (HAMi's names), an `iluvatars:` entry for
+/// `kunlun: {}`, `metax: {}`, `cambricon: {}`, `enflame: {}`, `mthreads: {}`,
+/// `awsneuron: {}`, `vastai: {}` and `biren: {}` (HAMi's names), an `iluvatars:` entry for
 /// the MR-V100, and HAMi's `vnpus:` entry for the Ascend 910B4 with its two
 /// templates.
 pub fn chart_values() -> serde_json::Value {
@@ -21,6 +21,8 @@ pub fn chart_values() -> serde_json::Value {
         "enflame": {},
         "mthreads": {},
         "awsneuron": {},
+        "vastai": {},
+        "biren": {},
         "iluvatars": [{
             "chipName": "MR-V100", "commonWord": "MR-V100",
             "resourceCountName": "iluvatar.ai/MR-V100-vgpu",
@@ -135,4 +137,26 @@ pub fn neuron_devices(n: u32) -> Vec<MockDevice> {
 /// `n` Kunlunxin P800 XPUs of 96 GiB, 4 vXPUs each.
 pub fn kunlunxin_xpus(n: u32) -> Vec<MockDevice> {
     devices(n, "XPU", 98_304, 100, None)
+}
+
+/// `cards` Vastai cards of `dies` dies each, registered die by die: die
+/// `VA-<i>` of 16 GiB, one container at a time, on its card's network.
+pub fn vastai_dies(cards: u32, dies: u32) -> Vec<MockDevice> {
+    (0..cards)
+        .flat_map(|card| {
+            whole(devices(dies, "VA", 16384, 100, Some(card)))
+                .into_iter()
+                .zip(0..)
+                .map(move |(mut d, die)| {
+                    d.id = format!("VA-{}", card * dies + die);
+                    d
+                })
+        })
+        .collect()
+}
+
+/// `n` whole Biren GPUs of 64 GiB (`BR-<i>`), as biren-device-plugin
+/// registers them (count 1).
+pub fn biren_gpus(n: u32) -> Vec<MockDevice> {
+    whole(devices(n, "BR", 65_536, 0, None))
 }

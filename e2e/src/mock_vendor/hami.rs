@@ -139,6 +139,18 @@ impl MockPlugin {
                     serde_json::Value::from(devices).to_string(),
                 );
             }
+            Vendor::Vastai => {
+                out.insert("hami.io/node-va-register".into(), self.vastai_register());
+                out.insert("hami.io/node-handshake-va".into(), reported(&time));
+            }
+            Vendor::Biren => {
+                out.insert(
+                    "hami.io/node-biren-register".into(),
+                    self.device_info("Biren", "Biren"),
+                );
+                // The plugin's own stamp: `Reported_` and Go's layout.
+                out.insert("hami.io/node-handshake-biren".into(), reported(&time));
+            }
             // Report only through the Node's allocatable.
             Vendor::Cambricon
             | Vendor::EnflameGcu
@@ -167,6 +179,28 @@ impl MockPlugin {
                 )
             })
             .collect()
+    }
+
+    /// Vastai's register: `DeviceInfo` JSON, each die with
+    /// `custominfo.DeviceStrategy: die` and its card as `AIC` when the
+    /// devices name cards (HAMi's die mode), else whole cards.
+    fn vastai_register(&self) -> String {
+        let devices: Vec<_> = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let mut device = json!({"id": d.id, "index": i, "count": d.count,
+                    "devmem": d.memory_mib, "type": "Vastai", "health": true,
+                    "devicepairscore": {}});
+                if let Some(card) = d.network_id {
+                    device["custominfo"] =
+                        json!({"DeviceStrategy": "die", "AIC": card.to_string()});
+                }
+                device
+            })
+            .collect();
+        serde_json::Value::from(devices).to_string()
     }
 
     /// HAMi's `DeviceInfo` JSON, as `marshalNodeDevices` writes it.
@@ -263,6 +297,16 @@ impl MockPlugin {
                     "{}'s plugin reads no devices-to-allocate list",
                     self.vendor.family()
                 ));
+            }
+            Vendor::Biren => {
+                // biren-device-plugin's `BR_PHY_CARDS`: the cards' ids.
+                let ids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+                env.insert("BR_PHY_CARDS".into(), ids.join(","));
+            }
+            Vendor::Vastai => {
+                // Vastai's plugin is not public: the mock hands the ids.
+                let ids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+                env.insert("TESSERA_MOCK_VA_DEVICES".into(), ids.join(","));
             }
             Vendor::Amd { .. } => {
                 let ids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();

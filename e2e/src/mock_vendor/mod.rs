@@ -80,9 +80,9 @@ mod types;
 
 pub use amd::AllocateState;
 pub use fleet::{
-    amd_mi300x, ascend_910b4, cambricon_mlu370, chart_values, enflame_gcus, enflame_s60,
-    hygon_dcus, iluvatar_mr_v100, kunlunxin_whole_xpus, kunlunxin_xpus, metax_c500, metax_gpus,
-    mthreads_s4000, neuron_devices,
+    amd_mi300x, ascend_910b4, biren_gpus, cambricon_mlu370, chart_values, enflame_gcus,
+    enflame_s60, hygon_dcus, iluvatar_mr_v100, kunlunxin_whole_xpus, kunlunxin_xpus, metax_c500,
+    metax_gpus, mthreads_s4000, neuron_devices, vastai_dies,
 };
 pub use plugin::MockPlugin;
 pub use protocol::{

@@ -49,6 +49,8 @@ impl MockPlugin {
             Vendor::KunlunxinXpu => indexed::XPU.into(),
             Vendor::Mthreads => indexed::MT_VGPU.into(),
             Vendor::Neuron { .. } => indexed::NEURON.into(),
+            Vendor::Vastai => "vastaitech.com/va".into(),
+            Vendor::Biren => "birentech.com/gpu".into(),
         }
     }
 
@@ -90,6 +92,8 @@ impl MockPlugin {
             Vendor::KunlunxinXpu => "kunlun",
             Vendor::Mthreads => "Mthreads",
             Vendor::Neuron { .. } => "AWSNeuron",
+            Vendor::Vastai => "Vastai",
+            Vendor::Biren => "Biren",
         }
     }
 
@@ -109,6 +113,9 @@ impl MockPlugin {
             Vendor::KunlunxinXpu => "hami.io/kunlun-allocated".into(),
             Vendor::Mthreads => "hami.io/mthreads-vgpu-devices-to-allocate".into(),
             Vendor::Neuron { .. } => "hami.io/aws-neuron-devices-allocated".into(),
+            Vendor::Vastai => "hami.io/Vastai-devices-to-allocate".into(),
+            // The plugin's InRequestDevices is HAMi's `-allocated` copy.
+            Vendor::Biren => "hami.io/Biren-devices-allocated".into(),
         }
     }
 
@@ -127,6 +134,8 @@ impl MockPlugin {
             Vendor::KunlunxinXpu => "mock-kunlunxin-xpu.sock".into(),
             Vendor::Mthreads => "mock-mthreads.sock".into(),
             Vendor::Neuron { .. } => "mock-neuron.sock".into(),
+            Vendor::Vastai => "mock-vastai.sock".into(),
+            Vendor::Biren => "mock-biren.sock".into(),
         }
     }
 

@@ -43,6 +43,11 @@ pub enum Vendor {
     KunlunxinXpu,
     /// Moore Threads GPUs, as HAMi expects Moore Threads' plugin.
     Mthreads,
+    /// Vastai devices, as HAMi expects Vastai's plugin to behave: whole
+    /// cards, or dies (HAMi's die mode) where the devices name their card.
+    Vastai,
+    /// Biren GPUs, as Project-HAMi/biren-device-plugin.
+    Biren,
     /// AWS Neuron devices, as HAMi expects AWS's `neuron-device-plugin`.
     Neuron {
         /// The node's `node.kubernetes.io/instance-type` (`inf2.48xlarge`).
@@ -66,6 +71,8 @@ impl Vendor {
             Vendor::KunlunxinXpu => "kunlunxin",
             Vendor::Mthreads => "mthreads",
             Vendor::Neuron { .. } => "awsneuron",
+            Vendor::Vastai => "vastai",
+            Vendor::Biren => "biren",
         }
     }
 
@@ -107,6 +114,7 @@ pub struct MockDevice {
     pub cores: u32,
     /// How many containers may share it.
     pub count: u32,
-    /// Ascend's `NetworkID`.
+    /// Ascend's `NetworkID`; for Vastai, the card (`AIC`) of a die: a
+    /// device that names one registers the node in die mode.
     pub network_id: Option<u32>,
 }

@@ -34,6 +34,8 @@ mod wings;
 #[cfg(test)]
 mod controls_tests;
 #[cfg(test)]
+mod counted_tests;
+#[cfg(test)]
 mod metax_tests;
 #[cfg(test)]
 mod preempt_tests;

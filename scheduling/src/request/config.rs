@@ -50,6 +50,12 @@ pub struct RequestConfig {
     /// HAMi's `amd:` section; absent: AMD GPUs are not scheduled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amd: Option<AmdConfig>,
+    /// HAMi's `vastai:` section; absent: Vastai devices are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vastai: Option<crate::request::family::vastai::config::VastaiConfig>,
+    /// HAMi's `biren:` section; absent: Biren GPUs are not scheduled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub biren: Option<crate::request::family::biren::config::BirenConfig>,
     /// HAMi's `iluvatars:` section, one entry per chip; empty: Iluvatar GPUs
     /// are not scheduled.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -72,6 +78,8 @@ impl Default for RequestConfig {
             metax: None,
             enflame: None,
             amd: None,
+            vastai: None,
+            biren: None,
             kunlun: None,
             awsneuron: None,
         }

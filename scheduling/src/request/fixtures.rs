@@ -2,6 +2,7 @@
 //! `tessera_api::testing`).
 
 use super::config::RequestConfig;
+use super::family::{biren::config::BirenConfig, vastai::config::VastaiConfig};
 use super::vendors::{
     AmdConfig, AwsNeuronConfig, CambriconConfig, EnflameConfig, HygonConfig, IluvatarConfig,
     KunlunConfig, MetaxConfig, MthreadsConfig, VnpuConfig, VnpuTemplate, VnpusConfig,
@@ -34,7 +35,8 @@ pub fn vnpu_chip(word: &str, memory: u64, templates: &[(&str, u64)]) -> VnpuConf
 /// The vendor configuration of HAMi's `device_test.go` cases: Hygon with
 /// HAMi's names; the Ascend 910A with its four templates (listed out of
 /// order: they are sorted by memory when used) and the 910C in a SuperPod;
-/// the Iluvatar MR-V100 with HAMi's per-chip names.
+/// the Iluvatar MR-V100 with HAMi's per-chip names; every other family
+/// with HAMi's names.
 pub fn vendor_config() -> RequestConfig {
     let a910 = vnpu_chip(
         "Ascend910A",
@@ -63,6 +65,8 @@ pub fn vendor_config() -> RequestConfig {
         amd: Some(AmdConfig::default()),
         kunlun: Some(KunlunConfig::default()),
         awsneuron: Some(AwsNeuronConfig::default()),
+        vastai: Some(VastaiConfig::default()),
+        biren: Some(BirenConfig::default()),
         iluvatars: vec![IluvatarConfig {
             chip_name: "MR-V100".into(),
             common_word: "MR-V100".into(),

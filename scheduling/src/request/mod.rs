@@ -54,6 +54,8 @@ pub use annotations::{
     MAX_LIST_BYTES, MAX_LIST_ENTRIES, MAX_LIST_ENTRY_BYTES, PodOptions, parse_gpu_policy,
 };
 pub use config::{RequestConfig, ResourceNames};
+pub use family::biren::config::BirenConfig;
+pub use family::vastai::config::VastaiConfig;
 pub use family::{
     Annotations, Binding, Family, Handoff, NodeDevice, Parsed, Quota, Registry, Source, SourceKind,
     container_order, drs_profile, lock_time, mutex_held_by, mutex_value,

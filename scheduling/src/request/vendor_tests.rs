@@ -12,7 +12,7 @@ fn config() -> RequestConfig {
     super::fixtures::vendor_config()
 }
 
-fn pod(limits: Value, annotations: Value) -> Pod {
+pub(super) fn pod(limits: Value, annotations: Value) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": "p", "annotations": annotations},
         "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},

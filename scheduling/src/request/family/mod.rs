@@ -34,6 +34,7 @@
 #[cfg(test)]
 mod admit_tests;
 mod ascend;
+pub(super) mod biren;
 mod enflame;
 mod handoff;
 #[cfg(test)]
@@ -46,6 +47,7 @@ mod neuron;
 mod nvidia;
 mod simple;
 mod source;
+pub(super) mod vastai;
 
 use std::collections::BTreeMap;
 
@@ -213,7 +215,7 @@ impl RequestConfig {
         for chip in &self.iluvatars {
             families.push(chip);
         }
-        let rest: [Option<&dyn Family>; 7] = [
+        let rest: [Option<&dyn Family>; 9] = [
             self.cambricon.as_ref().map(|c| c as &dyn Family),
             self.mthreads.as_ref().map(|c| c as &dyn Family),
             self.metax.as_ref().map(|c| c as &dyn Family),
@@ -221,6 +223,8 @@ impl RequestConfig {
             self.kunlun.as_ref().map(|c| c as &dyn Family),
             self.amd.as_ref().map(|c| c as &dyn Family),
             self.awsneuron.as_ref().map(|c| c as &dyn Family),
+            self.vastai.as_ref().map(|c| c as &dyn Family),
+            self.biren.as_ref().map(|c| c as &dyn Family),
         ];
         families.extend(rest.into_iter().flatten());
         Registry { families }
