@@ -93,251 +93,181 @@ fn node(family: DeviceFamily, model: &str, rows: &[Row]) -> NodeGpus {
     node
 }
 
-#[test]
-fn biren_fits_as_hami_does() {
-    const GPU: &str = "birentech.com/gpu";
-    let gpus = |rows: &[Row]| node(DeviceFamily::Biren, "Biren", rows);
-    let one = json!({GPU: "1"});
-    let mutex = json!({"hami.io/gpu-scheduler-policy": "mutex"});
-    let cases: [(&str, _, _, _, Result<&[&str], &str>); 10] = [
+/// What a shared row expects: the devices, or the reason's words for the
+/// family.
+type RowWant = Result<&'static [&'static str], String>;
+
+/// One family whose devices are counted, as its HAMi table names it.
+struct Counted {
+    family: DeviceFamily,
+    /// Its count resource.
+    resource: &'static str,
+    /// How rejections name one device.
+    noun: &'static str,
+    /// The domain of its UUID annotations (`birentech.com`).
+    domain: &'static str,
+}
+
+/// HAMi's `TestDevices_Fit` rows that Vastai's and Biren's tables share
+/// (their `Fit`s are the same but for Vastai's die mode), for `c`.
+fn fits_as_hami_does(c: &Counted) {
+    let devices = |rows: &[Row]| node(c.family, c.family.as_str(), rows);
+    let ask = |n: u32| json!({c.resource: n.to_string()});
+    let (noun, uses, nouses) = (
+        c.noun,
+        format!("{}/use-gpuuuid", c.domain),
+        format!("{}/nouse-gpuuuid", c.domain),
+    );
+    let other = if c.family == DeviceFamily::Biren {
+        DeviceFamily::Vastai
+    } else {
+        DeviceFamily::Biren
+    };
+    let two = |a: Row, b: Row| devices(&[a, Row { id: "dev-1", ..b }]);
+    let cases: Vec<(&str, NodeGpus, _, _, RowWant)> = vec![
         (
             // HAMi picks dev-1 (last index first); spread's tie goes to dev-0.
             "fit success",
-            gpus(&[
-                FREE,
-                Row {
-                    id: "dev-1",
-                    ..FREE
-                },
-            ]),
-            one.clone(),
+            two(FREE, FREE),
+            ask(1),
             json!({}),
             Ok(&["dev-0"]),
         ),
         (
-            // HAMi: a request of another type (CardTypeMismatch); a pod can
-            // only ask Biren GPUs of Biren GPUs, so: a node of other devices.
+            // HAMi: a request of another type (CardTypeMismatch); a pod asks
+            // this family's devices of this family only, so: a node of
+            // another family's devices.
             "fit fail: type mismatch",
-            node(DeviceFamily::Hygon, "DCU", &[FREE]),
-            one.clone(),
+            node(other, other.as_str(), &[FREE]),
+            ask(1),
             json!({}),
-            Err("needs 1 Biren GPU; 0 of 0 Biren GPUs fit"),
+            Err(format!("needs 1 {noun}; 0 of 0 {noun}s fit")),
         ),
         (
             "fit fail: user assign use uuid mismatch (CardUuidMismatch)",
-            gpus(&[Row {
+            devices(&[Row {
                 id: "dev-1",
                 ..FREE
             }]),
-            one.clone(),
-            json!({"birentech.com/use-gpuuuid": "dev-0"}),
-            Err("1 Biren GPU not listed in birentech.com/use-gpuuuid"),
+            ask(1),
+            json!({&uses: "dev-0"}),
+            Err(format!("1 {noun} not listed in {uses}")),
         ),
         (
             "fit fail: user assign no use uuid match (CardUuidMismatch)",
-            gpus(&[FREE]),
-            one.clone(),
-            json!({"birentech.com/nouse-gpuuuid": "dev-0"}),
-            Err("1 Biren GPU excluded by birentech.com/nouse-gpuuuid"),
+            devices(&[FREE]),
+            ask(1),
+            json!({&nouses: "dev-0"}),
+            Err(format!("1 {noun} excluded by {nouses}")),
         ),
         (
             "fit fail: card overused (CardTimeSlicingExhausted)",
-            gpus(&[Row { used: 1, ..FREE }]),
-            one.clone(),
+            devices(&[Row { used: 1, ..FREE }]),
+            ask(1),
             json!({}),
-            Err("1 Biren GPU with no free slice"),
+            Err(format!("1 {noun} with no free slice")),
         ),
         (
             "fit fail: AllocatedCardsInsufficientRequest",
-            gpus(&[FREE]),
-            json!({GPU: "2"}),
+            devices(&[FREE]),
+            ask(2),
             json!({}),
-            Err("needs 2 Biren GPUs; 1 of 1 Biren GPUs fit"),
+            Err(format!("needs 2 {noun}s; 1 of 1 {noun}s fit")),
         ),
         (
             "mutex policy rejects used device (ExclusiveDeviceAllocateConflict)",
-            gpus(&[Row {
+            devices(&[Row {
                 used: 1,
                 count: 2,
                 ..FREE
             }]),
-            one.clone(),
-            mutex.clone(),
-            Err(
-                "1 Biren GPU in use, but mutex in hami.io/gpu-scheduler-policy takes idle Biren GPUs only",
-            ),
+            ask(1),
+            json!({"hami.io/gpu-scheduler-policy": "mutex"}),
+            Err(format!(
+                "1 {noun} in use, but mutex in hami.io/gpu-scheduler-policy takes idle {noun}s only"
+            )),
         ),
         (
-            // Not in HAMi's table: without mutex the GPU's count is all
+            // Not in HAMi's table: without mutex the device's count is all
             // that bounds it (memory and cores are not asked).
-            "a used GPU with room in its count takes another container",
-            gpus(&[Row {
+            "a used device with room in its count takes another container",
+            devices(&[Row {
                 used: 1,
                 count: 2,
                 ..FREE
             }]),
-            one.clone(),
+            ask(1),
             json!({}),
             Ok(&["dev-0"]),
         ),
         (
-            "fit fail: partial allocation for multiple cards",
-            gpus(&[
-                Row { count: 100, ..FREE },
-                Row {
-                    id: "dev-1",
-                    count: 100,
-                    ..FREE
-                },
-            ]),
-            json!({GPU: "3"}),
+            "fit fail: partial allocation AllocatedCardsInsufficientRequest",
+            two(Row { count: 100, ..FREE }, Row { count: 100, ..FREE }),
+            ask(3),
             json!({}),
-            Err("needs 3 Biren GPUs; 2 of 2 Biren GPUs fit"),
+            Err(format!("needs 3 {noun}s; 2 of 2 {noun}s fit")),
         ),
         (
             "fit fail: CardNotHealth",
-            gpus(&[Row {
+            devices(&[Row {
                 healthy: false,
                 ..FREE
             }]),
-            one,
+            ask(1),
             json!({}),
-            Err("1 Biren GPU unhealthy"),
+            Err(format!("1 {noun} unhealthy")),
         ),
     ];
     for (case, node, limits, annotations, want) in cases {
-        expect(case, place(&node, limits, annotations), want);
+        let case = format!("{}: {case}", c.family);
+        expect(
+            &case,
+            place(&node, limits, annotations),
+            want.as_deref().map_err(String::as_str),
+        );
     }
 }
 
 #[test]
+fn biren_fits_as_hami_does() {
+    fits_as_hami_does(&Counted {
+        family: DeviceFamily::Biren,
+        resource: "birentech.com/gpu",
+        noun: "Biren GPU",
+        domain: "birentech.com",
+    });
+}
+
+#[test]
 fn vastai_fits_as_hami_does() {
-    let cards = |rows: &[Row]| node(DeviceFamily::Vastai, "Vastai", rows);
-    let one = json!({VA: "1"});
+    fits_as_hami_does(&Counted {
+        family: DeviceFamily::Vastai,
+        resource: VA,
+        noun: "Vastai device",
+        domain: "vastaitech.com",
+    });
+    // Die mode under mutex (HAMi's `occupiedAIC` rows).
     let mutex = json!({"hami.io/gpu-scheduler-policy": "mutex"});
-    let cases: [(&str, _, _, _, Result<&[&str], &str>); 11] = [
-        (
-            // HAMi picks dev-1 (last index first); spread's tie goes to dev-0.
-            "fit success",
-            cards(&[
-                FREE,
-                Row {
-                    id: "dev-1",
-                    ..FREE
-                },
-            ]),
-            one.clone(),
-            json!({}),
-            Ok(&["dev-0"]),
-        ),
-        (
-            // HAMi: a request of another type; a pod asks Vastai devices of
-            // Vastai devices only, so: a node of other devices.
-            "fit fail: type mismatch",
-            node(DeviceFamily::Biren, "Biren", &[FREE]),
-            one.clone(),
-            json!({}),
-            Err("needs 1 Vastai device; 0 of 0 Vastai devices fit"),
-        ),
-        (
-            "fit fail: user assign use uuid mismatch",
-            cards(&[Row {
-                id: "dev-1",
-                ..FREE
-            }]),
-            one.clone(),
-            json!({"vastaitech.com/use-gpuuuid": "dev-0"}),
-            Err("1 Vastai device not listed in vastaitech.com/use-gpuuuid"),
-        ),
-        (
-            "fit fail: user assign no use uuid match",
-            cards(&[FREE]),
-            one.clone(),
-            json!({"vastaitech.com/nouse-gpuuuid": "dev-0"}),
-            Err("1 Vastai device excluded by vastaitech.com/nouse-gpuuuid"),
-        ),
-        (
-            "fit fail: card overused",
-            cards(&[Row { used: 1, ..FREE }]),
-            one.clone(),
-            json!({}),
-            Err("1 Vastai device with no free slice"),
-        ),
-        (
-            "fit fail: AllocatedCardsInsufficientRequest",
-            cards(&[FREE]),
-            json!({VA: "2"}),
-            json!({}),
-            Err("needs 2 Vastai devices; 1 of 1 Vastai devices fit"),
-        ),
-        (
-            "mutex policy rejects used device",
-            cards(&[Row {
-                used: 1,
-                count: 2,
-                ..FREE
-            }]),
-            one.clone(),
+    let dies = |rows: &[Row]| node(DeviceFamily::Vastai, "Vastai", rows);
+    let busy = Row {
+        used: 1,
+        count: 2,
+        ..die("dev-0", 0)
+    };
+    expect(
+        "mutex die mode rejects idle die on occupied card, picks die on free card",
+        place(
+            &dies(&[busy, die("dev-1", 0), die("dev-2", 1)]),
+            json!({VA: "1"}),
             mutex.clone(),
-            Err("1 Vastai device in use, but mutex"),
         ),
-        (
-            "mutex die mode rejects idle die on occupied card, picks die on free card",
-            cards(&[
-                Row {
-                    used: 1,
-                    count: 2,
-                    ..die("dev-0", 0)
-                },
-                die("dev-1", 0),
-                die("dev-2", 1),
-            ]),
-            one.clone(),
-            mutex.clone(),
-            Ok(&["dev-2"]),
-        ),
-        (
-            "mutex die mode rejects all idle dies on an occupied card",
-            cards(&[
-                Row {
-                    used: 1,
-                    count: 2,
-                    ..die("dev-0", 0)
-                },
-                die("dev-1", 0),
-            ]),
-            one.clone(),
-            mutex,
-            Err("2 Vastai devices in use, but mutex"),
-        ),
-        (
-            "fit fail: partial allocation AllocatedCardsInsufficientRequest",
-            cards(&[
-                Row { count: 100, ..FREE },
-                Row {
-                    id: "dev-1",
-                    count: 100,
-                    ..FREE
-                },
-            ]),
-            json!({VA: "3"}),
-            json!({}),
-            Err("needs 3 Vastai devices; 2 of 2 Vastai devices fit"),
-        ),
-        (
-            "fit fail: CardNotHealth",
-            cards(&[Row {
-                healthy: false,
-                ..FREE
-            }]),
-            one,
-            json!({}),
-            Err("1 Vastai device unhealthy"),
-        ),
-    ];
-    for (case, node, limits, annotations, want) in cases {
-        expect(case, place(&node, limits, annotations), want);
-    }
+        Ok(&["dev-2"]),
+    );
+    expect(
+        "mutex die mode rejects all idle dies on an occupied card",
+        place(&dies(&[busy, die("dev-1", 0)]), json!({VA: "1"}), mutex),
+        Err("2 Vastai devices in use, but mutex"),
+    );
 }
 
 #[test]
