@@ -159,7 +159,11 @@ pub fn view(
             }
             continue;
         }
-        let Some(value) = annotations.get(&source.register) else {
+        let Some((register, value)) = source
+            .register
+            .as_ref()
+            .and_then(|r| annotations.get(r).map(|v| (r, v)))
+        else {
             continue;
         };
         any = true;
@@ -170,40 +174,39 @@ pub fn view(
                     let gcus = drs_gcus(&node, &drs, source);
                     extend(&mut view, gcus, source, reserved);
                 }
-                Err(error) => view.malformed.push((source.register.clone(), error)),
+                Err(error) => view.malformed.push((register.clone(), error)),
             }
             continue;
         }
         if source.kind == SourceKind::MetaxJson {
             match decode_metax(value, metax::SGPU_TYPE) {
                 Ok(devices) => add(&mut view, devices, source, soft_split, reserved),
-                Err(error) => view.malformed.push((source.register.clone(), error)),
+                Err(error) => view.malformed.push((register.clone(), error)),
             }
             continue;
         }
-        if source.handshake.is_empty() {
+        match &source.handshake {
             // No handshake (AMD): the plugin lives while the Node advertises
             // its count resource (HAMi's `CheckHealth`).
-            if !advertises(allocatable, &source.count_resource) {
-                view.unadvertised
-                    .push((source.register.clone(), source.count_resource.clone()));
-                continue;
+            None => {
+                if !advertises(allocatable, &source.count_resource) {
+                    view.unadvertised
+                        .push((register.clone(), source.count_resource.clone()));
+                    continue;
+                }
             }
-        } else {
-            match handshake(annotations.get(&source.handshake), now) {
+            Some(key) => match handshake(annotations.get(key), now) {
                 Handshake::Answered => {
-                    view.handshakes.push((
-                        source.handshake.clone(),
-                        format!("Requesting_{}", stamp(now)),
-                    ));
+                    view.handshakes
+                        .push((key.clone(), format!("Requesting_{}", stamp(now))));
                 }
                 Handshake::Waiting => {}
                 Handshake::Expired if advertises(allocatable, &source.count_resource) => {}
                 Handshake::Expired => {
-                    view.expired.push(source.handshake.clone());
+                    view.expired.push(key.clone());
                     continue;
                 }
-            }
+            },
         }
         let decoded = if source.kind == SourceKind::Json {
             decode_json(value)
@@ -212,7 +215,7 @@ pub fn view(
         };
         match decoded {
             Ok(devices) => add(&mut view, devices, source, soft_split, reserved),
-            Err(error) => view.malformed.push((source.register.clone(), error)),
+            Err(error) => view.malformed.push((register.clone(), error)),
         }
     }
     // A GpuNode holds at most 64 devices (the CRD refuses more).
@@ -362,11 +365,7 @@ fn extend(
 ) {
     for d in devices {
         if reserved.contains(&d.uuid) {
-            let key = if source.register.is_empty() {
-                &source.count_resource
-            } else {
-                &source.register
-            };
+            let key = source.register.as_ref().unwrap_or(&source.count_resource);
             view.collisions.push((key.clone(), d.uuid));
         } else {
             view.devices.push(d);

@@ -236,9 +236,7 @@ impl<'a> Registry<'a> {
     pub fn iter(&self) -> impl Iterator<Item = &'a dyn Family> + '_ {
         self.families.iter().copied()
     }
-}
 
-impl Registry<'_> {
     /// HAMi's admission for `container`: what the family of each of its
     /// requests in `wanted` writes ([`Family::admit_container`]).
     pub fn admit_container(&self, container: &mut Container, wanted: &[ContainerRequest]) {

@@ -10,11 +10,12 @@ use tessera_api::v1alpha1::DeviceFamily;
 pub struct Source {
     /// The family the devices belong to.
     pub family: DeviceFamily,
-    /// The register annotation.
-    pub register: String,
-    /// The handshake annotation; empty where HAMi has none (AMD: the plugin
-    /// lives while the Node advertises `count_resource`).
-    pub handshake: String,
+    /// The register annotation; `None` for plugins that report only
+    /// through the Node's resources.
+    pub register: Option<String>,
+    /// The handshake annotation; `None` where HAMi has none (AMD: the
+    /// plugin lives while the Node advertises `count_resource`).
+    pub handshake: Option<String>,
     /// The extended resource the plugin advertises devices as.
     pub count_resource: String,
     /// The device type every device of the source is scheduled as (Ascend:
@@ -42,8 +43,8 @@ impl Source {
     pub fn new(family: DeviceFamily, count_resource: &str, kind: SourceKind) -> Self {
         Self {
             family,
-            register: String::new(),
-            handshake: String::new(),
+            register: None,
+            handshake: None,
             count_resource: count_resource.to_owned(),
             device_type: None,
             kind,
@@ -56,7 +57,7 @@ impl Source {
     /// Reported in the register annotation `register`.
     pub fn register(self, register: impl Into<String>) -> Self {
         Self {
-            register: register.into(),
+            register: Some(register.into()),
             ..self
         }
     }
@@ -64,7 +65,7 @@ impl Source {
     /// With HAMi's register handshake on the annotation `handshake`.
     pub fn handshake(self, handshake: impl Into<String>) -> Self {
         Self {
-            handshake: handshake.into(),
+            handshake: Some(handshake.into()),
             ..self
         }
     }
