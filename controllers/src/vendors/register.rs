@@ -41,6 +41,10 @@ pub struct Registered {
     pub healthy: bool,
     /// Ascend's `custominfo.NetworkID`.
     pub network_id: Option<u32>,
+    /// The card a die sits on, where the list is registered die by die
+    /// (Vastai's `custominfo.AIC`; the view numbers the cards as networks
+    /// for the sources that group dies so).
+    pub card: Option<String>,
     /// The QoS policy the plugin runs the device under (MetaX sGPUs).
     pub qos_policy: Option<QosPolicy>,
 }
@@ -95,6 +99,7 @@ pub fn decode_csv(value: &str) -> Result<Vec<Registered>, String> {
             numa: u32::try_from(numa).ok(),
             healthy: health,
             network_id: None,
+            card: None,
             qos_policy: None,
         });
         if devices.len() > MAX_DEVICES {
@@ -133,44 +138,37 @@ struct JsonDevice {
 /// Decodes the JSON form: a list of HAMi `DeviceInfo` objects (Ascend's
 /// `hami.io/node-register-<chip>`).
 ///
-/// Devices registered die by die (Vastai: the first device's
+/// A list registered die by die (the first device's
 /// `custominfo.DeviceStrategy` is `die`, as HAMi's `isDieMode` reads it)
-/// are on the network of their card (`custominfo.AIC`): the cards are
-/// numbered 0, 1, … in the order the list first names them.
+/// names each die's card (`custominfo.AIC`, 1 to 128 bytes).
 pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
     let devices = json_list::<JsonDevice>(value, "devices")?;
     let dies = devices.first().is_some_and(|d| {
         custom(d, vastai::STRATEGY_KEY).and_then(|v| v.as_str()) == Some(vastai::DIE_STRATEGY)
     });
-    let mut cards: Vec<String> = Vec::new();
     devices
         .into_iter()
         .enumerate()
         .map(|(n, d)| {
-            let card = custom(&d, vastai::CARD_KEY).filter(|_| dies);
             let network_id = match custom(&d, "NetworkID") {
-                None => match card {
-                    None => None,
-                    Some(v) => {
-                        let card = v
-                            .as_str()
-                            .filter(|c| !c.is_empty() && c.len() <= MAX_ID)
-                            .ok_or_else(|| {
-                                format!("device {n}: custominfo.AIC {v} is not a card id (a string of 1 to {MAX_ID} bytes)")
-                            })?;
-                        let known = cards.iter().position(|c| c == card).unwrap_or_else(|| {
-                            cards.push(card.to_owned());
-                            cards.len() - 1
-                        });
-                        u32::try_from(known).ok()
-                    }
-                },
+                None => None,
                 Some(v) => Some(
                     v.as_f64()
                         .filter(|f| f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(f))
                         .map(|f| f as u32)
                         .ok_or_else(|| {
                             format!("device {n}: custominfo.NetworkID {v} is not a whole number")
+                        })?,
+                ),
+            };
+            let card = match custom(&d, vastai::CARD_KEY).filter(|_| dies) {
+                None => None,
+                Some(v) => Some(
+                    v.as_str()
+                        .filter(|c| !c.is_empty() && c.len() <= MAX_ID)
+                        .map(str::to_owned)
+                        .ok_or_else(|| {
+                            format!("device {n}: custominfo.AIC {v} is not a card id (a string of 1 to {MAX_ID} bytes)")
                         })?,
                 ),
             };
@@ -184,6 +182,7 @@ pub fn decode_json(value: &str) -> Result<Vec<Registered>, String> {
                 numa: d.numa.and_then(|v| u32::try_from(v).ok()),
                 healthy: d.health,
                 network_id,
+                card,
                 qos_policy: None,
             })
         })
@@ -246,6 +245,7 @@ pub fn decode_metax(value: &str, device_type: &str) -> Result<Vec<Registered>, S
                 numa: u32::try_from(d.numa).ok(),
                 healthy: d.healthy,
                 network_id: (zone > 0).then_some(zone),
+                card: None,
                 qos_policy: match d.qos_policy.as_str() {
                     "" => None,
                     named => Some(QosPolicy::parse(named).ok_or_else(|| {
@@ -563,16 +563,19 @@ mod tests {
     }
 
     #[test]
-    fn vastai_dies_are_on_the_network_of_their_card() {
+    fn vastai_dies_name_their_card_in_die_mode_only() {
         // HAMi's die mode (`isDieMode`: the first device says `die`): each
-        // card (`AIC`) becomes a network, numbered as the list names them.
+        // die names its card (`AIC`).
         let dies = decode_json(r#"[{"id":"d0","count":1,"devmem":16384,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"7"}},{"id":"d1","count":1,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"3"}},{"id":"d2","count":1,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"7"}}]"#).unwrap();
-        let networks: Vec<_> = dies.iter().map(|d| d.network_id).collect();
-        assert_eq!(networks, [Some(0), Some(1), Some(0)]);
+        let cards: Vec<_> = dies.iter().map(|d| d.card.as_deref()).collect();
+        assert_eq!(cards, [Some("7"), Some("3"), Some("7")]);
         // Whole cards (HAMi's Test_GetNodeDevices sample): no network, and
         // an AIC without die mode groups nothing.
         let cards = decode_json(r#"[{"id":"7-0","count":1,"devmem":32768,"type":"Vastai","health":true,"devicepairscore":{}},{"id":"7-1","type":"Vastai","health":true,"custominfo":{"AIC":"1"}}]"#).unwrap();
-        assert_eq!((cards[0].network_id, cards[1].network_id), (None, None));
+        assert_eq!(
+            (cards[0].card.as_deref(), cards[1].card.as_deref()),
+            (None, None)
+        );
         assert_eq!((cards[0].count, cards[0].memory_mib), (1, 32768));
         let error = decode_json(
             r#"[{"id":"d0","type":"Vastai","custominfo":{"DeviceStrategy":"die","AIC":5}}]"#,

@@ -348,7 +348,17 @@ fn add(
     soft_split: bool,
     reserved: &BTreeSet<String>,
 ) {
-    for d in devices {
+    let mut cards: Vec<String> = Vec::new();
+    for mut d in devices {
+        if let Some(card) = d.card.take().filter(|_| source.dies_by_card)
+            && d.network_id.is_none()
+        {
+            let known = cards.iter().position(|c| *c == card).unwrap_or_else(|| {
+                cards.push(card);
+                cards.len() - 1
+            });
+            d.network_id = u32::try_from(known).ok();
+        }
         if !view.devices.iter().any(|known| known.uuid == d.id) {
             extend(view, [device(d, source, soft_split)], source, reserved);
         }
@@ -994,6 +1004,40 @@ mod tests {
         assert_eq!(
             asked,
             ["hami.io/node-handshake-va", "hami.io/node-handshake-biren"]
+        );
+        // Die mode: each card (`AIC`) is the network of its dies, numbered
+        // as the register names them; Biren's source groups nothing.
+        let dies = r#"[{"id":"d0","count":1,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"7"}},{"id":"d1","count":1,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"3"}},{"id":"d2","count":1,"type":"Vastai","health":true,"custominfo":{"DeviceStrategy":"die","AIC":"7"}}]"#;
+        let node = annotations(&[
+            ("hami.io/node-va-register", dies),
+            ("hami.io/node-handshake-va", "Reported_2026.12.02 10:00:00"),
+            (
+                "hami.io/node-biren-register",
+                &dies
+                    .replace("Vastai", "Biren")
+                    .replace(r#""id":"d"#, r#""id":"b"#),
+            ),
+            (
+                "hami.io/node-handshake-biren",
+                "Reported_2026.12.02 10:00:00",
+            ),
+        ]);
+        let seen = view_at(&node, &BTreeMap::new(), &config, now).unwrap();
+        let networks: Vec<_> = seen
+            .devices
+            .iter()
+            .map(|d| (d.family, d.network_id))
+            .collect();
+        assert_eq!(
+            networks,
+            [
+                (DeviceFamily::Vastai, Some(0)),
+                (DeviceFamily::Vastai, Some(1)),
+                (DeviceFamily::Vastai, Some(0)),
+                (DeviceFamily::Biren, None),
+                (DeviceFamily::Biren, None),
+                (DeviceFamily::Biren, None),
+            ]
         );
     }
 

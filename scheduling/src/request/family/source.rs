@@ -34,6 +34,10 @@ pub struct Source {
     /// (Vastai, Biren: 100, as HAMi's `GetNodeDevices` sets them for
     /// scoring); `None`: as registered.
     pub cores: Option<u32>,
+    /// The plugin may register dies (Vastai): the dies of one card
+    /// (`custominfo.AIC`) are on one network, the cards numbered 0, 1, …
+    /// in the order the register names them.
+    pub dies_by_card: bool,
 }
 
 impl Source {
@@ -51,6 +55,7 @@ impl Source {
             topology_maps: false,
             npu_templates: false,
             cores: None,
+            dies_by_card: false,
         }
     }
 
@@ -74,6 +79,14 @@ impl Source {
     pub fn cores(self, cores: u32) -> Self {
         Self {
             cores: Some(cores),
+            ..self
+        }
+    }
+
+    /// With dies grouped by their card.
+    pub fn dies_by_card(self) -> Self {
+        Self {
+            dies_by_card: true,
             ..self
         }
     }

@@ -76,7 +76,8 @@ impl Family for VastaiConfig {
         Vec::new()
     }
 
-    /// HAMi's JSON register with its handshake, dies grouped by card; each
+    /// HAMi's JSON register with its handshake, dies grouped by card
+    /// (`Source::dies_by_card`); each
     /// device counts 100 cores, as HAMi's `GetNodeDevices` sets them for
     /// scoring.
     fn sources(&self) -> Vec<Source> {
@@ -88,7 +89,8 @@ impl Family for VastaiConfig {
             )
             .register(REGISTER)
             .handshake(HANDSHAKE)
-            .cores(100),
+            .cores(100)
+            .dies_by_card(),
         ]
     }
 
