@@ -84,7 +84,8 @@ pub fn feasible(
             .as_ref()
             .is_some_and(|v| v.pairs || v.by_wing || v.contiguous)
     {
-        let filters = Filters::new(container, &request.options).busy(&node.devices, &node.usage);
+        let filters =
+            Filters::new(container, &request.options).busy(container, &node.devices, &node.usage);
         let wanted = container.count as usize;
         let mut passing = 0;
         for (i, (device, used)) in node.devices.iter().zip(&node.usage).enumerate() {
@@ -107,7 +108,7 @@ fn fit_container(
     policy: SchedulingPolicy,
     only: Option<&[usize]>,
 ) -> Result<Vec<Slice>, Rejection> {
-    let filters = Filters::new(container, options).busy(devices, usage);
+    let filters = Filters::new(container, options).busy(container, devices, usage);
     let mut census = Census::default();
     let mut candidates: Vec<(Slice, f64)> = Vec::new();
     // Devices of the container's family and type; the others are not
@@ -367,8 +368,6 @@ struct Filters<'a> {
     soft_split: bool,
     /// The pod's `mutex` policy: idle devices only.
     mutex: bool,
-    /// The family's `mutex` takes a device's network whole.
-    mutex_by_network: bool,
     /// Under `mutex`, the networks of which a device holds a slice, where
     /// the family keeps them whole (Vastai's cards, [`Filters::busy`]).
     busy_networks: Vec<u32>,
@@ -389,7 +388,6 @@ impl<'a> Filters<'a> {
                 vgpu_mode: None,
                 soft_split: vendor.soft_split,
                 mutex: options.mutex.unwrap_or(false),
-                mutex_by_network: vendor.mutex_by_network,
                 busy_networks: Vec::new(),
                 weights: options.scoring_weights,
             },
@@ -403,18 +401,26 @@ impl<'a> Filters<'a> {
                 vgpu_mode: options.vgpu_mode,
                 soft_split: false,
                 mutex: options.mutex.unwrap_or(false),
-                mutex_by_network: false,
                 busy_networks: Vec::new(),
                 weights: options.scoring_weights,
             },
         }
     }
 
-    /// With the networks busy under the pod's `mutex` policy, for families
-    /// whose `mutex` takes a network (a Vastai card) whole: those of which
-    /// a device of the container's kind holds a slice.
-    fn busy(mut self, devices: &[GpuDevice], usage: &[DeviceUsage]) -> Self {
-        if self.mutex && self.mutex_by_network {
+    /// With the networks busy under the pod's `mutex` policy, where
+    /// `container`'s family keeps a network (a Vastai card) whole under it:
+    /// those of which a device of the container's kind holds a slice.
+    fn busy(
+        mut self,
+        container: &ContainerRequest,
+        devices: &[GpuDevice],
+        usage: &[DeviceUsage],
+    ) -> Self {
+        let whole = container
+            .vendor
+            .as_ref()
+            .is_some_and(|v| v.mutex_by_network);
+        if self.mutex && whole {
             for (device, used) in devices.iter().zip(usage) {
                 if let Some(network) = device.network_id
                     && used.slices > 0

@@ -474,6 +474,17 @@ impl fmt::Display for Rejection {
 fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
     let count = container.count;
     let noun = noun(container);
+    let s = if count == 1 { "" } else { "s" };
+    // Devices counted, not measured (Vastai, Biren): nothing to ask of each.
+    let counted = container.memory == MemoryRequest::Mib(0)
+        && container.cores == 0
+        && container.vendor.as_ref().is_none_or(|v| v.drs.is_none());
+    if counted {
+        return format!(
+            "container {:?} needs {count} {noun}{s}; {fitting} of {total} {noun}s fit",
+            container.name
+        );
+    }
     let template = container
         .vendor
         .as_ref()
@@ -502,17 +513,6 @@ fn needs(container: &ContainerRequest, fitting: usize, total: usize) -> String {
             container.cores
         )
     };
-    // Devices counted, not measured (Vastai, Biren): nothing to ask of each.
-    let counted = container.memory == MemoryRequest::Mib(0)
-        && container.cores == 0
-        && container.vendor.as_ref().is_none_or(|v| v.drs.is_none());
-    let s = if count == 1 { "" } else { "s" };
-    if counted {
-        return format!(
-            "container {:?} needs {count} {noun}{s}; {fitting} of {total} {noun}s fit",
-            container.name
-        );
-    }
     format!(
         "container {:?} needs {count} {noun}{s} with {with}{}; {fitting} of {total} {noun}s fit",
         container.name,
